@@ -1,0 +1,34 @@
+"""coil: a compiler from PyTorch graphs to fused kernels.
+
+    torch.compile(fn, backend="coil")
+    compiled = coil.compile_graph(gm, example_inputs, options=coil.Options(...))
+    p = coil.default_pipeline(); ir = p.run(gm, inputs, until="fuse")
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from coil.errors import CoilError
+from coil.options import Options
+from coil.passes.pipeline import Pipeline, default_pipeline
+
+__all__ = ["CoilError", "Options", "Pipeline", "backend", "compile_graph", "default_pipeline"]
+
+
+def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | None = None,
+                  pipeline: Pipeline | None = None) -> Any:
+    """Compile an FX graph of aten ops; returns `compiled(*inputs) -> tuple` with
+    `compiled.source` (the whole output_code.py)."""
+    from coil.backends.runtime import load_module
+
+    module = (pipeline or default_pipeline()).run(gm, example_inputs, options=options)
+    return load_module(module)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "backend":
+        from coil.backends.dynamo import coil_backend
+
+        return coil_backend
+    raise AttributeError(name)

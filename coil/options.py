@@ -1,0 +1,71 @@
+"""Options: every knob of the pipeline in one frozen value.  Each field can also be
+set by an environment variable COIL_<NAME> (read by `Options.from_env`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import attrs
+
+TARGETS = ("auto", "triton", "cpp", "reference")
+
+
+def _target(_inst: object, _attr: object, value: str) -> None:
+    if value not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {value!r}")
+
+
+@attrs.frozen
+class Options:
+    target: str = attrs.field(default="auto", validator=_target)
+    debug_dir: str | None = None
+    trace: bool = False
+    verify: bool = True
+    # realize (Inductor: realize_reads_threshold, realize_opcount_threshold, ...)
+    realize_reads_threshold: int = 4
+    realize_opcount_threshold: int = 30
+    realize_acc_reads_threshold: int = 8
+    # fuse
+    max_fusion_size: int = 64
+    fusion_rounds: int = 10
+    persistent_reduction_threshold: int = 1024
+    # plan_memory
+    reorder_for_peak_memory: bool = True
+    # kernels
+    autotune: bool = False
+    cache_dir: str | None = None
+    num_threads: int = 0
+    sanitize: bool = False
+
+    def replace(self, **changes: Any) -> "Options":
+        return attrs.evolve(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> "Options":
+        """Options from a dict (torch.compile's `options=`), over the environment."""
+        base = cls.from_env()
+        if not values:
+            return base
+        names = {f.name for f in attrs.fields(cls)}
+        unknown = set(values) - names
+        if unknown:
+            raise ValueError(f"unknown coil options {sorted(unknown)}; known: {sorted(names)}")
+        return attrs.evolve(base, **dict(values))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Options":
+        env = os.environ if environ is None else environ
+        changes: dict[str, Any] = {}
+        for f in attrs.fields(cls):
+            raw = env.get(f"COIL_{f.name.upper()}")
+            if raw is None:
+                continue
+            default = f.default
+            if isinstance(default, bool):
+                changes[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+            elif isinstance(default, int):
+                changes[f.name] = int(raw)
+            else:
+                changes[f.name] = raw
+        return cls(**changes)

@@ -1,0 +1,82 @@
+"""FusedSchedule: ordered steps (fused kernels, extern calls, no-ops) and the log of
+every fusion decision.
+
+vs ScheduleGraph: + steps in execution order, each a group of scheduler nodes;
++ fusion_log (every pair considered, with verdict, reason and score); - nothing.
+
+Grammar::
+
+    FusedSchedule ::= (steps: Step*, graph: ScheduleGraph, fusion_log: FusionDecision*)
+    Step ::= FusedKernel(name, nodes, kind, group)   kind: pointwise | reduction
+                                                     | persistent
+           | ExternStep(name)                        one extern scheduler node
+           | NopStep(name)                           an alias: no kernel
+    FusionDecision ::= (round, node1, node2, direction, verdict, reason, score)
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from coil.ir.schedule import ScheduleGraph
+
+KERNEL_KINDS = ("pointwise", "reduction", "persistent")
+
+
+@attrs.frozen(cache_hash=True)
+class FusedKernel:
+    name: str  # triton_poi_fused_<ops>_N, triton_red_..., triton_per_..., cpp_fused_...
+    nodes: tuple[str, ...]  # scheduler node names, in the order they run inside
+    kind: str = attrs.field(validator=attrs.validators.in_(KERNEL_KINDS))
+    group: tuple[int, int]  # (numel, reduction numel)
+
+
+@attrs.frozen(cache_hash=True)
+class ExternStep:
+    name: str
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.name,)
+
+
+@attrs.frozen(cache_hash=True)
+class NopStep:
+    name: str
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.name,)
+
+
+Step = Union[FusedKernel, ExternStep, NopStep]
+
+
+@attrs.frozen
+class FusionDecision:
+    round: int
+    node1: str
+    node2: str
+    direction: str  # vertical | horizontal
+    verdict: str  # fused | illegal | refused
+    reason: str  # which legality rule failed, "cycle", or "saves N bytes"
+    score: int
+
+
+@attrs.frozen
+class FusedSchedule:
+    steps: tuple[Step, ...]
+    graph: ScheduleGraph
+    fusion_log: tuple[FusionDecision, ...] = ()
+
+    @property
+    def kernels(self) -> tuple[FusedKernel, ...]:
+        return tuple(s for s in self.steps if isinstance(s, FusedKernel))
+
+    def step_of(self, node: str) -> Step:
+        for s in self.steps:
+            if node in s.nodes:
+                return s
+        raise KeyError(node)

@@ -1,0 +1,171 @@
+"""Index arithmetic over loop symbols: integer floor division and modular indexing
+as sympy functions, plus the range-aware simplification that turns
+`ModularIndexing(x0*128 + r0, 1, 128)` back into `r0`.
+
+Every index expression in coil is a polynomial of loop symbols with integer
+coefficients, wrapped at most in FloorDiv / ModularIndexing.  Ranges (the size of
+each symbol's loop) are passed explicitly; nothing is global.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import sympy
+
+
+class FloorDiv(sympy.Function):
+    """floor(a / b) for a >= 0, b > 0 integers."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:  # type: ignore[override]
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        if isinstance(a, FloorDiv) and b.is_Integer and a.args[1].is_Integer:
+            return FloorDiv(a.args[0], a.args[1] * b)
+        if b.is_Integer:
+            # pull out terms whose coefficient divides b exactly when the rest is 0
+            terms = sympy.Add.make_args(a)
+            whole = [t for t in terms if _coeff(t) % int(b) == 0]
+            if whole and len(whole) == len(terms):
+                return sympy.Add(*[t / b for t in whole])
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """(a // b) % c for a >= 0 and b, c > 0 integers."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr, c: sympy.Expr) -> sympy.Expr | None:  # type: ignore[override]
+        if c == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer and c.is_Integer:
+            return sympy.Integer((int(a) // int(b)) % int(c))
+        return None
+
+
+def _coeff(term: sympy.Expr) -> int:
+    c, _ = term.as_coeff_Mul()
+    return int(c) if c.is_Integer else 1
+
+
+def _max_value(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> int | None:
+    """Largest value of a nonnegative index expression, or None if unknown."""
+    if e.is_Integer:
+        return int(e)
+    if isinstance(e, sympy.Symbol):
+        n = ranges.get(e)
+        return None if n is None else n - 1
+    if isinstance(e, sympy.Add):
+        parts = [_max_value(a, ranges) for a in e.args]
+        return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
+    if isinstance(e, sympy.Mul):
+        c, rest = e.as_coeff_Mul()
+        if c.is_Integer and int(c) >= 0:
+            m = _max_value(rest, ranges)
+            return None if m is None else int(c) * m
+        return None
+    if isinstance(e, FloorDiv):
+        m = _max_value(e.args[0], ranges)
+        return None if m is None or not e.args[1].is_Integer else m // int(e.args[1])
+    if isinstance(e, ModularIndexing):
+        if e.args[2].is_Integer:
+            return int(e.args[2]) - 1
+    return None
+
+
+def _split_floordiv(a: sympy.Expr, b: int, ranges: Mapping[sympy.Symbol, int]) -> sympy.Expr | None:
+    """a // b when a's terms split into multiples of b and a remainder < b."""
+    terms = sympy.Add.make_args(sympy.expand(a))
+    whole = [t for t in terms if _coeff(t) % b == 0]
+    rest = [t for t in terms if _coeff(t) % b != 0]
+    rest_max = _max_value(sympy.Add(*rest), ranges) if rest else 0
+    if rest_max is not None and rest_max < b:
+        return sympy.expand(sympy.Add(*[t / b for t in whole]))
+    return None
+
+
+def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.Expr:
+    """Range-aware simplification of FloorDiv / ModularIndexing, innermost first."""
+    e = sympy.sympify(e)
+    if not e.has(FloorDiv, ModularIndexing):
+        return sympy.expand(e)
+
+    def visit(node: sympy.Expr) -> sympy.Expr:
+        if not node.args or not node.has(FloorDiv, ModularIndexing):
+            return node
+        args = [visit(a) for a in node.args]
+        if isinstance(node, FloorDiv):
+            a, b = args
+            if b.is_Integer:
+                s = _split_floordiv(a, int(b), ranges)
+                if s is not None:
+                    return s
+                m = _max_value(a, ranges)
+                if m is not None and m < int(b):
+                    return sympy.Integer(0)
+            return FloorDiv(sympy.expand(a), b)
+        if isinstance(node, ModularIndexing):
+            a, b, c = args
+            if b.is_Integer and c.is_Integer:
+                q = _split_floordiv(a, int(b), ranges) if int(b) != 1 else sympy.expand(a)
+                if q is not None:
+                    # drop terms that are multiples of c
+                    terms = [t for t in sympy.Add.make_args(q) if _coeff(t) % int(c) != 0]
+                    q2 = sympy.Add(*terms)
+                    m = _max_value(q2, ranges)
+                    if m is not None and m < int(c):
+                        return q2
+                    return ModularIndexing(q2, 1, c)
+            return ModularIndexing(sympy.expand(a), b, c)
+        return node.func(*args)
+
+    return sympy.expand(visit(e))
+
+
+def contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
+    strides: list[int] = []
+    acc = 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def flatten(index: Sequence[sympy.Expr], size: Sequence[int]) -> sympy.Expr:
+    """Row-major flat position of a logical index."""
+    return sympy.expand(sum((i * s for i, s in zip(index, contiguous_strides(size))), sympy.Integer(0)))
+
+
+def unflatten(flat: sympy.Expr, size: Sequence[int]) -> tuple[sympy.Expr, ...]:
+    """Logical index for a row-major flat position (inverse of `flatten`)."""
+    out: list[sympy.Expr] = []
+    for s, st in zip(size, contiguous_strides(size)):
+        if s == 1:
+            out.append(sympy.Integer(0))
+        else:
+            out.append(ModularIndexing(flat, st, s))
+    return tuple(out)
+
+
+def strided_offset(index: Sequence[sympy.Expr], stride: Sequence[int], offset: int = 0) -> sympy.Expr:
+    return sympy.expand(sympy.Integer(offset) + sum((i * s for i, s in zip(index, stride)), sympy.Integer(0)))
+
+
+def numel(size: Sequence[int]) -> int:
+    return math.prod(int(s) for s in size)
+
+
+def ranges_of(symbols: Sequence[sympy.Symbol], size: Sequence[int]) -> dict[sympy.Symbol, int]:
+    return {s: int(n) for s, n in zip(symbols, size)}

@@ -1,0 +1,191 @@
+"""LoweredGraph: one IR node per FX node; nothing inlined, nothing named bufN yet.
+
+Grammar::
+
+    LoweredGraph ::= (nodes: LNode*, outputs: (name | None)*)
+    LNode ::= Input(name, layout)                      an FX placeholder
+            | Pointwise(name, ranges, body)            body over x0..x{n-1}
+            | Reduction(name, ranges, reduction_ranges, reduction_type, body)
+                                                       body over x* and r*
+            | View(name, base, ranges, index)          element x of the view is
+                                                       element `index` of base
+            | Extern(name, kernel, args, kwargs, layout, mutated)
+                                                       an aten call kept whole
+            | MultiOutput(name, extern, index, layout) one result of a tuple Extern
+
+A body reads other nodes only through `Load(name, logical index)`.  Each node keeps
+`origin` (its FX node) and `op` (the aten op's short name) so every later buffer
+and kernel can be traced back to the source graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import attrs
+import sympy
+import torch
+
+from coil.ir.expr import Expr
+from coil.ir.layout import Layout
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+def _exprs(value: Any) -> tuple[sympy.Expr, ...]:
+    return tuple(sympy.sympify(v) for v in value)
+
+
+@attrs.frozen(cache_hash=True)
+class Input:
+    name: str
+    layout: Layout
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layout.dtype
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        return self.layout.size
+
+    @property
+    def device(self) -> str:
+        return self.layout.device
+
+
+@attrs.frozen(cache_hash=True)
+class Pointwise:
+    name: str
+    dtype: torch.dtype
+    device: str
+    ranges: tuple[int, ...] = attrs.field(converter=_ints)
+    body: Expr
+    origin: str
+    op: str
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        return self.ranges
+
+
+@attrs.frozen(cache_hash=True)
+class Reduction:
+    name: str
+    dtype: torch.dtype
+    device: str
+    ranges: tuple[int, ...] = attrs.field(converter=_ints)
+    reduction_ranges: tuple[int, ...] = attrs.field(converter=_ints)
+    reduction_type: str
+    body: Expr
+    origin: str
+    op: str
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        return self.ranges
+
+
+@attrs.frozen(cache_hash=True)
+class View:
+    name: str
+    base: str
+    dtype: torch.dtype
+    device: str
+    ranges: tuple[int, ...] = attrs.field(converter=_ints)
+    index: tuple[sympy.Expr, ...] = attrs.field(converter=_exprs)
+    origin: str
+    op: str
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        return self.ranges
+
+
+@attrs.frozen(cache_hash=True)
+class TensorRef:
+    """An Extern argument that is a tensor produced by node `name`."""
+
+    name: str
+
+
+@attrs.frozen(cache_hash=True)
+class Extern:
+    name: str
+    kernel: str  # e.g. "aten.mm.default": resolved with `resolve_kernel`
+    args: tuple[Any, ...]  # nested tuples of TensorRef / python constants
+    kwargs: tuple[tuple[str, Any], ...]
+    layout: Layout | None  # None when the result is a tuple (see MultiOutput)
+    origin: str
+    op: str
+    mutated: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        assert self.layout is not None
+        return self.layout.size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        assert self.layout is not None
+        return self.layout.dtype
+
+
+@attrs.frozen(cache_hash=True)
+class MultiOutput:
+    name: str
+    extern: str
+    index: tuple[int, ...]
+    layout: Layout
+    origin: str
+    op: str
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        return self.layout.size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layout.dtype
+
+
+LNode = Union[Input, Pointwise, Reduction, View, Extern, MultiOutput]
+
+
+@attrs.frozen
+class LoweredGraph:
+    nodes: tuple[LNode, ...]
+    outputs: tuple[str | None, ...]
+    _by_name: dict[str, LNode] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {n.name: n for n in self.nodes})
+
+    def node(self, name: str) -> LNode:
+        return self._by_name[name]
+
+    @property
+    def inputs(self) -> tuple[Input, ...]:
+        return tuple(n for n in self.nodes if isinstance(n, Input))
+
+
+def extern_tensor_names(args: Any) -> list[str]:
+    """TensorRef names inside nested Extern args, in order."""
+    out: list[str] = []
+    if isinstance(args, TensorRef):
+        out.append(args.name)
+    elif isinstance(args, (tuple, list)):
+        for a in args:
+            out.extend(extern_tensor_names(a))
+    return out
+
+
+def resolve_kernel(kernel: str) -> Any:
+    """`"aten.mm.default"` -> torch.ops.aten.mm.default."""
+    parts = kernel.split(".")
+    obj: Any = torch.ops
+    for p in parts:
+        obj = getattr(obj, p)
+    return obj

@@ -1,0 +1,40 @@
+"""MemoryPlan: execution order with last_usage, allocations, reuses and frees per
+step, the buffers kept inside one kernel, and the peak-memory estimate.
+
+vs FusedSchedule: + per-step last_usage / allocs / reuses / frees, + removed
+(kernel-internal buffers: never allocated), + peak_bytes and the order strategy
+chosen; - nothing.
+
+Grammar::
+
+    MemoryPlan ::= (steps: PlannedStep*, schedule: FusedSchedule, removed: name set,
+                    peak_bytes, strategy, candidates: (strategy, peak_bytes)*)
+    PlannedStep ::= (step, last_usage: name set, allocs: name*, reuses: (new, old)*,
+                     frees: name*, live_bytes: int)
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from coil.ir.fused import FusedSchedule, Step
+
+
+@attrs.frozen
+class PlannedStep:
+    step: Step
+    last_usage: frozenset[str]  # names whose last reader is this step
+    allocs: tuple[str, ...]  # buffers given fresh storage before the step
+    reuses: tuple[tuple[str, str], ...]  # (new, old): new takes old's storage
+    frees: tuple[str, ...]  # names deleted after the step (inputs included)
+    live_bytes: int  # bytes allocated while the step runs
+
+
+@attrs.frozen
+class MemoryPlan:
+    steps: tuple[PlannedStep, ...]
+    schedule: FusedSchedule
+    removed: frozenset[str]  # written and read inside one kernel only
+    peak_bytes: int
+    strategy: str = "original"
+    candidates: tuple[tuple[str, int], ...] = ()

@@ -1,0 +1,157 @@
+"""ScheduleGraph: one SchedulerNode per buffer, with its read_writes.
+
+vs BufferGraph: + read_writes (MemoryDep | StarDep | WeakDep) per node, + the
+iteration group (numel, reduction numel) of each node, + mutation_real_name;
+- nothing.
+
+Grammar::
+
+    ScheduleGraph ::= (nodes: SchedulerNode*, graph: BufferGraph,
+                       mutation_real_name: (name -> name)*)
+    SchedulerNode ::= (name, kind, group, read_writes)
+    kind ::= "pointwise" | "reduction" | "extern" | "nop"
+    ReadWrites ::= (reads: Dep set, writes: Dep set)
+    Dep ::= MemoryDep(name, index, var_names, size)   flat storage offset over
+                                                      canonical vars c0..ck
+          | StarDep(name)                             the whole buffer (externs)
+          | WeakDep(name, mutating_buf)               ordering only; keeps nothing alive
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Union
+
+import attrs
+import sympy
+
+from coil.ir.buffers import Buffer, BufferGraph
+
+
+def _exprs(value: Any) -> tuple[sympy.Symbol, ...]:
+    return tuple(value)
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+@attrs.frozen(cache_hash=True)
+class MemoryDep:
+    name: str
+    index: sympy.Expr = attrs.field(converter=sympy.sympify)
+    var_names: tuple[sympy.Symbol, ...] = attrs.field(converter=_exprs)
+    size: tuple[int, ...] = attrs.field(converter=_ints)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.size:
+            n *= s
+        return n
+
+    def show(self) -> str:
+        ranges = ", ".join(f"{v}:{s}" for v, s in zip(self.var_names, self.size))
+        return f"MemoryDep({self.name}, {self.index}, {{{ranges}}})"
+
+
+@attrs.frozen(cache_hash=True)
+class StarDep:
+    name: str
+
+    def show(self) -> str:
+        return f"StarDep({self.name})"
+
+
+@attrs.frozen(cache_hash=True)
+class WeakDep:
+    name: str
+    mutating_buf: str
+
+    def show(self) -> str:
+        return f"WeakDep({self.name}, by {self.mutating_buf})"
+
+
+Dep = Union[MemoryDep, StarDep, WeakDep]
+
+
+def _sorted_deps(deps: Iterable[Dep]) -> tuple[Dep, ...]:
+    return tuple(sorted(deps, key=lambda d: (d.name, d.show())))
+
+
+@attrs.frozen(cache_hash=True)
+class ReadWrites:
+    reads: frozenset[Dep] = attrs.field(converter=frozenset)
+    writes: frozenset[Dep] = attrs.field(converter=frozenset)
+
+    def sorted_reads(self) -> tuple[Dep, ...]:
+        return _sorted_deps(self.reads)
+
+    def sorted_writes(self) -> tuple[Dep, ...]:
+        return _sorted_deps(self.writes)
+
+    def merge(self, other: "ReadWrites") -> "ReadWrites":
+        """The read_writes of a fused group: reads satisfied inside the group stay
+        listed (the buffer may still be needed by others); plan_memory decides."""
+        return ReadWrites(self.reads | other.reads, self.writes | other.writes)
+
+    def remove_reads(self, names: Iterable[str]) -> "ReadWrites":
+        drop = set(names)
+        return ReadWrites(frozenset(d for d in self.reads if d.name not in drop), self.writes)
+
+
+KINDS = ("pointwise", "reduction", "extern", "nop")
+
+
+@attrs.frozen(cache_hash=True)
+class SchedulerNode:
+    name: str
+    kind: str = attrs.field(validator=attrs.validators.in_(KINDS))
+    group: tuple[int, int]  # (numel, reduction numel); (0, 0) for extern / nop
+    read_writes: ReadWrites
+    origins: tuple[str, ...]
+    ops: tuple[str, ...]
+
+
+@attrs.frozen
+class ScheduleGraph:
+    nodes: tuple[SchedulerNode, ...]
+    graph: BufferGraph
+    mutation_real_name: tuple[tuple[str, str], ...] = ()
+    _by_name: dict[str, SchedulerNode] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {n.name: n for n in self.nodes})
+
+    def node(self, name: str) -> SchedulerNode:
+        return self._by_name[name]
+
+    def buffer(self, name: str) -> Buffer:
+        b = self.graph.get(name)
+        return b  # type: ignore[return-value]
+
+    @property
+    def outputs(self) -> tuple[str | None, ...]:
+        return self.graph.outputs
+
+    def mutation_names(self) -> dict[str, str]:
+        return dict(self.mutation_real_name)
+
+
+def used_buffer_names(node: SchedulerNode) -> frozenset[str]:
+    """Every name in reads or writes (the seed's used_buffer_names)."""
+    return frozenset(d.name for d in (*node.read_writes.reads, *node.read_writes.writes))
+
+
+def used_or_aliased_buffer_names(node: SchedulerNode, graph: BufferGraph) -> frozenset[str]:
+    """used_buffer_names plus one alias hop: reading a view keeps its base alive.
+    WeakDeps only order; they keep nothing alive."""
+    names = {
+        d.name
+        for d in (*node.read_writes.reads, *node.read_writes.writes)
+        if not isinstance(d, WeakDep)
+    }
+    for n in list(names):
+        b = graph.get(n)
+        base = getattr(b, "base", None)
+        if base is not None:
+            names.add(base)
+    return frozenset(names)

@@ -1,0 +1,154 @@
+"""`verify(ir, stage)`: each language's invariants.  An error names the stage, the
+node and the broken rule, and prints the IR around the fault.
+
+LoweredGraph
+  L1 node names are unique
+  L2 a body loads only nodes defined before it, with one index per dim
+  L3 a body uses only its own loop symbols (x* for ranges, r* for reduction ranges)
+  L4 outputs name defined nodes
+BufferGraph
+  B1 buffers are named buf0, buf1, ... in order; inputs keep their names
+  B2 bodies load only inputs and earlier buffers, one index per dim
+  B3 every buffer has a rule; a ComputedBuffer's layout size equals its ranges
+  B4 bodies use only their own loop symbols
+ScheduleGraph
+  S1 one node per buffer, in buffer order
+  S2 every dep names an input or a buffer defined before the node (WeakDeps: any)
+  S3 a node's writes include itself
+The later languages register their checks in `coil.ir.verify_back`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import sympy
+
+from coil.errors import CoilError
+from coil.ir.buffers import BufferGraph, ComputedBuffer
+from coil.ir.expr import Expr, IndexExpr, Load, walk
+from coil.ir.lowered import LoweredGraph, Pointwise, Reduction, View, extern_tensor_names, Extern, MultiOutput
+from coil.ir.schedule import ScheduleGraph, WeakDep
+
+VERIFIERS: dict[type, Callable[[Any, str], None]] = {}
+
+
+class VerifyError(CoilError):
+    """A broken IR invariant."""
+
+
+def verifier(cls: type) -> Callable[[Callable[[Any, str], None]], Callable[[Any, str], None]]:
+    def deco(fn: Callable[[Any, str], None]) -> Callable[[Any, str], None]:
+        VERIFIERS[cls] = fn
+        return fn
+
+    return deco
+
+
+def verify(ir: Any, stage: str = "?") -> None:
+    fn = VERIFIERS.get(type(ir))
+    if fn is None:
+        import coil.ir.verify_back  # noqa: F401
+
+        fn = VERIFIERS.get(type(ir))
+    if fn is None:
+        raise TypeError(f"no verifier for {type(ir).__name__}")
+    fn(ir, stage)
+
+
+def fail(ir: Any, stage: str, node: str, rule: str) -> None:
+    from coil.ir.printer import show
+
+    text = show(ir).splitlines()
+    at = next((i for i, ln in enumerate(text) if ln.lstrip().startswith(node + " ") or ln.lstrip().startswith(node + ":")), None)
+    context = text[max(0, at - 2) : at + 6] if at is not None else text[:8]
+    raise VerifyError(
+        f"{type(ir).__name__} invalid after {stage}: {node}: {rule}\n" + "\n".join("  | " + ln for ln in context),
+        stage=stage,
+        node=node,
+    )
+
+
+def _symbols_ok(body: Expr, nx: int, nr: int) -> sympy.Symbol | None:
+    allowed = {f"x{i}" for i in range(nx)} | {f"r{i}" for i in range(nr)}
+    for e in walk(body):
+        exprs: Iterable[sympy.Expr] = e.index if isinstance(e, Load) else (e.expr,) if isinstance(e, IndexExpr) else ()
+        for ix in exprs:
+            for s in ix.free_symbols:
+                if s.name not in allowed:
+                    return s  # type: ignore[return-value]
+    return None
+
+
+@verifier(LoweredGraph)
+def verify_lowered(g: LoweredGraph, stage: str) -> None:
+    seen: dict[str, int] = {}
+    for n in g.nodes:
+        if n.name in seen:
+            fail(g, stage, n.name, "L1 duplicate node name")
+        if isinstance(n, (Pointwise, Reduction)):
+            for ld in (e for e in walk(n.body) if isinstance(e, Load)):
+                if ld.name not in seen:
+                    fail(g, stage, n.name, f"L2 loads {ld.name}, not defined before it")
+                elif len(ld.index) != seen[ld.name]:
+                    fail(g, stage, n.name, f"L2 loads {ld.name} with {len(ld.index)} indices, it has {seen[ld.name]} dims")
+            nr = len(n.reduction_ranges) if isinstance(n, Reduction) else 0
+            bad = _symbols_ok(n.body, len(n.ranges), nr)
+            if bad is not None:
+                fail(g, stage, n.name, f"L3 uses symbol {bad} outside its loops")
+        if isinstance(n, View):
+            if n.base not in seen:
+                fail(g, stage, n.name, f"L2 views {n.base}, not defined before it")
+            elif len(n.index) != seen[n.base]:
+                fail(g, stage, n.name, f"L2 views {n.base} with {len(n.index)} indices, it has {seen[n.base]} dims")
+        if isinstance(n, Extern):
+            for r in extern_tensor_names((n.args, tuple(v for _, v in n.kwargs))):
+                if r not in seen:
+                    fail(g, stage, n.name, f"L2 extern reads {r}, not defined before it")
+        seen[n.name] = -1 if (isinstance(n, Extern) and n.layout is None) else len(n.size)
+        if isinstance(n, MultiOutput) and n.extern not in seen:
+            fail(g, stage, n.name, f"L2 reads extern {n.extern}, not defined before it")
+    for o in g.outputs:
+        if o is not None and o not in seen:
+            fail(g, stage, o, "L4 output names no node")
+
+
+@verifier(BufferGraph)
+def verify_buffers(g: BufferGraph, stage: str) -> None:
+    rank: dict[str, int] = {i.name: len(i.layout.size) for i in g.inputs}
+    for k, b in enumerate(g.buffers):
+        if b.name != f"buf{k}":
+            fail(g, stage, b.name, f"B1 expected name buf{k}")
+        if not b.rule:
+            fail(g, stage, b.name, "B3 no realize rule")
+        if isinstance(b, ComputedBuffer):
+            if b.layout.size != b.ranges:
+                fail(g, stage, b.name, f"B3 layout size {list(b.layout.size)} != ranges {list(b.ranges)}")
+            for ld in (e for e in walk(b.body) if isinstance(e, Load)):
+                if ld.name not in rank:
+                    fail(g, stage, b.name, f"B2 loads {ld.name}, not an input or earlier buffer")
+                elif rank[ld.name] >= 0 and len(ld.index) != rank[ld.name]:
+                    fail(g, stage, b.name, f"B2 loads {ld.name} with {len(ld.index)} indices, it has {rank[ld.name]} dims")
+            bad = _symbols_ok(b.body, len(b.ranges), len(b.reduction_ranges))
+            if bad is not None:
+                fail(g, stage, b.name, f"B4 uses symbol {bad} outside its loops")
+        rank[b.name] = len(b.layout.size) if b.layout is not None else -1
+    for o in g.outputs:
+        if o is not None and o not in rank:
+            fail(g, stage, o, "B2 output names no buffer")
+
+
+@verifier(ScheduleGraph)
+def verify_schedule(g: ScheduleGraph, stage: str) -> None:
+    if tuple(n.name for n in g.nodes) != tuple(b.name for b in g.graph.buffers):
+        fail(g, stage, g.nodes[0].name if g.nodes else "?", "S1 nodes do not match buffers one to one")
+    defined = {i.name for i in g.graph.inputs}
+    for n in g.nodes:
+        for d in n.read_writes.reads:
+            if isinstance(d, WeakDep):
+                continue
+            if d.name not in defined:
+                fail(g, stage, n.name, f"S2 reads {d.name}, not defined before it")
+        if n.name not in {d.name for d in n.read_writes.writes}:
+            fail(g, stage, n.name, "S3 writes do not include the node itself")
+        defined.add(n.name)

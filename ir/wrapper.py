@@ -1,0 +1,90 @@
+"""WrapperProgram: the lines of the `call(args)` function, before rendering.
+
+vs MemoryPlan: + one line per allocation, reuse, view, call, free and return;
+- the per-step sets (now lines).
+
+Grammar::
+
+    WrapperProgram ::= (inputs: name*, lines: Line*, plan: MemoryPlan)
+    Line ::= Alloc(name, layout)                 bufN = empty_strided(...)
+           | Reuse(new, old)                     bufB = bufA; del bufA  # reuse
+           | ReinterpretView(name, base, layout) bufN = reinterpret_tensor(base, ...)
+           | KernelCall(kernel, args)            kernel(args..., sizes)
+           | ExternCall(name, kernel, args, kwargs)
+           | MultiOutputLine(name, extern, index) bufN = bufM[i]
+           | Free(name, kind)                    kind: input (FreeLine)
+                                                 | buffer (FreeIfNotReusedLine)
+           | Return(names)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import attrs
+
+from coil.ir.layout import Layout
+from coil.ir.memory import MemoryPlan
+
+
+@attrs.frozen
+class Alloc:
+    name: str
+    layout: Layout
+
+
+@attrs.frozen
+class Reuse:
+    new: str
+    old: str
+    layout: Layout
+
+
+@attrs.frozen
+class ReinterpretView:
+    name: str
+    base: str
+    layout: Layout
+
+
+@attrs.frozen
+class KernelCall:
+    kernel: str
+    args: tuple[str, ...]  # buffer names, in the kernel's parameter order
+
+
+@attrs.frozen
+class ExternCall:
+    name: str
+    kernel: str
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...]
+    mutated: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class MultiOutputLine:
+    name: str
+    extern: str
+    index: tuple[int, ...]
+
+
+@attrs.frozen
+class Free:
+    name: str
+    kind: str = attrs.field(validator=attrs.validators.in_(("input", "buffer")))
+
+
+@attrs.frozen
+class Return:
+    names: tuple[str | None, ...]
+
+
+Line = Union[Alloc, Reuse, ReinterpretView, KernelCall, ExternCall, MultiOutputLine, Free, Return]
+
+
+@attrs.frozen
+class WrapperProgram:
+    inputs: tuple[str, ...]
+    lines: tuple[Line, ...]
+    plan: MemoryPlan

@@ -1,0 +1,126 @@
+"""extract_deps : BufferGraph -> ScheduleGraph
+
+The seed's fork in `_compute_attrs`:
+- Path A, ComputedBuffer: a DepsHandler walks the body; every load becomes a
+  MemoryDep (name, normalized storage index, ranges) and the store one write.
+- Path B, ExternBuffer: reads come from the declared inputs, as StarDeps.
+Aliases and tuple results are no-op nodes.  A mutation adds WeakDeps so the mutating
+node runs after every earlier reader of what it mutates.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import sympy
+
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
+from coil.ir.expr import Cast, Constant, IndexExpr, Load, Op, evaluate, rsyms, xsyms
+from coil.ir.indexing import numel
+from coil.ir.layout import Layout
+from coil.ir.lowered import extern_tensor_names
+from coil.ir.schedule import Dep, MemoryDep, ReadWrites, ScheduleGraph, SchedulerNode, StarDep, WeakDep
+from coil.options import Options
+
+log = logging.getLogger("coil.trace")
+
+
+def canonical(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"c{i}", integer=True, nonnegative=True)
+
+
+def normalize_dep(index: sympy.Expr, var_names: Sequence[sympy.Symbol], size: Sequence[int]) -> tuple[sympy.Expr, tuple[sympy.Symbol, ...], tuple[int, ...]]:
+    """Drop size-1 vars, merge neighbours that walk memory contiguously (or are both
+    unused), rename to c0, c1, ...: equal accesses over equal ranges compare equal."""
+    index = sympy.expand(index.subs({v: 0 for v, s in zip(var_names, size) if s == 1}))
+    vs = [v for v, s in zip(var_names, size) if s != 1]
+    ss = [int(s) for s in size if s != 1]
+
+    def coeff(v: sympy.Symbol) -> sympy.Expr | None:
+        d = sympy.diff(index, v)
+        return d if d.is_Integer else None
+
+    i = len(vs) - 2
+    while i >= 0:
+        a, b = vs[i], vs[i + 1]
+        ca, cb = coeff(a), coeff(b)
+        if ca is not None and cb is not None and ca == cb * ss[i + 1]:
+            m = sympy.Symbol(f"m{len(vs)}_{i}", integer=True, nonnegative=True)
+            index = sympy.expand(index - ca * a - cb * b + cb * m)
+            vs[i : i + 2] = [m]
+            ss[i : i + 2] = [ss[i] * ss[i + 1]]
+        i -= 1
+    rename = {v: canonical(k) for k, v in enumerate(vs)}
+    return index.xreplace(rename), tuple(rename[v] for v in vs), tuple(ss)
+
+
+class DepsHandler:
+    """Records each load as a MemoryDep over the node's iteration vars."""
+
+    def __init__(self, layouts: dict[str, Layout], var_names: Sequence[sympy.Symbol], size: Sequence[int]) -> None:
+        self.layouts = layouts
+        self.var_names = tuple(var_names)
+        self.size = tuple(size)
+        self.reads: list[Dep] = []
+
+    def load(self, node: Load) -> None:
+        offset = self.layouts[node.name].offset_of(node.index)
+        idx, vs, ss = normalize_dep(offset, self.var_names, self.size)
+        self.reads.append(MemoryDep(node.name, idx, vs, ss))
+
+    def constant(self, node: Constant) -> None:
+        return None
+
+    def index_expr(self, node: IndexExpr) -> None:
+        return None
+
+    def op(self, node: Op, args: tuple[None, ...]) -> None:
+        return None
+
+    def cast(self, node: Cast, arg: None) -> None:
+        return None
+
+
+def computed_read_writes(b: ComputedBuffer, layouts: dict[str, Layout]) -> ReadWrites:
+    xs, rs = xsyms(len(b.ranges)), rsyms(len(b.reduction_ranges))
+    h = DepsHandler(layouts, (*xs, *rs), (*b.ranges, *b.reduction_ranges))
+    evaluate(b.body, h)
+    widx, wv, ws = normalize_dep(b.layout.offset_of(xs), xs, b.ranges)
+    return ReadWrites(frozenset(h.reads), frozenset({MemoryDep(b.name, widx, wv, ws)}))
+
+
+def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
+    """One SchedulerNode per buffer, with read_writes."""
+    layouts = {b.name: b.layout for b in (*g.inputs, *g.buffers) if b.layout is not None}
+    nodes: list[SchedulerNode] = []
+    readers_so_far: dict[str, list[str]] = {}
+    mutation_real_name: list[tuple[str, str]] = []
+    for b in g.buffers:
+        match b:
+            case ComputedBuffer():
+                rw = computed_read_writes(b, layouts)
+                kind = "reduction" if b.is_reduction else "pointwise"
+                group = (numel(b.ranges), numel(b.reduction_ranges) if b.is_reduction else 1)
+            case ExternBuffer():
+                names = extern_tensor_names((b.args, tuple(v for _, v in b.kwargs)))
+                reads: set[Dep] = {StarDep(n) for n in names}
+                writes: set[Dep] = {StarDep(b.name)} | {StarDep(m) for m in b.mutated}
+                for m in b.mutated:
+                    reads |= {WeakDep(r, b.name) for r in readers_so_far.get(m, []) if r != b.name}
+                    if b.layout is not None:
+                        mutation_real_name.append((b.name, m))
+                rw = ReadWrites(frozenset(reads), frozenset(writes))
+                kind, group = "extern", (0, 0)
+            case MultiOutputBuffer():
+                rw = ReadWrites(frozenset({StarDep(b.extern)}), frozenset({StarDep(b.name)}))
+                kind, group = "nop", (0, 0)
+            case AliasBuffer():
+                rw = ReadWrites(frozenset({StarDep(b.base)}), frozenset({StarDep(b.name)}))
+                kind, group = "nop", (0, 0)
+        for d in rw.reads:
+            readers_so_far.setdefault(d.name, []).append(b.name)
+        log.debug("read_writes %s: reads=%s writes=%s", b.name,
+                  sorted(d.name for d in rw.reads), sorted(d.name for d in rw.writes))
+        nodes.append(SchedulerNode(b.name, kind, group, rw, b.origins, b.ops))
+    return ScheduleGraph(tuple(nodes), g, tuple(mutation_real_name))

@@ -1,0 +1,226 @@
+"""lower : FxGraph -> LoweredGraph
+
+Walks the FX graph once.  Each call_function node goes, in this order, to:
+1. its lowering in LOWERINGS (pointwise, reduction, view, creation ops, ...);
+2. coil's decomposition table: the decomposition is traced into a small FX graph
+   and lowered node by node, so softmax or layer_norm arrive as pointwise ops and
+   reductions;
+3. an `Extern` fallback that calls the aten op as it is.
+No model fails to compile for want of a lowering.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any, Sequence
+
+import attrs
+import torch
+import torch.fx
+
+from coil.errors import CoilError
+from coil.ir.layout import Layout
+from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
+from coil.options import Options
+from coil.passes.lowerings import DECOMPOSITIONS, LOWERINGS
+from coil.passes.lowerings.registry import LowerCtx, TensorValue
+
+log = logging.getLogger("coil.trace")
+
+
+@attrs.frozen(eq=False)
+class FxGraph:
+    """The pipeline's input: an FX graph of aten ops and its example inputs."""
+
+    gm: torch.fx.GraphModule
+    example_inputs: tuple[Any, ...]
+
+    def device(self) -> str:
+        for t in self.example_inputs:
+            if isinstance(t, torch.Tensor):
+                return str(t.device)
+        return "cpu"
+
+
+def _short(target: Any) -> str:
+    name = getattr(target, "__name__", str(target))
+    if isinstance(target, torch._ops.OpOverload):
+        name = target._opname
+    return name
+
+
+def ensure_meta(fx: FxGraph) -> dict[str, Any]:
+    """Fake values of every node: from node.meta['val'] when the tracer left them,
+    else from a FakeTensorProp run (graphs from symbolic_trace)."""
+    nodes = list(fx.gm.graph.nodes)
+    if all("val" in n.meta for n in nodes if n.op in ("placeholder", "call_function")):
+        return {n.name: n.meta["val"] for n in nodes if "val" in n.meta}
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    vals: dict[str, Any] = {}
+    env: dict[torch.fx.Node, Any] = {}
+    ph = iter(fx.example_inputs)
+    with mode:
+        for n in nodes:
+            if n.op == "placeholder":
+                x = next(ph)
+                env[n] = mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+            elif n.op == "call_function":
+                a, k = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: env[m])
+                env[n] = n.target(*a, **k)
+            elif n.op == "get_attr":
+                env[n] = mode.from_tensor(getattr(fx.gm, str(n.target)))
+            else:
+                continue
+            vals[n.name] = env[n]
+    return vals
+
+
+def _layout_of_val(v: Any, device: str) -> Layout:
+    dev = str(v.device) if str(v.device) != "meta" else device
+    return Layout(tuple(v.shape), tuple(v.stride()), v.dtype, dev, int(v.storage_offset()))
+
+
+def _to_ref(x: Any) -> Any:
+    if isinstance(x, TensorValue):
+        return TensorRef(x.name)
+    if isinstance(x, (list, tuple)):
+        return tuple(_to_ref(a) for a in x)
+    return x
+
+
+def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[str, Any], val: Any) -> Any:
+    """The fallback: keep the aten call whole; its result layout comes from the fake
+    value.  Tuple results become MultiOutput nodes."""
+    kernel = str(target) if isinstance(target, torch._ops.OpOverload) else _short(target)
+    if not isinstance(target, torch._ops.OpOverload):
+        raise CoilError(f"cannot call {target!r} as an extern (not an aten op)", stage="lower", node=ctx.origin)
+    mutated = tuple(
+        a.name
+        for arg, a in zip(target._schema.arguments, args)
+        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(a, TensorValue)
+    )
+    refs = tuple(_to_ref(a) for a in args)
+    kw = tuple(sorted((k, _to_ref(v)) for k, v in kwargs.items()))
+    if isinstance(val, torch.Tensor):
+        return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device), ctx.origin, ctx.op, mutated))
+    if isinstance(val, (tuple, list)):
+        ext = Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated)
+        ctx.append(ext)
+        outs: list[Any] = []
+        for i, v in enumerate(val):
+            if isinstance(v, torch.Tensor):
+                outs.append(ctx.add(MultiOutput(ctx.fresh(), ext.name, (i,), _layout_of_val(v, ctx.device), ctx.origin, ctx.op)))
+            else:
+                outs.append(None)
+        return tuple(outs)
+    raise CoilError(f"extern {kernel} returns {type(val).__name__}, not a tensor", stage="lower", node=ctx.origin)
+
+
+def _meta_arg(x: Any, vals: dict[str, Any]) -> Any:
+    if isinstance(x, torch.fx.Node):
+        v = vals[x.name]
+        if isinstance(v, torch.Tensor):
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        return v
+    return x
+
+
+def decompose(node: torch.fx.Node, vals: dict[str, Any]) -> torch.fx.GraphModule:
+    """Trace the decomposition of one node on meta tensors into a small FX graph."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    flat, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+    metas = [_meta_arg(a, vals) for a in flat]
+    tensor_pos = [i for i, a in enumerate(metas) if isinstance(a, torch.Tensor)]
+    decomp = DECOMPOSITIONS[node.target]
+
+    def run(*tensors: torch.Tensor) -> Any:
+        full = list(metas)
+        for i, t in zip(tensor_pos, tensors):
+            full[i] = t
+        a, k = torch.utils._pytree.tree_unflatten(full, spec)
+        return decomp(*a, **k)
+
+    # no table: nested ops come back at aten level and go through `_lower_node` again
+    return make_fx(run)(*[metas[i] for i in tensor_pos])
+
+
+def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals: dict[str, Any], depth: int) -> Any:
+    target = node.target
+    if target is operator.getitem:
+        seq, i = args
+        return seq[i]
+    if isinstance(target, type) and issubclass(target, tuple):  # a decomposition's named tuple
+        return tuple(args)
+    fn = LOWERINGS.get(target)
+    if fn is not None:
+        log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)
+        return fn(ctx, *args, **kwargs)
+    if target in DECOMPOSITIONS and depth < 8:
+        log.debug("lower %s: %s -> decomposition", node.name, target)
+        sub = decompose(node, vals)
+        flat_args = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorValue)]
+        return _lower_graph_into(ctx, sub, flat_args, depth + 1, keep_origin=True)
+    log.debug("lower %s: %s -> extern fallback", node.name, target)
+    return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
+
+
+def _lower_graph_into(ctx: LowerCtx, gm: torch.fx.GraphModule, inputs: Sequence[Any], depth: int, keep_origin: bool) -> Any:
+    vals = {n.name: n.meta["val"] for n in gm.graph.nodes if "val" in n.meta}
+    env: dict[torch.fx.Node, Any] = {}
+    it = iter(inputs)
+    origin, device = ctx.origin, ctx.device
+    result: Any = None
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = next(it)
+        elif n.op == "call_function":
+            a, k = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: env[m])
+            ctx.at(origin, _short(n.target), device)
+            env[n] = _lower_node(ctx, n, a, k, vals, depth)
+        elif n.op == "output":
+            result = torch.fx.node.map_arg(n.args[0], lambda m: env[m])
+    return result
+
+
+def lower(fx: FxGraph, options: Options) -> LoweredGraph:
+    """Lower every FX node to IR nodes; nothing is inlined or named bufN yet."""
+    vals = ensure_meta(fx)
+    device = fx.device()
+    ctx = LowerCtx("", "", device)
+    env: dict[torch.fx.Node, Any] = {}
+    inputs = iter(fx.example_inputs)
+    outputs: tuple[str | None, ...] = ()
+    for n in fx.gm.graph.nodes:
+        ctx.reserve(n.name)
+    for n in fx.gm.graph.nodes:
+        if n.op == "placeholder":
+            x = next(inputs)
+            if isinstance(x, torch.Tensor):
+                env[n] = ctx.add(Input(n.name, Layout.of(x)))
+                log.debug("lower %s: placeholder -> Input", n.name)
+            else:
+                env[n] = x
+        elif n.op == "get_attr":
+            raise CoilError("get_attr nodes are not supported: lift parameters to inputs (make_fx / AOTAutograd do)", stage="lower", node=n.name)
+        elif n.op == "call_function":
+            a, k = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: env[m])
+            ctx.at(n.name, _short(n.target), device)
+            try:
+                env[n] = _lower_node(ctx, n, a, k, vals, 0)
+            except CoilError as e:
+                if e.stage is None:
+                    raise CoilError(str(e), stage="lower", node=n.name) from e
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure names the stage and node
+                raise CoilError(f"{type(e).__name__}: {e}", stage="lower", node=n.name) from e
+        elif n.op == "output":
+            outs = torch.fx.node.map_arg(n.args[0], lambda m: env[m])
+            flat = torch.utils._pytree.tree_leaves(outs)
+            outputs = tuple(o.name if isinstance(o, TensorValue) else None for o in flat)
+        else:
+            raise CoilError(f"unsupported FX op {n.op}", stage="lower", node=n.name)
+    return LoweredGraph(tuple(ctx.nodes), outputs)

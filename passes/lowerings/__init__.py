@@ -1,0 +1,8 @@
+"""Lowerings, one module per op family.  Importing this package fills LOWERINGS;
+DECOMPOSITIONS is the table `lower` falls back to before an Extern."""
+
+from coil.passes.lowerings import creation, pointwise, reductions, views  # noqa: F401  (registration)
+from coil.passes.lowerings.decompositions import DECOMPOSITIONS
+from coil.passes.lowerings.registry import LOWERINGS, register_lowering, register_pointwise
+
+__all__ = ["DECOMPOSITIONS", "LOWERINGS", "register_lowering", "register_pointwise"]

@@ -1,0 +1,276 @@
+"""The lowering registry and the helpers every lowering family uses.
+
+A lowering is `fn(ctx, *args, **kwargs) -> TensorValue | tuple | scalar`; `args` are
+the FX node's arguments with each tensor replaced by a `TensorValue`.  It adds IR
+nodes through `ctx` (a `LowerCtx`, made fresh for each `lower` call: no global
+graph) and returns the value of the FX node.
+
+    LOWERINGS[aten.add.Tensor] = fn        via @register_lowering(aten.add)
+    register_pointwise(aten.exp, "exp")   one line per elementwise op
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Sequence
+
+import attrs
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from coil.errors import CoilError
+from coil.ir.expr import Cast, Constant, Expr, Load, Op, xsyms
+from coil.ir.layout import Layout
+from coil.ir.lowered import LNode, Pointwise, Reduction, View
+
+aten = torch.ops.aten
+
+Lowering = Callable[..., Any]
+LOWERINGS: dict[Any, Lowering] = {}
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+@attrs.frozen
+class TensorValue:
+    """A tensor during lowering: the IR node that produces it."""
+
+    name: str
+    size: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.size)
+
+    def numel(self) -> int:
+        return math.prod(self.size)
+
+    def load(self, index: Sequence[sympy.Expr]) -> Expr:
+        return Load(self.name, tuple(index), self.dtype)
+
+    def meta(self) -> torch.Tensor:
+        """An empty meta tensor of this shape and dtype (for type promotion)."""
+        return torch.empty(self.size, dtype=self.dtype, device="meta")
+
+
+class LowerCtx:
+    """Per-call builder: the nodes made so far and a fresh-name counter.  Lives only
+    inside one `lower` call."""
+
+    def __init__(self, origin: str, op: str, device: str) -> None:
+        self.nodes: list[LNode] = []
+        self.origin = origin
+        self.op = op
+        self.device = device
+        self._used: set[str] = set()
+        self._reserved: set[str] = set()
+
+    def at(self, origin: str, op: str, device: str) -> "LowerCtx":
+        self.origin, self.op, self.device = origin, op, device
+        return self
+
+    def fresh(self) -> str:
+        """The FX node's own name for its first IR node, then name__1, name__2, ..."""
+        if self.origin not in self._used:
+            return self.origin
+        k = 1
+        while f"{self.origin}__{k}" in self._used or f"{self.origin}__{k}" in self._reserved:
+            k += 1
+        return f"{self.origin}__{k}"
+
+    def reserve(self, name: str) -> None:
+        self._reserved.add(name)
+
+    def append(self, node: LNode) -> None:
+        self.nodes.append(node)
+        self._used.add(node.name)
+
+    def add(self, node: LNode) -> TensorValue:
+        self.append(node)
+        return TensorValue(node.name, tuple(node.size), node.dtype, getattr(node, "device", self.device))
+
+    def pointwise(self, ranges: Sequence[int], body: Expr, dtype: torch.dtype | None = None) -> TensorValue:
+        dtype = body.dtype if dtype is None else dtype
+        if body.dtype != dtype:
+            body = Cast(body, dtype)
+        return self.add(Pointwise(self.fresh(), dtype, self.device, tuple(ranges), body, self.origin, self.op))
+
+    def reduction(
+        self,
+        ranges: Sequence[int],
+        reduction_ranges: Sequence[int],
+        reduction_type: str,
+        body: Expr,
+        dtype: torch.dtype,
+    ) -> TensorValue:
+        return self.add(
+            Reduction(
+                self.fresh(), dtype, self.device, tuple(ranges), tuple(reduction_ranges),
+                reduction_type, body, self.origin, self.op,
+            )
+        )
+
+    def view(self, base: TensorValue, ranges: Sequence[int], index: Sequence[sympy.Expr]) -> TensorValue:
+        return self.add(View(self.fresh(), base.name, base.dtype, base.device, tuple(ranges), tuple(index), self.origin, self.op))
+
+
+def _overloads(op: Any) -> list[Any]:
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, o) for o in op.overloads()]
+    return [op]
+
+
+def register_lowering(*ops: Any) -> Callable[[Lowering], Lowering]:
+    """Register `fn` for every overload of each op (packets expand to overloads)."""
+
+    def deco(fn: Lowering) -> Lowering:
+        for op in ops:
+            for o in _overloads(op):
+                LOWERINGS[o] = fn
+        return fn
+
+    return deco
+
+
+# ---- broadcasting, promotion and loading -------------------------------------------------
+
+
+def broadcast_shapes(*sizes: Sequence[int]) -> tuple[int, ...]:
+    return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in sizes]))
+
+
+def broadcast_load(t: TensorValue, out_size: Sequence[int], index: Sequence[sympy.Expr]) -> Expr:
+    """Load `t` at the output index, right-aligned, size-1 dims read at 0."""
+    lead = len(out_size) - t.ndim
+    idx = [sympy.Integer(0) if s == 1 else index[lead + i] for i, s in enumerate(t.size)]
+    return t.load(idx)
+
+
+def is_tensor(x: Any) -> bool:
+    return isinstance(x, TensorValue)
+
+
+def promote(
+    args: Iterable[Any], kind: ELEMENTWISE_TYPE_PROMOTION_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+) -> tuple[torch.dtype, torch.dtype]:
+    """aten's type promotion: (compute dtype, result dtype)."""
+    metas = [a.meta() if is_tensor(a) else a for a in args if is_tensor(a) or isinstance(a, (bool, int, float))]
+    # 0-d tensors promote like scalars unless all are 0-d; torch handles that on meta tensors
+    compute, result = elementwise_dtypes(*metas, type_promotion_kind=kind)
+    return compute, result
+
+
+def as_expr(x: Any, out_size: Sequence[int], index: Sequence[sympy.Expr], dtype: torch.dtype) -> Expr:
+    """An argument as an expression of `dtype` at the output index."""
+    if is_tensor(x):
+        e = broadcast_load(x, out_size, index)
+    elif isinstance(x, (bool, int, float)):
+        return Constant(_convert_scalar(x, dtype), dtype)
+    else:
+        raise CoilError(f"cannot use {type(x).__name__} as a tensor operand")
+    return e if e.dtype == dtype else Cast(e, dtype)
+
+
+def _convert_scalar(x: bool | int | float, dtype: torch.dtype) -> bool | int | float:
+    if dtype == torch.bool:
+        return bool(x)
+    if dtype.is_floating_point:
+        return float(x)
+    return int(x)
+
+
+def upcast(dtype: torch.dtype) -> torch.dtype:
+    """Half types compute in float32, rounded on store (as Inductor does)."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+def out_size_of(args: Iterable[Any]) -> tuple[int, ...]:
+    sizes = [a.size for a in args if is_tensor(a)]
+    return broadcast_shapes(*sizes) if sizes else ()
+
+
+def device_of(args: Iterable[Any], default: str) -> str:
+    for a in args:
+        if is_tensor(a) and a.ndim > 0:
+            return a.device
+    for a in args:
+        if is_tensor(a):
+            return a.device
+    return default
+
+
+def make_pointwise_body(
+    fn: Callable[..., Expr],
+    args: Sequence[Any],
+    kind: ELEMENTWISE_TYPE_PROMOTION_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
+    compute_dtype: torch.dtype | None = None,
+    result_dtype: torch.dtype | None = None,
+) -> tuple[tuple[int, ...], Expr, torch.dtype]:
+    """Broadcast, promote and call `fn(*exprs, dtype=compute)`; the result is cast to
+    the promoted result dtype.  Returns (ranges, body, result dtype)."""
+    compute, result = promote(args, kind)
+    compute = upcast(compute if compute_dtype is None else compute_dtype)
+    result = result if result_dtype is None else result_dtype
+    size = out_size_of(args)
+    index = xsyms(len(size))
+    exprs = [as_expr(a, size, index, compute) for a in args]
+    body = fn(*exprs, dtype=compute)
+    if body.dtype != result:
+        body = Cast(body, result)
+    return size, body, result
+
+
+def op(name: str, *args: Expr, dtype: torch.dtype | None = None) -> Expr:
+    """Build `Op(name, args)`; comparisons give bool, else the first arg's dtype."""
+    from coil.ir.expr import COMPARISONS, LOGICAL
+
+    if dtype is None:
+        dtype = torch.bool if (name in COMPARISONS or name in LOGICAL) else args[-1 if name == "where" else 0].dtype
+    return Op(name, tuple(args), dtype)
+
+
+def register_pointwise(
+    aten_op: Any,
+    op_name: str | None = None,
+    kind: ELEMENTWISE_TYPE_PROMOTION_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT,
+    *,
+    result_dtype: torch.dtype | None = None,
+) -> Lowering:
+    """One elementwise aten op -> one `Op` node per element."""
+    name = op_name or aten_op._opname  # type: ignore[union-attr]
+
+    def lowering(ctx: LowerCtx, *args: Any, **kwargs: Any) -> TensorValue:
+        if kwargs:
+            raise CoilError(f"{name}: unsupported keyword arguments {sorted(kwargs)}")
+
+        def body(*exprs: Expr, dtype: torch.dtype) -> Expr:
+            return op(name, *exprs, dtype=None if name in _BOOL_RESULT else dtype)
+
+        ranges, b, dt = make_pointwise_body(body, args, kind, result_dtype=result_dtype)
+        return ctx.pointwise(ranges, b, dt)
+
+    register_lowering(aten_op)(lowering)
+    return lowering
+
+
+def _bool_result() -> frozenset[str]:
+    from coil.ir.expr import COMPARISONS, LOGICAL
+
+    return COMPARISONS | LOGICAL
+
+
+_BOOL_RESULT = _bool_result()
+
+
+def layout_of(v: TensorValue) -> Layout:
+    return Layout.contiguous(v.size, v.dtype, v.device)
+
+
+def normalize_dim(dim: int, ndim: int) -> int:
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise CoilError(f"dimension {dim} out of range for a {ndim}-d tensor")
+    return dim % n

@@ -1,0 +1,124 @@
+"""Pipeline: a flat tuple of named passes with a between-pass callback that
+verifies, traces and dumps.  `replace` and `insert_after` return new pipelines."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import attrs
+import torch
+
+from coil.errors import CoilError
+from coil.options import Options
+
+log = logging.getLogger("coil.trace")
+
+Pass = Callable[[Any, Options], Any]
+
+
+def resolve_target(options: Options, example_inputs: Sequence[Any]) -> Options:
+    """`target="auto"`: triton for CUDA tensors, cpp for CPU tensors."""
+    if options.target != "auto":
+        return options
+    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    return options.replace(target="triton" if cuda else "cpp")
+
+
+def enable_trace() -> None:
+    if not any(getattr(h, "_coil", False) for h in log.handlers):
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("[coil] %(message)s"))
+        h._coil = True  # type: ignore[attr-defined]
+        log.addHandler(h)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+
+
+@attrs.frozen
+class Pipeline:
+    passes: tuple[tuple[str, Pass], ...]
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.passes)
+
+    def _index(self, name: str) -> int:
+        if name not in self.stages:
+            raise KeyError(f"no stage {name!r}; stages are {self.stages}")
+        return self.stages.index(name)
+
+    def replace(self, name: str, fn: Pass) -> "Pipeline":
+        i = self._index(name)
+        return Pipeline(self.passes[:i] + ((name, fn),) + self.passes[i + 1 :])
+
+    def insert_after(self, name: str, fn: Pass, new_name: str | None = None) -> "Pipeline":
+        i = self._index(name)
+        label = new_name or getattr(fn, "__name__", "custom")
+        return Pipeline(self.passes[: i + 1] + ((label, fn),) + self.passes[i + 1 :])
+
+    def run(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], until: str | None = None,
+            options: Options | None = None) -> Any:
+        """Run the stages in order; return the IR after stage `until` (the
+        CompiledModule when None)."""
+        from coil.ir.printer import show
+        from coil.ir.verify import verify
+        from coil.passes.lower import FxGraph
+
+        options = resolve_target(options or Options.from_env(), example_inputs)
+        if until is not None:
+            self._index(until)
+        if options.trace:
+            enable_trace()
+        ir: Any = FxGraph(gm, tuple(example_inputs))
+        for i, (name, fn) in enumerate(self.passes):
+            t0 = time.perf_counter()
+            try:
+                ir = fn(ir, options)
+            except CoilError as e:
+                if e.stage is None:
+                    raise CoilError(str(e), stage=name, node=e.node) from e
+                raise
+            except Exception as e:  # noqa: BLE001 - name the stage
+                raise CoilError(f"{type(e).__name__}: {e}", stage=name) from e
+            log.debug("stage %s done in %.1f ms -> %s", name, 1e3 * (time.perf_counter() - t0), type(ir).__name__)
+            if options.verify:
+                try:
+                    verify(ir, name)
+                except TypeError:
+                    pass  # a user's stage may return a language coil does not know
+            if options.debug_dir:
+                os.makedirs(options.debug_dir, exist_ok=True)
+                try:
+                    text = show(ir)
+                except TypeError:
+                    text = repr(ir)
+                with open(os.path.join(options.debug_dir, f"{i:02d}_{name}.txt"), "w") as f:
+                    f.write(text + "\n")
+            if name == until:
+                return ir
+        return ir
+
+
+def default_pipeline() -> Pipeline:
+    from coil.passes.extract_deps import extract_deps
+    from coil.passes.fuse import fuse
+    from coil.passes.kernel_gen import kernel_gen
+    from coil.passes.lower import lower
+    from coil.passes.plan_memory import plan_memory
+    from coil.passes.realize import realize
+    from coil.passes.wrap import wrap
+
+    return Pipeline(
+        (
+            ("lower", lower),
+            ("realize", realize),
+            ("extract_deps", extract_deps),
+            ("fuse", fuse),
+            ("plan_memory", plan_memory),
+            ("wrap", wrap),
+            ("kernel_gen", kernel_gen),
+        )
+    )

@@ -1,0 +1,382 @@
+"""realize : LoweredGraph -> BufferGraph
+
+The seed's closure inlining, as substitution.  Walking the nodes in order, each
+node either becomes a buffer (bufN, in registration order) or stays inline: its
+body is substituted into every reader's body at the reader's index.  The rule that
+realized a buffer is stored on it:
+
+    output            a graph output
+    reduction         a reduction that has a reader
+    extern_input      read by an Extern (it needs a real tensor)
+    reuse             several readers and more than one nontrivial read
+    reads_threshold   several readers and more reads than realize_reads_threshold
+    opcount_threshold several readers and more ops than realize_opcount_threshold
+    acc_reads_threshold  the inlined body reads more buffers than realize_acc_reads_threshold
+    mutation          a later op mutates something it reads while a reader still needs it
+    extern / data_dependent / multi_output   always buffers (no body to inline)
+    output_view / extern_input_view           strided views of a buffer: an alias, no copy
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any, Union
+
+import attrs
+import sympy
+import torch
+
+from coil.errors import CoilError
+from coil.ir.buffers import (
+    AliasBuffer,
+    Buffer,
+    BufferGraph,
+    ComputedBuffer,
+    ExternBuffer,
+    InputBuffer,
+    MultiOutputBuffer,
+    RealizeRow,
+)
+from coil.ir.expr import Expr, IndexExpr, Load, count_ops, loads, rewrite, rsyms, substitute_symbols, xsyms
+from coil.ir.indexing import numel, ranges_of, simplify_index
+from coil.ir.layout import Layout
+from coil.ir.lowered import (
+    Extern,
+    Input,
+    LNode,
+    LoweredGraph,
+    MultiOutput,
+    Pointwise,
+    Reduction,
+    TensorRef,
+    View,
+    extern_tensor_names,
+)
+from coil.options import Options
+
+log = logging.getLogger("coil.trace")
+
+DATA_DEPENDENT = frozenset(
+    {"nonzero", "unique", "_unique2", "bincount", "searchsorted", "index_put", "index_put_",
+     "scatter", "scatter_add", "scatter_reduce", "gather", "index", "index_select",
+     "masked_select", "repeat_interleave", "embedding", "embedding_dense_backward"}
+)
+
+
+@attrs.frozen
+class _Realized:
+    name: str  # buffer or input name
+
+
+@attrs.frozen
+class _Inline:
+    body: Expr  # over x0..x{n-1} of `ranges`, loads resolved to buffers
+    ranges: tuple[int, ...]
+    origins: frozenset[str]
+    ops: tuple[str, ...]
+
+
+_Entry = Union[_Realized, _Inline]
+
+
+def _reads_of(node: LNode) -> list[str]:
+    match node:
+        case Input():
+            return []
+        case Pointwise() | Reduction():
+            return list(dict.fromkeys(ld.name for ld in loads(node.body)))
+        case View():
+            return [node.base]
+        case Extern():
+            return list(dict.fromkeys(extern_tensor_names((node.args, tuple(v for _, v in node.kwargs)))))
+        case MultiOutput():
+            return [node.extern]
+    raise CoilError(f"unknown node {type(node).__name__}", stage="realize")
+
+
+def _effective_readers(g: LoweredGraph) -> dict[str, list[str]]:
+    """Readers of each node, looking through Views to the nodes that read them."""
+    direct: dict[str, list[str]] = defaultdict(list)
+    for n in g.nodes:
+        for r in _reads_of(n):
+            direct[r].append(n.name)
+    memo: dict[str, list[str]] = {}
+
+    def eff(name: str) -> list[str]:
+        if name in memo:
+            return memo[name]
+        out: list[str] = []
+        for r in direct.get(name, []):
+            if isinstance(g.node(r), View):
+                out.extend(eff(r))
+            else:
+                out.append(r)
+        memo[name] = list(dict.fromkeys(out))
+        return memo[name]
+
+    return {n.name: eff(n.name) for n in g.nodes}
+
+
+def _strided(index: tuple[sympy.Expr, ...], size: tuple[int, ...], base: Layout) -> Layout | None:
+    """The layout of a view when its storage offset is affine in the view's index."""
+    xs = xsyms(len(size))
+    off = sympy.expand(base.offset_of(index))
+    poly = off.as_poly(*xs) if xs else None
+    if xs and (poly is None or poly.total_degree() > 1):
+        return None
+    strides = []
+    for x, s in zip(xs, size):
+        c = off.coeff(x)
+        if not c.is_Integer:
+            if s == 1:
+                strides.append(0)
+                continue
+            return None
+        strides.append(int(c))
+    const = off.subs({x: 0 for x in xs})
+    if not const.is_Integer or int(const) < 0:
+        return None
+    return Layout(size, tuple(strides), base.dtype, base.device, int(const))
+
+
+class _Realizer:
+    """Holds the walk's state for one `realize` call (created and dropped inside it)."""
+
+    def __init__(self, g: LoweredGraph, options: Options) -> None:
+        self.g = g
+        self.o = options
+        self.env: dict[str, _Entry] = {}
+        self.inputs: list[InputBuffer] = []
+        self.buffers: list[Buffer] = []
+        self.layouts: dict[str, Layout] = {}
+        self.rows: dict[str, RealizeRow] = {}
+        self.inlined_into: dict[str, list[str]] = defaultdict(list)
+        self.readers = _effective_readers(g)
+        self.pos = {n.name: i for i, n in enumerate(g.nodes)}
+        self.outputs = set(o for o in g.outputs if o is not None)
+        self.mutations = [(self.pos[n.name], m) for n in g.nodes if isinstance(n, Extern) for m in n.mutated]
+
+    # ---- resolution of loads ------------------------------------------------------------
+
+    def resolve(self, body: Expr, consumer: str) -> tuple[Expr, frozenset[str], tuple[str, ...]]:
+        """Replace each load of an unrealized node by its body; collect origins."""
+        origins: set[str] = set()
+        ops: list[str] = []
+
+        def fn(e: Expr) -> Expr | None:
+            if not isinstance(e, Load):
+                return None
+            entry = self.env.get(e.name)
+            if entry is None:
+                raise CoilError(f"load of {e.name} before it is defined", stage="realize")
+            if isinstance(entry, _Realized):
+                return None if entry.name == e.name else Load(entry.name, e.index, e.dtype)
+            origins.update(entry.origins)
+            ops.extend(entry.ops)
+            self.inlined_into[e.name].append(consumer)
+            sub = substitute_symbols(entry.body, dict(zip(xsyms(len(entry.ranges)), e.index)))
+            return sub
+
+        out = rewrite(body, fn)
+        return out, frozenset(origins), tuple(ops)
+
+    # ---- registration ---------------------------------------------------------------------
+
+    def register(self, make: Any, lnode_name: str, rule: str, fx: str, kind: str) -> str:
+        name = f"buf{len(self.buffers)}"
+        buf = make(name)
+        self.buffers.append(buf)
+        if buf.layout is not None:
+            self.layouts[name] = buf.layout
+        self.env[lnode_name] = _Realized(name)
+        self.rows[lnode_name] = RealizeRow(fx, kind, True, name, rule)
+        log.debug("realize %s (%s) -> %s, rule %s", lnode_name, kind, name, rule)
+        log.debug("register_buffer %s (%s)", name, type(buf).__name__)
+        return name
+
+    def computed(self, lnode_name: str, fx: str, kind: str, body: Expr, ranges: tuple[int, ...],
+                 red: tuple[int, ...], rtype: str | None, dtype: torch.dtype, device: str, rule: str,
+                 origins: frozenset[str], ops: tuple[str, ...]) -> str:
+        rng = {**ranges_of(xsyms(len(ranges)), ranges), **ranges_of(rsyms(len(red)), red)}
+        body = _simplify_body(body, rng)
+        layout = Layout.contiguous(ranges, dtype, device)
+        all_origins = tuple(sorted(origins | {fx}))
+        all_ops = tuple(dict.fromkeys((*ops, self.g.node(lnode_name).op)))  # type: ignore[union-attr]
+        return self.register(
+            lambda name: ComputedBuffer(name, layout, ranges, red, rtype, body, rule, all_origins, all_ops),
+            lnode_name, rule, fx, kind,
+        )
+
+    # ---- the rules ---------------------------------------------------------------------------
+
+    def multi_reader_rule(self, name: str, body: Expr) -> str | None:
+        readers = self.readers.get(name, [])
+        if len(readers) + (name in self.outputs) <= 1:
+            return None
+        reads = loads(body)
+        distinct = {(ld.name, ld.index) for ld in reads}
+        nontrivial = {(n, i) for n, i in distinct if numel(self.layouts[n].size if n in self.layouts else ()) > 1}
+        if count_ops(body) > self.o.realize_opcount_threshold:
+            return "opcount_threshold"
+        if len(distinct) > self.o.realize_reads_threshold:
+            return "reads_threshold"
+        if len(nontrivial) > 1:
+            return "reuse"
+        return None
+
+    def mutation_rule(self, node: LNode, body: Expr) -> str | None:
+        here = self.pos[node.name]
+        read_names = {ld.name for ld in loads(body)}
+        for at, mutated in self.mutations:
+            if at <= here:
+                continue
+            target = self.env.get(mutated)
+            tname = target.name if isinstance(target, _Realized) else mutated
+            if tname in read_names and any(self.pos[r] > at for r in self.readers.get(node.name, [])):
+                return "mutation"
+        return None
+
+    def realize_rule(self, node: Union[Pointwise, View], body: Expr) -> str | None:
+        readers = self.readers.get(node.name, [])
+        if node.name in self.outputs and not isinstance(node, View):
+            return "output"
+        if any(isinstance(self.g.node(r), Extern) for r in readers) and not isinstance(node, View):
+            return "extern_input"
+        if not readers:
+            return None
+        rule = self.multi_reader_rule(node.name, body) if not isinstance(node, View) else None
+        if rule:
+            return rule
+        if len({ld.name for ld in loads(body)}) > self.o.realize_acc_reads_threshold:
+            return "acc_reads_threshold"
+        return self.mutation_rule(node, body)
+
+    # ---- per node kind ---------------------------------------------------------------------
+
+    def visit(self, n: LNode) -> None:
+        match n:
+            case Input():
+                self.inputs.append(InputBuffer(n.name, n.layout))
+                self.layouts[n.name] = n.layout
+                self.env[n.name] = _Realized(n.name)
+                self.rows[n.name] = RealizeRow(n.name, "Input", True, n.name, "graph_input")
+            case Pointwise():
+                body, origins, ops = self.resolve(n.body, n.name)
+                if not self.readers.get(n.name) and n.name not in self.outputs:
+                    self.rows[n.name] = RealizeRow(n.origin, "Pointwise", False, None, "dead")
+                    return
+                rule = self.realize_rule(n, body)
+                if rule is None:
+                    self.env[n.name] = _Inline(body, n.ranges, origins | {n.origin}, (*ops, n.op))
+                    self.rows[n.name] = RealizeRow(n.origin, "Pointwise", False, None, "inlined")
+                else:
+                    self.computed(n.name, n.origin, "Pointwise", body, n.ranges, (), None, n.dtype, n.device, rule, origins, ops)
+            case Reduction():
+                body, origins, ops = self.resolve(n.body, n.name)
+                if not self.readers.get(n.name) and n.name not in self.outputs:
+                    self.rows[n.name] = RealizeRow(n.origin, "Reduction", False, None, "dead")
+                    return
+                rule = "output" if n.name in self.outputs else "reduction"
+                self.computed(n.name, n.origin, "Reduction", body, n.ranges, n.reduction_ranges,
+                              n.reduction_type, n.dtype, n.device, rule, origins, ops)
+            case View():
+                body, origins, ops = self.resolve(Load(n.base, n.index, n.dtype), n.name)
+                self.env[n.name] = _Inline(body, n.ranges, origins | {n.origin}, (*ops, n.op))
+                self.rows[n.name] = RealizeRow(n.origin, "View", False, None, "index_remap")
+            case Extern():
+                self.visit_extern(n)
+            case MultiOutput():
+                ext = self.env[n.extern]
+                assert isinstance(ext, _Realized)
+                self.register(
+                    lambda name: MultiOutputBuffer(name, ext.name, n.index, n.layout, "multi_output", (n.origin,), (n.op,)),
+                    n.name, "multi_output", n.origin, "MultiOutput",
+                )
+
+    def visit_extern(self, n: Extern) -> None:
+        def arg(a: Any) -> Any:
+            if isinstance(a, TensorRef):
+                return TensorRef(self.materialize(a.name, "extern_input"))
+            if isinstance(a, tuple):
+                return tuple(arg(x) for x in a)
+            return a
+
+        args = arg(n.args)
+        kwargs = tuple((k, arg(v)) for k, v in n.kwargs)
+        mutated = tuple(self.materialize(m, "extern_input") for m in n.mutated)
+        rule = "data_dependent" if n.op in DATA_DEPENDENT else "extern"
+        self.register(
+            lambda name: ExternBuffer(name, n.kernel, args, kwargs, n.layout, rule, (n.origin,), (n.op,), mutated),
+            n.name, rule, n.origin, "Extern",
+        )
+
+    def materialize(self, name: str, rule: str) -> str:
+        """A real tensor for `name`: itself, an alias of a buffer, or a copy."""
+        entry = self.env[name]
+        if isinstance(entry, _Realized):
+            return entry.name
+        node = self.g.node(name)
+        body = entry.body
+        if isinstance(body, Load) and body.name in self.layouts:
+            rng = ranges_of(xsyms(len(entry.ranges)), entry.ranges)
+            idx = tuple(simplify_index(i, rng) for i in body.index)
+            layout = _strided(idx, entry.ranges, self.layouts[body.name])
+            if layout is not None:
+                return self.register(
+                    lambda nm: AliasBuffer(nm, body.name, layout, rule + "_view", tuple(sorted(entry.origins)), entry.ops),
+                    name, rule + "_view", getattr(node, "origin", name), "View",
+                )
+        dtype = body.dtype
+        device = getattr(node, "device", "cpu")
+        return self.computed(name, getattr(node, "origin", name), type(node).__name__, body, entry.ranges, (), None,
+                             dtype, device, rule, entry.origins, entry.ops)
+
+    def run(self) -> BufferGraph:
+        for n in self.g.nodes:
+            self.visit(n)
+        outputs = tuple(None if o is None else self.materialize(o, "output") for o in self.g.outputs)
+        rows = tuple(self._final_rows())
+        return BufferGraph(tuple(self.inputs), tuple(self.buffers), outputs, rows)
+
+    def _buffers_holding(self, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        """The buffers an inlined node's compute ended up in (through inline chains)."""
+        entry = self.env.get(name)
+        if isinstance(entry, _Realized) and entry.name != name:
+            return {entry.name}
+        out: set[str] = set()
+        for c in self.inlined_into.get(name, []):
+            if c not in seen:
+                out |= self._buffers_holding(c, seen | {name})
+        return out
+
+    def _final_rows(self) -> list[RealizeRow]:
+        out = []
+        for n in self.g.nodes:
+            row = self.rows.get(n.name)
+            if row is None:
+                continue
+            if not row.realized and row.rule in ("inlined", "index_remap"):
+                targets = sorted(self._buffers_holding(n.name), key=lambda b: (len(b), b))
+                if targets:
+                    row = attrs.evolve(row, rule=f"{row.rule} into {', '.join(targets)}")
+            out.append(row)
+        return out
+
+
+def _simplify_body(body: Expr, rng: dict[sympy.Symbol, int]) -> Expr:
+    def fn(e: Expr) -> Expr | None:
+        if isinstance(e, Load):
+            idx = tuple(simplify_index(i, rng) for i in e.index)
+            return None if idx == e.index else Load(e.name, idx, e.dtype)
+        if isinstance(e, IndexExpr):
+            s = simplify_index(e.expr, rng)
+            return None if s == e.expr else IndexExpr(s, e.dtype)
+        return None
+
+    return rewrite(body, fn)
+
+
+def realize(g: LoweredGraph, options: Options) -> BufferGraph:
+    """Name the buffers that must exist; inline everything else into its readers."""
+    return _Realizer(g, options).run()
