@@ -109,7 +109,8 @@ def _effective_readers(g: LoweredGraph) -> dict[str, list[str]]:
         out: list[str] = []
         for r in direct.get(name, []):
             if isinstance(g.node(r), View):
-                out.extend(eff(r))
+                # an output view reads its base when it is materialized at the end
+                out.extend(eff(r) + ([r] if r in g.outputs else []))
             else:
                 out.append(r)
         memo[name] = list(dict.fromkeys(out))

@@ -1,0 +1,81 @@
+"""Pieces every kernel backend shares: printing sympy index expressions in a target
+language, and the KernelBackend protocol kernel_gen dispatches on."""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+import sympy
+
+from coil.ir.indexing import FloorDiv, ModularIndexing
+from coil.ir.module import KernelSource
+from coil.ir.wrapper import KernelCall, WrapperProgram
+from coil.options import Options
+
+
+class IndexPrinter:
+    """Prints an index expression; `floordiv` and `mod` spell integer division and
+    remainder in the target language (operands are nonnegative)."""
+
+    def __init__(self, floordiv: str = "//", mod: str = "%", symbol: Callable[[sympy.Symbol], str] | None = None) -> None:
+        self.floordiv = floordiv
+        self.mod = mod
+        self.symbol = symbol or (lambda s: s.name)
+
+    def __call__(self, e: sympy.Expr) -> str:
+        return self.p(sympy.sympify(e))
+
+    def p(self, e: sympy.Expr) -> str:
+        if e.is_Integer:
+            return str(int(e))
+        if isinstance(e, sympy.Symbol):
+            return self.symbol(e)
+        if isinstance(e, sympy.Add):
+            terms = sorted(e.args, key=lambda a: (a.is_Integer, sympy.default_sort_key(a)))
+            out = self.p(terms[0])
+            for t in terms[1:]:
+                c, rest = t.as_coeff_Mul()
+                if c.is_Integer and int(c) < 0:
+                    out += " - " + self.p(-t)
+                else:
+                    out += " + " + self.p(t)
+            return "(" + out + ")"
+        if isinstance(e, sympy.Mul):
+            c, rest = e.as_coeff_Mul()
+            factors = sympy.Mul.make_args(rest)
+            parts = [self.p(f) for f in factors]
+            if c != 1:
+                parts.insert(0, self.p(c) if int(c) >= 0 else f"({int(c)})")
+            return "*".join(parts)
+        if isinstance(e, FloorDiv):
+            a, b = e.args
+            return f"({self.p(a)} {self.floordiv} {self.p(b)})"
+        if isinstance(e, ModularIndexing):
+            a, b, c = e.args
+            inner = self.p(a) if b == 1 else f"({self.p(a)} {self.floordiv} {self.p(b)})"
+            return f"({inner} {self.mod} {self.p(c)})"
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            return "*".join([self.p(e.base)] * int(e.exp))
+        raise ValueError(f"cannot print index {e}")
+
+
+class KernelBackend(Protocol):
+    """What kernel_gen needs from a target."""
+
+    language: str
+
+    def header(self, options: Options) -> list[str]:
+        """Imports and set-up lines at the top of output_code.py."""
+        ...
+
+    def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
+        """One source per fused kernel."""
+        ...
+
+    def definitions(self, kernels: Sequence[KernelSource], options: Options) -> list[str]:
+        """How the kernel sources appear in output_code.py."""
+        ...
+
+    def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
+        """The wrapper line(s) that launch one kernel."""
+        ...

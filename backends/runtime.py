@@ -1,0 +1,125 @@
+"""What generated code calls at run time, and `load_module`, which turns a
+CompiledModule into the callable `compiled(*inputs) -> tuple`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from coil.errors import CoilError
+from coil.ir.layout import Layout
+from coil.ir.module import CompiledModule
+
+
+def empty_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: str) -> torch.Tensor:
+    return torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device=device)
+
+
+def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
+    return t.as_strided(tuple(size), tuple(stride), offset)
+
+
+def poison(t: torch.Tensor) -> None:
+    """Sanitize mode: overwrite a freed buffer's storage so a later read shows."""
+    flat = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        flat.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        flat.view(torch.uint8).fill_(0xFF)
+    else:
+        flat.fill_(-1)  # all-ones bits
+
+
+def rand_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: str, offset: int = 0) -> torch.Tensor:
+    lay = Layout(tuple(size), tuple(stride), dtype, device, offset)
+    n = lay.storage_size()
+    if dtype.is_floating_point:
+        base = torch.randn(n, device=device).to(dtype)
+    elif dtype == torch.bool:
+        base = torch.rand(n, device=device) > 0.5
+    else:
+        base = torch.randint(0, 8, (n,), device=device, dtype=dtype)
+    return base.as_strided(tuple(size), tuple(stride), offset)
+
+
+def benchmark(fn: Callable[[], Any], times: int = 10, repeat: int = 10) -> float:
+    """Median seconds per call."""
+    fn()
+    samples = []
+    for _ in range(repeat):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(times):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / times)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+class CompiledFn:
+    """`compiled(*inputs) -> tuple`; checks every input against the layout it was
+    compiled for, so a mismatch is an error and never an out-of-bounds read."""
+
+    def __init__(self, module: CompiledModule, namespace: dict[str, Any]) -> None:
+        self.module = module
+        self.source = module.source
+        self._call = namespace["call"]
+        self.namespace = namespace
+        bg = module.program.plan.schedule.graph.graph
+        self.input_layouts = tuple(i.layout for i in bg.inputs)
+        self.input_names = tuple(i.name for i in bg.inputs)
+
+    def check(self, inputs: Sequence[Any]) -> None:
+        if len(inputs) != len(self.input_layouts):
+            raise CoilError(f"compiled for {len(self.input_layouts)} inputs, called with {len(inputs)}")
+        for name, lay, t in zip(self.input_names, self.input_layouts, inputs):
+            if not isinstance(t, torch.Tensor):
+                raise CoilError(f"input {name}: expected a tensor, got {type(t).__name__}")
+            got = Layout.of(t)
+            if (got.size, got.dtype) != (lay.size, lay.dtype) or torch.device(got.device) != torch.device(lay.device):
+                raise CoilError(
+                    f"input {name}: compiled for {lay.show()}, called with {got.show()}; recompile for new shapes"
+                )
+            if any(s != 1 and a != b for s, a, b in zip(lay.size, lay.stride, got.stride)):
+                raise CoilError(f"input {name}: compiled for strides {list(lay.stride)}, called with {list(got.stride)}")
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        self.check(inputs)
+        return tuple(self._call(list(inputs)))
+
+
+def cache_dir(configured: str | None = None) -> str:
+    """Where generated files live: Options.cache_dir, else $COIL_CACHE_DIR, else a
+    per-user folder under the system temp dir."""
+    import os
+    import tempfile
+
+    d = configured or os.environ.get("COIL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"coil-{os.getuid()}")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def load_module(module: CompiledModule, directory: str | None = None) -> CompiledFn:
+    """Write output_code.py to the cache (Triton reads kernel source from files),
+    import it as a fresh module, and wrap its `call`."""
+    import hashlib
+    import importlib.util
+    import os
+
+    key = hashlib.sha256(module.source.encode()).hexdigest()[:24]
+    path = os.path.join(cache_dir(directory), f"c{key}.py")
+    if not os.path.exists(path) or open(path).read() != module.source:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(module.source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"coil_output_{key}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return CompiledFn(module, mod.__dict__)

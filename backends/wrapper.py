@@ -1,0 +1,123 @@
+"""Renders a WrapperProgram as Python: output_code.py's `call(args)`, which unpacks
+the inputs, clears `args`, allocates, launches, deletes and returns, plus a
+benchmark main so the file runs on its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from coil.backends.common import KernelBackend
+from coil.ir.layout import Layout
+from coil.ir.lowered import TensorRef
+from coil.ir.module import KernelSource
+from coil.ir.wrapper import (
+    Alloc,
+    ExternCall,
+    Free,
+    KernelCall,
+    MultiOutputLine,
+    ReinterpretView,
+    Return,
+    Reuse,
+    WrapperProgram,
+)
+from coil.options import Options
+
+
+def py_value(v: Any) -> str:
+    """A Python literal for an extern argument."""
+    if isinstance(v, TensorRef):
+        return v.name
+    if isinstance(v, tuple):
+        return "[" + ", ".join(py_value(x) for x in v) + "]"
+    if isinstance(v, torch.dtype):
+        return str(v)
+    if isinstance(v, torch.device):
+        return f"torch.device({str(v)!r})"
+    if isinstance(v, (torch.memory_format, torch.layout)):
+        return str(v)
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return f"float({str(v)!r})"
+    return repr(v)
+
+
+def layout_args(lay: Layout) -> str:
+    return f"({', '.join(map(str, lay.size))}{',' if len(lay.size) == 1 else ''}), ({', '.join(map(str, lay.stride))}{',' if len(lay.stride) == 1 else ''})"
+
+
+def render_call(program: WrapperProgram, backend: KernelBackend, options: Options) -> list[str]:
+    """The body of `call(args)`."""
+    out = ["def call(args):"]
+    ins = program.inputs
+    if ins:
+        out.append(f"    {', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
+    out.append("    args.clear()")
+    for ln in program.lines:
+        match ln:
+            case Alloc():
+                out.append(f"    {ln.name} = empty_strided({layout_args(ln.layout)}, dtype={ln.layout.dtype}, device={ln.layout.device!r})")
+            case Reuse():
+                old = program.plan.schedule.graph.graph.layout(ln.old)
+                if (old.size, old.stride) == (ln.layout.size, ln.layout.stride):
+                    out.append(f"    {ln.new} = {ln.old}; del {ln.old}  # reuse")
+                else:
+                    out.append(f"    {ln.new} = reinterpret_tensor({ln.old}, {layout_args(ln.layout)}, 0); del {ln.old}  # reuse")
+            case ReinterpretView():
+                out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, {ln.layout.offset})")
+            case KernelCall():
+                out += ["    " + s for s in backend.call(ln, program)]
+            case ExternCall():
+                args = [py_value(a) for a in ln.args] + [f"{k}={py_value(v)}" for k, v in ln.kwargs]
+                out.append(f"    {ln.name} = torch.ops.{ln.kernel}({', '.join(args)})")
+            case MultiOutputLine():
+                out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i}]' for i in ln.index)}")
+            case Free():
+                if ln.kind == "buffer" and options.sanitize:
+                    out.append(f"    poison({ln.name}); del {ln.name}")
+                else:
+                    out.append(f"    del {ln.name}")
+            case Return():
+                names = [n if n is not None else "None" for n in ln.names]
+                out.append(f"    return ({', '.join(names)}{',' if len(names) == 1 else ''})")
+    return out
+
+
+def render_main(program: WrapperProgram) -> list[str]:
+    bg = program.plan.schedule.graph.graph
+    lines = [
+        "",
+        "def get_args():",
+        "    from coil.backends.runtime import rand_strided",
+        "    return [",
+    ]
+    for i in bg.inputs:
+        lay = i.layout
+        lines.append(f"        rand_strided({layout_args(lay)}, dtype={lay.dtype}, device={lay.device!r}, offset={lay.offset}),")
+    lines += [
+        "    ]",
+        "",
+        "",
+        "def benchmark_compiled_module(times=10, repeat=10):",
+        "    from coil.backends.runtime import benchmark",
+        "    return benchmark(lambda: call(get_args()), times=times, repeat=repeat)",
+        "",
+        "",
+        'if __name__ == "__main__":',
+        "    print(f'{benchmark_compiled_module() * 1e3:.3f} ms per call')",
+    ]
+    return lines
+
+
+def render_module(program: WrapperProgram, backend: KernelBackend, kernels: tuple[KernelSource, ...],
+                  options: Options) -> str:
+    head = [
+        f"# output_code.py written by coil (target={options.target})",
+        "import torch",
+        "from coil.backends.runtime import empty_strided, reinterpret_tensor, poison",
+        "",
+    ]
+    head += backend.header(options)
+    body = backend.definitions(kernels, options)
+    return "\n".join(head + [""] + body + [""] + render_call(program, backend, options) + render_main(program)) + "\n"

@@ -1,0 +1,93 @@
+"""Printers for the back half of the chain: FusedSchedule, MemoryPlan,
+WrapperProgram, CompiledModule."""
+
+from __future__ import annotations
+
+from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, NopStep
+from coil.ir.memory import MemoryPlan
+from coil.ir.module import CompiledModule
+from coil.ir.printer import fmt_arg, printer
+from coil.ir.wrapper import (
+    Alloc,
+    ExternCall,
+    Free,
+    KernelCall,
+    MultiOutputLine,
+    ReinterpretView,
+    Return,
+    Reuse,
+    WrapperProgram,
+)
+
+
+def _names(xs: object) -> str:
+    return "[" + ", ".join(sorted(xs)) + "]"  # type: ignore[call-overload]
+
+
+def step_label(step: object) -> str:
+    match step:
+        case FusedKernel():
+            return f"{step.name} {step.kind} group={step.group} nodes=[{', '.join(step.nodes)}]"
+        case ExternStep():
+            return f"extern {step.name}"
+        case NopStep():
+            return f"nop {step.name}"
+    return repr(step)
+
+
+@printer(FusedSchedule)
+def show_fused(s: FusedSchedule) -> str:
+    out = ["FusedSchedule"]
+    out += ["  " + step_label(st) for st in s.steps]
+    if s.fusion_log:
+        out.append("  fusion log:")
+        for d in s.fusion_log:
+            out.append(f"    round {d.round} {d.direction} {d.node1} + {d.node2}: {d.verdict} ({d.reason})")
+    return "\n".join(out)
+
+
+@printer(MemoryPlan)
+def show_plan(p: MemoryPlan) -> str:
+    cands = ", ".join(f"{n}={b}" for n, b in p.candidates)
+    out = [f"MemoryPlan order={p.strategy} peak_bytes={p.peak_bytes}" + (f" (candidates: {cands})" if cands else "")]
+    out.append(f"  removed (kept in registers): {_names(p.removed)}")
+    for i, ps in enumerate(p.steps):
+        out.append(f"  step {i}: {step_label(ps.step)}")
+        if ps.allocs:
+            out.append(f"    alloc {', '.join(ps.allocs)}")
+        for new, old in ps.reuses:
+            out.append(f"    reuse {new} = {old}")
+        out.append(f"    last_usage {_names(ps.last_usage)}  live_bytes={ps.live_bytes}")
+        if ps.frees:
+            out.append(f"    free {', '.join(ps.frees)}")
+    return "\n".join(out)
+
+
+@printer(WrapperProgram)
+def show_wrapper(w: WrapperProgram) -> str:
+    out = [f"WrapperProgram({', '.join(w.inputs)})"]
+    for ln in w.lines:
+        match ln:
+            case Alloc():
+                out.append(f"  {ln.name} = alloc {ln.layout.show()}")
+            case Reuse():
+                out.append(f"  {ln.new} = {ln.old}; del {ln.old}  # reuse")
+            case ReinterpretView():
+                out.append(f"  {ln.name} = reinterpret_tensor({ln.base}) {ln.layout.show()}")
+            case KernelCall():
+                out.append(f"  {ln.kernel}({', '.join(ln.args)})")
+            case ExternCall():
+                args = ", ".join([fmt_arg(a) for a in ln.args] + [f"{k}={fmt_arg(v)}" for k, v in ln.kwargs])
+                out.append(f"  {ln.name} = {ln.kernel}({args})")
+            case MultiOutputLine():
+                out.append(f"  {ln.name} = {ln.extern}{list(ln.index)}")
+            case Free():
+                out.append(f"  del {ln.name}  # {'FreeLine' if ln.kind == 'input' else 'FreeIfNotReusedLine'}")
+            case Return():
+                out.append(f"  return ({', '.join(str(n) for n in ln.names)},)")
+    return "\n".join(out)
+
+
+@printer(CompiledModule)
+def show_module(m: CompiledModule) -> str:
+    return m.source

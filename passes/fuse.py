@@ -1,0 +1,275 @@
+"""fuse : ScheduleGraph -> FusedSchedule
+
+Inductor's greedy fixpoint.  Each round collects candidate pairs of groups:
+vertical (a producer and a consumer of one of its buffers) and horizontal (two
+groups reading the same buffer, neighbours in order only, so a buffer with many
+readers costs a linear number of pairs).  Each pair is checked by `can_fuse`
+(legality), ranked by `score_fusion_memory` (bytes of the buffers the two share),
+and refused when `will_fusion_create_cycle`.  Rounds repeat until nothing fuses or
+`fusion_rounds` is reached.  Every pair considered goes into the fusion log.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from typing import Iterable
+
+import attrs
+
+from coil.ir.buffers import ComputedBuffer
+from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, FusionDecision, NopStep, Step
+from coil.ir.schedule import ScheduleGraph, WeakDep
+from coil.options import Options
+from coil.passes.kernel_model import node_role, reads_in_registers
+
+log = logging.getLogger("coil.trace")
+
+
+@attrs.frozen
+class Group:
+    """A candidate kernel: scheduler nodes that will run as one."""
+
+    nodes: tuple[str, ...]  # in original (topological) order
+    group: tuple[int, int]
+    first: int  # position of its first node
+    last: int  # position of its last node
+
+    @property
+    def name(self) -> str:
+        return self.nodes[0]
+
+
+def _merged_group(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    if a[1] > 1 and b[1] > 1:
+        return a if a == b else None
+    if a[1] > 1:
+        return a if b[0] in (a[0], a[0] * a[1]) else None
+    if b[1] > 1:
+        return b if a[0] in (b[0], b[0] * b[1]) else None
+    return a if a[0] == b[0] else None
+
+
+class _Fuser:
+    def __init__(self, g: ScheduleGraph, options: Options) -> None:
+        self.g = g
+        self.o = options
+        self.pos = {n.name: i for i, n in enumerate(g.nodes)}
+        self.bufs = {b.name: b for b in g.graph.buffers if isinstance(b, ComputedBuffer)}
+        self.groups: dict[str, Group] = {}
+        self.group_of: dict[str, str] = {}
+        self.log: list[FusionDecision] = []
+        # dependency edges between scheduler nodes (producer -> consumers)
+        self.consumers: dict[str, set[str]] = {n.name: set() for n in g.nodes}
+        self.producers: dict[str, set[str]] = {n.name: set() for n in g.nodes}
+        for n in g.nodes:
+            for d in n.read_writes.reads:
+                if d.name in self.consumers and d.name != n.name:
+                    self.consumers[d.name].add(n.name)
+                    self.producers[n.name].add(d.name)
+        self.readers_of: dict[str, list[str]] = {}
+        for n in g.nodes:
+            for d in n.read_writes.sorted_reads():
+                if not isinstance(d, WeakDep):
+                    self.readers_of.setdefault(d.name, []).append(n.name)
+        for n in g.nodes:
+            if n.kind in ("pointwise", "reduction"):
+                grp = Group((n.name,), n.group, self.pos[n.name], self.pos[n.name])
+                self.groups[n.name] = grp
+                self.group_of[n.name] = n.name
+
+    # ---- the three predicates ------------------------------------------------------------
+
+    def can_fuse(self, a: Group, b: Group) -> str | None:
+        """None when legal, else the rule that forbids it."""
+        if len(a.nodes) + len(b.nodes) > self.o.max_fusion_size:
+            return f"size: {len(a.nodes) + len(b.nodes)} nodes > max_fusion_size {self.o.max_fusion_size}"
+        da = {self.bufs[n].layout.device for n in a.nodes}
+        db = {self.bufs[n].layout.device for n in b.nodes}
+        if da != db:
+            return "device: different devices"
+        grp = _merged_group(a.group, b.group)
+        if grp is None:
+            return f"ranges: groups {a.group} and {b.group} are incompatible"
+        members = sorted(a.nodes + b.nodes, key=self.pos.__getitem__)
+        for n in members:
+            if node_role(self.bufs[n], grp) is None:
+                return f"ranges: {n} does not fit group {grp}"
+        inside = set(members)
+        for c in members:
+            for p in self.producers[c]:
+                if p in inside and not reads_in_registers(self.bufs[c], self.bufs[p], grp):
+                    return f"index: {c} reads {p} at another position than {p} writes it"
+        return None
+
+    def score_fusion_memory(self, a: Group, b: Group) -> int:
+        """Bytes of the buffers both groups touch (saved when fused)."""
+        def touched(grp: Group) -> set[str]:
+            out: set[str] = set()
+            for n in grp.nodes:
+                node = self.g.node(n)
+                out |= {d.name for d in (*node.read_writes.reads, *node.read_writes.writes) if not isinstance(d, WeakDep)}
+            return out
+
+        common = touched(a) & touched(b)
+        return sum(self.g.graph.layout(n).nbytes for n in common if self.g.graph.get(n).layout is not None)
+
+    def will_fusion_create_cycle(self, a: Group, b: Group) -> bool:
+        """True when a path leaves one group through an outside node and comes back
+        into the other: merging would make that path a cycle."""
+        members = set(a.nodes) | set(b.nodes)
+        hi = max(a.last, b.last)
+        stack = [c for n in members for c in self.consumers[n] if c not in members]
+        seen: set[str] = set()
+        while stack:
+            x = stack.pop()
+            if x in seen or self.pos[x] > hi:
+                continue
+            seen.add(x)
+            for c in self.consumers[x]:
+                if c in members:
+                    return True
+                stack.append(c)
+        return False
+
+    # ---- rounds -------------------------------------------------------------------------------
+
+    def candidates(self) -> Iterable[tuple[str, str, str]]:
+        seen: set[tuple[str, str]] = set()
+        for gname, grp in self.groups.items():
+            for n in grp.nodes:
+                for c in self.consumers[n]:
+                    other = self.group_of.get(c)
+                    if other is not None and other != gname:
+                        key = (gname, other)
+                        if key not in seen:
+                            seen.add(key)
+                            yield gname, other, "vertical"
+        for name, readers in self.readers_of.items():
+            gs = list(dict.fromkeys(self.group_of[r] for r in readers if r in self.group_of))
+            for x, y in zip(gs, gs[1:]):
+                key = (x, y) if self.groups[x].first <= self.groups[y].first else (y, x)
+                if key not in seen and (key[1], key[0]) not in seen:
+                    seen.add(key)
+                    yield key[0], key[1], "horizontal"
+
+    def run_round(self, rnd: int) -> int:
+        ranked: list[tuple[int, int, str, str, str]] = []
+        for a, b, direction in self.candidates():
+            ga, gb = self.groups[a], self.groups[b]
+            score = self.score_fusion_memory(ga, gb)
+            heapq.heappush(ranked, (-score, min(ga.first, gb.first), a, b, direction))
+        fused = 0
+        touched: set[str] = set()
+        while ranked:
+            neg, _, a, b, direction = heapq.heappop(ranked)
+            if a in touched or b in touched:
+                continue  # reconsidered next round with the merged groups
+            ga, gb = self.groups[a], self.groups[b]
+            why = self.can_fuse(ga, gb)
+            if why is not None:
+                self.log.append(FusionDecision(rnd, a, b, direction, "illegal", why, -neg))
+                continue
+            if self.will_fusion_create_cycle(ga, gb):
+                self.log.append(FusionDecision(rnd, a, b, direction, "refused", "cycle", -neg))
+                continue
+            self.merge(ga, gb)
+            touched |= {a, b}
+            fused += 1
+            self.log.append(FusionDecision(rnd, a, b, direction, "fused", f"saves {-neg} bytes", -neg))
+            log.debug("fuse %s + %s (%s, score %d)", a, b, direction, -neg)
+        return fused
+
+    def merge(self, a: Group, b: Group) -> None:
+        grp = _merged_group(a.group, b.group)
+        assert grp is not None
+        nodes = tuple(sorted(a.nodes + b.nodes, key=self.pos.__getitem__))
+        new = Group(nodes, grp, min(a.first, b.first), max(a.last, b.last))
+        del self.groups[a.name]
+        del self.groups[b.name]
+        self.groups[new.name] = new
+        for n in nodes:
+            self.group_of[n] = new.name
+
+    # ---- final order ----------------------------------------------------------------------------
+
+    def steps(self) -> tuple[Step, ...]:
+        """Topological order of the steps, earliest original position first."""
+        unit_of: dict[str, str] = {}
+        units: dict[str, tuple[str, ...]] = {}
+        for n in self.g.nodes:
+            gname = self.group_of.get(n.name)
+            key = gname if gname is not None else n.name
+            unit_of[n.name] = key
+            if key not in units:
+                units[key] = self.groups[gname].nodes if gname is not None else (n.name,)
+        indeg = {k: 0 for k in units}
+        succ: dict[str, set[str]] = {k: set() for k in units}
+        for n in self.g.nodes:
+            for p in self.producers[n.name]:
+                a, b = unit_of[p], unit_of[n.name]
+                if a != b and b not in succ[a]:
+                    succ[a].add(b)
+                    indeg[b] += 1
+        ready = [(self.pos[units[k][0]], k) for k, d in indeg.items() if d == 0]
+        heapq.heapify(ready)
+        order: list[str] = []
+        while ready:
+            _, k = heapq.heappop(ready)
+            order.append(k)
+            for s in succ[k]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    heapq.heappush(ready, (self.pos[units[s][0]], s))
+        if len(order) != len(units):
+            raise RuntimeError("fusion produced a cycle")  # will_fusion_create_cycle failed
+        return tuple(self._step(units[k]) for k in order)
+
+    def _step(self, nodes: tuple[str, ...]) -> Step:
+        node = self.g.node(nodes[0])
+        if node.kind == "extern":
+            return ExternStep(node.name)
+        if node.kind == "nop":
+            return NopStep(node.name)
+        grp = self.groups[self.group_of[nodes[0]]]
+        return FusedKernel("", nodes, _kind(grp.group, self.o), grp.group)
+
+
+def _kind(group: tuple[int, int], o: Options) -> str:
+    if group[1] <= 1:
+        return "pointwise"
+    return "persistent" if group[1] <= o.persistent_reduction_threshold else "reduction"
+
+
+PREFIX = {
+    "triton": {"pointwise": "triton_poi", "reduction": "triton_red", "persistent": "triton_per"},
+    "cpp": {"pointwise": "cpp", "reduction": "cpp", "persistent": "cpp"},
+    "reference": {"pointwise": "ref_poi", "reduction": "ref_red", "persistent": "ref_per"},
+}
+
+
+def kernel_name(kind: str, ops: Iterable[str], k: int, target: str) -> str:
+    names = sorted(set(ops))
+    if len(names) > 8:
+        names = names[:8]
+    prefix = PREFIX.get(target, PREFIX["reference"])[kind]
+    return f"{prefix}_fused_{'_'.join(names)}_{k}"
+
+
+def fuse(g: ScheduleGraph, options: Options) -> FusedSchedule:
+    """Group scheduler nodes into kernels; log every decision."""
+    f = _Fuser(g, options)
+    for rnd in range(options.fusion_rounds):
+        if f.run_round(rnd) == 0:
+            break
+    steps = f.steps()
+    named: list[Step] = []
+    k = 0
+    for s in steps:
+        if isinstance(s, FusedKernel):
+            ops = [op for n in s.nodes for op in g.node(n).ops]
+            s = attrs.evolve(s, name=kernel_name(s.kind, ops, k, options.target))
+            k += 1
+        named.append(s)
+    return FusedSchedule(tuple(named), g, tuple(f.log))
+

@@ -1,0 +1,143 @@
+"""What a fused kernel means, shared by fuse (legality), plan_memory (which buffers
+stay in registers), wrap (call arguments) and every kernel backend.
+
+A kernel iterates `xindex` over `numel` and, for reduction kernels, `rindex` over
+`rnumel`.  Each node in it takes one of three roles:
+
+    reduction  group (numel, rnumel): x* = unflatten(xindex, ranges),
+               r* = unflatten(rindex, reduction_ranges)
+    outer      a pointwise node with numel elements: x* = unflatten(xindex, ranges);
+               runs once per xindex (after the reductions it reads)
+    inner      a pointwise node with numel * rnumel elements:
+               x* = unflatten(xindex * rnumel + rindex, ranges); runs per (xindex, rindex)
+
+A load inside the kernel of a buffer that the kernel itself writes is served from
+registers; fuse admits a pair only when that load's position, in kernel
+coordinates, is exactly the producer's store position (`same_position`).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import attrs
+import sympy
+
+from coil.ir.buffers import ComputedBuffer
+from coil.ir.expr import Load, loads, rsyms, xsyms
+from coil.ir.fused import FusedKernel
+from coil.ir.indexing import numel, simplify_index, unflatten
+from coil.ir.layout import Layout
+from coil.ir.schedule import ScheduleGraph, WeakDep
+
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+
+
+def kernel_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:
+    return {XINDEX: max(group[0], 1), RINDEX: max(group[1], 1)}
+
+
+def node_role(b: ComputedBuffer, group: tuple[int, int]) -> str | None:
+    """reduction | outer | inner, or None when the buffer cannot run in this group."""
+    n, r = group
+    if b.is_reduction:
+        return "reduction" if (numel(b.ranges), numel(b.reduction_ranges)) == (n, r) else None
+    size = numel(b.ranges)
+    if size == n:
+        return "outer"
+    if r > 1 and size == n * r:
+        return "inner"
+    return None
+
+
+def var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sympy.Expr]:
+    """The node's loop symbols as expressions of xindex / rindex."""
+    role = node_role(b, group)
+    rng = kernel_ranges(group)
+    xs = xsyms(len(b.ranges))
+    if role == "inner":
+        flat: sympy.Expr = XINDEX * group[1] + RINDEX
+    else:
+        flat = XINDEX
+    m = {s: simplify_index(e, rng) for s, e in zip(xs, unflatten(flat, b.ranges))}
+    if role == "reduction":
+        rs = rsyms(len(b.reduction_ranges))
+        m.update({s: simplify_index(e, rng) for s, e in zip(rs, unflatten(RINDEX, b.reduction_ranges))})
+    return m
+
+
+def store_position(b: ComputedBuffer, group: tuple[int, int]) -> sympy.Expr:
+    m = var_map(b, group)
+    return simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m), kernel_ranges(group))
+
+
+def load_position(ld: Load, layout: Layout, m: Mapping[sympy.Symbol, sympy.Expr], group: tuple[int, int]) -> sympy.Expr:
+    return simplify_index(layout.offset_of(ld.index).xreplace(dict(m)), kernel_ranges(group))
+
+
+def reads_in_registers(consumer: ComputedBuffer, producer: ComputedBuffer, group: tuple[int, int]) -> bool:
+    """Every load of `producer` in `consumer` hits the element the producer computes
+    at the same kernel position (so the value can come from registers)."""
+    if node_role(consumer, group) is None or node_role(producer, group) is None:
+        return False
+    want = store_position(producer, group)
+    m = var_map(consumer, group)
+    for ld in loads(consumer.body):
+        if ld.name == producer.name and load_position(ld, producer.layout, m, group) != want:
+            return False
+    # an outer node cannot feed an inner or reduction node of the same row unless the
+    # reduction dimension is trivial: its value is per-xindex, fine; inner -> outer
+    # would need a value per rindex, which an outer node cannot see.
+    pr, cr = node_role(producer, group), node_role(consumer, group)
+    if pr == "inner" and cr == "outer":
+        return False
+    return True
+
+
+@attrs.frozen
+class Param:
+    name: str  # buffer name
+    role: str  # in | out | in_out
+    arg: str  # in_ptr0, out_ptr0, in_out_ptr0
+
+
+def kernel_params(kernel: FusedKernel, g: ScheduleGraph, removed: frozenset[str]) -> tuple[Param, ...]:
+    """The kernel's parameters: its read_writes minus buffers kept in registers.
+    Reads from outside come first (in_ptrN), then writes (out_ptrN)."""
+    inside = set(kernel.nodes)
+    reads: list[str] = []
+    writes: list[str] = []
+    for name in kernel.nodes:
+        node = g.node(name)
+        for d in node.read_writes.sorted_reads():
+            if isinstance(d, WeakDep) or d.name in inside or d.name in removed:
+                continue
+            if d.name not in reads:
+                reads.append(d.name)
+        for d in node.read_writes.sorted_writes():
+            if d.name not in removed and d.name not in writes:
+                writes.append(d.name)
+    params = [Param(n, "in", f"in_ptr{i}") for i, n in enumerate(reads)]
+    params += [Param(n, "out", f"out_ptr{i}") for i, n in enumerate(writes)]
+    return tuple(params)
+
+
+def kernel_buffers(kernel: FusedKernel, g: ScheduleGraph) -> tuple[ComputedBuffer, ...]:
+    out = []
+    for n in kernel.nodes:
+        b = g.graph.get(n)
+        assert isinstance(b, ComputedBuffer)
+        out.append(b)
+    return tuple(out)
+
+
+def group_sizes(kernel: FusedKernel) -> tuple[int, int]:
+    return kernel.group
+
+
+def symbols_in(exprs: Sequence[sympy.Expr]) -> set[sympy.Symbol]:
+    out: set[sympy.Symbol] = set()
+    for e in exprs:
+        out |= e.free_symbols  # type: ignore[arg-type]
+    return out

@@ -1,0 +1,260 @@
+"""plan_memory : FusedSchedule -> MemoryPlan
+
+1. removed: buffers written by a kernel and read only inside it (never outputs)
+   stay in registers and are never allocated.
+2. last_usage: the seed's reverse walk, seeded with the outputs (and the bases they
+   alias), names mapped through mutation_real_name.
+3. frees after each step's last use; graph inputs too (`del argN_1`).
+4. reuse: a new buffer takes the storage of a freed one of the same byte size,
+   dtype and device (`bufB = bufA; del bufA  # reuse`).
+5. peak: a step-by-step replay of every allocation and free.
+With `reorder_for_peak_memory`, the same plan is made for several topological
+orders (original, least-peak-memory-first, BFS, DFS) and the lowest peak is kept.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import deque
+from typing import Callable, Sequence
+
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, MultiOutputBuffer
+from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, Step
+from coil.ir.memory import MemoryPlan, PlannedStep
+from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names
+from coil.options import Options
+
+log = logging.getLogger("coil.trace")
+
+
+def removed_buffers(s: FusedSchedule) -> frozenset[str]:
+    """Buffers a kernel writes and only that kernel reads."""
+    g = s.graph
+    outputs = set(o for o in g.outputs if o is not None) | _alias_bases(g.graph, g.outputs)
+    readers: dict[str, set[str]] = {}
+    for n in g.nodes:
+        for d in n.read_writes.reads:
+            if not isinstance(d, WeakDep):
+                readers.setdefault(d.name, set()).add(n.name)
+    out: set[str] = set()
+    for k in s.kernels:
+        inside = set(k.nodes)
+        for n in k.nodes:
+            r = readers.get(n, set())
+            if n not in outputs and r and r <= inside:
+                out.add(n)
+    return frozenset(out)
+
+
+def _alias_bases(g: BufferGraph, names: Sequence[str | None]) -> set[str]:
+    out: set[str] = set()
+    todo = [n for n in names if n is not None]
+    while todo:
+        b = g.get(todo.pop())
+        if isinstance(b, AliasBuffer) and b.base not in out:
+            out.add(b.base)
+            todo.append(b.base)
+        if isinstance(b, MultiOutputBuffer) and b.extern not in out:
+            out.add(b.extern)
+    return out
+
+
+def step_used(step: Step, g: ScheduleGraph) -> frozenset[str]:
+    out: set[str] = set()
+    for n in step.nodes:
+        out |= used_or_aliased_buffer_names(g.node(n), g.graph)
+    return frozenset(out)
+
+
+def _storage_bytes(g: BufferGraph, name: str) -> int:
+    b = g.get(name)
+    if isinstance(b, (AliasBuffer,)) or b.layout is None:
+        return 0
+    return b.layout.nbytes
+
+
+def _owns_storage(g: BufferGraph, name: str) -> bool:
+    return isinstance(g.get(name), ComputedBuffer)
+
+
+def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str]) -> tuple[tuple[PlannedStep, ...], int]:
+    g = s.graph
+    bg = g.graph
+    real = g.mutation_names()
+    outputs = set(o for o in bg.outputs if o is not None)
+    future: set[str] = {real.get(o, o) for o in outputs} | _alias_bases(bg, list(outputs))
+    last_usage: list[frozenset[str]] = []
+    for step in reversed(order):
+        used = {real.get(n, n) for n in step_used(step, g)} - removed
+        lu = frozenset(used - future)
+        future |= used
+        last_usage.append(lu)
+    last_usage.reverse()
+
+    # allocations, reuses, frees
+    pool: dict[tuple[int, str, str], list[str]] = {}
+    input_names = {i.name for i in bg.inputs}
+    planned: list[tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str]]] = []
+    reused: set[str] = set()
+    for step, lu in zip(order, last_usage):
+        allocs: list[str] = []
+        reuses: list[tuple[str, str]] = []
+        if isinstance(step, FusedKernel):
+            for n in step.nodes:
+                if n in removed:
+                    continue
+                lay = bg.layout(n)
+                key = (lay.nbytes, str(lay.dtype), lay.device)
+                if pool.get(key):
+                    old = pool[key].pop(0)
+                    reuses.append((n, old))
+                    reused.add(old)
+                else:
+                    allocs.append(n)
+        frees = sorted(lu, key=lambda x: (x not in input_names, len(x), x))
+        for f in frees:
+            if f not in input_names and _owns_storage(bg, f):
+                lay = bg.layout(f)
+                pool.setdefault((lay.nbytes, str(lay.dtype), lay.device), []).append(f)
+        planned.append((step, lu, allocs, reuses, frees))
+
+    # replay: bytes alive while each step runs
+    live = sum(i.layout.nbytes for i in bg.inputs)
+    peak = live
+    result: list[PlannedStep] = []
+    for step, lu, allocs, reuses, frees in planned:
+        for n in allocs:
+            live += _storage_bytes(bg, n)
+        if isinstance(step, ExternStep):
+            live += _storage_bytes(bg, step.name)
+        for n in step.nodes:
+            if isinstance(bg.get(n), MultiOutputBuffer):
+                live += _storage_bytes(bg, n)
+        peak = max(peak, live)
+        result.append(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live))
+        for f in frees:
+            if f in reused:
+                continue  # storage lives on in its new owner
+            live -= _storage_bytes(bg, f)
+    return tuple(result), peak
+
+
+# ---- topological orders ------------------------------------------------------------------
+
+
+def _step_graph(steps: Sequence[Step], g: ScheduleGraph) -> tuple[dict[int, set[int]], dict[int, int]]:
+    owner = {n: i for i, s in enumerate(steps) for n in s.nodes}
+    succ: dict[int, set[int]] = {i: set() for i in range(len(steps))}
+    indeg = {i: 0 for i in range(len(steps))}
+    for i, s in enumerate(steps):
+        for n in s.nodes:
+            for d in g.node(n).read_writes.reads:
+                j = owner.get(d.name)
+                if j is not None and j != i and i not in succ[j]:
+                    succ[j].add(i)
+                    indeg[i] += 1
+    return succ, indeg
+
+
+def _kahn(steps: Sequence[Step], g: ScheduleGraph, pick: str, cost: Callable[[int], int] | None = None) -> list[Step]:
+    succ, indeg = _step_graph(steps, g)
+    indeg = dict(indeg)
+    ready: deque[int] = deque(sorted(i for i, d in indeg.items() if d == 0))
+    order: list[int] = []
+    while ready:
+        if pick == "bfs":
+            i = ready.popleft()
+        elif pick == "dfs":
+            i = ready.pop()
+        else:
+            assert cost is not None
+            i = min(ready, key=lambda k: (cost(k), k))
+            ready.remove(i)
+        order.append(i)
+        news = sorted(j for j in succ[i] if _dec(indeg, j))
+        ready.extend(news)
+    return [steps[i] for i in order]
+
+
+def _dec(indeg: dict[int, int], j: int) -> bool:
+    indeg[j] -= 1
+    return indeg[j] == 0
+
+
+def _lpmf(steps: Sequence[Step], s: FusedSchedule, removed: frozenset[str]) -> list[Step]:
+    """Least peak memory first: among ready steps, run the one whose allocations
+    minus the buffers it lets die is smallest."""
+    g = s.graph
+    bg = g.graph
+    remaining: dict[str, int] = {}
+    used = [step_used(st, g) - removed for st in steps]
+    for u in used:
+        for n in u:
+            remaining[n] = remaining.get(n, 0) + 1
+    outputs = set(o for o in bg.outputs if o is not None)
+
+    def cost(i: int) -> int:
+        alloc = sum(_storage_bytes(bg, n) for n in steps[i].nodes if n not in removed)
+        freed = sum(_storage_bytes(bg, n) for n in used[i] if remaining.get(n) == 1 and n not in outputs)
+        return alloc - freed
+
+    order = _kahn_with_update(steps, g, cost, used, remaining)
+    return order
+
+
+def _kahn_with_update(steps: Sequence[Step], g: ScheduleGraph, cost: Callable[[int], int],
+                      used: Sequence[frozenset[str]], remaining: dict[str, int]) -> list[Step]:
+    succ, indeg = _step_graph(steps, g)
+    indeg = dict(indeg)
+    ready = [i for i, d in indeg.items() if d == 0]
+    heap = [(cost(i), i) for i in ready]
+    heapq.heapify(heap)
+    order: list[int] = []
+    done: set[int] = set()
+    while heap:
+        c, i = heapq.heappop(heap)
+        if i in done:
+            continue
+        if c != cost(i):  # stale: costs change as buffers die
+            heapq.heappush(heap, (cost(i), i))
+            continue
+        done.add(i)
+        order.append(i)
+        for n in used[i]:
+            remaining[n] -= 1
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, (cost(j), j))
+    return [steps[i] for i in order]
+
+
+def plan_memory(s: FusedSchedule, options: Options) -> MemoryPlan:
+    """Lifetimes, frees, reuse and the peak estimate (best of several orders)."""
+    removed = removed_buffers(s)
+    candidates: list[tuple[str, Sequence[Step]]] = [("original", s.steps)]
+    if options.reorder_for_peak_memory and len(s.steps) > 2:
+        candidates += [
+            ("lpmf", _lpmf(s.steps, s, removed)),
+            ("bfs", _kahn(s.steps, s.graph, "bfs")),
+            ("dfs", _kahn(s.steps, s.graph, "dfs")),
+        ]
+    best: tuple[str, tuple[PlannedStep, ...], int] | None = None
+    peaks: list[tuple[str, int]] = []
+    for name, order in candidates:
+        steps, peak = plan_order(order, s, removed)
+        peaks.append((name, peak))
+        if best is None or peak < best[2]:
+            best = (name, steps, peak)
+    assert best is not None
+    name, steps, peak = best
+    for ps in steps:
+        if ps.last_usage:
+            log.debug("last_usage %s: %s", ps.step.nodes[0] if not isinstance(ps.step, FusedKernel) else ps.step.name,
+                      sorted(ps.last_usage))
+        for f in ps.frees:
+            log.debug("free %s", f)
+    log.debug("peak %d bytes with order %s (candidates %s)", peak, name, peaks)
+    return MemoryPlan(steps, s, removed, peak, name, tuple(peaks))
+

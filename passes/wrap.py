@@ -1,0 +1,61 @@
+"""wrap : MemoryPlan -> WrapperProgram
+
+One line per allocation, reuse, view, call and free, in plan order, then Return.
+Inputs are freed with FreeLine (`del argN_1`), buffers with FreeIfNotReusedLine
+(nothing is emitted when a later Reuse takes the storage)."""
+
+from __future__ import annotations
+
+from coil.ir.buffers import AliasBuffer, ExternBuffer, MultiOutputBuffer
+from coil.ir.fused import ExternStep, FusedKernel, NopStep
+from coil.ir.memory import MemoryPlan
+from coil.ir.wrapper import (
+    Alloc,
+    ExternCall,
+    Free,
+    KernelCall,
+    Line,
+    MultiOutputLine,
+    ReinterpretView,
+    Return,
+    Reuse,
+    WrapperProgram,
+)
+from coil.options import Options
+from coil.passes.kernel_model import kernel_params
+
+
+def wrap(plan: MemoryPlan, options: Options) -> WrapperProgram:
+    """Render the plan as wrapper lines."""
+    g = plan.schedule.graph
+    bg = g.graph
+    inputs = {i.name for i in bg.inputs}
+    reused = {old for ps in plan.steps for _, old in ps.reuses}
+    lines: list[Line] = []
+    for ps in plan.steps:
+        step = ps.step
+        for new, old in ps.reuses:
+            lines.append(Reuse(new, old, bg.layout(new)))
+        for name in ps.allocs:
+            lines.append(Alloc(name, bg.layout(name)))
+        match step:
+            case FusedKernel():
+                params = kernel_params(step, g, plan.removed)
+                lines.append(KernelCall(step.name, tuple(p.name for p in params)))
+            case ExternStep():
+                b = bg.get(step.name)
+                assert isinstance(b, ExternBuffer)
+                lines.append(ExternCall(b.name, b.kernel, b.args, b.kwargs, b.mutated))
+            case NopStep():
+                b = bg.get(step.name)
+                if isinstance(b, AliasBuffer):
+                    lines.append(ReinterpretView(b.name, b.base, b.layout))
+                elif isinstance(b, MultiOutputBuffer):
+                    lines.append(MultiOutputLine(b.name, b.extern, b.index))
+        for f in ps.frees:
+            if f in inputs:
+                lines.append(Free(f, "input"))
+            elif f not in reused:
+                lines.append(Free(f, "buffer"))
+    lines.append(Return(bg.outputs))
+    return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), plan)
