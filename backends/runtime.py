@@ -92,6 +92,12 @@ class CompiledFn:
         self.check(inputs)
         return tuple(self._call(list(inputs)))
 
+    def call_boxed(self, args: list[Any]) -> tuple[Any, ...]:
+        """AOTAutograd's boxed convention: `call` clears the list, so inputs die as
+        soon as their last reader ran."""
+        self.check(args)
+        return tuple(self._call(args))
+
 
 def cache_dir(configured: str | None = None) -> str:
     """Where generated files live: Options.cache_dir, else $COIL_CACHE_DIR, else a

@@ -96,6 +96,14 @@ def _split_floordiv(a: sympy.Expr, b: int, ranges: Mapping[sympy.Symbol, int]) -
     return None
 
 
+def _split_terms(a: sympy.Expr, k: int) -> tuple[sympy.Expr, sympy.Expr]:
+    """(terms whose integer coefficient k divides, the other terms)."""
+    terms = sympy.Add.make_args(sympy.expand(a))
+    whole = [t for t in terms if _coeff(t) % k == 0 and not t.is_Integer or (t.is_Integer and int(t) % k == 0)]
+    rest = [t for t in terms if t not in whole]
+    return sympy.Add(*whole), sympy.Add(*rest)
+
+
 def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.Expr:
     """Range-aware simplification of FloorDiv / ModularIndexing, innermost first."""
     e = sympy.sympify(e)
@@ -112,6 +120,9 @@ def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.E
                 s = _split_floordiv(a, int(b), ranges)
                 if s is not None:
                     return s
+                whole, rest = _split_terms(a, int(b))
+                if whole != 0:  # (k*b*i + rest) // b == k*i + rest // b
+                    return sympy.expand(whole / b) + visit(FloorDiv(rest, b))
                 m = _max_value(a, ranges)
                 if m is not None and m < int(b):
                     return sympy.Integer(0)
@@ -119,9 +130,14 @@ def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.E
         if isinstance(node, ModularIndexing):
             a, b, c = args
             if b.is_Integer and c.is_Integer:
+                whole, rest = _split_terms(a, int(b) * int(c))
+                if whole != 0:  # multiples of b*c do not change (a // b) % c
+                    return visit(ModularIndexing(rest, b, c))
+                m = _max_value(a, ranges)
+                if m is not None and m < int(b) * int(c):
+                    return visit(FloorDiv(a, b))
                 q = _split_floordiv(a, int(b), ranges) if int(b) != 1 else sympy.expand(a)
                 if q is not None:
-                    # drop terms that are multiples of c
                     terms = [t for t in sympy.Add.make_args(q) if _coeff(t) % int(c) != 0]
                     q2 = sympy.Add(*terms)
                     m = _max_value(q2, ranges)
@@ -129,9 +145,52 @@ def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.E
                         return q2
                     return ModularIndexing(q2, 1, c)
             return ModularIndexing(sympy.expand(a), b, c)
+        if isinstance(node, sympy.Add):
+            return _merge_digits(sympy.Add(*args))
         return node.func(*args)
 
-    return sympy.expand(visit(e))
+    return _merge_digits(sympy.expand(visit(e)))
+
+
+def _digit(term: sympy.Expr) -> tuple[int, sympy.Expr, int, int | None] | None:
+    """`c * ModularIndexing(a, b, n)` as (c, a, b, n); FloorDiv(a, b) has n None."""
+    c, rest = term.as_coeff_Mul()
+    if not c.is_Integer:
+        return None
+    if isinstance(rest, ModularIndexing) and rest.args[1].is_Integer and rest.args[2].is_Integer:
+        return int(c), rest.args[0], int(rest.args[1]), int(rest.args[2])
+    if isinstance(rest, FloorDiv) and rest.args[1].is_Integer:
+        return int(c), rest.args[0], int(rest.args[1]), None
+    return None
+
+
+def _merge_digits(e: sympy.Expr) -> sympy.Expr:
+    """Undo an unflatten: c*n*((a // (b*n)) % m) + c*((a // b) % n) is
+    c*((a // b) % (n*m)); with no outer modulus it is c*(a // b); a // 1 is a."""
+    if not isinstance(e, sympy.Add):
+        return e
+    terms = list(e.args)
+    changed = True
+    while changed:
+        changed = False
+        for i, t1 in enumerate(terms):
+            d1 = _digit(t1)
+            if d1 is None:
+                continue
+            for j, t2 in enumerate(terms):
+                d2 = _digit(t2)
+                if i == j or d2 is None or d2[3] is None:
+                    continue
+                c1, a1, b1, n1 = d1
+                c2, a2, b2, n2 = d2
+                if a1 == a2 and b1 == b2 * n2 and c1 == c2 * n2:
+                    merged = FloorDiv(a1, b2) if n1 is None else ModularIndexing(a1, b2, n1 * n2)
+                    terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [c2 * merged]
+                    changed = True
+                    break
+            if changed:
+                break
+    return sympy.Add(*terms)
 
 
 def contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:

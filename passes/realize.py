@@ -122,7 +122,7 @@ def _effective_readers(g: LoweredGraph) -> dict[str, list[str]]:
 def _strided(index: tuple[sympy.Expr, ...], size: tuple[int, ...], base: Layout) -> Layout | None:
     """The layout of a view when its storage offset is affine in the view's index."""
     xs = xsyms(len(size))
-    off = sympy.expand(base.offset_of(index))
+    off = simplify_index(base.offset_of(index), ranges_of(xs, size))
     poly = off.as_poly(*xs) if xs else None
     if xs and (poly is None or poly.total_degree() > 1):
         return None

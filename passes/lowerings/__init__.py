@@ -2,6 +2,7 @@
 DECOMPOSITIONS is the table `lower` falls back to before an Extern."""
 
 from coil.passes.lowerings import creation, pointwise, reductions, views  # noqa: F401  (registration)
+from coil.passes.lowerings import prims  # noqa: F401  (registration; after pointwise, reductions, views)
 from coil.passes.lowerings.decompositions import DECOMPOSITIONS
 from coil.passes.lowerings.registry import LOWERINGS, register_lowering, register_pointwise
 

@@ -1,4 +1,10 @@
-"""Creation ops: full, zeros/ones(_like), scalar_tensor, arange / iota."""
+"""Creation ops: full, zeros/ones/empty(_like), full_like, fill, scalar_tensor,
+arange / iota.  Each is a Pointwise node whose body reads nothing (a Constant, or
+an IndexExpr of the loop symbol), so realize inlines it into its readers.
+
+A `device=` argument places the new tensor there; without one it lands on the
+graph's device.
+"""
 
 from __future__ import annotations
 
@@ -7,76 +13,137 @@ from typing import Any, Sequence
 
 import sympy
 import torch
+from torch._prims_common import get_acc_type
 
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Constant, IndexExpr, Op, xsyms
-from coil.passes.lowerings.registry import LowerCtx, TensorValue, register_lowering
+from coil.ir.expr import Cast, Expr, IndexExpr, xsyms
+from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, op, register_lowering
 
 aten = torch.ops.aten
 
+Scalar = bool | int | float
 
-def _fill(ctx: LowerCtx, size: Sequence[int], value: Any, dtype: torch.dtype | None) -> TensorValue:
-    if dtype is None:
-        dtype = torch.get_default_dtype() if isinstance(value, float) else (
-            torch.bool if isinstance(value, bool) else torch.int64)
-    v = bool(value) if dtype == torch.bool else (float(value) if dtype.is_floating_point else int(value))
-    return ctx.pointwise(tuple(int(s) for s in size), Constant(v, dtype), dtype)
+
+def _device(ctx: LowerCtx, device: Any) -> str:
+    return ctx.device if device is None else str(torch.device(device))
+
+
+def _scalar_dtype(value: Scalar) -> torch.dtype:
+    """The dtype `torch.full(size, value)` infers when none is given."""
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    return torch.get_default_dtype()
+
+
+def _fill(ctx: LowerCtx, size: Sequence[int], value: Scalar, dtype: torch.dtype | None,
+          device: Any = None) -> TensorValue:
+    dtype = _scalar_dtype(value) if dtype is None else dtype
+    return ctx.pointwise(tuple(int(s) for s in size), constant(value, dtype), dtype, _device(ctx, device))
 
 
 @register_lowering(aten.full)
-def full(ctx: LowerCtx, size: Sequence[int], fill_value: Any, *, dtype: torch.dtype | None = None,
+def full(ctx: LowerCtx, size: Sequence[int], fill_value: Scalar, *, dtype: torch.dtype | None = None,
          layout: Any = None, device: Any = None, pin_memory: Any = None) -> TensorValue:
-    return _fill(ctx, size, fill_value, dtype)
+    return _fill(ctx, size, fill_value, dtype, device)
 
 
 @register_lowering(aten.scalar_tensor)
-def scalar_tensor(ctx: LowerCtx, value: Any, *, dtype: torch.dtype | None = None, layout: Any = None,
+def scalar_tensor(ctx: LowerCtx, value: Scalar, *, dtype: torch.dtype | None = None, layout: Any = None,
                   device: Any = None, pin_memory: Any = None) -> TensorValue:
-    return _fill(ctx, (), value, dtype if dtype is not None else torch.get_default_dtype())
+    # unlike full, scalar_tensor does not infer: it is the default dtype unless told
+    return _fill(ctx, (), value, torch.get_default_dtype() if dtype is None else dtype, device)
 
 
-@register_lowering(aten.zeros, aten.ones, aten.empty)
-def zeros_ones(ctx: LowerCtx, size: Sequence[int], *, dtype: torch.dtype | None = None, layout: Any = None,
-               device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> TensorValue:
-    value = 1 if ctx.op == "ones" else 0
-    return _fill(ctx, size, value, dtype if dtype is not None else torch.get_default_dtype())
+def _constant_factory(value: int) -> Any:
+    """zeros / ones / empty (empty is zeros: any value is correct, zeros are reproducible)."""
+
+    def lowering(ctx: LowerCtx, size: Sequence[int], *, dtype: torch.dtype | None = None, layout: Any = None,
+                 device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> TensorValue:
+        return _fill(ctx, size, value, torch.get_default_dtype() if dtype is None else dtype, device)
+
+    return lowering
 
 
-@register_lowering(aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like)
-def like(ctx: LowerCtx, a: TensorValue, *args: Any, dtype: torch.dtype | None = None, layout: Any = None,
-         device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> TensorValue:
-    value = args[0] if ctx.op == "full_like" else (1 if ctx.op == "ones_like" else 0)
-    return _fill(ctx, a.size, value, dtype if dtype is not None else a.dtype)
+def _like_factory(value: int | None) -> Any:
+    """zeros_like / ones_like / empty_like (value given) and full_like (value None:
+    it comes as the second argument).  The dtype defaults to the input's."""
+
+    def lowering(ctx: LowerCtx, a: TensorValue, *fill: Scalar, dtype: torch.dtype | None = None,
+                 layout: Any = None, device: Any = None, pin_memory: Any = None,
+                 memory_format: Any = None) -> TensorValue:
+        v = fill[0] if value is None else value
+        return _fill(ctx, a.size, v, a.dtype if dtype is None else dtype, a.device if device is None else device)
+
+    return lowering
+
+
+for _ops, _value in [((aten.zeros, aten.empty), 0), ((aten.ones,), 1)]:
+    register_lowering(*_ops)(_constant_factory(_value))
+for _ops, _like_value in [((aten.zeros_like, aten.empty_like), 0), ((aten.ones_like,), 1), ((aten.full_like,), None)]:
+    register_lowering(*_ops)(_like_factory(_like_value))
+
+
+@register_lowering(aten.fill)
+def fill(ctx: LowerCtx, a: TensorValue, value: Any) -> TensorValue:
+    """The functional fill (what a functionalized `x.fill_(v)` becomes): x's shape
+    and dtype, v's value; a 0-d tensor value is read and cast."""
+    if isinstance(value, TensorValue):
+        if value.ndim != 0:
+            raise CoilError(f"fill: value must be 0-d, got {value.ndim}-d")
+        v = value.load(())
+        return ctx.pointwise(a.size, v if v.dtype == a.dtype else Cast(v, a.dtype), a.dtype)
+    return _fill(ctx, a.size, value, a.dtype)
+
+
+# ---- arange / iota ---------------------------------------------------------------------------
+
+
+def _arange_length(start: Scalar, end: Scalar, step: Scalar, dtype: torch.dtype, integer_args: bool) -> int:
+    """torch._refs.arange's length, which matches ATen's shapes: int64 results (and
+    integer arguments) truncate the arguments first and count with integer floor
+    division; other dtypes take ceil((end - start) / step) in doubles."""
+    if step == 0:
+        raise CoilError("arange: step must be nonzero")
+    if dtype == torch.int64 or integer_args:
+        xs, xe, xt = int(start), int(end), int(step)
+        sgn = (xt > 0) - (xt < 0)
+        return max(0, (xe - xs + xt - sgn) // xt)
+    return max(0, math.ceil((end - start) / step))
+
+
+def _arange_body(start: Scalar, step: Scalar, dtype: torch.dtype, integer_args: bool, device: str) -> Expr:
+    """start + step * x0 the way torch._refs.arange computes it: in int64 for integer
+    dtypes (arguments truncated) and integer arguments, else in the accumulation
+    dtype of `dtype` on `device` (float64 for float32 on the CPU)."""
+    x0 = xsyms(1)[0]
+    if dtype.is_floating_point and not integer_args:
+        acc = get_acc_type(dtype, torch.device(device))
+        index = Cast(IndexExpr(x0, torch.int64), acc)
+        return op("add", constant(start, acc), op("mul", constant(step, acc), index))
+    return IndexExpr(sympy.Integer(int(start)) + int(step) * x0, torch.int64)
 
 
 @register_lowering(aten.arange)
-def arange(ctx: LowerCtx, *args: Any, dtype: torch.dtype | None = None, layout: Any = None,
+def arange(ctx: LowerCtx, *args: Scalar, dtype: torch.dtype | None = None, layout: Any = None,
            device: Any = None, pin_memory: Any = None) -> TensorValue:
-    if len(args) == 1:
-        start, end, step = 0, args[0], 1
-    elif len(args) == 2:
-        (start, end), step = args, 1
-    elif len(args) == 3:
-        start, end, step = args
-    else:
+    """arange(end), arange(start, end), arange(start, end, step)."""
+    if not 1 <= len(args) <= 3:
         raise CoilError(f"arange: unexpected arguments {args}")
-    is_float = any(isinstance(v, float) for v in (start, end, step))
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+    integer_args = all(isinstance(v, int) for v in (start, end, step))
     if dtype is None:
-        dtype = torch.get_default_dtype() if is_float else torch.int64
-    n = len(range(start, end, step)) if not is_float else max(0, math.ceil((end - start) / step))
-    x0 = xsyms(1)[0]
-    if is_float or dtype.is_floating_point:
-        body = Op("add", (Constant(float(start), torch.float64),
-                          Op("mul", (Cast(IndexExpr(x0, torch.int64), torch.float64), Constant(float(step), torch.float64)), torch.float64)),
-                  torch.float64)
-        return ctx.pointwise((n,), Cast(body, dtype), dtype)
-    body_i = IndexExpr(sympy.Integer(int(start)) + int(step) * x0, torch.int64)
-    return ctx.pointwise((n,), body_i if dtype == torch.int64 else Cast(body_i, dtype), dtype)
+        dtype = torch.int64 if integer_args else torch.get_default_dtype()
+    dev = _device(ctx, device)
+    n = _arange_length(start, end, step, dtype, integer_args)
+    body = _arange_body(start, step, dtype, integer_args, dev)
+    return ctx.pointwise((n,), body if body.dtype == dtype else Cast(body, dtype), dtype, dev)
 
 
 @register_lowering(torch.ops.prims.iota)
 def iota(ctx: LowerCtx, length: int, *, start: int, step: int, dtype: torch.dtype, device: Any = None,
          requires_grad: bool = False) -> TensorValue:
-    x0 = xsyms(1)[0]
-    body = IndexExpr(sympy.Integer(int(start)) + int(step) * x0, torch.int64)
-    return ctx.pointwise((int(length),), body if dtype == torch.int64 else Cast(body, dtype), dtype)
+    body = IndexExpr(sympy.Integer(int(start)) + int(step) * xsyms(1)[0], torch.int64)
+    dev = _device(ctx, device)
+    return ctx.pointwise((int(length),), body if dtype == torch.int64 else Cast(body, dtype), dtype, dev)

@@ -1,5 +1,12 @@
 """coil's decomposition table, built from torch._decomp: ops without a lowering of
-their own arrive as pointwise ops and reductions instead of Extern calls."""
+their own arrive as pointwise ops and reductions instead of Extern calls.
+
+`lower` consults it only for ops with no lowering (LOWERINGS wins), traces the
+decomposition on meta tensors and lowers the result node by node, recursively.
+Some decompositions are written with torch._refs and so emit `prims.*` ops; those
+have lowerings in prims.py.  Matrix products and convolutions are deliberately
+absent: they stay Extern calls to the vendor kernels.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +25,11 @@ _FUSION_FRIENDLY = [
     aten._log_softmax_backward_data,
     aten.native_layer_norm,
     aten.native_layer_norm_backward,
+    aten.native_group_norm,
+    aten.native_group_norm_backward,
+    aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training,
+    aten.native_batch_norm_backward,
     aten.gelu,
     aten.gelu_backward,
     aten.silu,
@@ -54,6 +66,7 @@ _FUSION_FRIENDLY = [
     aten.logit,
     aten.native_dropout_backward,
     aten.masked_fill,
+    aten.flip,
     aten.t,
     aten.transpose,
     aten.squeeze,
@@ -73,9 +86,25 @@ _FUSION_FRIENDLY = [
 ]
 
 
+# Never decomposed: these are the kernels Extern exists for.
+_KEEP_EXTERN = (aten.mm, aten.bmm, aten.addmm, aten.convolution, aten._convolution)
+
+
+def copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """Functional `copy` (what functionalization makes of `self.copy_(src)`): src,
+    converted to self's dtype and broadcast to self's shape.  torch has no
+    decomposition for it."""
+    out = aten._to_copy.default(src, dtype=self.dtype) if src.dtype != self.dtype else src
+    return aten.clone.default(aten.expand.default(out, list(self.shape)))
+
+
 def _table() -> dict[Any, Callable[..., Any]]:
     table: dict[Any, Callable[..., Any]] = dict(core_aten_decompositions())
     table.update(get_decompositions(_FUSION_FRIENDLY))
+    table[aten.copy.default] = copy
+    for packet in _KEEP_EXTERN:
+        for name in packet.overloads():
+            table.pop(getattr(packet, name), None)
     return table
 
 

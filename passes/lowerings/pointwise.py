@@ -1,18 +1,28 @@
-"""Elementwise lowerings: arithmetic, math, comparisons, logic, casts, where."""
+"""Elementwise lowerings: arithmetic, math, comparisons, logic, casts, where.
+
+Every lowering follows aten's type promotion (`registry.promote`), computes half
+types in float32 and rounds once on store (as Inductor does), and leaves a body
+whose Ops see arguments of their own dtype: comparisons take two operands of one
+dtype, logical ops and `where`'s condition take bools.  On bools, `add`, `mul` and
+the bitwise ops become the logical ops (`op` does that), so no backend has to
+guess what `True + True` means in its integer types.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Constant, Expr
+from coil.ir.expr import Cast, Expr, xsyms
 from coil.passes.lowerings.registry import (
+    Lowering,
     LowerCtx,
     TensorValue,
     as_expr,
+    constant,
     is_tensor,
     make_pointwise_body,
     op,
@@ -22,7 +32,6 @@ from coil.passes.lowerings.registry import (
     register_pointwise,
     upcast,
 )
-from coil.ir.expr import xsyms
 
 aten = torch.ops.aten
 
@@ -37,9 +46,6 @@ for _aten, _name in [
     (aten.neg, "neg"),
     (aten.abs, "abs"),
     (aten.sign, "sign"),
-    (aten.floor, "floor"),
-    (aten.ceil, "ceil"),
-    (aten.trunc, "trunc"),
     (aten.relu, "relu"),
     (aten.bitwise_and, "bitwise_and"),
     (aten.bitwise_or, "bitwise_or"),
@@ -89,32 +95,86 @@ def _binary(ctx: LowerCtx, name: str, a: Any, b: Any, kind: K = K.DEFAULT) -> Te
     return ctx.pointwise(size, body, dt)
 
 
-@register_lowering(aten.add, aten.sub)
-def add_sub(ctx: LowerCtx, a: Any, b: Any, *, alpha: Any = 1) -> TensorValue:
-    name = "add" if ctx.op == "add" else "sub"
+# ---- rounding: the identity on integers ----------------------------------------------------
 
-    def body(x: Expr, y: Expr, dtype: torch.dtype) -> Expr:
-        if alpha != 1:
-            y = op("mul", y, Constant(alpha if dtype.is_floating_point else int(alpha), dtype), dtype=dtype)
-        return op(name, x, y, dtype=dtype)
 
-    size, b_, dt = make_pointwise_body(body, (a, b))
-    return ctx.pointwise(size, b_, dt)
+def _rounding(name: str) -> Lowering:
+    """floor / ceil / trunc / round: integers are already whole, so they are a copy
+    (no backend has to define `floor` on an int)."""
+
+    def lowering(ctx: LowerCtx, a: TensorValue) -> TensorValue:
+        def body(x: Expr, dtype: torch.dtype) -> Expr:
+            return op(name, x) if dtype.is_floating_point else x
+
+        size, b, dt = make_pointwise_body(body, (a,))
+        return ctx.pointwise(size, b, dt)
+
+    lowering.__name__ = name
+    return lowering
+
+
+for _aten, _name in [(aten.floor, "floor"), (aten.ceil, "ceil"), (aten.trunc, "trunc")]:
+    register_lowering(_aten)(_rounding(_name))
+
+
+@register_lowering(aten.round)
+def round_(ctx: LowerCtx, a: TensorValue, *, decimals: int = 0) -> TensorValue:
+    """aten's round_decimals: nearbyint(x * 10^d) / 10^d, or for d < 0
+    nearbyint(x / 10^-d) * 10^-d, so that the scale is always an exact integer."""
+    if decimals == 0:
+        return _rounding("round")(ctx, a)
+
+    def body(x: Expr, dtype: torch.dtype) -> Expr:
+        scale = constant(10.0 ** abs(decimals), dtype)
+        if decimals > 0:
+            return op("truediv", op("round", op("mul", x, scale)), scale)
+        return op("mul", op("round", op("truediv", x, scale)), scale)
+
+    size, b, dt = make_pointwise_body(body, (a,))
+    return ctx.pointwise(size, b, dt)
+
+
+# ---- add / sub with alpha ------------------------------------------------------------------
+
+
+def _scaled(y: Expr, alpha: Any, dtype: torch.dtype) -> Expr:
+    return y if alpha == 1 else op("mul", y, constant(alpha, dtype), dtype=dtype)
+
+
+def _add_like(name: str) -> Lowering:
+    """add / sub: a (op) alpha * b."""
+
+    def lowering(ctx: LowerCtx, a: Any, b: Any, *, alpha: Any = 1) -> TensorValue:
+        def body(x: Expr, y: Expr, dtype: torch.dtype) -> Expr:
+            return op(name, x, _scaled(y, alpha, dtype), dtype=dtype)
+
+        size, b_, dt = make_pointwise_body(body, (a, b))
+        return ctx.pointwise(size, b_, dt)
+
+    lowering.__name__ = name
+    return lowering
+
+
+register_lowering(aten.add)(_add_like("add"))
+register_lowering(aten.sub)(_add_like("sub"))
 
 
 @register_lowering(aten.rsub)
 def rsub(ctx: LowerCtx, a: Any, b: Any, *, alpha: Any = 1) -> TensorValue:
+    """b - alpha * a."""
     def body(x: Expr, y: Expr, dtype: torch.dtype) -> Expr:
-        if alpha != 1:
-            x = op("mul", x, Constant(alpha, dtype), dtype=dtype)
-        return op("sub", y, x, dtype=dtype)
+        return op("sub", y, _scaled(x, alpha, dtype), dtype=dtype)
 
     size, b_, dt = make_pointwise_body(body, (a, b))
     return ctx.pointwise(size, b_, dt)
 
 
+# ---- division and powers -------------------------------------------------------------------
+
+
 @register_lowering(aten.div)
 def div(ctx: LowerCtx, a: Any, b: Any, *, rounding_mode: str | None = None) -> TensorValue:
+    """True division promotes ints to float; floor and trunc division keep ints."""
     if rounding_mode is None:
         return _binary(ctx, "truediv", a, b, K.INT_TO_FLOAT)
     name = {"floor": "floordiv", "trunc": "truncdiv"}.get(rounding_mode)
@@ -133,42 +193,40 @@ def true_divide(ctx: LowerCtx, a: Any, b: Any) -> TensorValue:
     return _binary(ctx, "truediv", a, b, K.INT_TO_FLOAT)
 
 
+def _pow_scalar_exponent(x: Expr, b: int | float, dtype: torch.dtype) -> Expr:
+    """x ** b for a Python exponent: the common exponents as cheaper, exact ops (as
+    Inductor does), the rest as `pow` with a constant."""
+    if b == 1:
+        return x
+    if b == 2:
+        return op("mul", x, x)
+    if dtype.is_floating_point and b == 0.5:
+        return op("sqrt", x)
+    if dtype.is_floating_point and b == -1:
+        return op("reciprocal", x)
+    return op("pow", x, constant(b, dtype))
+
+
 @register_lowering(aten.pow)
 def pow_(ctx: LowerCtx, a: Any, b: Any) -> TensorValue:
+    """Tensor ** tensor, tensor ** scalar and scalar ** tensor; bools count as int64."""
     if is_tensor(a) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        compute, result = promote((a, b), K.BOOL_TO_LONG)
-        compute = upcast(compute)
-        size = a.size
-        x = as_expr(a, size, xsyms(len(size)), compute)
-        if b == 2:
-            body: Expr = op("mul", x, x)
-        elif b == 1:
-            body = x
-        elif b == 0.5 and compute.is_floating_point:
-            body = op("sqrt", x)
-        elif b == -1 and compute.is_floating_point:
-            body = op("reciprocal", x)
-        else:
-            body = op("pow", x, Constant(float(b) if compute.is_floating_point else int(b), compute))
-        return ctx.pointwise(size, body if body.dtype == result else Cast(body, result), result)
+        exponent = b
+        size, body, dt = make_pointwise_body(
+            lambda x, _y, dtype: _pow_scalar_exponent(x, exponent, dtype), (a, b), K.BOOL_TO_LONG
+        )
+        return ctx.pointwise(size, body, dt)
     return _binary(ctx, "pow", a, b, K.BOOL_TO_LONG)
 
 
-@register_lowering(aten.round)
-def round_(ctx: LowerCtx, a: TensorValue, *, decimals: int = 0) -> TensorValue:
-    def body(x: Expr, dtype: torch.dtype) -> Expr:
-        if decimals == 0:
-            return op("round", x)
-        scale = Constant(float(10**decimals), dtype)
-        return op("truediv", op("round", op("mul", x, scale)), scale)
-
-    size, b, dt = make_pointwise_body(body, (a,))
-    return ctx.pointwise(size, b, dt)
+# ---- selection and clamping -----------------------------------------------------------------
 
 
 @register_lowering(aten.where)
 def where(ctx: LowerCtx, cond: Any, a: Any, b: Any) -> TensorValue:
-    compute, result = promote((a, b))
+    """A select needs no arithmetic, so it runs in the promoted dtype itself (no
+    float32 detour for half types)."""
+    _, result = promote((a, b))
     size = out_size_of((cond, a, b))
     idx = xsyms(len(size))
     c = as_expr(cond, size, idx, torch.bool)
@@ -177,10 +235,8 @@ def where(ctx: LowerCtx, cond: Any, a: Any, b: Any) -> TensorValue:
     return ctx.pointwise(size, op("where", c, x, y, dtype=result), result)
 
 
-@register_lowering(aten.clamp, aten.clamp_min, aten.clamp_max)
-def clamp(ctx: LowerCtx, a: TensorValue, lo: Any = None, hi: Any = None) -> TensorValue:
-    if ctx.op == "clamp_max":
-        lo, hi = None, lo
+def _clamp(ctx: LowerCtx, a: TensorValue, lo: Any, hi: Any) -> TensorValue:
+    """maximum then minimum, so NaN inputs stay NaN and lo > hi gives hi, as aten."""
     args = [a] + [v for v in (lo, hi) if v is not None]
     compute, result = promote(args)
     compute = upcast(compute)
@@ -191,23 +247,47 @@ def clamp(ctx: LowerCtx, a: TensorValue, lo: Any = None, hi: Any = None) -> Tens
         x = op("maximum", x, as_expr(lo, size, idx, compute))
     if hi is not None:
         x = op("minimum", x, as_expr(hi, size, idx, compute))
-    return ctx.pointwise(size, x if x.dtype == result else Cast(x, result), result)
+    return ctx.pointwise(size, x, result)
+
+
+@register_lowering(aten.clamp)
+def clamp(ctx: LowerCtx, a: TensorValue, min: Any = None, max: Any = None) -> TensorValue:  # noqa: A002 - aten's names
+    return _clamp(ctx, a, min, max)
+
+
+@register_lowering(aten.clamp_min)
+def clamp_min(ctx: LowerCtx, a: TensorValue, min: Any) -> TensorValue:  # noqa: A002
+    return _clamp(ctx, a, min, None)
+
+
+@register_lowering(aten.clamp_max)
+def clamp_max(ctx: LowerCtx, a: TensorValue, max: Any) -> TensorValue:  # noqa: A002
+    return _clamp(ctx, a, None, max)
+
+
+# ---- activations ----------------------------------------------------------------------------
+
+
+def _gelu_body(approximate: str) -> Callable[..., Expr]:
+    def body(x: Expr, dtype: torch.dtype) -> Expr:
+        half = constant(0.5, dtype)
+        one = constant(1.0, dtype)
+        if approximate == "tanh":
+            k = constant(0.7978845608028654, dtype)  # sqrt(2 / pi)
+            c = constant(0.044715, dtype)
+            inner = op("mul", k, op("add", x, op("mul", c, op("mul", x, op("mul", x, x)))))
+            return op("mul", op("mul", half, x), op("add", one, op("tanh", inner)))
+        r = constant(0.7071067811865476, dtype)  # 1 / sqrt(2)
+        return op("mul", op("mul", half, x), op("add", one, op("erf", op("mul", x, r))))
+
+    return body
 
 
 @register_lowering(aten.gelu)
 def gelu(ctx: LowerCtx, a: TensorValue, *, approximate: str = "none") -> TensorValue:
-    def body(x: Expr, dtype: torch.dtype) -> Expr:
-        half = Constant(0.5, dtype)
-        one = Constant(1.0, dtype)
-        if approximate == "tanh":
-            k = Constant(0.7978845608028654, dtype)  # sqrt(2 / pi)
-            c = Constant(0.044715, dtype)
-            inner = op("mul", k, op("add", x, op("mul", c, op("mul", x, op("mul", x, x)))))
-            return op("mul", op("mul", half, x), op("add", one, op("tanh", inner)))
-        r = Constant(0.7071067811865476, dtype)  # 1 / sqrt(2)
-        return op("mul", op("mul", half, x), op("add", one, op("erf", op("mul", x, r))))
-
-    size, b, dt = make_pointwise_body(body, (a,), K.DEFAULT)
+    if approximate not in ("none", "tanh"):
+        raise CoilError(f"gelu: unknown approximate {approximate!r}")
+    size, b, dt = make_pointwise_body(_gelu_body(approximate), (a,))
     return ctx.pointwise(size, b, dt)
 
 
@@ -217,25 +297,28 @@ def silu(ctx: LowerCtx, a: TensorValue) -> TensorValue:
     return ctx.pointwise(size, b, dt)
 
 
-@register_lowering(aten._to_copy)
-def to_copy(ctx: LowerCtx, a: TensorValue, *, dtype: torch.dtype | None = None, layout: Any = None,
-            device: Any = None, pin_memory: Any = None, non_blocking: bool = False,
-            memory_format: Any = None) -> TensorValue:
-    if device is not None and torch.device(device).type not in ("meta", torch.device(a.device).type):  # meta: traced decomposition
-        raise CoilError("_to_copy across devices is not lowered")
-    dt = a.dtype if dtype is None else dtype
-    size = a.size
-    x = a.load(xsyms(len(size)))
-    return ctx.pointwise(size, x if x.dtype == dt else Cast(x, dt), dt)
+# ---- casts and copies -----------------------------------------------------------------------
 
 
-@register_lowering(torch.ops.prims.convert_element_type)
-def convert_element_type(ctx: LowerCtx, a: TensorValue, dtype: torch.dtype) -> TensorValue:
+def _cast(ctx: LowerCtx, a: TensorValue, dtype: torch.dtype) -> TensorValue:
     x = a.load(xsyms(a.ndim))
     return ctx.pointwise(a.size, x if x.dtype == dtype else Cast(x, dtype), dtype)
 
 
+@register_lowering(aten._to_copy)
+def to_copy(ctx: LowerCtx, a: TensorValue, *, dtype: torch.dtype | None = None, layout: Any = None,
+            device: Any = None, pin_memory: Any = None, non_blocking: bool = False,
+            memory_format: Any = None) -> TensorValue:
+    if device is not None and torch.device(device).type != torch.device(a.device).type:
+        raise CoilError("_to_copy across devices is not lowered")
+    return _cast(ctx, a, a.dtype if dtype is None else dtype)
+
+
+@register_lowering(torch.ops.prims.convert_element_type)
+def convert_element_type(ctx: LowerCtx, a: TensorValue, dtype: torch.dtype) -> TensorValue:
+    return _cast(ctx, a, dtype)
+
 
 @register_lowering(aten.clone, aten.contiguous, aten.lift_fresh_copy)
 def clone(ctx: LowerCtx, a: TensorValue, *, memory_format: Any = None) -> TensorValue:
-    return ctx.pointwise(a.size, a.load(xsyms(a.ndim)), a.dtype)
+    return _cast(ctx, a, a.dtype)

@@ -1,6 +1,15 @@
-"""Reductions over any set of dims, with keepdim: sum, prod, amax, amin, argmax,
-argmin, any, all, mean, var / var_mean with correction (welford_m2 + a pointwise
-epilogue)."""
+"""Reductions over any set of dims, with keepdim: sum, prod, amax, amin, max.dim /
+min.dim, argmax, argmin, any, all, mean, var / var_mean with correction.
+
+A reduction is one `Reduction` node: its body loads the input at an index over the
+output symbols x* and the reduction symbols r*.  mean and var are a reduction plus a
+pointwise epilogue (var = welford_m2 / max(n - correction, 0), as aten divides).
+
+Each lowering is registered for the tensor overloads only: aten.sum.int (a sum of a
+Python list) or aten.max.other (a binary max) are other ops that happen to share a
+packet.  `reduce_over` takes dims already normalized, so prims (whose empty dim
+list means "no dims", unlike aten's "all dims") reuse it.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +21,19 @@ import torch
 
 from coil.errors import CoilError
 from coil.ir.expr import Cast, Constant, Expr, Op, rsyms, xsyms
-from coil.passes.lowerings.registry import LowerCtx, TensorValue, normalize_dim, register_lowering, upcast
+from coil.ir.indexing import unflatten
+from coil.passes.lowerings.registry import LOWERINGS, LowerCtx, TensorValue, normalize_dim, register_lowering, upcast
 
 aten = torch.ops.aten
 
+# Reductions whose identity does not exist: an empty reduction is an error, as in aten.
+_NEEDS_ELEMENTS = frozenset({"max", "min", "argmax", "argmin"})
+
 
 def reduction_dims(x: TensorValue, dims: Any) -> tuple[int, ...]:
+    """aten's convention: None or an empty list reduces every dim."""
+    if x.ndim == 0:
+        return ()
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return tuple(range(x.ndim))
     if isinstance(dims, int):
@@ -27,22 +43,41 @@ def reduction_dims(x: TensorValue, dims: Any) -> tuple[int, ...]:
 
 def split_index(x: TensorValue, dims: Sequence[int], keepdim: bool) -> tuple[tuple[int, ...], tuple[int, ...], list[sympy.Expr]]:
     """Output ranges, reduction ranges and the input index over x*/r* symbols."""
-    kept = [d for d in range(x.ndim) if d not in dims]
-    out_ranges = tuple(1 if (keepdim and d in dims) else x.size[d] for d in range(x.ndim) if keepdim or d not in dims)
+    out_ranges = tuple(1 if d in dims else x.size[d] for d in range(x.ndim) if keepdim or d not in dims)
     red_ranges = tuple(x.size[d] for d in dims)
-    xs = xsyms(len(out_ranges))
+    xs = iter(xsyms(len(out_ranges)))
     rs = rsyms(len(red_ranges))
     index: list[sympy.Expr] = []
-    ki = 0
     for d in range(x.ndim):
         if d in dims:
-            index.append(rs[dims.index(d)])
+            index.append(rs[list(dims).index(d)])
             if keepdim:
-                ki += 1
+                next(xs)  # the kept size-1 dim has its own (always 0) output symbol
         else:
-            index.append(xs[ki] if keepdim else xs[kept.index(d)])
-            ki += 1
+            index.append(next(xs))
     return out_ranges, red_ranges, index
+
+
+def reduce_over(
+    ctx: LowerCtx,
+    x: TensorValue,
+    dims: tuple[int, ...],
+    keepdim: bool,
+    reduction_type: str,
+    out_dtype: torch.dtype,
+    acc_dtype: torch.dtype | None = None,
+) -> TensorValue:
+    """One Reduction node over the normalized `dims` of `x` (sorted, no repeats)."""
+    out_ranges, red_ranges, index = split_index(x, dims, keepdim)
+    body: Expr = x.load(index)
+    acc = acc_dtype if acc_dtype is not None else upcast(x.dtype)
+    if acc == torch.bool and reduction_type in ("argmax", "argmin"):
+        acc = torch.int32  # max.dim of a mask: compare as 0/1, which every backend can
+    if body.dtype != acc:
+        body = Cast(body, acc)
+    if math.prod(red_ranges) == 0 and reduction_type in _NEEDS_ELEMENTS:
+        raise CoilError(f"{reduction_type} of an empty dimension")
+    return ctx.reduction(out_ranges, red_ranges, reduction_type, body, out_dtype)
 
 
 def make_reduction(
@@ -54,20 +89,11 @@ def make_reduction(
     out_dtype: torch.dtype,
     acc_dtype: torch.dtype | None = None,
 ) -> TensorValue:
-    rdims = reduction_dims(x, dims)
-    if x.ndim == 0:
-        rdims = ()
-    out_ranges, red_ranges, index = split_index(x, list(rdims), keepdim)
-    body: Expr = x.load(index)
-    acc = acc_dtype if acc_dtype is not None else upcast(x.dtype)
-    if body.dtype != acc:
-        body = Cast(body, acc)
-    if math.prod(red_ranges) == 0 and reduction_type in ("max", "min", "argmax", "argmin"):
-        raise CoilError(f"{reduction_type} of an empty dimension")
-    return ctx.reduction(out_ranges, red_ranges, reduction_type, body, out_dtype)
+    return reduce_over(ctx, x, reduction_dims(x, dims), keepdim, reduction_type, out_dtype, acc_dtype)
 
 
-def _sum_dtype(x: TensorValue, dtype: torch.dtype | None) -> torch.dtype:
+def sum_dtype(x: TensorValue, dtype: torch.dtype | None) -> torch.dtype:
+    """aten's accumulate type for sum / prod: integers and bool widen to int64."""
     if dtype is not None:
         return dtype
     if x.dtype.is_floating_point or x.dtype.is_complex:
@@ -75,67 +101,84 @@ def _sum_dtype(x: TensorValue, dtype: torch.dtype | None) -> torch.dtype:
     return torch.int64
 
 
-@register_lowering(aten.sum)
-def sum_(ctx: LowerCtx, x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> TensorValue:
-    if isinstance(dims, torch.dtype):  # sum.default(x, dtype)
-        dims, dtype = None, dims
-    out = _sum_dtype(x, dtype)
+# ---- sum, prod -------------------------------------------------------------------------
+
+
+@register_lowering(aten.sum.default, aten.sum.dim_IntList)
+def sum_(ctx: LowerCtx, x: TensorValue, dims: Any = None, keepdim: bool = False, *,
+         dtype: torch.dtype | None = None) -> TensorValue:
+    out = sum_dtype(x, dtype)
+    # half sums accumulate in float32 and round once, as eager does
     return make_reduction(ctx, x, dims, keepdim, "sum", out, upcast(out))
 
 
-@register_lowering(aten.prod)
-def prod(ctx: LowerCtx, x: TensorValue, dim: Any = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> TensorValue:
-    if isinstance(dim, torch.dtype):
-        dim, dtype = None, dim
-    out = _sum_dtype(x, dtype)
+@register_lowering(aten.prod.default, aten.prod.dim_int)
+def prod(ctx: LowerCtx, x: TensorValue, dim: Any = None, keepdim: bool = False, *,
+         dtype: torch.dtype | None = None) -> TensorValue:
+    out = sum_dtype(x, dtype)
     return make_reduction(ctx, x, dim, keepdim, "prod", out, upcast(out))
 
 
-@register_lowering(aten.amax, aten.amin, aten.max, aten.min)
-def amax_amin(ctx: LowerCtx, x: TensorValue, dims: Any = None, keepdim: bool = False) -> Any:
-    kind = "max" if ctx.op in ("amax", "max") else "min"
-    if ctx.op in ("max", "min") and isinstance(dims, int):
-        # max.dim returns (values, indices)
-        values = make_reduction(ctx, x, dims, keepdim, kind, x.dtype)
-        indices = make_reduction(ctx, x, dims, keepdim, "arg" + kind, torch.int64)
-        return values, indices
-    if ctx.op in ("max", "min") and isinstance(dims, TensorValue):
-        raise CoilError("binary max/min: use maximum/minimum")
+# ---- max, min, argmax, argmin -----------------------------------------------------------
+
+
+@register_lowering(aten.amax.default, aten.amin.default)
+def amax_amin(ctx: LowerCtx, x: TensorValue, dims: Any = (), keepdim: bool = False) -> TensorValue:
+    kind = "max" if ctx.op == "amax" else "min"
     return make_reduction(ctx, x, dims, keepdim, kind, x.dtype)
 
 
-@register_lowering(aten.argmax, aten.argmin)
+@register_lowering(aten.max.default, aten.min.default)
+def max_min_all(ctx: LowerCtx, x: TensorValue) -> TensorValue:
+    return make_reduction(ctx, x, None, False, ctx.op, x.dtype)
+
+
+@register_lowering(aten.max.dim, aten.min.dim)
+def max_min_dim(ctx: LowerCtx, x: TensorValue, dim: int, keepdim: bool = False) -> tuple[TensorValue, TensorValue]:
+    """(values, indices): two reductions over the same loads, fused later."""
+    values = make_reduction(ctx, x, dim, keepdim, ctx.op, x.dtype)
+    indices = make_reduction(ctx, x, dim, keepdim, "arg" + ctx.op, torch.int64)
+    return values, indices
+
+
+@register_lowering(aten.max.other, aten.min.other)
+def max_min_other(ctx: LowerCtx, a: TensorValue, b: TensorValue) -> TensorValue:
+    """The binary overloads are elementwise: aten.maximum / aten.minimum."""
+    target = aten.maximum.default if ctx.op == "max" else aten.minimum.default
+    return LOWERINGS[target](ctx, a, b)  # type: ignore[no-any-return]
+
+
+@register_lowering(aten.argmax.default, aten.argmin.default)
 def argmax(ctx: LowerCtx, x: TensorValue, dim: int | None = None, keepdim: bool = False) -> TensorValue:
     kind = ctx.op
-    if dim is None:
-        flat = ctx.view(x, (x.numel(),), _unflatten_index(x)) if x.ndim != 1 else x
-        out = make_reduction(ctx, flat, 0, False, kind, torch.int64)
-        if keepdim:
-            return ctx.view(out, (1,) * x.ndim, ())
-        return out
-    return make_reduction(ctx, x, dim, keepdim, kind, torch.int64)
+    if dim is not None:
+        return make_reduction(ctx, x, dim, keepdim, kind, torch.int64)
+    # dim=None: the index into the flattened tensor, so reduce a 1-d view of it
+    flat = ctx.view(x, (x.numel(),), unflatten(xsyms(1)[0], x.size)) if x.ndim != 1 else x
+    out = reduce_over(ctx, flat, (0,), False, kind, torch.int64)
+    return ctx.view(out, (1,) * x.ndim, ()) if keepdim and x.ndim else out
 
 
-def _unflatten_index(x: TensorValue) -> tuple[sympy.Expr, ...]:
-    from coil.ir.indexing import unflatten
-
-    return unflatten(xsyms(1)[0], x.size)
+# ---- any, all -------------------------------------------------------------------------------
 
 
-@register_lowering(aten.any, aten.all)
+@register_lowering(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
 def any_all(ctx: LowerCtx, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
-    return make_reduction(ctx, x, dims, keepdim, ctx.op, torch.bool, torch.bool)
+    # aten keeps uint8 for uint8 inputs (a legacy of byte masks); every other dtype gives bool
+    out = torch.uint8 if x.dtype == torch.uint8 else torch.bool
+    return make_reduction(ctx, x, dims, keepdim, ctx.op, out, torch.bool)
 
 
-def _count(x: TensorValue, dims: Any) -> int:
-    return math.prod(x.size[d] for d in reduction_dims(x, dims)) if x.ndim else 1
+# ---- mean, var, var_mean ----------------------------------------------------------------------
 
 
-def _scale(ctx: LowerCtx, t: TensorValue, divisor: float, dtype: torch.dtype) -> TensorValue:
-    """t / divisor, computed in float32 (or wider) and stored as `dtype`."""
-    compute = upcast(t.dtype) if t.dtype.is_floating_point else torch.float32
-    if dtype == torch.float64:
-        compute = torch.float64
+def count_of(x: TensorValue, dims: tuple[int, ...]) -> int:
+    return math.prod(x.size[d] for d in dims)
+
+
+def scale(ctx: LowerCtx, t: TensorValue, divisor: float, dtype: torch.dtype) -> TensorValue:
+    """t / divisor, computed in float32 (or float64) and stored as `dtype`."""
+    compute = torch.float64 if torch.float64 in (t.dtype, dtype) else torch.float32
     v: Expr = t.load(xsyms(t.ndim))
     if v.dtype != compute:
         v = Cast(v, compute)
@@ -143,45 +186,58 @@ def _scale(ctx: LowerCtx, t: TensorValue, divisor: float, dtype: torch.dtype) ->
     return ctx.pointwise(t.size, body if compute == dtype else Cast(body, dtype), dtype)
 
 
-@register_lowering(aten.mean)
-def mean(ctx: LowerCtx, x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> TensorValue:
-    if isinstance(dims, torch.dtype):
-        dims, dtype = None, dims
+def _float_acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def mean_over(ctx: LowerCtx, x: TensorValue, dims: tuple[int, ...], keepdim: bool, out: torch.dtype) -> TensorValue:
+    acc = _float_acc(out)
+    s = reduce_over(ctx, x, dims, keepdim, "sum", acc, acc)
+    return scale(ctx, s, count_of(x, dims), out)
+
+
+def var_over(ctx: LowerCtx, x: TensorValue, dims: tuple[int, ...], correction: float, keepdim: bool,
+             out: torch.dtype) -> TensorValue:
+    """m2 / max(n - correction, 0): 0/0 gives nan and m2/0 inf, as aten does."""
+    acc = _float_acc(out)
+    m2 = reduce_over(ctx, x, dims, keepdim, "welford_m2", acc, acc)
+    return scale(ctx, m2, max(count_of(x, dims) - correction, 0.0), out)
+
+
+@register_lowering(aten.mean.default, aten.mean.dim)
+def mean(ctx: LowerCtx, x: TensorValue, dims: Any = None, keepdim: bool = False, *,
+         dtype: torch.dtype | None = None) -> TensorValue:
     out = dtype if dtype is not None else x.dtype
     if not out.is_floating_point:
         raise CoilError(f"mean of {x.dtype} needs a floating dtype")
-    s = make_reduction(ctx, x, dims, keepdim, "sum", upcast(out), upcast(out))
-    return _scale(ctx, s, _count(x, dims), out)
+    return mean_over(ctx, x, reduction_dims(x, dims), keepdim, out)
 
 
-def _var_parts(ctx: LowerCtx, x: TensorValue, dims: Any, correction: Any, keepdim: bool) -> tuple[TensorValue, TensorValue]:
-    n = _count(x, dims)
-    corr = 1.0 if correction is None else float(correction)
-    acc = upcast(x.dtype) if x.dtype.is_floating_point else torch.float32
-    m2 = make_reduction(ctx, x, dims, keepdim, "welford_m2", acc, acc)
-    var = _scale(ctx, m2, max(n - corr, 0.0), x.dtype)
-    s = make_reduction(ctx, x, dims, keepdim, "sum", acc, acc)
-    mu = _scale(ctx, s, n, x.dtype)
-    return var, mu
+def _var_args(dims: Any, unbiased: Any, correction: Any) -> tuple[Any, float]:
+    """The three var overloads as (dims, correction):
+    var.default(x, unbiased), var.dim(x, dims, unbiased, keepdim) and
+    var.correction(x, dims, *, correction, keepdim)."""
+    if isinstance(dims, bool):  # var.default: the second argument is `unbiased`
+        dims, unbiased = None, dims
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    return dims, float(correction)
 
 
-@register_lowering(aten.var)
+@register_lowering(aten.var.default, aten.var.dim, aten.var.correction)
 def var(ctx: LowerCtx, x: TensorValue, dims: Any = None, unbiased: Any = None, keepdim: bool = False, *,
         correction: Any = None) -> TensorValue:
-    if isinstance(unbiased, bool):  # var.dim(x, dims, unbiased, keepdim)
-        correction = 1 if unbiased else 0
-    elif unbiased is not None and isinstance(dims, bool):
-        raise CoilError("var: unexpected arguments")
-    if isinstance(dims, bool):  # var.default(x, unbiased)
-        correction, dims = (1 if dims else 0), None
-    return _var_parts(ctx, x, dims, correction, keepdim)[0]
+    dims, corr = _var_args(dims, unbiased, correction)
+    if not x.dtype.is_floating_point:
+        raise CoilError(f"var of {x.dtype} needs a floating dtype")
+    return var_over(ctx, x, reduction_dims(x, dims), corr, keepdim, x.dtype)
 
 
-@register_lowering(aten.var_mean)
+@register_lowering(aten.var_mean.default, aten.var_mean.dim, aten.var_mean.correction)
 def var_mean(ctx: LowerCtx, x: TensorValue, dims: Any = None, unbiased: Any = None, keepdim: bool = False, *,
              correction: Any = None) -> tuple[TensorValue, TensorValue]:
-    if isinstance(unbiased, bool):
-        correction = 1 if unbiased else 0
-    if isinstance(dims, bool):
-        correction, dims = (1 if dims else 0), None
-    return _var_parts(ctx, x, dims, correction, keepdim)
+    dims, corr = _var_args(dims, unbiased, correction)
+    if not x.dtype.is_floating_point:
+        raise CoilError(f"var_mean of {x.dtype} needs a floating dtype")
+    rdims = reduction_dims(x, dims)
+    return var_over(ctx, x, rdims, corr, keepdim, x.dtype), mean_over(ctx, x, rdims, keepdim, x.dtype)

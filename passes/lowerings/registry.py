@@ -20,7 +20,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Constant, Expr, Load, Op, xsyms
+from coil.ir.expr import COMPARISONS, LOGICAL, Cast, Constant, Expr, Load, Op, xsyms
 from coil.ir.layout import Layout
 from coil.ir.lowered import LNode, Pointwise, Reduction, View
 
@@ -92,11 +92,14 @@ class LowerCtx:
         self.append(node)
         return TensorValue(node.name, tuple(node.size), node.dtype, getattr(node, "device", self.device))
 
-    def pointwise(self, ranges: Sequence[int], body: Expr, dtype: torch.dtype | None = None) -> TensorValue:
+    def pointwise(self, ranges: Sequence[int], body: Expr, dtype: torch.dtype | None = None,
+                  device: str | None = None) -> TensorValue:
+        """A Pointwise node; `device` overrides the graph's (a creation op's `device=`)."""
         dtype = body.dtype if dtype is None else dtype
         if body.dtype != dtype:
             body = Cast(body, dtype)
-        return self.add(Pointwise(self.fresh(), dtype, self.device, tuple(ranges), body, self.origin, self.op))
+        dev = self.device if device is None else device
+        return self.add(Pointwise(self.fresh(), dtype, dev, tuple(ranges), body, self.origin, self.op))
 
     def reduction(
         self,
@@ -117,14 +120,26 @@ class LowerCtx:
         return self.add(View(self.fresh(), base.name, base.dtype, base.device, tuple(ranges), tuple(index), self.origin, self.op))
 
 
+def _lowerable(overload: Any) -> bool:
+    """An overload a packet's lowering may take: one that returns tensors and writes
+    no `out=` argument.  A packet also holds `out` variants (their extra argument
+    would reach the lowering) and Python-scalar overloads such as `aten.add.int` or
+    the list concatenation `aten.add.t`; those stay Externs."""
+    schema = overload._schema
+    if any(a.is_out for a in schema.arguments):
+        return False
+    return any("Tensor" in str(r.type) for r in schema.returns)
+
+
 def _overloads(op: Any) -> list[Any]:
     if isinstance(op, torch._ops.OpOverloadPacket):
-        return [getattr(op, o) for o in op.overloads()]
+        return [o for o in (getattr(op, name) for name in op.overloads()) if _lowerable(o)]
     return [op]
 
 
 def register_lowering(*ops: Any) -> Callable[[Lowering], Lowering]:
-    """Register `fn` for every overload of each op (packets expand to overloads)."""
+    """Register `fn` for each op: an overload as given, a packet for each of its
+    overloads that returns tensors and has no `out=` argument."""
 
     def deco(fn: Lowering) -> Lowering:
         for op in ops:
@@ -168,13 +183,19 @@ def as_expr(x: Any, out_size: Sequence[int], index: Sequence[sympy.Expr], dtype:
     if is_tensor(x):
         e = broadcast_load(x, out_size, index)
     elif isinstance(x, (bool, int, float)):
-        return Constant(_convert_scalar(x, dtype), dtype)
+        return constant(x, dtype)
     else:
         raise CoilError(f"cannot use {type(x).__name__} as a tensor operand")
     return e if e.dtype == dtype else Cast(e, dtype)
 
 
-def _convert_scalar(x: bool | int | float, dtype: torch.dtype) -> bool | int | float:
+def constant(x: bool | int | float, dtype: torch.dtype) -> Constant:
+    """A Python scalar as a Constant whose value has the Python type of `dtype`
+    (bool, int or float), so backends can print it without looking at the dtype."""
+    return Constant(convert_scalar(x, dtype), dtype)
+
+
+def convert_scalar(x: bool | int | float, dtype: torch.dtype) -> bool | int | float:
     if dtype == torch.bool:
         return bool(x)
     if dtype.is_floating_point:
@@ -223,12 +244,26 @@ def make_pointwise_body(
     return size, body, result
 
 
-def op(name: str, *args: Expr, dtype: torch.dtype | None = None) -> Expr:
-    """Build `Op(name, args)`; comparisons give bool, else the first arg's dtype."""
-    from coil.ir.expr import COMPARISONS, LOGICAL
+# Ops whose result is bool whatever their inputs are.
+BOOL_RESULT = COMPARISONS | LOGICAL
 
+# On bools the arithmetic and bitwise ops are the logical ones (Inductor's
+# override_fn_when_input_bool): no backend then does arithmetic on bools, where
+# Triton's 1-bit integers would wrap True + True to False and C's ~true is -2.
+ON_BOOLS = {
+    "add": "logical_or", "mul": "logical_and", "maximum": "logical_or", "minimum": "logical_and",
+    "bitwise_and": "logical_and", "bitwise_or": "logical_or", "bitwise_xor": "logical_xor",
+    "bitwise_not": "logical_not",
+}
+
+
+def op(name: str, *args: Expr, dtype: torch.dtype | None = None) -> Expr:
+    """Build `Op(name, args)`; comparisons give bool, else the first arg's dtype.
+    An op of ON_BOOLS whose arguments are all bool becomes its logical twin."""
+    if name in ON_BOOLS and dtype in (None, torch.bool) and all(a.dtype == torch.bool for a in args):
+        name = ON_BOOLS[name]
     if dtype is None:
-        dtype = torch.bool if (name in COMPARISONS or name in LOGICAL) else args[-1 if name == "where" else 0].dtype
+        dtype = torch.bool if name in BOOL_RESULT else args[-1 if name == "where" else 0].dtype
     return Op(name, tuple(args), dtype)
 
 
@@ -239,30 +274,24 @@ def register_pointwise(
     *,
     result_dtype: torch.dtype | None = None,
 ) -> Lowering:
-    """One elementwise aten op -> one `Op` node per element."""
+    """One elementwise aten op -> one `Op` node per element.  Logical ops read their
+    inputs as bool (x != 0), as aten does, so their Op only ever sees bools."""
     name = op_name or aten_op._opname  # type: ignore[union-attr]
+    compute = torch.bool if name in LOGICAL else None
 
     def lowering(ctx: LowerCtx, *args: Any, **kwargs: Any) -> TensorValue:
         if kwargs:
             raise CoilError(f"{name}: unsupported keyword arguments {sorted(kwargs)}")
 
         def body(*exprs: Expr, dtype: torch.dtype) -> Expr:
-            return op(name, *exprs, dtype=None if name in _BOOL_RESULT else dtype)
+            return op(name, *exprs, dtype=None if name in BOOL_RESULT else dtype)
 
-        ranges, b, dt = make_pointwise_body(body, args, kind, result_dtype=result_dtype)
+        ranges, b, dt = make_pointwise_body(body, args, kind, compute_dtype=compute, result_dtype=result_dtype)
         return ctx.pointwise(ranges, b, dt)
 
+    lowering.__name__ = f"pointwise_{name}"
     register_lowering(aten_op)(lowering)
     return lowering
-
-
-def _bool_result() -> frozenset[str]:
-    from coil.ir.expr import COMPARISONS, LOGICAL
-
-    return COMPARISONS | LOGICAL
-
-
-_BOOL_RESULT = _bool_result()
 
 
 def layout_of(v: TensorValue) -> Layout:

@@ -1,11 +1,23 @@
 """Views: each is an index remap (a `View` node), never a copy.
 
 A View of size S over base B says: element x of the view is element `index(x)` of
-B.  realize folds these maps into the readers' loads."""
+B, where `index` is over the view's symbols x0..x{n-1} and addresses B's logical
+(row-major) index, not its storage.  So a view of a transposed or sliced input is
+right without knowing its strides: realize folds the chain of maps into the
+reader's load, and the loaded buffer's layout turns the result into an offset.
+
+The `*_copy` variants (from torch.export and functionalization) return fresh
+tensors: they are the same remap followed by a pointwise copy, which realize
+inlines into readers like any other pointwise node, so they cost nothing unless
+they are graph outputs (where aliasing an input would be wrong).
+
+aten.view.dtype (a bitcast) and as_strided (a remap of storage, not of the logical
+index) are not index remaps of the logical tensor: they stay Extern.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
@@ -24,25 +36,28 @@ def _view(ctx: LowerCtx, x: TensorValue, size: Sequence[int], index: Sequence[sy
 
 
 def infer_size(size: Sequence[int], numel: int) -> tuple[int, ...]:
-    size = [int(s) for s in size]
-    if size.count(-1) > 1:
-        raise CoilError(f"view: only one dimension can be -1, got {size}")
-    if -1 in size:
+    """`size` with its one -1 filled in; an error when the element counts differ."""
+    out = [int(s) for s in size]
+    if out.count(-1) > 1:
+        raise CoilError(f"view: only one dimension can be -1, got {out}")
+    if -1 in out:
         known = 1
-        for s in size:
+        for s in out:
             if s != -1:
                 known *= s
-        size[size.index(-1)] = numel // known if known else 0
+        out[out.index(-1)] = numel // known if known else 0
     prod = 1
-    for s in size:
+    for s in out:
         prod *= s
     if prod != numel:
-        raise CoilError(f"view: shape {size} is invalid for input of size {numel}")
-    return tuple(size)
+        raise CoilError(f"view: shape {out} is invalid for input of size {numel}")
+    return tuple(out)
 
 
-@register_lowering(aten.view, aten.reshape, aten._unsafe_view, aten.view_copy, aten._reshape_alias)
-def view(ctx: LowerCtx, x: TensorValue, size: Sequence[int], *rest: Any) -> TensorValue:
+@register_lowering(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten._reshape_alias.default)
+def view(ctx: LowerCtx, x: TensorValue, size: Sequence[int], *_strides: Any) -> TensorValue:
+    """Row-major reinterpretation: flatten the view's index, unflatten it in x's
+    sizes.  Covers splits, merges and reshapes that are neither ((6,4)->(4,6))."""
     out = infer_size(size, x.numel())
     if out == x.size:
         return _view(ctx, x, out, xsyms(len(out)))
@@ -50,9 +65,11 @@ def view(ctx: LowerCtx, x: TensorValue, size: Sequence[int], *rest: Any) -> Tens
     return _view(ctx, x, out, unflatten(flat, x.size))
 
 
-@register_lowering(aten.permute)
+@register_lowering(aten.permute.default)
 def permute(ctx: LowerCtx, x: TensorValue, dims: Sequence[int]) -> TensorValue:
     dims = [normalize_dim(d, x.ndim) for d in dims]
+    if sorted(dims) != list(range(x.ndim)):
+        raise CoilError(f"permute: {list(dims)} is not a permutation of {x.ndim} dims")
     xs = xsyms(x.ndim)
     index: list[sympy.Expr] = [sympy.Integer(0)] * x.ndim
     for i, d in enumerate(dims):
@@ -60,7 +77,7 @@ def permute(ctx: LowerCtx, x: TensorValue, dims: Sequence[int]) -> TensorValue:
     return _view(ctx, x, [x.size[d] for d in dims], index)
 
 
-@register_lowering(aten.transpose)
+@register_lowering(aten.transpose.int)
 def transpose(ctx: LowerCtx, x: TensorValue, d0: int, d1: int) -> TensorValue:
     dims = list(range(x.ndim))
     if x.ndim:
@@ -69,13 +86,16 @@ def transpose(ctx: LowerCtx, x: TensorValue, d0: int, d1: int) -> TensorValue:
     return permute(ctx, x, dims)
 
 
-@register_lowering(aten.t)
+@register_lowering(aten.t.default)
 def t(ctx: LowerCtx, x: TensorValue) -> TensorValue:
+    if x.ndim > 2:
+        raise CoilError(f"t: expects a tensor of at most 2 dims, got {x.ndim}")
     return transpose(ctx, x, 0, 1) if x.ndim == 2 else permute(ctx, x, list(range(x.ndim)))
 
 
-@register_lowering(aten.expand)
+@register_lowering(aten.expand.default)
 def expand(ctx: LowerCtx, x: TensorValue, size: Sequence[int], *, implicit: bool = False) -> TensorValue:
+    """Broadcast size-1 dims (read at 0) and prepend new dims (not read at all)."""
     size = list(size)
     lead = len(size) - x.ndim
     if lead < 0:
@@ -85,16 +105,16 @@ def expand(ctx: LowerCtx, x: TensorValue, size: Sequence[int], *, implicit: bool
     index: list[sympy.Expr] = []
     for i, s in enumerate(x.size):
         o = out[lead + i]
-        if s == 1 and o != 1:
-            index.append(sympy.Integer(0))
-        elif s == o:
+        if s == o:
             index.append(xs[lead + i])
+        elif s == 1:
+            index.append(sympy.Integer(0))
         else:
             raise CoilError(f"expand: cannot expand {list(x.size)} to {out}")
     return _view(ctx, x, out, index)
 
 
-@register_lowering(aten.unsqueeze)
+@register_lowering(aten.unsqueeze.default)
 def unsqueeze(ctx: LowerCtx, x: TensorValue, dim: int) -> TensorValue:
     dim = normalize_dim(dim, x.ndim + 1)
     out = list(x.size[:dim]) + [1] + list(x.size[dim:])
@@ -102,34 +122,37 @@ def unsqueeze(ctx: LowerCtx, x: TensorValue, dim: int) -> TensorValue:
     return _view(ctx, x, out, [xs[i] for i in range(len(out)) if i != dim])
 
 
-@register_lowering(aten.squeeze)
+@register_lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def squeeze(ctx: LowerCtx, x: TensorValue, dims: Any = None) -> TensorValue:
+    """Drop the named dims that have size 1 (others are kept, as aten does); with no
+    dims, every size-1 dim."""
     if dims is None:
         drop = {i for i, s in enumerate(x.size) if s == 1}
     else:
         ds = [dims] if isinstance(dims, int) else list(dims)
-        drop = {normalize_dim(d, x.ndim) for d in ds if x.ndim and x.size[normalize_dim(d, x.ndim)] == 1}
+        named = {normalize_dim(d, x.ndim) for d in ds} if x.ndim else set()
+        drop = {d for d in named if x.size[d] == 1}
     out = [s for i, s in enumerate(x.size) if i not in drop]
     xs = iter(xsyms(len(out)))
     index = [sympy.Integer(0) if i in drop else next(xs) for i in range(x.ndim)]
     return _view(ctx, x, out, index)
 
 
-@register_lowering(aten.slice)
+@register_lowering(aten.slice.Tensor)
 def slice_(ctx: LowerCtx, x: TensorValue, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorValue:
+    """Python slice semantics: negative start/end count from the end, both clamp."""
+    if step <= 0:
+        raise CoilError(f"slice: step must be positive, got {step}")
     dim = normalize_dim(dim, x.ndim)
-    n = x.size[dim]
-    begin, stop, stride = slice(start, end, step).indices(n)
-    length = len(range(begin, stop, stride))
+    begin, stop, stride = slice(start, end, step).indices(x.size[dim])
     out = list(x.size)
-    out[dim] = length
-    xs = xsyms(len(out))
-    index = list(xs)
-    index[dim] = begin + stride * xs[dim]
+    out[dim] = len(range(begin, stop, stride))
+    index = list(xsyms(len(out)))
+    index[dim] = begin + stride * index[dim]
     return _view(ctx, x, out, index)
 
 
-@register_lowering(aten.select)
+@register_lowering(aten.select.int)
 def select(ctx: LowerCtx, x: TensorValue, dim: int, index: int) -> TensorValue:
     dim = normalize_dim(dim, x.ndim)
     n = x.size[dim]
@@ -141,26 +164,111 @@ def select(ctx: LowerCtx, x: TensorValue, dim: int, index: int) -> TensorValue:
     return _view(ctx, x, out, idx)
 
 
-@register_lowering(aten.alias, aten.detach, aten.lift_fresh)
+@register_lowering(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
 def alias(ctx: LowerCtx, x: TensorValue) -> TensorValue:
     return _view(ctx, x, x.size, xsyms(x.ndim))
 
 
-@register_lowering(aten.split, aten.split_with_sizes)
+def _split_sizes(sizes: Any, n: int) -> list[int]:
+    """split(x, k) gives chunks of k and a shorter last one; torch returns one
+    (empty) chunk for an empty dim."""
+    if isinstance(sizes, int):
+        if sizes <= 0:
+            raise CoilError(f"split: split_size must be positive, got {sizes}")
+        return [min(sizes, n - s) for s in range(0, n, sizes)] or [0]
+    out = [int(s) for s in sizes]
+    if sum(out) != n:
+        raise CoilError(f"split_with_sizes: {out} does not sum to {n}")
+    return out
+
+
+@register_lowering(aten.split.Tensor, aten.split.sizes, aten.split_with_sizes.default,
+                   aten.unsafe_split.Tensor, aten.unsafe_split_with_sizes.default)
 def split(ctx: LowerCtx, x: TensorValue, sizes: Any, dim: int = 0) -> tuple[TensorValue, ...]:
     dim = normalize_dim(dim, x.ndim)
-    n = x.size[dim]
-    if isinstance(sizes, int):
-        sizes = [min(sizes, n - s) for s in range(0, n, sizes)] or [0]
     outs = []
     start = 0
-    for s in sizes:
+    for s in _split_sizes(sizes, x.size[dim]):
         outs.append(slice_(ctx, x, dim, start, start + s, 1))
         start += s
     return tuple(outs)
 
 
-@register_lowering(aten.unbind)
+@register_lowering(aten.unbind.int)
 def unbind(ctx: LowerCtx, x: TensorValue, dim: int = 0) -> tuple[TensorValue, ...]:
     dim = normalize_dim(dim, x.ndim)
     return tuple(select(ctx, x, dim, i) for i in range(x.size[dim]))
+
+
+@register_lowering(aten.diagonal.default)
+def diagonal(ctx: LowerCtx, x: TensorValue, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorValue:
+    """The other dims in order, then the diagonal: out[..., k] = x[.., k + max(-offset, 0), .., k + max(offset, 0), ..]."""
+    d1, d2 = normalize_dim(dim1, x.ndim), normalize_dim(dim2, x.ndim)
+    if d1 == d2:
+        raise CoilError("diagonal: dim1 and dim2 must differ")
+    row, col = max(-offset, 0), max(offset, 0)
+    length = max(min(x.size[d1] - row, x.size[d2] - col), 0)
+    rest = [d for d in range(x.ndim) if d not in (d1, d2)]
+    out = [x.size[d] for d in rest] + [length]
+    xs = xsyms(len(out))
+    index: list[sympy.Expr] = [sympy.Integer(0)] * x.ndim
+    for i, d in enumerate(rest):
+        index[d] = xs[i]
+    index[d1] = xs[-1] + row
+    index[d2] = xs[-1] + col
+    return _view(ctx, x, out, index)
+
+
+@register_lowering(aten.unfold.default)
+def unfold(ctx: LowerCtx, x: TensorValue, dimension: int, size: int, step: int) -> TensorValue:
+    """Windows of `size` every `step` along `dimension`, the window as a new last dim."""
+    if x.ndim == 0:
+        return _view(ctx, x, (size,), ())
+    d = normalize_dim(dimension, x.ndim)
+    if size > x.size[d] or step <= 0:
+        raise CoilError(f"unfold: size {size} / step {step} do not fit dim of size {x.size[d]}")
+    out = list(x.size)
+    out[d] = (x.size[d] - size) // step + 1
+    out.append(size)
+    xs = xsyms(len(out))
+    index: list[sympy.Expr] = list(xs[: x.ndim])
+    index[d] = xs[d] * step + xs[-1]
+    return _view(ctx, x, out, index)
+
+
+# ---- the *_copy variants: the same remap, then a copy ------------------------------------
+
+
+def _copy(ctx: LowerCtx, v: TensorValue) -> TensorValue:
+    return ctx.pointwise(v.size, v.load(xsyms(v.ndim)), v.dtype)
+
+
+def _copying(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def lowering(ctx: LowerCtx, *args: Any, **kwargs: Any) -> Any:
+        out = fn(ctx, *args, **kwargs)
+        return tuple(_copy(ctx, o) for o in out) if isinstance(out, tuple) else _copy(ctx, out)
+
+    lowering.__name__ = fn.__name__ + "_copy"
+    return lowering
+
+
+for _copy_op, _view_fn in [
+    (aten.view_copy.default, view),
+    (aten.permute_copy.default, permute),
+    (aten.transpose_copy.int, transpose),
+    (aten.t_copy.default, t),
+    (aten.expand_copy.default, expand),
+    (aten.unsqueeze_copy.default, unsqueeze),
+    (aten.squeeze_copy.default, squeeze),
+    (aten.squeeze_copy.dim, squeeze),
+    (aten.squeeze_copy.dims, squeeze),
+    (aten.slice_copy.Tensor, slice_),
+    (aten.select_copy.int, select),
+    (aten.alias_copy.default, alias),
+    (aten.split_copy.Tensor, split),
+    (aten.split_with_sizes_copy.default, split),
+    (aten.unbind_copy.int, unbind),
+    (aten.diagonal_copy.default, diagonal),
+    (aten.unfold_copy.default, unfold),
+]:
+    register_lowering(_copy_op)(_copying(_view_fn))

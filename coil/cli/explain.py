@@ -1,0 +1,53 @@
+"""`coil explain FILE.py:FN [--target T] [--out DIR]`: the seed's tables for a user's
+function (realize and why, read_writes, fusion decisions, last_usage, frees, reuse,
+peak) and the buffer-lifetime chart, written to DIR/lifetimes.png.
+
+FILE.py defines FN and its example inputs: `FN_inputs` or `example_inputs`, each a
+tuple/list of tensors or a function returning one.  The function is traced with
+make_fx; the pipeline runs through `wrap` (kernel source is `coil demo`'s and
+debug_dir's business, so no kernel backend is needed)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from coil.cli.common import USAGE_ERROR, describe_inputs, fx_listing, ir_of, load_function, run_stages, trace
+from coil.errors import CoilError
+from coil.ir.buffers import BufferGraph
+from coil.ir.memory import MemoryPlan
+from coil.ir.printer import show
+from coil.ir.wrapper import WrapperProgram
+from coil.options import TARGETS, Options
+from coil.passes.pipeline import default_pipeline
+from coil.report import full_report, lifetime_chart, section
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="FILE.py:FN", help="the file and the function in it to explain")
+    parser.add_argument("--target", choices=TARGETS, default="auto",
+                        help="kernel target whose names the tables use (default: auto)")
+    parser.add_argument("--out", default="coil_explain", metavar="DIR",
+                        help="where lifetimes.png goes (default: ./coil_explain/)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        fn, inputs = load_function(args.spec)
+        gm = trace(fn, inputs)
+    except CoilError as e:
+        print(f"coil explain: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    options = Options.from_env().replace(target=args.target)
+    stages = run_stages(default_pipeline(), gm, inputs, options, until="wrap")
+    bg, plan = ir_of(stages, BufferGraph), ir_of(stages, MemoryPlan)
+    name = getattr(fn, "__name__", args.spec)
+    print(f"coil explain {args.spec}: {name}({describe_inputs(inputs)})\n")
+    print(section("FX graph (make_fx)", fx_listing(gm)))
+    print(full_report(bg, plan))
+    print(section("wrapper (wrap): allocations, calls, dels", show(ir_of(stages, WrapperProgram))))
+    os.makedirs(args.out, exist_ok=True)
+    path = lifetime_chart(plan, os.path.join(args.out, "lifetimes.png"), title=f"{name}: buffer lifetimes")
+    print(f"lifetime chart: {path}")
+    return 0

@@ -1,0 +1,24 @@
+"""Shared fixtures.  Triton kernels run on CPU tensors through the interpreter, so
+TRITON_INTERPRET must be set before triton is first imported."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+
+def seed_fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The seed's function."""
+    return ((a + b) * c.relu()).sum(dim=-1)
+
+
+@pytest.fixture
+def seed_graph() -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    inputs = [torch.randn(64, 128) for _ in range(3)]
+    return make_fx(seed_fn)(*inputs), inputs

@@ -1,0 +1,163 @@
+"""fuse, plan_memory and wrap: the facts issue 3 names, with golden text for the
+seed's example."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import coil
+from coil.ir.fused import FusedKernel
+from coil.ir.printer import show
+from coil.ir.wrapper import Alloc, Free, KernelCall, Return
+from golden_util import assert_golden
+from tests_helpers import compile_ref, run_until, trace
+
+
+def test_seed_back_half_golden(seed_graph):
+    gm, inputs = seed_graph
+    opts = coil.Options(target="reference")
+    p = coil.default_pipeline()
+    assert_golden("seed_fused.txt", show(p.run(gm, inputs, until="fuse", options=opts)))
+    assert_golden("seed_plan.txt", show(p.run(gm, inputs, until="plan_memory", options=opts)))
+    assert_golden("seed_wrapper.txt", show(p.run(gm, inputs, until="wrap", options=opts)))
+
+
+def test_seed_wrapper_shape(seed_graph):
+    gm, inputs = seed_graph
+    w = coil.default_pipeline().run(gm, inputs, until="wrap", options=coil.Options(target="reference"))
+    kinds = [type(ln).__name__ for ln in w.lines]
+    assert kinds == ["Alloc", "KernelCall", "Free", "Free", "Free", "Return"]
+    assert w.lines[0] == Alloc("buf0", w.lines[0].layout) and w.lines[0].layout.size == (64,)
+    assert isinstance(w.lines[1], KernelCall) and w.lines[1].args == ("a_1", "b_1", "c_1", "buf0")
+    assert [ln.name for ln in w.lines[2:5]] == ["a_1", "b_1", "c_1"]
+    assert all(isinstance(ln, Free) and ln.kind == "input" for ln in w.lines[2:5])
+    assert w.lines[-1] == Return(("buf0",))
+    compiled = coil.compile_graph(gm, inputs, coil.Options(target="reference"))
+    assert "args.clear()" in compiled.source and "return (buf0,)" in compiled.source
+    torch.testing.assert_close(compiled(*inputs)[0], ((inputs[0] + inputs[1]) * inputs[2].relu()).sum(-1))
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("softmax", lambda x: torch.softmax(x, -1)),
+    ("log_softmax", lambda x: torch.log_softmax(x, -1)),
+    ("layer_norm", lambda x: torch.nn.functional.layer_norm(x, (32,))),
+])
+def test_one_kernel(name, fn):
+    inputs = [torch.randn(16, 32)]
+    s = run_until(fn, inputs, "fuse")
+    assert len(s.steps) == 1 and isinstance(s.steps[0], FusedKernel), show(s)
+    torch.testing.assert_close(compile_ref(fn, inputs)(*inputs)[0], fn(*inputs))
+
+
+def test_horizontal_fusion_of_two_reductions():
+    def fn(x):
+        return x.sum(-1), x.amax(-1)
+
+    inputs = [torch.randn(16, 32)]
+    s = run_until(fn, inputs, "fuse")
+    assert len(s.kernels) == 1 and len(s.kernels[0].nodes) == 2
+    assert any(d.direction == "horizontal" and d.verdict == "fused" for d in s.fusion_log)
+    got = compile_ref(fn, inputs)(*inputs)
+    for a, b in zip(got, fn(*inputs)):
+        torch.testing.assert_close(a, b)
+
+
+def test_kernel_internal_buffer_is_never_allocated():
+    def fn(x):
+        return x - x.amax(-1, keepdim=True)  # amax is realized, read only by the sub
+
+    inputs = [torch.randn(16, 32)]
+    w = run_until(fn, inputs, "wrap")
+    assert w.plan.removed == frozenset({"buf0"})
+    allocated = {ln.name for ln in w.lines if isinstance(ln, Alloc)}
+    assert allocated == {"buf1"}
+    (call,) = [ln for ln in w.lines if isinstance(ln, KernelCall)]
+    assert "buf0" not in call.args
+    torch.testing.assert_close(compile_ref(fn, inputs)(*inputs)[0], fn(*inputs))
+
+
+def test_illegal_fusion_is_logged_with_its_rule():
+    def fn(x):
+        y = x * 2  # an output, so realized
+        return y, y.t() + 1, x.sum(0)  # the second reads y transposed
+
+    inputs = [torch.randn(16, 16)]
+    s = run_until(fn, inputs, "fuse")
+    illegal = {d.reason.split(":")[0] for d in s.fusion_log if d.verdict == "illegal"}
+    assert "index" in illegal, show(s)
+    for a, b in zip(compile_ref(fn, inputs)(*inputs), fn(*inputs)):
+        torch.testing.assert_close(a, b)
+
+
+def _two_big(x, y, w1, w2):
+    a = (x.unsqueeze(2) + x.unsqueeze(0)).exp()  # 64*64*64 float32 = 1 MiB
+    b = (y.unsqueeze(2) * y.unsqueeze(0)).sin()  # another 1 MiB
+    return torch.mm(a.reshape(64, 4096), w1), torch.mm(b.reshape(64, 4096), w2)
+
+
+def test_reorder_for_peak_memory_lowers_the_peak():
+    inputs = [torch.randn(64, 64), torch.randn(64, 64), torch.randn(4096, 8), torch.randn(4096, 8)]
+    kept = run_until(_two_big, inputs, "plan_memory", reorder_for_peak_memory=False)
+    best = run_until(_two_big, inputs, "plan_memory", reorder_for_peak_memory=True)
+    mib = 64 * 64 * 64 * 4
+    ins = 2 * 64 * 64 * 4 + 2 * 4096 * 8 * 4
+    # natural order: a and b both alive while x and y are gone
+    assert kept.peak_bytes == ins + 2 * mib - 64 * 64 * 4
+    # reordered: a is consumed by its mm before b is born
+    assert best.peak_bytes == ins + mib
+    assert best.strategy in ("lpmf", "dfs") and dict(best.candidates)["original"] == kept.peak_bytes
+    compiled = compile_ref(_two_big, inputs)
+    for a, b in zip(compiled(*inputs), _two_big(*inputs)):
+        torch.testing.assert_close(a, b)
+
+
+def test_reuse_of_a_dead_buffer():
+    inputs = [torch.randn(64, 64), torch.randn(64, 64), torch.randn(4096, 8), torch.randn(4096, 8)]
+    w = run_until(_two_big, inputs, "wrap")
+    src = compile_ref(_two_big, inputs).source
+    reuses = [ps.reuses for ps in w.plan.steps if ps.reuses]
+    assert reuses == [(("buf1", "buf0"),)]
+    assert "buf1 = buf0; del buf0  # reuse" in src
+
+
+def test_sanitize_keeps_results():
+    def fn(x, y):
+        a = (x @ y).relu()
+        return (a * 2).sum(-1), torch.softmax(a, -1)
+
+    inputs = [torch.randn(8, 16), torch.randn(16, 12)]
+    compiled = compile_ref(fn, inputs, sanitize=True)
+    assert "poison(" in compiled.source
+    for a, b in zip(compiled(*inputs), fn(*inputs)):
+        torch.testing.assert_close(a, b)
+
+
+def test_2000_node_chain_compiles_in_seconds():
+    def fn(x):
+        y = x
+        for _ in range(1000):
+            y = y - y.amax(-1, keepdim=True) * 0.5
+        return y
+
+    inputs = [torch.randn(4, 8)]
+    gm = trace(fn, *inputs)
+    t0 = time.perf_counter()
+    w = coil.default_pipeline().run(gm, inputs, until="wrap", options=coil.Options(target="reference", verify=False))
+    elapsed = time.perf_counter() - t0
+    assert len(w.plan.schedule.graph.nodes) == 2000
+    assert elapsed < 30, f"{elapsed:.1f} s"
+    assert len(w.plan.schedule.kernels) <= 2000 // 64 + 2
+
+
+def test_inputs_of_other_shapes_are_rejected(seed_graph):
+    gm, inputs = seed_graph
+    compiled = coil.compile_graph(gm, inputs, coil.Options(target="reference"))
+    with pytest.raises(coil.CoilError, match="compiled for float32\\[64, 128\\]"):
+        compiled(torch.randn(64, 64), *inputs[1:])
+    with pytest.raises(coil.CoilError, match="strides"):
+        compiled(torch.randn(128, 64).t(), *inputs[1:])
+    with pytest.raises(coil.CoilError, match="3 inputs"):
+        compiled(*inputs[:2])

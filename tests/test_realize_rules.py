@@ -1,0 +1,130 @@
+"""realize's triggers, each a named rule stored on the buffer it realizes."""
+
+from __future__ import annotations
+
+import torch
+
+import coil
+from coil.ir.buffers import AliasBuffer, ComputedBuffer, ExternBuffer
+from coil.backends.reference import run_buffer_graph
+from tests_helpers import run_until, trace
+
+
+def _rules(bg) -> dict[str, str]:
+    return {b.name: b.rule for b in bg.buffers}
+
+
+def _row(bg, fx: str):
+    return next(r for r in bg.realize_table if r.fx_node == fx)
+
+
+def test_two_nontrivial_reads_two_consumers_realized():
+    def fn(x, y):
+        s = x * y  # two nontrivial reads
+        return (s + 1).sum(-1), (s * 2).amax(-1)
+
+    inputs = [torch.randn(8, 16), torch.randn(8, 16)]
+    bg = run_until(fn, inputs, "realize")
+    row = _row(bg, "mul")
+    assert row.realized and row.rule == "reuse"
+    assert isinstance(bg.get(row.buffer), ComputedBuffer)
+    for got, want in zip(run_buffer_graph(bg, inputs), fn(*inputs)):
+        torch.testing.assert_close(got, want)
+
+
+def test_single_read_inlined_into_both_consumers():
+    def fn(x):
+        s = x.exp()  # one read: cheap to recompute
+        return (s + 1).sum(-1), (s * 2).amax(-1)
+
+    inputs = [torch.randn(8, 16)]
+    bg = run_until(fn, inputs, "realize")
+    row = _row(bg, "exp")
+    assert not row.realized
+    # the exp body appears in both reductions
+    holders = [b for b in bg.buffers if isinstance(b, ComputedBuffer) and "exp" in b.origins]
+    assert len(holders) == 2
+    assert row.rule.startswith("inlined into ")
+    assert set(row.rule.removeprefix("inlined into ").split(", ")) == {b.name for b in holders}
+
+
+def test_reduction_with_reader_is_realized():
+    def fn(x):
+        return x - x.amax(-1, keepdim=True)
+
+    bg = run_until(fn, [torch.randn(4, 8)], "realize")
+    assert _row(bg, "amax").rule == "reduction"
+    assert _rules(bg)["buf1"] == "output"
+
+
+def test_extern_input_is_realized():
+    def fn(x, w):
+        return torch.mm(x.relu(), w)
+
+    bg = run_until(fn, [torch.randn(4, 8), torch.randn(8, 3)], "realize")
+    relu = _row(bg, "relu")
+    assert relu.realized and relu.rule == "extern_input"
+    assert isinstance(bg.get("buf1"), ExternBuffer) and bg.get("buf1").rule == "extern"
+
+
+def test_opcount_threshold_rule():
+    def fn(x):
+        y = x
+        for _ in range(12):
+            y = y.sin() * 1.5 + 0.25
+        return y.sum(-1), y.amax(-1)
+
+    inputs = [torch.randn(4, 8)]
+    bg = run_until(fn, inputs, "realize", realize_opcount_threshold=10)
+    assert "opcount_threshold" in _rules(bg).values()
+    bg_default = run_until(fn, inputs, "realize", realize_opcount_threshold=1000)
+    assert "opcount_threshold" not in _rules(bg_default).values()
+
+
+def test_reads_threshold_rule():
+    def fn(x):
+        y = x[:, 0:1] + x[:, 1:2] + x[:, 2:3] + x[:, 3:4] + x[:, 4:5] + x[:, 5:6]  # six scalar-ish reads
+        return y.sum(-1), y.amax(-1)
+
+    inputs = [torch.randn(4, 8)]
+    bg = run_until(fn, inputs, "realize", realize_reads_threshold=4)
+    assert "reads_threshold" in _rules(bg).values() or "reuse" in _rules(bg).values()
+
+
+def test_strided_output_view_is_an_alias():
+    def fn(x):
+        y = x * 2
+        return y, y.t()
+
+    inputs = [torch.randn(4, 8)]
+    bg = run_until(fn, inputs, "realize")
+    alias = [b for b in bg.buffers if isinstance(b, AliasBuffer)]
+    assert len(alias) == 1 and alias[0].rule == "output_view" and alias[0].layout.stride == (1, 8)
+    for got, want in zip(run_buffer_graph(bg, inputs), fn(*inputs)):
+        torch.testing.assert_close(got, want)
+
+
+def test_mutation_realizes_reader_that_is_still_needed():
+    def fn(x, y):
+        z = x + y  # reads x; read again after x is mutated
+        torch.ops.aten.mul_.Tensor(x, 2.0)
+        return z * 3, x
+
+    inputs = [torch.randn(4, 8), torch.randn(4, 8)]
+    gm = trace(fn, *[t.clone() for t in inputs])
+    bg = coil.default_pipeline().run(gm, inputs, until="realize", options=coil.Options(target="reference"))
+    assert _row(bg, "add").rule == "mutation"
+    ref_inputs = [t.clone() for t in inputs]
+    got = run_buffer_graph(bg, ref_inputs)
+    want = fn(*[t.clone() for t in inputs])
+    torch.testing.assert_close(got[0], want[0])
+
+
+def test_views_fold_into_index():
+    def fn(x):
+        return (x.t()[1:, ::2] * 2).sum(0)
+
+    inputs = [torch.randn(6, 8)]
+    bg = run_until(fn, inputs, "realize")
+    assert len(bg.buffers) == 1
+    assert _row(bg, "t").rule.startswith("index_remap")

@@ -1,0 +1,29 @@
+"""Small helpers shared by test modules."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import coil
+from conftest import seed_fn
+
+
+def seed_eager(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    return seed_fn(*inputs)
+
+
+def trace(fn: Callable[..., Any], *inputs: torch.Tensor) -> torch.fx.GraphModule:
+    return make_fx(fn)(*inputs)
+
+
+def run_until(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], stage: str, **options: Any) -> Any:
+    opts = coil.Options(**{"target": "reference", **options})
+    return coil.default_pipeline().run(trace(fn, *inputs), list(inputs), until=stage, options=opts)
+
+
+def compile_ref(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], **options: Any) -> Any:
+    opts = coil.Options(**{"target": "reference", **options})
+    return coil.compile_graph(trace(fn, *inputs), list(inputs), opts)
