@@ -4,7 +4,6 @@ verifies, traces and dumps.  `replace` and `insert_after` return new pipelines."
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -63,7 +62,6 @@ class Pipeline:
             options: Options | None = None) -> Any:
         """Run the stages in order; return the IR after stage `until` (the
         CompiledModule when None)."""
-        from coil.ir.printer import show
         from coil.ir.verify import verify
         from coil.passes.lower import FxGraph
 
@@ -90,13 +88,9 @@ class Pipeline:
                 except TypeError:
                     pass  # a user's stage may return a language coil does not know
             if options.debug_dir:
-                os.makedirs(options.debug_dir, exist_ok=True)
-                try:
-                    text = show(ir)
-                except TypeError:
-                    text = repr(ir)
-                with open(os.path.join(options.debug_dir, f"{i:02d}_{name}.txt"), "w") as f:
-                    f.write(text + "\n")
+                from coil.report import write_debug_dir
+
+                write_debug_dir(i, name, ir, options.debug_dir)
             if name == until:
                 return ir
         return ir

@@ -74,10 +74,15 @@ def buffer_graph(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Bu
     return bg
 
 
-def reference_runner(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    outs = run_buffer_graph(buffer_graph(gm, inputs), inputs)
+def run_buffers(bg: BufferGraph, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The reference interpreter's outputs, every one a tensor."""
+    outs = run_buffer_graph(bg, inputs)
     assert all(o is not None for o in outs), "a graph output came back as None"
     return tuple(o for o in outs if o is not None)
+
+
+def reference_runner(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return run_buffers(buffer_graph(gm, inputs), inputs)
 
 
 RUNNERS: dict[str, Runner] = {"buffers": reference_runner}
@@ -242,7 +247,7 @@ def check_case(case: OpCase, shape_kind: str, dtype: torch.dtype, runner: Runner
 
 
 def _p(name: str, fn: Callable[..., Any], make: MakeInputs, dtypes: tuple[torch.dtype, ...],
-       *targets: Any, shape_kinds: tuple[str, ...] = ("broadcast", "noncontig")) -> OpCase:
+       *targets: Any, shape_kinds: tuple[str, ...] = SHAPE_KINDS) -> OpCase:
     return OpCase(name, fn, make, dtypes, targets, shape_kinds)
 
 
@@ -438,8 +443,54 @@ CREATION_CASES: list[OpCase] = [
     _c("arange_float", lambda x: torch.arange(0.5, 3.0, 0.25), (F32,), aten.arange),
     _c("arange_float_inexact_step", lambda x: torch.arange(-1.0, 1.0, 0.3, dtype=x.dtype), FLOATS, aten.arange),
     _c("arange_plus_input", lambda x: x + torch.arange(x.shape[-1], dtype=x.dtype), NUMBERS, aten.arange, aten.add),
+    _c("arange_int32_float_args", lambda x: torch.arange(0.5, 5.7, 1.5, dtype=torch.int32), (F32,), aten.arange),
+    _c("arange_int64_float_args", lambda x: torch.arange(-2.5, 3, 1.5, dtype=torch.int64), (F32,), aten.arange),
+    _c("arange_float_dtype_int_args", lambda x: torch.arange(-3, 8, 2, dtype=x.dtype), FLOATS, aten.arange),
+    _c("fill", lambda x: torch.ops.aten.fill.Scalar(x, 1.5), ALL, aten.fill),
+    OpCase("fill_tensor", lambda v, x: torch.ops.aten.fill.Tensor(x, v), tensors("any", "any", dtypes={0: F64}),
+           NUMBERS, (aten.fill,), ("zerodim",)),
     _c("iota", lambda x: torch.ops.prims.iota(6, start=3, step=-2, dtype=torch.int64, device=x.device,
                                                requires_grad=False), (F32,), torch.ops.prims.iota),
     _c("iota_dtype", lambda x: torch.ops.prims.iota(5, start=1, step=2, dtype=x.dtype, device=x.device,
                                                      requires_grad=False), INTS, torch.ops.prims.iota),
+]
+
+
+# ---- type promotion ----------------------------------------------------------------------
+# Each case pins its input dtypes (the table dtype is only a label) and has one
+# result dtype, which tests state explicitly besides comparing with eager.
+
+
+def _promo(name: str, fn: Callable[..., Any], domains: tuple[str, ...], pinned: dict[int, torch.dtype],
+           *targets: Any, shape_kinds: tuple[str, ...] = ("broadcast", "noncontig")) -> OpCase:
+    return OpCase(name, fn, tensors(*domains, dtypes=pinned), (pinned[0],), targets, shape_kinds)
+
+
+PROMOTION_CASES: list[OpCase] = [
+    _promo("int32_plus_float_scalar", lambda x: x + 2.5, ("any",), {0: I32}, aten.add),
+    _promo("int64_times_float_scalar", lambda x: x * 0.5, ("any",), {0: I64}, aten.mul),
+    _promo("bool_plus_int_scalar", lambda x: x + 3, ("bool",), {0: BOOL}, aten.add),
+    _promo("f16_plus_float_scalar", lambda x: x + 1e-3, ("any",), {0: F16}, aten.add),
+    _promo("int32_plus_int64", torch.add, ("any", "any"), {0: I32, 1: I64}, aten.add),
+    _promo("f16_plus_f32", torch.add, ("any", "any"), {0: F16, 1: F32}, aten.add),
+    _promo("bf16_plus_f16", torch.add, ("any", "any"), {0: BF16, 1: F16}, aten.add),
+    _promo("bool_plus_int32", torch.add, ("bool", "any"), {0: BOOL, 1: I32}, aten.add),
+    _promo("int32_plus_f64", torch.add, ("any", "any"), {0: I32, 1: F64}, aten.add),
+    _promo("zerodim_f64_plus_f16", torch.add, ("any", "any"), {0: F64, 1: F16}, aten.add, shape_kinds=("zerodim",)),
+    _promo("zerodim_f32_plus_int32", torch.add, ("any", "any"), {0: F32, 1: I32}, aten.add, shape_kinds=("zerodim",)),
+    _promo("zerodim_int64_plus_int32", torch.add, ("any", "any"), {0: I64, 1: I32}, aten.add, shape_kinds=("zerodim",)),
+    _promo("zerodim_int64_times_bool", torch.mul, ("any", "bool"), {0: I64, 1: BOOL}, aten.mul, shape_kinds=("zerodim",)),
+    _promo("div_int32_int32", torch.div, ("any", "nonzero"), {0: I32, 1: I32}, aten.div),
+    _promo("div_int64_scalar", lambda x: x / 3, ("any",), {0: I64}, aten.div),
+    _promo("floor_div_int32_int64", lambda x, y: torch.div(x, y, rounding_mode="floor"), ("any", "nonzero"),
+           {0: I32, 1: I64}, aten.div),
+    _promo("exp_int64", torch.exp, ("unit",), {0: I64}, aten.exp),
+    _promo("sqrt_bool", torch.sqrt, ("bool",), {0: BOOL}, aten.sqrt),
+    _promo("pow_int32_f32", torch.pow, ("positive", "unit"), {0: I32, 1: F32}, aten.pow),
+    _promo("pow_bool_scalar", lambda x: torch.pow(x, 2), ("bool",), {0: BOOL}, aten.pow),
+    _promo("where_int32_f16", torch.where, ("bool", "any", "any"), {0: BOOL, 1: I32, 2: F16}, aten.where),
+    _promo("eq_int32_f32", torch.eq, ("few", "few"), {0: I32, 1: F32}, aten.eq),
+    _promo("clamp_int32_f32_bounds", torch.clamp, ("any", "any", "any"), {0: I32, 1: F32, 2: F32}, aten.clamp),
+    _promo("maximum_f16_zerodim_f32", torch.maximum, ("few", "few"), {0: F32, 1: F16}, aten.maximum,
+           shape_kinds=("zerodim",)),
 ]

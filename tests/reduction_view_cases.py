@@ -225,3 +225,153 @@ VIEW_CASES: list[OpCase] = [
     _v("unsqueeze_copy", _twice(lambda x: torch.ops.aten.unsqueeze_copy(x, 1)), [(4, 6)], aten.unsqueeze_copy),
     _v("split_copy", _twice(lambda x: torch.ops.aten.split_copy(x, 2, 1)), [(4, 6)], aten.split_copy),
 ]
+
+
+# ---- decompositions ------------------------------------------------------------------------
+# Ops with no lowering of their own, which `lower` decomposes (torch._decomp) into
+# pointwise ops and reductions, plus the prims that torch._refs decompositions emit.
+# As for reductions, `s = x + y` is a (4, 5, 6) broadcast or a (4, 6) sum of
+# non-contiguous inputs; parameters of the last dim's size come from rows of y.
+# DECOMP_EXTERNS names the only Extern kernels a case may keep: gather and scatter
+# read at data-dependent indices, which a loop body cannot express.
+
+def _d(name: str, fn: Callable[..., Any], dtypes: tuple[torch.dtype, ...], *targets: Any,
+       domain: str = "any", n: int = 2) -> OpCase:
+    return OpCase(name, fn, tensors(*([domain] * n)), dtypes, targets, ("broadcast", "noncontig"))
+
+
+def _target_of(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Class indices for nll_loss on `s` (dim 1 holds the classes), drawn from x."""
+    return (x.select(1, 0).abs() * 100).to(torch.int64) % s.shape[1]
+
+
+def _layer_norm_backward(x: torch.Tensor, y: torch.Tensor) -> Any:
+    s = x + y
+    w, b = y[0] * 0.5 + 1, y[-1]
+    out, mean, rstd = torch.ops.aten.native_layer_norm(s, [s.shape[-1]], w, b, 1e-5)
+    return torch.ops.aten.native_layer_norm_backward(out * x, s, [s.shape[-1]], mean, rstd, w, b, [True, True, True])
+
+
+def _nll_backward(x: torch.Tensor, y: torch.Tensor) -> Any:
+    s = (x + y).log_softmax(1)
+    t = _target_of(x, s)
+    total = torch.scalar_tensor(float(t.numel()))
+    return torch.ops.aten.nll_loss_backward(torch.scalar_tensor(0.5), s, t, None, 1, -100, total)
+
+
+def _group_norm(x: torch.Tensor, y: torch.Tensor) -> Any:
+    s = (x + y).reshape(2, 6, -1)  # (N, C, L): 2 groups of 3 channels
+    return torch.nn.functional.group_norm(s, 2, torch.arange(6.0) * 0.1 + 1, torch.arange(6.0) - 2)
+
+
+def _batch_norm_eval(x: torch.Tensor, y: torch.Tensor) -> Any:
+    s = (x + y).reshape(2, 6, -1)
+    stats = torch.arange(6.0)
+    return torch.nn.functional.batch_norm(s, stats * 0.1, stats * 0.2 + 0.5, stats - 1, stats * 0.3, training=False)
+
+
+F = torch.nn.functional
+prims = torch.ops.prims
+
+DECOMP_CASES: list[OpCase] = [
+    # softmax family, forward and backward
+    _d("softmax", lambda x, y: torch.softmax(x + y, -1), (F32, F16), aten._softmax),
+    _d("softmax_dim0", lambda x, y: torch.softmax(x + y, 0), (F32, BF16), aten._softmax),
+    _d("softmax_half_to_float", lambda x, y: torch.softmax(x + y, -1, dtype=torch.float32), (F16, BF16),
+       aten._softmax),
+    _d("log_softmax", lambda x, y: torch.log_softmax(x + y, -1), (F32, F16), aten._log_softmax),
+    _d("log_softmax_dim0", lambda x, y: torch.log_softmax(x + y, 0), (F32, F64), aten._log_softmax),
+    _d("softmax_backward", lambda x, y: torch.ops.aten._softmax_backward_data(x + y, (x * y).softmax(-1), -1, x.dtype),
+       (F32, F64), aten._softmax_backward_data),
+    _d("log_softmax_backward",
+       lambda x, y: torch.ops.aten._log_softmax_backward_data(x + y, (x * y).log_softmax(-1), -1, x.dtype),
+       (F32, F64), aten._log_softmax_backward_data),
+    _d("logsumexp", lambda x, y: torch.logsumexp(x + y, -1), (F32, F64), aten.logsumexp),
+    # norms
+    _d("layer_norm", lambda x, y: F.layer_norm(x + y, (y.shape[-1],), y[0], y[-1]), (F32, F16),
+       aten.native_layer_norm),
+    _d("layer_norm_no_affine_two_dims", lambda x, y: F.layer_norm(x + y, (x + y).shape[-2:]), (F32, BF16),
+       aten.native_layer_norm),
+    _d("native_layer_norm_outputs", lambda x, y: torch.ops.aten.native_layer_norm(x + y, [y.shape[-1]], y[0], None, 1e-3),
+       (F32, F64), aten.native_layer_norm),
+    _d("layer_norm_backward", _layer_norm_backward, (F32, F64), aten.native_layer_norm_backward),
+    _d("group_norm", _group_norm, (F32, F64), aten.native_group_norm),
+    _d("batch_norm_eval", _batch_norm_eval, (F32, F64), aten._native_batch_norm_legit_no_training),
+    _d("vector_norm", lambda x, y: torch.linalg.vector_norm(x + y, 2, -1), (F32, F64), aten.linalg_vector_norm),
+    _d("std_mean_decomposed", lambda x, y: torch.std_mean(x + y, (0, -1), correction=0), (F32, F64), aten.std_mean),
+    # activations and their backward ops
+    _d("gelu_backward", lambda x, y: torch.ops.aten.gelu_backward(x, y), (F32, F64), aten.gelu_backward),
+    _d("gelu_tanh_backward", lambda x, y: torch.ops.aten.gelu_backward(x, y, approximate="tanh"), (F32, F64),
+       aten.gelu_backward),
+    _d("silu_backward", lambda x, y: torch.ops.aten.silu_backward(x, y), (F32, F16), aten.silu_backward),
+    _d("sigmoid_backward", lambda x, y: torch.ops.aten.sigmoid_backward(x, y.sigmoid()), (F32, F64),
+       aten.sigmoid_backward),
+    _d("tanh_backward", lambda x, y: torch.ops.aten.tanh_backward(x, y.tanh()), (F32, F64), aten.tanh_backward),
+    _d("threshold_backward", lambda x, y: torch.ops.aten.threshold_backward(x, y, 0.0), (F32, F64),
+       aten.threshold_backward),
+    _d("hardtanh", lambda x, y: F.hardtanh(x + y, -1.0, 1.5), (F32, BF16), aten.hardtanh),
+    _d("leaky_relu", lambda x, y: F.leaky_relu(x + y, 0.1), (F32, F16), aten.leaky_relu),
+    _d("elu", lambda x, y: F.elu(x + y), (F32, F64), aten.elu),
+    _d("softplus", lambda x, y: F.softplus(x + y), (F32, F64), aten.softplus),
+    _d("mish", lambda x, y: F.mish(x + y), (F32, F64), aten.mish),
+    _d("logsigmoid", lambda x, y: F.logsigmoid(x + y), (F32, F64), aten.log_sigmoid_forward),
+    _d("hardswish", lambda x, y: F.hardswish(x + y), (F32, F64), aten.hardswish),
+    _d("hardsigmoid", lambda x, y: F.hardsigmoid(x + y), (F32, F64), aten.hardsigmoid),
+    # losses
+    _d("mse_loss", lambda x, y: F.mse_loss(x + y, x * y), (F32, F64), aten.mse_loss),
+    _d("mse_loss_sum", lambda x, y: F.mse_loss(x + y, x * y, reduction="sum"), (F32, F64), aten.mse_loss),
+    _d("mse_loss_none", lambda x, y: F.mse_loss(x + y, x * y, reduction="none"), (F32, BF16), aten.mse_loss),
+    _d("nll_loss", lambda x, y: F.nll_loss((x + y).log_softmax(1), _target_of(x, x + y)), (F32, F64),
+       aten.nll_loss_forward),
+    _d("nll_loss_sum_ignore_index",
+       lambda x, y: F.nll_loss((x + y).log_softmax(1), _target_of(x, x + y), ignore_index=1, reduction="sum"),
+       (F32, F64), aten.nll_loss_forward),
+    _d("nll_loss_none", lambda x, y: F.nll_loss((x + y).log_softmax(1), _target_of(x, x + y), reduction="none"),
+       (F32, F64), aten.nll_loss_forward),
+    _d("nll_loss_backward", _nll_backward, (F32, F64), aten.nll_loss_backward),
+    # elementwise composites
+    _d("addcmul", lambda x, y: torch.addcmul(x, y, x * y, value=0.5), (F32, F16), aten.addcmul),
+    _d("addcdiv", lambda x, y: torch.addcdiv(x, y, x.abs() + 1, value=2), (F32, F64), aten.addcdiv),
+    _d("lerp", lambda x, y: torch.lerp(x, y, 0.3), (F32, F64), aten.lerp),
+    _d("masked_fill", lambda x, y: (x + y).masked_fill(x > y, -1.5), (F32, I32), aten.masked_fill),
+    _d("square", lambda x, y: torch.square(x + y), (F32, I64), aten.square),
+    _d("xlogy", lambda x, y: torch.xlogy(x, y), (F32, F64), aten.xlogy, domain="positive"),
+    _d("flip", lambda x, y: (x + y).flip(0, -1), (F32, I32), aten.flip),
+    _d("copy", lambda x, y: torch.ops.aten.copy(x * y, y.to(torch.float64)), (F32, I32), aten.copy),
+    # _to_copy: dtype casts (with a reduction after, which must read the cast inline)
+    _d("to_copy_float64_sum", lambda x, y: (x + y).to(torch.float64).sum(-1), (F32, F16), aten._to_copy),
+    _d("to_copy_half", lambda x, y: (x + y).to(torch.float16), (F32, I32), aten._to_copy),
+    _d("to_copy_int_to_bool", lambda x, y: (x * y).to(torch.bool), (F32, I64), aten._to_copy),
+    _d("to_copy_same_dtype", lambda x, y: (x + y).to(x.dtype, copy=True), (F32, BF16), aten._to_copy),
+    # prims, called directly (torch._refs decompositions emit them)
+    _d("prims_broadcast_in_dim_new_dim", lambda x, y: prims.broadcast_in_dim(y, [3, *y.shape], [1, 2]) * 2,
+       (F32, I32), prims.broadcast_in_dim),
+    _d("prims_broadcast_in_dim_grow", lambda x, y: prims.broadcast_in_dim(x, (x + y).shape, range(x.dim())) + y,
+       (F32, I32), prims.broadcast_in_dim),
+    _d("prims_sum", lambda x, y: prims.sum(x + y, [0, (x + y).dim() - 1]), (F32, F64), prims.sum),
+    _d("prims_sum_output_dtype", lambda x, y: prims.sum(x + y, None, output_dtype=torch.float64), (F32, F16),
+       prims.sum),
+    _d("prims_prod_amax_amin", lambda x, y: (prims.prod(x * y, [0]), prims.amax(x + y, [0]), prims.amin(x + y, None)),
+       (F32, I64), prims.prod, prims.amax, prims.amin, domain="nonzero"),
+    _d("prims_var", lambda x, y: prims.var(x + y, [0], 0.0), (F32, F64), prims.var),
+    _d("prims_var_correction1_all", lambda x, y: prims.var(x + y, None, 1.0), (F32, F64), prims.var),
+    _d("prims_div", lambda x: prims.div(x * 7 + 3, x), (F32, I32), prims.div, domain="nonzero", n=1),
+    _d("prims_where", lambda x: prims.where(x > 0, x * 2, x - 1), (F32, I32), prims.where, n=1),
+    _d("prims_squeeze", lambda x, y: prims.squeeze((x + y).unsqueeze(0).unsqueeze(-1), [0, -1]) * 2, (F32, I32),
+       prims.squeeze),
+    _d("prims_collapse_split_dim", lambda x, y: prims.split_dim(prims.collapse_view(x + y, 0, 1), 0, 2) * 2,
+       (F32, I32), prims.collapse_view, prims.split_dim),
+    _d("prims_transpose_rev", lambda x, y: prims.rev(prims.transpose(x + y, [1, 0, *range(2, (x + y).dim())]), [0]),
+       (F32, I32), prims.transpose, prims.rev),
+    _d("prims_elementwise", lambda x: prims.mul(prims.exp(prims.neg(x)), prims.sub(x, prims.abs(x))), (F32, F64),
+       prims.mul, prims.exp, prims.neg, prims.sub, prims.abs, n=1),
+    _d("prims_compare", lambda x: prims.lt(prims.maximum(x, x * 0.5), prims.minimum(x, x * 2.0)), (F32, F64),
+       prims.lt, prims.maximum, prims.minimum, n=1),
+]
+
+DECOMP_EXTERNS: dict[str, frozenset[str]] = {
+    "nll_loss": frozenset({"aten.gather.default"}),
+    "nll_loss_sum_ignore_index": frozenset({"aten.gather.default"}),
+    "nll_loss_none": frozenset({"aten.gather.default"}),
+    "nll_loss_backward": frozenset({"aten.scatter.value"}),
+}

@@ -1,0 +1,100 @@
+"""End to end through torch.compile(backend="coil")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import coil
+from conftest import seed_fn
+
+TARGETS = ["reference", "cpp", "triton"]
+
+
+def _available(target: str) -> bool:
+    from coil.passes.kernel_gen import backend_for
+
+    try:
+        backend_for(target)
+    except (ImportError, AttributeError, coil.CoilError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_through_torch_compile(target):
+    if not _available(target):
+        pytest.skip(f"{target} backend not built")
+    torch._dynamo.reset()
+    inputs = [torch.randn(64, 128) for _ in range(3)]
+    f = torch.compile(seed_fn, backend="coil", options={"target": target})
+    torch.testing.assert_close(f(*inputs), seed_fn(*inputs))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(32, 64)
+        self.ln = torch.nn.LayerNorm(64)
+        self.l2 = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.ln(self.l1(x)))
+        return torch.nn.functional.cross_entropy(self.l2(h), t)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mlp_forward_backward(target, monkeypatch):
+    if not _available(target):
+        pytest.skip(f"{target} backend not built")
+    torch._dynamo.reset()
+    compiled_graphs = []
+    import coil.backends.dynamo as dyn
+
+    real = dyn._graph_compiler
+
+    def spy(options, kind):
+        inner = real(options, kind)
+
+        def compile_one(gm, example_inputs):
+            compiled_graphs.append(kind)
+            return inner(gm, example_inputs)
+
+        return compile_one
+
+    monkeypatch.setattr(dyn, "_graph_compiler", spy)
+    torch.manual_seed(0)
+    eager, model = MLP(), MLP()
+    model.load_state_dict(eager.state_dict())
+    x, t = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    cm = torch.compile(model, backend="coil", options={"target": target})
+    want = eager(x, t)
+    want.backward()
+    got = cm(x, t)
+    got.backward()
+    torch.testing.assert_close(got, want)
+    for p_eager, p in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad, p_eager.grad, rtol=1e-4, atol=1e-5)
+    assert compiled_graphs == ["forward", "backward"]
+
+
+def test_inference_under_no_grad():
+    torch._dynamo.reset()
+    model = MLP()
+    x, t = torch.randn(4, 32), torch.randint(0, 10, (4,))
+    cm = torch.compile(model, backend="coil", options={"target": "reference"})
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x, t), model(x, t))
+
+
+def test_unknown_option_is_a_clear_error():
+    torch._dynamo.reset()
+    f = torch.compile(seed_fn, backend="coil", options={"no_such_option": 1})
+    with pytest.raises(Exception, match="unknown coil options"):
+        f(*[torch.randn(4, 4) for _ in range(3)])
+
+
+def test_backend_is_importable_as_coil_backend():
+    from coil.backends.dynamo import coil_backend
+
+    assert coil.backend is coil_backend

@@ -1,0 +1,87 @@
+"""Verifiers catch hand-corrupted IR and say which pass, node and rule."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from coil.ir.buffers import ComputedBuffer
+from coil.ir.expr import Load, Op
+from coil.ir.verify import VerifyError, verify
+from tests_helpers import run_until
+
+
+def _fn(x, y):
+    return (x + y).relu().sum(-1), x * 2
+
+
+def _ir(stage: str):
+    return run_until(_fn, [torch.randn(4, 8), torch.randn(4, 8)], stage)
+
+
+def test_lowered_duplicate_name():
+    g = _ir("lower")
+    bad = attrs.evolve(g, nodes=g.nodes + (g.nodes[-1],))
+    with pytest.raises(VerifyError, match=r"\[lower\].*L1 duplicate node name"):
+        verify(bad, "lower")
+
+
+def test_lowered_load_of_undefined_node():
+    g = _ir("lower")
+    pw = next(n for n in g.nodes if hasattr(n, "body"))
+    broken = attrs.evolve(pw, body=Op("add", (pw.body, Load("nope", (0, 0), torch.float32)), torch.float32))
+    bad = attrs.evolve(g, nodes=tuple(broken if n is pw else n for n in g.nodes))
+    with pytest.raises(VerifyError, match=f"{pw.name}: L2 loads nope, not defined before it"):
+        verify(bad, "lower")
+
+
+def test_buffers_load_of_later_buffer():
+    g = _ir("realize")
+    b0 = g.buffers[0]
+    assert isinstance(b0, ComputedBuffer)
+    later = g.buffers[-1].name
+    broken = attrs.evolve(b0, body=Op("add", (b0.body, Load(later, (0, 0), torch.float32)), torch.float32))
+    bad = attrs.evolve(g, buffers=(broken,) + g.buffers[1:])
+    with pytest.raises(VerifyError, match=f"buf0: B2 loads {later}, not an input or earlier buffer"):
+        verify(bad, "realize")
+
+
+def test_buffers_misnamed():
+    g = _ir("realize")
+    bad = attrs.evolve(g, buffers=(attrs.evolve(g.buffers[0], name="buf7"),) + g.buffers[1:])
+    with pytest.raises(VerifyError, match="B1 expected name buf0"):
+        verify(bad, "realize")
+
+
+def test_buffers_foreign_symbol():
+    g = _ir("realize")
+    b0 = g.buffers[0]
+    broken = attrs.evolve(b0, body=Load("x_1", (0, __import__("sympy").Symbol("r5")), torch.float32))
+    bad = attrs.evolve(g, buffers=(broken,) + g.buffers[1:])
+    with pytest.raises(VerifyError, match="B4 uses symbol r5 outside its loops"):
+        verify(bad, "realize")
+
+
+def test_schedule_out_of_order():
+    g = _ir("extract_deps")
+    assert len(g.nodes) >= 2
+    bad = attrs.evolve(g, nodes=tuple(reversed(g.nodes)))
+    with pytest.raises(VerifyError, match="S1 nodes do not match buffers"):
+        verify(bad, "extract_deps")
+
+
+def test_error_prints_the_ir_around_the_fault():
+    g = _ir("realize")
+    bad = attrs.evolve(g, buffers=(attrs.evolve(g.buffers[0], rule=""),) + g.buffers[1:])
+    with pytest.raises(VerifyError) as info:
+        verify(bad, "realize")
+    msg = str(info.value)
+    assert "B3 no realize rule" in msg and "  | " in msg and "buf0: ComputedBuffer" in msg
+
+
+def test_wrapper_invariant_failure_is_a_verify_error():
+    w = _ir("wrap")
+    lines = tuple(ln for ln in w.lines if type(ln).__name__ != "Alloc")
+    with pytest.raises(VerifyError, match="used before it is allocated"):
+        verify(attrs.evolve(w, lines=lines), "wrap")
