@@ -128,8 +128,10 @@ def _meta_arg(x: Any, vals: dict[str, Any]) -> Any:
     return x
 
 
-def decompose(node: torch.fx.Node, vals: dict[str, Any]) -> torch.fx.GraphModule:
-    """Trace the decomposition of one node on meta tensors into a small FX graph."""
+def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = None) -> torch.fx.GraphModule:
+    """Trace the decomposition of one node on meta tensors into a small FX graph.
+    Tensors the decomposition creates (`scalar_tensor(..., device=x.device)`) would
+    land on the meta device: they are moved to `device`, the graph's."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     flat, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
@@ -145,7 +147,11 @@ def decompose(node: torch.fx.Node, vals: dict[str, Any]) -> torch.fx.GraphModule
         return decomp(*a, **k)
 
     # no table: nested ops come back at aten level and go through `_lower_node` again
-    return make_fx(run)(*[metas[i] for i in tensor_pos])
+    gm = make_fx(run)(*[metas[i] for i in tensor_pos])
+    for n in gm.graph.nodes:
+        if device is not None and n.kwargs.get("device") == torch.device("meta"):
+            n.kwargs = {**n.kwargs, "device": torch.device(device)}
+    return gm
 
 
 def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals: dict[str, Any], depth: int) -> Any:
@@ -157,18 +163,22 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         return tuple(args)
     fn = LOWERINGS.get(target)
     if fn is not None:
-        log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)
-        return fn(ctx, *args, **kwargs)
+        mark = len(ctx.nodes)
+        out = fn(ctx, *args, **kwargs)
+        if out is not NotImplemented:
+            log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)
+            return out
+        del ctx.nodes[mark:]  # the lowering declined this call: try the next way
     if target in DECOMPOSITIONS and depth < 8:
         log.debug("lower %s: %s -> decomposition", node.name, target)
-        sub = decompose(node, vals)
+        sub = decompose(node, vals, ctx.device)
         flat_args = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorValue)]
-        return _lower_graph_into(ctx, sub, flat_args, depth + 1, keep_origin=True)
+        return _lower_graph_into(ctx, sub, flat_args, depth + 1)
     log.debug("lower %s: %s -> extern fallback", node.name, target)
     return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
 
 
-def _lower_graph_into(ctx: LowerCtx, gm: torch.fx.GraphModule, inputs: Sequence[Any], depth: int, keep_origin: bool) -> Any:
+def _lower_graph_into(ctx: LowerCtx, gm: torch.fx.GraphModule, inputs: Sequence[Any], depth: int) -> Any:
     vals = {n.name: n.meta["val"] for n in gm.graph.nodes if "val" in n.meta}
     env: dict[torch.fx.Node, Any] = {}
     it = iter(inputs)

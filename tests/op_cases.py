@@ -85,7 +85,19 @@ def reference_runner(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -
     return run_buffers(buffer_graph(gm, inputs), inputs)
 
 
-RUNNERS: dict[str, Runner] = {"buffers": reference_runner}
+def compiled_runner(target: str) -> Runner:
+    """The whole pipeline for `target`, then a call of the compiled function."""
+
+    def run(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        import coil
+
+        return tuple(coil.compile_graph(gm, inputs, Options(target=target))(*inputs))
+
+    return run
+
+
+RUNNERS: dict[str, Runner] = {"buffers": reference_runner, "triton": compiled_runner("triton"),
+                             "cpp": compiled_runner("cpp")}
 
 
 # ---- inputs ------------------------------------------------------------------------------
@@ -239,7 +251,8 @@ def check_case(case: OpCase, shape_kind: str, dtype: torch.dtype, runner: Runner
     assert len(actual) == len(expected), f"{case.name}: {len(actual)} outputs, eager gives {len(expected)}"
     for a, e in zip(actual, expected):
         tol = tolerances(e.dtype)
-        torch.testing.assert_close(a, e, equal_nan=True, msg=lambda m: f"{case.name} [{shape_kind}, {dtype}]: {m}", **tol)
+        torch.testing.assert_close(a, e, atol=tol.get("atol"), rtol=tol.get("rtol"), equal_nan=True,
+                                   msg=lambda m: f"{case.name} [{shape_kind}, {dtype}]: {m}")
     return Checked(gm, inputs, expected, actual)
 
 

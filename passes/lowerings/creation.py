@@ -25,7 +25,11 @@ Scalar = bool | int | float
 
 
 def _device(ctx: LowerCtx, device: Any) -> str:
-    return ctx.device if device is None else str(torch.device(device))
+    """`device=` as given; absent, or "meta" (a decomposition traced on meta tensors
+    names it, and no coil graph runs there), the graph's device."""
+    if device is None or torch.device(device).type == "meta":
+        return ctx.device
+    return str(torch.device(device))
 
 
 def _scalar_dtype(value: Scalar) -> torch.dtype:

@@ -310,7 +310,7 @@ def to_copy(ctx: LowerCtx, a: TensorValue, *, dtype: torch.dtype | None = None, 
             device: Any = None, pin_memory: Any = None, non_blocking: bool = False,
             memory_format: Any = None) -> TensorValue:
     if device is not None and torch.device(device).type != torch.device(a.device).type:
-        raise CoilError("_to_copy across devices is not lowered")
+        return NotImplemented  # a copy across devices runs as the aten op
     return _cast(ctx, a, a.dtype if dtype is None else dtype)
 
 

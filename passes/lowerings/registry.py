@@ -3,7 +3,8 @@
 A lowering is `fn(ctx, *args, **kwargs) -> TensorValue | tuple | scalar`; `args` are
 the FX node's arguments with each tensor replaced by a `TensorValue`.  It adds IR
 nodes through `ctx` (a `LowerCtx`, made fresh for each `lower` call: no global
-graph) and returns the value of the FX node.
+graph) and returns the value of the FX node, or NotImplemented (before adding any node) to
+decline a call it cannot take: `lower` then tries the decomposition, then an Extern.
 
     LOWERINGS[aten.add.Tensor] = fn        via @register_lowering(aten.add)
     register_pointwise(aten.exp, "exp")   one line per elementwise op
@@ -12,7 +13,7 @@ graph) and returns the value of the FX node.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import attrs
 import sympy
@@ -27,6 +28,7 @@ from coil.ir.lowered import LNode, Pointwise, Reduction, View
 aten = torch.ops.aten
 
 Lowering = Callable[..., Any]
+L = TypeVar("L", bound=Lowering)  # a lowering keeps its own signature through register_lowering
 LOWERINGS: dict[Any, Lowering] = {}
 
 HALF = (torch.float16, torch.bfloat16)
@@ -137,11 +139,11 @@ def _overloads(op: Any) -> list[Any]:
     return [op]
 
 
-def register_lowering(*ops: Any) -> Callable[[Lowering], Lowering]:
+def register_lowering(*ops: Any) -> Callable[[L], L]:
     """Register `fn` for each op: an overload as given, a packet for each of its
     overloads that returns tensors and has no `out=` argument."""
 
-    def deco(fn: Lowering) -> Lowering:
+    def deco(fn: L) -> L:
         for op in ops:
             for o in _overloads(op):
                 LOWERINGS[o] = fn
@@ -213,16 +215,6 @@ def out_size_of(args: Iterable[Any]) -> tuple[int, ...]:
     return broadcast_shapes(*sizes) if sizes else ()
 
 
-def device_of(args: Iterable[Any], default: str) -> str:
-    for a in args:
-        if is_tensor(a) and a.ndim > 0:
-            return a.device
-    for a in args:
-        if is_tensor(a):
-            return a.device
-    return default
-
-
 def make_pointwise_body(
     fn: Callable[..., Expr],
     args: Sequence[Any],
@@ -276,7 +268,7 @@ def register_pointwise(
 ) -> Lowering:
     """One elementwise aten op -> one `Op` node per element.  Logical ops read their
     inputs as bool (x != 0), as aten does, so their Op only ever sees bools."""
-    name = op_name or aten_op._opname  # type: ignore[union-attr]
+    name = op_name or aten_op._opname
     compute = torch.bool if name in LOGICAL else None
 
     def lowering(ctx: LowerCtx, *args: Any, **kwargs: Any) -> TensorValue:
