@@ -16,9 +16,11 @@ what it is given.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence, assert_never
+import re
+from typing import Any, Callable, Sequence
 
 import attrs
+from typing_extensions import assert_never
 
 from coil.ir.buffers import AliasBuffer, BufferGraph, ExternBuffer, InputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, NopStep, Step
@@ -34,13 +36,23 @@ MIB = 1 << 20
 
 
 def fmt_bytes(n: int) -> str:
-    """Bytes in the unit a person reads fastest (B, KiB, MiB, GiB)."""
+    """Bytes in the unit a person reads fastest: 256 B, 96.2 KiB, 1.25 MiB."""
+    if n < 1024:
+        return f"{n} B"
     value = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+    for unit in ("KiB", "MiB", "GiB"):
         value /= 1024
-    return f"{value:.2f} GiB"
+        if value < 1024 or unit == "GiB":
+            digits = 2 if value < 10 else 1 if value < 100 else 0
+            text = f"{value:.{digits}f}"
+            return f"{text.rstrip('0').rstrip('.') if '.' in text else text} {unit}"
+    raise AssertionError("unreachable")
+
+
+def fmt_mib(n: int) -> str:
+    """MiB with three decimals, or in scientific notation for tiny graphs."""
+    mib = n / MIB
+    return f"{mib:.3f} MiB" if mib >= 0.001 or n == 0 else f"{mib:.2e} MiB"
 
 
 def table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
@@ -49,8 +61,13 @@ def table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
     return "\n".join(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def names(xs: Sequence[str] | frozenset[str]) -> str:
-    return "{" + ", ".join(sorted(xs)) + "}"
+def natural_key(name: str) -> tuple[Any, ...]:
+    """buf2 before buf10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def names(xs: Sequence[str] | frozenset[str] | set[str]) -> str:
+    return "{" + ", ".join(sorted(xs, key=natural_key)) + "}"
 
 
 def section(title: str, body: str) -> str:
@@ -137,16 +154,20 @@ def fusion_report(s: FusedSchedule) -> str:
     for d in s.fusion_log:
         rows.append((str(d.round), d.direction, f"{d.node1} + {d.node2}", d.verdict, str(d.score), d.reason))
     log = table(rows) if len(rows) > 1 else "(no pair was considered: nothing to fuse)"
-    steps = [("step", "kind", "nodes")]
-    for i, st in enumerate(s.steps):
-        match st:
-            case FusedKernel():
-                steps.append((st.name, st.kind, ", ".join(st.nodes)))
-            case ExternStep():
-                steps.append((f"extern {st.name}", "extern", st.name))
-            case NopStep():
-                steps.append((f"nop {st.name}", "nop", st.name))
+    steps = [("step", "kind", "nodes"), *(_step_row(st) for st in s.steps)]
     return log + "\n\nresulting steps:\n" + table(steps, indent="  ")
+
+
+def _step_row(st: Step) -> tuple[str, str, str]:
+    match st:
+        case FusedKernel():
+            return (st.name, st.kind, ", ".join(st.nodes))
+        case ExternStep():
+            return (f"extern {st.name}", "extern", st.name)
+        case NopStep():
+            return (f"nop {st.name}", "nop", st.name)
+        case _:
+            assert_never(st)
 
 
 def last_usage_report(plan: MemoryPlan) -> str:
@@ -189,7 +210,7 @@ def peak_report(plan: MemoryPlan) -> str:
     where = "before any step (inputs only)" if at is None else f"at step {at} ({step_label(plan, plan.steps[at].step)})"
     cands = ", ".join(f"{n}={b} B" for n, b in plan.candidates) or "-"
     return (
-        f"peak {plan.peak_bytes} bytes ({plan.peak_bytes / MIB:.3f} MiB) {where}\n"
+        f"peak {plan.peak_bytes} bytes ({fmt_mib(plan.peak_bytes)}) {where}\n"
         f"order strategy: {plan.strategy}; candidates: {cands}"
     )
 

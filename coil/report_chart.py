@@ -23,7 +23,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MultipleLocator
 
 from coil.ir.memory import MemoryPlan
-from coil.report import Lifetime, fmt_bytes, peak_step, short_step_label, step_label
+from coil.report import Lifetime, fmt_bytes, natural_key, peak_step, short_step_label, step_label
 
 COLORS = {"input": "#4C72B0", "buffer": "#DD8452", "output": "#55A868", "view": "#B0B0B0"}
 LEGEND = {"input": "graph input", "buffer": "intermediate buffer", "output": "output (returned)",
@@ -47,10 +47,17 @@ def _byte_tick(top: int) -> int:
     return 1 << max(int(math.log2(top / 3)), 0) if top >= 3 else 1
 
 
-def _figure_size(n_steps: int, n_buffers: int) -> tuple[float, float]:
-    width = min(max(9.0, 1.25 * n_steps + 5.0), 40.0)
-    height = min(max(6.0, 0.42 * n_buffers + 4.5), 60.0)
-    return width, height
+# inches: per buffer row, for the live-bytes panel, and for title and step labels
+ROW, LIVE_PANEL, MARGINS = 0.4, 2.2, 3.0
+
+
+def _layout(n_steps: int, n_buffers: int) -> tuple[tuple[float, float], list[float]]:
+    """Figure size and the two panels' height ratios, in inches, so the live-bytes
+    panel keeps its height however many buffers there are.  Capped so a graph of
+    thousands of buffers still fits Agg's canvas."""
+    bars = min(max(n_buffers, 5) * ROW, 100.0)
+    width = min(max(10.0, 1.2 * n_steps + 5.0), 60.0)
+    return (width, bars + LIVE_PANEL + MARGINS), [bars, LIVE_PANEL]
 
 
 def _draw_bars(ax: Any, plan: MemoryPlan, lives: Sequence[Lifetime]) -> None:
@@ -85,7 +92,7 @@ def _draw_live(ax: Any, plan: MemoryPlan, lives: Sequence[Lifetime]) -> None:
     (what the caller is handed)."""
     n = len(plan.steps)
     inputs = sum(lt.nbytes for lt in lives if lt.kind == "input")
-    returned = sum(lt.nbytes for lt in lives if lt.kind == "output")
+    returned = sum(lt.nbytes for lt in lives if lt.freed is None)  # outputs, and inputs they alias
     xs = [-1, *range(n), n]
     live = [inputs, *(ps.live_bytes for ps in plan.steps), returned]
     ax.step(xs, live, where="mid", color="#333333", linewidth=1.5, zorder=3)
@@ -120,10 +127,17 @@ def _x_labels(plan: MemoryPlan) -> list[str]:
     return ["call(args)"] + steps + ["return"]
 
 
+def _name_list(xs: Sequence[str], limit: int = 16) -> str:
+    if not xs:
+        return "none"
+    more = f" (+{len(xs) - limit} more)" if len(xs) > limit else ""
+    return ", ".join(xs[:limit]) + more
+
+
 def _title(plan: MemoryPlan, title: str | None) -> str:
     head = title or "coil buffer lifetimes"
     target = plan.schedule.kernels[0].name.split("_")[0] if plan.schedule.kernels else None
-    removed = ", ".join(sorted(plan.removed)) if plan.removed else "none"
+    removed = _name_list(sorted(plan.removed, key=natural_key))
     facts = f"order {plan.strategy}, peak {fmt_bytes(plan.peak_bytes)}" + (f", kernels {target}_*" if target else "")
     return f"{head}  ({facts})\nkernel-internal, kept in registers, never allocated: {removed}"
 
@@ -131,22 +145,28 @@ def _title(plan: MemoryPlan, title: str | None) -> str:
 def _legend(ax: Any, lives: Sequence[Lifetime]) -> None:
     kinds = [k for k in LEGEND if any(lt.kind == k for lt in lives)]
     handles = [Patch(facecolor=COLORS[k], edgecolor="black", label=LEGEND[k]) for k in kinds]
-    ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.9)
+    # above the plot, so it never hides a bar
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(handles), fontsize=8,
+              frameon=False)
 
 
 def draw_lifetimes(plan: MemoryPlan, lives: Sequence[Lifetime], path: str, title: str | None) -> None:
     n = len(plan.steps)
-    fig = Figure(figsize=_figure_size(n, len(lives)))
+    size, ratios = _layout(n, len(lives))
+    fig = Figure(figsize=size)
     FigureCanvasAgg(fig)  # the Agg canvas, set on this figure only: pyplot's global backend is left alone
-    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [max(len(lives), 3), 3.2]})
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": ratios})
     _draw_bars(top, plan, lives)
     _draw_live(bottom, plan, lives)
     _mark_peak_column((top, bottom), plan)
     _legend(top, lives)
     bottom.set_xticks(range(-1, n + 1))
-    bottom.set_xticklabels(_x_labels(plan), rotation=30, ha="right", rotation_mode="anchor", fontsize=9, family="monospace")
+    bottom.set_xticklabels(_x_labels(plan), rotation=30, ha="right", rotation_mode="anchor", fontsize=9,
+                           family="monospace")
     bottom.set_xlim(-1.6, n + 1.6)  # room for the byte notes right of `return`
     bottom.set_xlabel("step (execution order)")
-    fig.suptitle(_title(plan, title), fontsize=11, x=0.01, ha="left")
-    fig.tight_layout()
+    # title and legend get a fixed band of inches at the top, whatever the figure's height
+    height = size[1]
+    fig.suptitle(_title(plan, title), fontsize=11, x=0.01, y=1 - 0.12 / height, ha="left", va="top")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / height))
     fig.savefig(path, dpi=110)

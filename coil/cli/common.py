@@ -77,7 +77,8 @@ def load_function(spec: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     module = import_file(path)
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        found = sorted(n for n, v in vars(module).items() if callable(v) and getattr(v, "__module__", None) == module.__name__)
+        found = sorted(n for n, v in vars(module).items()
+                       if callable(v) and getattr(v, "__module__", None) == module.__name__)
         hint = f"; functions there: {', '.join(found)}" if found else ""
         raise CoilError(f"no function {fn_name!r} in {path}{hint}")
     return fn, example_inputs_of(module, fn_name)

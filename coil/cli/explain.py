@@ -40,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"coil explain: error: {e}", file=sys.stderr)
         return USAGE_ERROR
     options = Options.from_env().replace(target=args.target)
-    stages = run_stages(default_pipeline(), gm, inputs, options, until="wrap")
+    try:
+        stages = run_stages(default_pipeline(), gm, inputs, options, until="wrap")
+    except CoilError as e:
+        print(f"coil explain: compile failed: {e}", file=sys.stderr)
+        return 1
     bg, plan = ir_of(stages, BufferGraph), ir_of(stages, MemoryPlan)
     name = getattr(fn, "__name__", args.spec)
     print(f"coil explain {args.spec}: {name}({describe_inputs(inputs)})\n")
