@@ -24,7 +24,7 @@ from coil.ir.layout import Layout
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
 from coil.passes.lowerings import DECOMPOSITIONS, LOWERINGS
-from coil.passes.lowerings.registry import LowerCtx, TensorValue
+from coil.passes.lowerings.registry import LowerCtx, TensorValue, find_lowering
 
 log = logging.getLogger("coil.trace")
 
@@ -161,7 +161,7 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         return seq[i]
     if isinstance(target, type) and issubclass(target, tuple):  # a decomposition's named tuple
         return tuple(args)
-    fn = LOWERINGS.get(target)
+    fn = find_lowering(target)
     if fn is not None:
         mark = len(ctx.nodes)
         out = fn(ctx, *args, **kwargs)

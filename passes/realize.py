@@ -129,6 +129,8 @@ def _strided(index: tuple[sympy.Expr, ...], size: tuple[int, ...], base: Layout)
     strides = []
     for x, s in zip(xs, size):
         c = off.coeff(x)
+        if c.is_Integer and int(c) < 0:
+            return None  # as_strided cannot express a negative stride: copy instead
         if not c.is_Integer:
             if s == 1:
                 strides.append(0)
@@ -282,6 +284,10 @@ class _Realizer:
                 self.computed(n.name, n.origin, "Reduction", body, n.ranges, n.reduction_ranges,
                               n.reduction_type, n.dtype, n.device, rule, origins, ops)
             case View():
+                if not self.readers.get(n.name) and n.name not in self.outputs:
+                    # a dead view makes its base dead too (readers look through views): skip it
+                    self.rows[n.name] = RealizeRow(n.origin, "View", False, None, "dead")
+                    return
                 body, origins, ops = self.resolve(Load(n.base, n.index, n.dtype), n.name)
                 self.env[n.name] = _Inline(body, n.ranges, origins | {n.origin}, (*ops, n.op))
                 self.rows[n.name] = RealizeRow(n.origin, "View", False, None, "index_remap")

@@ -27,8 +27,10 @@ _FUSION_FRIENDLY = [
     aten.native_layer_norm_backward,
     aten.native_group_norm,
     aten.native_group_norm_backward,
+    aten.native_batch_norm,  # make_fx graphs; in training it copy_s the running stats, as eager does
     aten._native_batch_norm_legit_functional,
     aten._native_batch_norm_legit_no_training,
+    aten._native_batch_norm_legit,
     aten.native_batch_norm_backward,
     aten.gelu,
     aten.gelu_backward,

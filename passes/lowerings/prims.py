@@ -90,34 +90,32 @@ def clone(ctx: LowerCtx, a: TensorValue, *, memory_format: Any = None) -> Tensor
     return ctx.pointwise(a.size, a.load(xsyms(a.ndim)), a.dtype)
 
 
-def _register_fma() -> None:
-    """prims.fma exists only once torch._inductor.inductor_prims has been imported,
-    which Inductor's decomposition table does (softmax backward emits it)."""
-    try:
-        import torch._inductor.inductor_prims  # noqa: F401
-    except ImportError:  # a torch without Inductor: graphs cannot contain the prim
-        return
-
-    @register_lowering(prims.fma.default)
-    def fma(ctx: LowerCtx, a: Any, b: Any, c: Any) -> TensorValue:
-        size, body, dt = make_pointwise_body(lambda x, y, z, dtype: op("add", op("mul", x, y), z), (a, b, c))
-        return ctx.pointwise(size, body, dt)
+@register_lowering(prims.copy_strided.default)
+def copy_strided(ctx: LowerCtx, a: TensorValue, stride: Sequence[int]) -> TensorValue:
+    """A copy in the given strides: the values are a's; realize picks the layout."""
+    return clone(ctx, a)
 
 
-_register_fma()
+@register_lowering("prims.fma.default")
+def fma(ctx: LowerCtx, a: Any, b: Any, c: Any) -> TensorValue:
+    """prims.fma exists only once torch._inductor.inductor_prims is imported (Inductor's
+    decomposition table emits it); registered by name so coil need not import it."""
+    size, body, dt = make_pointwise_body(lambda x, y, z, dtype: op("add", op("mul", x, y), z), (a, b, c))
+    return ctx.pointwise(size, body, dt)
 
 # ---- views -----------------------------------------------------------------------------------
 
 
 @register_lowering(prims.broadcast_in_dim.default)
-def broadcast_in_dim(ctx: LowerCtx, a: TensorValue, shape: Sequence[int], broadcast_dimensions: Sequence[int]) -> TensorValue:
+def broadcast_in_dim(ctx: LowerCtx, a: TensorValue, shape: Sequence[int],
+                     broadcast_dimensions: Sequence[int]) -> TensorValue:
     """Dim k of `a` becomes dim broadcast_dimensions[k] of the result; the other
     result dims are new.  A size-1 dim of `a` that grows is read at 0."""
     if len(broadcast_dimensions) != a.ndim:
         raise CoilError(f"broadcast_in_dim: {list(broadcast_dimensions)} does not name {a.ndim} dims")
     xs = xsyms(len(shape))
     index: list[sympy.Expr] = []
-    for s, d in zip(a.size, broadcast_dimensions):
+    for s, d in zip(a.size, broadcast_dimensions, strict=True):
         if s == shape[d]:
             index.append(xs[d])
         elif s == 1:

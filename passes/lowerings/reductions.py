@@ -41,7 +41,8 @@ def reduction_dims(x: TensorValue, dims: Any) -> tuple[int, ...]:
     return tuple(sorted({normalize_dim(int(d), x.ndim) for d in dims}))
 
 
-def split_index(x: TensorValue, dims: Sequence[int], keepdim: bool) -> tuple[tuple[int, ...], tuple[int, ...], list[sympy.Expr]]:
+def split_index(x: TensorValue, dims: Sequence[int],
+                keepdim: bool) -> tuple[tuple[int, ...], tuple[int, ...], list[sympy.Expr]]:
     """Output ranges, reduction ranges and the input index over x*/r* symbols."""
     out_ranges = tuple(1 if d in dims else x.size[d] for d in range(x.ndim) if keepdim or d not in dims)
     red_ranges = tuple(x.size[d] for d in dims)

@@ -139,17 +139,28 @@ def _overloads(op: Any) -> list[Any]:
     return [op]
 
 
-def register_lowering(*ops: Any) -> Callable[[L], L]:
-    """Register `fn` for each op: an overload as given, a packet for each of its
-    overloads that returns tensors and has no `out=` argument."""
+def register_lowering(*ops: Any) -> Callable[[Lowering], Lowering]:
+    """Register `fn` for every overload of each op (packets expand to overloads).  An
+    op given as a string ("prims.fma.default") is matched by name, for ops that exist
+    only once some other module defined them."""
 
-    def deco(fn: L) -> L:
+    def deco(fn: Lowering) -> Lowering:
         for op in ops:
+            if isinstance(op, str):
+                LOWERINGS[op] = fn
+                continue
             for o in _overloads(op):
                 LOWERINGS[o] = fn
         return fn
 
     return deco
+
+
+def find_lowering(target: Any) -> Lowering | None:
+    fn = LOWERINGS.get(target)
+    if fn is None and isinstance(target, torch._ops.OpOverload):
+        fn = LOWERINGS.get(str(target))
+    return fn
 
 
 # ---- broadcasting, promotion and loading -------------------------------------------------

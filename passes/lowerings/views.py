@@ -27,6 +27,7 @@ from coil.ir.expr import xsyms
 from coil.ir.indexing import flatten, ranges_of, simplify_index, unflatten
 from coil.passes.lowerings.registry import LowerCtx, TensorValue, normalize_dim, register_lowering
 
+
 aten = torch.ops.aten
 
 
@@ -139,7 +140,8 @@ def squeeze(ctx: LowerCtx, x: TensorValue, dims: Any = None) -> TensorValue:
 
 
 @register_lowering(aten.slice.Tensor)
-def slice_(ctx: LowerCtx, x: TensorValue, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorValue:
+def slice_(ctx: LowerCtx, x: TensorValue, dim: int = 0, start: Any = None, end: Any = None,
+           step: int = 1) -> TensorValue:
     """Python slice semantics: negative start/end count from the end, both clamp."""
     if step <= 0:
         raise CoilError(f"slice: step must be positive, got {step}")
@@ -202,7 +204,8 @@ def unbind(ctx: LowerCtx, x: TensorValue, dim: int = 0) -> tuple[TensorValue, ..
 
 @register_lowering(aten.diagonal.default)
 def diagonal(ctx: LowerCtx, x: TensorValue, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorValue:
-    """The other dims in order, then the diagonal: out[..., k] = x[.., k + max(-offset, 0), .., k + max(offset, 0), ..]."""
+    """The other dims in order, then the diagonal:
+    out[..., k] = x[.., k + max(-offset, 0), .., k + max(offset, 0), ..] at dims dim1, dim2."""
     d1, d2 = normalize_dim(dim1, x.ndim), normalize_dim(dim2, x.ndim)
     if d1 == d2:
         raise CoilError("diagonal: dim1 and dim2 must differ")

@@ -1,0 +1,146 @@
+"""View lowerings: each view is an index remap folded into its reader, never a copy.
+
+Every case of VIEW_CASES runs on a broadcast (stride-0) and a non-contiguous input
+and is compared with eager; its IR must hold no Extern and no buffer but the
+outputs of its pointwise consumer.  Views that are graph outputs become aliases of
+their base (no copy) when their offset is affine, else one copy."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pytest
+import sympy
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from coil.backends.reference import run_buffer_graph
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer
+from coil.ir.expr import loads, xsym
+from op_cases import VIEW_CASES, OpCase, buffer_graph, check_case_buffers, combination_id, combinations
+
+
+@pytest.mark.parametrize("case, shape_kind, dtype", combinations(VIEW_CASES), ids=combination_id)
+def test_view_folds_into_pointwise_consumer(case: OpCase, shape_kind: str, dtype: torch.dtype) -> None:
+    checked, bg = check_case_buffers(case, shape_kind, dtype)
+    kinds = [(b.name, type(b).__name__, b.rule) for b in bg.buffers]
+    # one computed buffer per output, each the consumer itself: the views (and any
+    # clone that reshape put before _unsafe_view) are inlined, none materialized
+    assert all(isinstance(b, ComputedBuffer) and b.rule == "output" for b in bg.buffers), kinds
+    assert len(bg.buffers) == len(checked.expected), kinds
+    view_rows = [r for r in bg.realize_table if r.ir_node == "View"]
+    assert view_rows and all(not r.realized and r.rule.startswith("index_remap") for r in view_rows)
+
+
+def test_view_case_names_are_unique() -> None:
+    names = [c.name for c in VIEW_CASES]
+    assert len(names) == len(set(names))
+
+
+def _buffers(fn: Any, *inputs: torch.Tensor) -> tuple[BufferGraph, tuple[torch.Tensor, ...]]:
+    gm = make_fx(fn)(*inputs)
+    bg = buffer_graph(gm, inputs)
+    outs = run_buffer_graph(bg, inputs)
+    expected = fn(*inputs)
+    expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
+    got = tuple(o for o in outs if o is not None)
+    assert len(got) == len(expected)
+    for o, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(o, e)
+    return bg, got
+
+
+def test_transpose_is_a_swapped_load_index() -> None:
+    """The consumer of x.t() loads x at (x1, x0): the view is only an index."""
+    bg, _ = _buffers(lambda x: x.t() * 2, torch.randn(4, 6))
+    (buf,) = bg.buffers
+    assert isinstance(buf, ComputedBuffer)
+    (ld,) = loads(buf.body)
+    assert ld.name == bg.inputs[0].name and ld.index == (xsym(1), xsym(0))
+
+
+def test_slice_and_select_fold_into_an_affine_index() -> None:
+    bg, _ = _buffers(lambda x: x[1:, ::2].select(0, -1) + 1, torch.randn(4, 6))
+    (buf,) = bg.buffers
+    (ld,) = loads(buf.body)
+    assert ld.index == (sympy.Integer(3), 2 * xsym(0))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.t(),
+        lambda x: x[:, 1::2],
+        lambda x: x.unsqueeze(0).expand(3, 4, 6),
+        lambda x: x.select(1, -1),
+        lambda x: x.view(2, 2, 6),
+        lambda x: x.permute(1, 0).unsqueeze(-1),
+        lambda x: x.split([1, 3]),
+        lambda x: x.unbind(1),
+    ],
+    ids=["t", "slice_step", "expand", "select", "view_split", "permute_unsqueeze", "split", "unbind"],
+)
+def test_output_view_of_input_is_an_alias(fn: Any) -> None:
+    """A returned view is an AliasBuffer over the input's storage: no kernel, no copy."""
+    x = torch.randn(4, 6)
+    bg, outs = _buffers(fn, x)
+    assert bg.buffers and all(isinstance(b, AliasBuffer) and b.base == bg.inputs[0].name for b in bg.buffers)
+    for o in outs:
+        assert o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
+def test_output_reshape_of_noncontig_input_is_one_copy() -> None:
+    """(4, 6) stored transposed cannot be viewed as (24,): the output is materialized once."""
+    x = torch.randn(6, 4).t()
+    bg, _ = _buffers(lambda t: t.reshape(-1), x)
+    assert [type(b) for b in bg.buffers] == [ComputedBuffer]
+
+
+def test_output_view_of_reduction_aliases_the_reduction() -> None:
+    bg, _ = _buffers(lambda x: x.sum(1).unsqueeze(0), torch.randn(4, 6))
+    assert [type(b) for b in bg.buffers] == [ComputedBuffer, AliasBuffer]
+    assert bg.buffers[1].base == bg.buffers[0].name  # type: ignore[union-attr]
+
+
+def test_output_view_of_pointwise_is_computed_in_view_order() -> None:
+    bg, (out,) = _buffers(lambda x: (x + 1).t(), torch.randn(4, 6))
+    assert [type(b) for b in bg.buffers] == [ComputedBuffer]
+    assert out.shape == (6, 4)
+
+
+def test_view_feeding_an_extern_is_an_alias_not_a_copy() -> None:
+    """mm needs a real tensor: the transposed operand is a strided alias."""
+    bg, _ = _buffers(lambda a, b: a @ b.t(), torch.randn(3, 4), torch.randn(5, 4))
+    assert [type(b) for b in bg.buffers] == [AliasBuffer, ExternBuffer]
+    assert bg.buffers[0].rule == "extern_input_view"
+
+
+@pytest.mark.parametrize(
+    "fn, kernel",
+    [(lambda x: x.view(torch.int32) + 1, "aten.view.dtype"),
+     (lambda x: x.as_strided((2, 2), (1, 3)) * 2, "aten.as_strided.default")],
+    ids=["view_dtype", "as_strided"],
+)
+def test_storage_views_stay_extern(fn: Any, kernel: str) -> None:
+    """A bitcast or a remap of storage is not a remap of the logical index."""
+    bg, _ = _buffers(fn, torch.randn(4, 6))
+    assert kernel in [b.kernel for b in bg.buffers if isinstance(b, ExternBuffer)]
+
+
+def test_copy_variant_output_does_not_alias_its_input() -> None:
+    """permute_copy returns a fresh tensor: as an output it is a computed buffer."""
+    x = torch.randn(4, 6)
+    bg, (out,) = _buffers(lambda t: torch.ops.aten.permute_copy(t, [1, 0]), x)
+    assert [type(b) for b in bg.buffers] == [ComputedBuffer]
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize(
+    "src, dst",
+    [((4, 6), (2, 2, 6)), ((2, 3, 4), (6, 4)), ((6, 4), (4, 6)), ((2, 3, 4), (4, 3, 2)), ((24,), (2, 3, 4))],
+    ids=["split", "merge", "neither", "reverse", "unflatten"],
+)
+def test_reshape_of_noncontig_input(src: Sequence[int], dst: Sequence[int]) -> None:
+    """Row-major reinterpretation of a logical index, whatever the input's strides."""
+    x = torch.randn(*reversed(src)).permute(*reversed(range(len(src))))
+    _buffers(lambda t: t.reshape(dst) * 2, x)
