@@ -54,6 +54,18 @@ def render_call(program: WrapperProgram, backend: KernelBackend, options: Option
     if ins:
         out.append(f"    {', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
     out.append("    args.clear()")
+    body = _call_body(program, backend, options)
+    # optional backend hook: a `with` line (a device guard) around the rest of call
+    guard = getattr(backend, "device_guard", None)
+    head = guard(program) if guard is not None else None
+    if head is None:
+        return out + body
+    return out + [f"    {head}"] + ["    " + ln for ln in body]
+
+
+def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options) -> list[str]:
+    """call's lines after `args.clear()`, each indented one level."""
+    out: list[str] = []
     for ln in program.lines:
         match ln:
             case Alloc():

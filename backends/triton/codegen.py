@@ -1,0 +1,82 @@
+"""The `triton` target: one @triton.jit kernel per fused kernel, defined at module
+level in output_code.py (Triton reads the source from that file), launched by the
+wrapper with a grid and block sizes chosen from the static sizes.
+
+    triton_poi_fused_add_0[grid(4096, 1024)](arg0_1, buf0, 4096, XBLOCK=1024, num_warps=4)
+
+Kernels on CUDA tensors launch under `torch.cuda.device(...)`; kernels on CPU
+tensors need the Triton interpreter (TRITON_INTERPRET=1), which the call checks.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from coil.backends.triton.helpers import helpers_for
+from coil.backends.triton.kernel import kernel_source
+from coil.backends.triton.runtime import heuristic_config
+from coil.ir.fused import FusedKernel
+from coil.ir.module import KernelSource
+from coil.ir.wrapper import KernelCall, WrapperProgram
+from coil.options import Options
+
+
+def _kernel(program: WrapperProgram, name: str) -> FusedKernel:
+    for k in program.plan.schedule.kernels:
+        if k.name == name:
+            return k
+    raise KeyError(name)
+
+
+def kernel_device(program: WrapperProgram, k: FusedKernel) -> str:
+    return program.plan.schedule.graph.graph.layout(k.nodes[0]).device
+
+
+# kernel name prefix (triton_poi_..., set by fuse) -> kernel kind
+KINDS = {"poi": "pointwise", "per": "persistent", "red": "reduction"}
+
+
+class TritonBackend:
+    language = "triton"
+
+    def header(self, options: Options) -> list[str]:
+        return [
+            "import triton",
+            "import triton.language as tl",
+            "from coil.backends.triton.runtime import autotuned, grid, interpreted",
+        ]
+
+    def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
+        return tuple(kernel_source(k, program) for k in program.plan.schedule.kernels)
+
+    def definitions(self, kernels: Sequence[KernelSource], options: Options) -> list[str]:
+        out: list[str] = []
+        for text in helpers_for(k.source for k in kernels) + [k.source for k in kernels]:
+            out += ["", text, ""]
+        if options.autotune:
+            # the launch lines stay as they are; on CUDA the wrapper times a few
+            # configs at the first call and launches the winner instead
+            cache = f", cache_dir={options.cache_dir!r}" if options.cache_dir else ""
+            out += [f"{k.name} = autotuned({k.name}, {KINDS[k.name.split('_')[1]]!r}{cache})" for k in kernels]
+        return out
+
+    def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
+        k = _kernel(program, line.kernel)
+        xnumel, rnumel = k.group
+        if xnumel == 0:
+            return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
+        sizes = [str(xnumel)] + ([] if k.kind == "pointwise" else [str(rnumel)])
+        cfg = heuristic_config(k.kind, xnumel, rnumel)
+        args = ", ".join([*line.args, *sizes])
+        return [f"{k.name}[grid({xnumel}, {cfg.xblock})]({args}, {cfg.as_kwargs()})"]
+
+    def device_guard(self, program: WrapperProgram) -> str | None:
+        """The `with` line the wrapper puts around the body of `call`."""
+        kernels = program.plan.schedule.kernels
+        if not kernels:
+            return None
+        devices = [kernel_device(program, k) for k in kernels]
+        cuda = next((d for d in devices if d.startswith("cuda")), None)
+        if cuda is not None:
+            return f"with torch.cuda.device({cuda!r}):"
+        return "with interpreted():"

@@ -1,0 +1,298 @@
+"""One fused kernel as a @triton.jit function, following passes/kernel_model.py.
+
+Shapes by kernel kind:
+
+    pointwise   xindex [XBLOCK]; every node is outer (reductions over <= 1 element
+                fold to their value or identity)
+    persistent  xindex [XBLOCK, 1], rindex [1, RBLOCK] = the whole row; inner nodes
+                and reduction inputs are [XBLOCK, RBLOCK] tiles, reduction results
+                and outer nodes [XBLOCK, 1]; one scope, nodes in kernel order
+    reduction   the row in `for roffset in range(0, rnumel, RBLOCK)` steps.  A node
+                runs in the first loop after every reduction it depends on is
+                finished (`loop_levels`); per-row values (outer nodes, reduction
+                results) live between loops, inner values are recomputed from their
+                bodies in each loop that needs them rather than kept across loops
+
+A node's value goes to `registers` (cast to its buffer's dtype, as a store and
+reload would give) for the nodes after it; it is stored only when its buffer is a
+kernel parameter (plan.removed buffers never are).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+import sympy
+import torch
+
+from coil.backends.triton import reductions
+from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index
+from coil.ir.buffers import ComputedBuffer
+from coil.ir.expr import Expr, evaluate, loads, substitute_symbols
+from coil.ir.fused import FusedKernel
+from coil.ir.layout import Layout
+from coil.ir.module import KernelSource
+from coil.ir.wrapper import WrapperProgram
+from coil.passes.kernel_model import (
+    RINDEX,
+    XINDEX,
+    Param,
+    kernel_buffers,
+    kernel_params,
+    kernel_ranges,
+    node_role,
+    store_position,
+    var_map,
+)
+
+INT32_LIMIT = 2**31
+
+
+@attrs.frozen
+class KernelContext:
+    """What codegen needs to know about one kernel, computed once."""
+
+    kernel: FusedKernel
+    nodes: tuple[ComputedBuffer, ...]
+    roles: Mapping[str, str]  # node -> reduction | outer | inner
+    bodies: Mapping[str, Expr]  # node -> body over xindex / rindex
+    params: tuple[Param, ...]
+    ptr: Mapping[str, str]  # buffer -> in_ptrN / out_ptrN
+    layouts: Mapping[str, Layout]
+    ranges: Mapping[sympy.Symbol, int]
+    int64: bool  # index math in int64: some offset or the iteration space reaches 2**31
+
+    @property
+    def rnumel(self) -> int:
+        return self.kernel.group[1]
+
+    def deps(self, b: ComputedBuffer) -> list[str]:
+        """Nodes of this kernel whose values b reads."""
+        inside = {n.name for n in self.nodes}
+        return list(dict.fromkeys(ld.name for ld in loads(b.body) if ld.name in inside and ld.name != b.name))
+
+
+def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:
+    g = program.plan.schedule.graph
+    nodes = kernel_buffers(k, g)
+    params = kernel_params(k, g, program.plan.removed)
+    layouts = {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
+    roles: dict[str, str] = {}
+    bodies: dict[str, Expr] = {}
+    for b in nodes:
+        role = node_role(b, k.group)
+        assert role is not None, f"{b.name} does not fit {k.name}'s group {k.group}"
+        roles[b.name] = role
+        m = var_map(b, k.group)
+        if k.kind == "pointwise":  # reductions over <= 1 element: r* = 0
+            m = {s: e.xreplace({RINDEX: sympy.Integer(0)}) for s, e in m.items()}
+        bodies[b.name] = substitute_symbols(b.body, m)
+    largest = max([layouts[p.name].storage_size() for p in params] + [k.group[0] * max(k.group[1], 1)])
+    return KernelContext(k, nodes, roles, bodies, params, {p.name: p.arg for p in params}, layouts,
+                         kernel_ranges(k.group), largest >= INT32_LIMIT)
+
+
+# ---- pieces every kind shares ----------------------------------------------------------------
+
+
+def signature(ctx: KernelContext) -> str:
+    return signature_of(ctx.kernel, ctx.params)
+
+
+def signature_of(k: FusedKernel, params: tuple[Param, ...]) -> str:
+    """Pointers (in, then out), the sizes, then the block constexprs."""
+    args = [p.arg for p in params] + ["xnumel"]
+    if k.kind != "pointwise":
+        args.append("rnumel")
+    args.append("XBLOCK: tl.constexpr")
+    if k.kind != "pointwise":
+        args.append("RBLOCK: tl.constexpr")
+    return f"def {k.name}({', '.join(args)}):"
+
+
+def prologue(ctx: KernelContext, out: Emitter) -> None:
+    pid = "tl.program_id(0).to(tl.int64)" if ctx.int64 else "tl.program_id(0)"
+    out.emit(f"xoffset = {pid} * XBLOCK")
+    if ctx.kernel.kind == "pointwise":
+        out.emit("xindex = xoffset + tl.arange(0, XBLOCK)")
+        out.emit("xmask = xindex < xnumel")
+        return
+    out.emit("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+    out.emit("xmask = xindex < xnumel")
+    arange = "tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.int64 else "")
+    if ctx.kernel.kind == "persistent":
+        out.emit(f"rindex = {arange}")
+        _row_masks(out)
+    else:
+        out.emit(f"rbase = {arange}")
+
+
+def _row_masks(out: Emitter) -> None:
+    out.emit("rmask = rindex < rnumel")
+    out.emit("xrmask = xmask & rmask")
+
+
+def _broadcast(index: str, expr: sympy.Expr, need: tuple[sympy.Symbol, ...]) -> str:
+    """A store pointer must have the value's full shape even when its offset does
+    not use every symbol (a 0-d output, a one-row kernel)."""
+    for s in need:
+        if s not in expr.free_symbols:
+            index = f"{index} + 0 * {s.name}"
+    return index
+
+
+def finish_node(ctx: KernelContext, out: Emitter, b: ComputedBuffer, value: str, dtype: torch.dtype,
+                registers: dict[str, str]) -> None:
+    """Make b's value visible to later nodes and store it if it leaves the kernel."""
+    reg = value if dtype == b.layout.dtype else out.assign(convert(value, dtype, b.layout.dtype))
+    registers[b.name] = reg
+    if b.name not in ctx.ptr:
+        return
+    role = ctx.roles[b.name]
+    pos = sympy.expand(store_position(b, ctx.kernel.group) - b.layout.offset)
+    need = (XINDEX, RINDEX) if role == "inner" else (XINDEX,)
+    index = _broadcast(print_index(pos), pos, need)
+    mask = "xrmask" if role == "inner" else "xmask"
+    out.emit(f"tl.store({ctx.ptr[b.name]} + {index}, {reg}, {mask})")
+
+
+def _comment(b: ComputedBuffer, role: str) -> str:
+    what = b.reduction_type if b.reduction_type else "pointwise"
+    return f"# {b.name}: {role} {what} from {', '.join(b.origins) or '?'}"
+
+
+def _handler(ctx: KernelContext, out: Emitter, registers: Mapping[str, str]) -> TritonHandler:
+    return TritonHandler(out, ctx.ptr, ctx.layouts, registers, ctx.ranges)
+
+
+# ---- pointwise and persistent: one scope ------------------------------------------------------
+
+
+def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
+    """Nodes in kernel order with one CSE table: every value stays in registers."""
+    registers: dict[str, str] = {}
+    memo: dict[Expr, str] = {}
+    for b in ctx.nodes:
+        role = ctx.roles[b.name]
+        out.emit(_comment(b, role))
+        h = _handler(ctx, out, registers)
+        body = ctx.bodies[b.name]
+        if role != "reduction":
+            finish_node(ctx, out, b, evaluate(body, h, memo), body.dtype, registers)
+            continue
+        rt = b.reduction_type
+        assert rt is not None
+        if ctx.kernel.kind == "pointwise":
+            v = None if ctx.rnumel == 0 else evaluate(body, h, memo)
+            value = reductions.trivial(out, rt, v, body.dtype)
+        else:
+            value = reductions.persistent(out, rt, evaluate(body, h, memo), body.dtype)
+        finish_node(ctx, out, b, value, reductions.result_dtype(rt, body.dtype), registers)
+
+
+# ---- looped reductions -------------------------------------------------------------------------
+
+
+def loop_levels(ctx: KernelContext) -> dict[str, int]:
+    """For inner and reduction nodes, the loop they run in; for outer nodes, the
+    loop before which they run.  A node comes after every loop whose reduction it
+    reads (directly, or through the inner nodes it recomputes)."""
+    level: dict[str, int] = {}
+    for b in ctx.nodes:
+        level[b.name] = max(
+            (level[d] + (1 if ctx.roles[d] == "reduction" else 0) for d in ctx.deps(b)), default=0
+        )
+    return level
+
+
+def _needed(ctx: KernelContext, roots: list[ComputedBuffer]) -> set[str]:
+    """Roots plus the inner nodes they read, transitively (recomputed in the loop)."""
+    by_name = {b.name: b for b in ctx.nodes}
+    seen: set[str] = set()
+    stack = [b.name for b in roots]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack += [d for d in ctx.deps(by_name[n]) if ctx.roles[d] == "inner"]
+    return seen
+
+
+def emit_looped(ctx: KernelContext, out: Emitter) -> None:
+    level = loop_levels(ctx)
+    looped = [level[b.name] for b in ctx.nodes if ctx.roles[b.name] != "outer"]
+    nloops = max(looped) + 1 if looped else 0
+    registers: dict[str, str] = {}  # per-row values, visible in every later loop
+    memo: dict[Expr, str] = {}
+    for k in range(nloops + 1):
+        for b in ctx.nodes:
+            if ctx.roles[b.name] == "outer" and level[b.name] == k:
+                out.emit(_comment(b, "outer"))
+                body = ctx.bodies[b.name]
+                finish_node(ctx, out, b, evaluate(body, _handler(ctx, out, registers), memo), body.dtype, registers)
+        if k < nloops:
+            _emit_loop(ctx, out, k, level, registers, memo)
+
+
+def _emit_loop(ctx: KernelContext, out: Emitter, k: int, level: Mapping[str, int],
+               registers: dict[str, str], memo: dict[Expr, str]) -> None:
+    roots = [b for b in ctx.nodes if level[b.name] == k and (
+        ctx.roles[b.name] == "reduction" or (ctx.roles[b.name] == "inner" and b.name in ctx.ptr))]
+    if not roots:
+        return
+    needed = _needed(ctx, roots)
+    reds = [b for b in roots if ctx.roles[b.name] == "reduction"]
+    index_dt = torch.int64 if ctx.int64 else torch.int32
+    accs = {b.name: reductions.looped_init(out, _rt(b), ctx.bodies[b.name].dtype, index_dt) for b in reds}
+    out.emit(f"# loop {k}: {', '.join(b.name for b in roots)}")
+    # a literal bound: Triton 3.6's interpreter cannot range() to a kernel argument
+    out.emit(f"for roffset in range(0, {ctx.rnumel}, RBLOCK):")
+    out.indent += 1
+    out.emit("rindex = roffset + rbase")
+    _row_masks(out)
+    inner_regs = dict(registers)
+    inner_memo = dict(memo)  # per-row values computed before the loop stay valid inside
+    for b in ctx.nodes:
+        if b.name not in needed:
+            continue
+        role = ctx.roles[b.name]
+        out.emit(_comment(b, role))
+        body = ctx.bodies[b.name]
+        value = evaluate(body, _handler(ctx, out, inner_regs), inner_memo)
+        if role == "reduction":
+            reductions.looped_update(out, _rt(b), accs[b.name], value, body.dtype)
+        elif level[b.name] == k:
+            finish_node(ctx, out, b, value, body.dtype, inner_regs)
+        else:  # an earlier loop stored it; here it is only recomputed
+            inner_regs[b.name] = value if body.dtype == b.layout.dtype else out.assign(
+                convert(value, body.dtype, b.layout.dtype))
+    out.indent -= 1
+    for b in reds:
+        body = ctx.bodies[b.name]
+        value = reductions.looped_final(out, _rt(b), accs[b.name], body.dtype)
+        finish_node(ctx, out, b, value, reductions.result_dtype(_rt(b), body.dtype), registers)
+
+
+def _rt(b: ComputedBuffer) -> str:
+    assert b.reduction_type is not None
+    return b.reduction_type
+
+
+# ---- the whole kernel ----------------------------------------------------------------------------
+
+
+def kernel_source(k: FusedKernel, program: WrapperProgram) -> KernelSource:
+    if k.group[0] == 0:  # every buffer is empty: the wrapper does not launch it
+        sig = signature_of(k, kernel_params(k, program.plan.schedule.graph, program.plan.removed))
+        return KernelSource(k.name, f"@triton.jit\n{sig}\n    pass  # xnumel = 0", "triton")
+    ctx = kernel_context(k, program)
+    out = Emitter()
+    prologue(ctx, out)
+    if k.kind == "reduction":
+        emit_looped(ctx, out)
+    else:
+        emit_single_scope(ctx, out)
+    head = ["@triton.jit", signature(ctx)]
+    return KernelSource(k.name, "\n".join(head + out.lines), "triton")

@@ -1,0 +1,215 @@
+"""Reduction code for the three kernel shapes.
+
+persistent  the whole row is one [XBLOCK, RBLOCK] tile: reduce it along axis 1
+looped      accumulators of shape [XBLOCK, RBLOCK] updated per `roffset` step
+            (elementwise, so every tail lane keeps its own partial result), then
+            reduced along axis 1 after the loop
+trivial     rnumel <= 1 inside a pointwise kernel: the value itself, or the
+            identity of an empty reduction
+
+Every result has shape [XBLOCK, 1] (or the value's own shape when trivial) and the
+dtype `result_dtype` gives.  Lanes outside the tails are replaced by the
+reduction's identity before they can count (`xrmask`).
+
+Semantics follow torch: max/min propagate NaN; argmax/argmin return the first index
+of the extreme, NaN counting as the extreme; welford_m2 is the sum of squared
+deviations from the mean (Welford updates when looped, merged across lanes with
+Chan's formula).  Only tl.sum / tl.max / tl.min reduce across lanes, which are fast
+in the interpreter too; prod alone needs a combine function.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from coil.backends.triton.handler import Emitter, convert, literal, tl_dtype
+from coil.errors import CoilError
+
+
+def result_dtype(reduction_type: str, value: torch.dtype) -> torch.dtype:
+    if reduction_type in ("argmax", "argmin"):
+        return torch.int64
+    if reduction_type in ("any", "all"):
+        return torch.bool
+    return value
+
+
+def _work_dtype(dt: torch.dtype) -> torch.dtype:
+    """bool compares and reduces as int8 (tl.max has no int1 form)."""
+    return torch.int8 if dt == torch.bool else dt
+
+
+def _extreme(dt: torch.dtype, lowest: bool) -> str:
+    """The identity of max (lowest) or min (highest) in dtype dt."""
+    if dt.is_floating_point:
+        return literal(float("-inf") if lowest else float("inf"))
+    info = torch.iinfo(dt)
+    return literal(info.min if lowest else info.max)
+
+
+def _is_max(rt: str) -> bool:
+    return rt in ("max", "argmax")
+
+
+def _nan_aware_extreme(out: Emitter, rt: str, tile: str, dt: torch.dtype) -> str:
+    """tl.max / tl.min of a tile along axis 1, NaN when the row has one."""
+    m = out.assign(f"tl.{'max' if _is_max(rt) else 'min'}({tile}, 1)[:, None]")
+    if not dt.is_floating_point:
+        return m
+    has_nan = f"tl.max(({tile} != {tile}).to(tl.int8), 1)[:, None] > 0"
+    return out.assign(f"tl.where({has_nan}, float(\"nan\"), {m})")
+
+
+def _first_index(out: Emitter, tile: str, m: str, positions: str, valid: str, dt: torch.dtype) -> str:
+    """Smallest position holding the row's extreme `m` (NaN matches NaN)."""
+    hit = f"({tile} == {m})" + (f" | (({tile} != {tile}) & ({m} != {m}))" if dt.is_floating_point else "")
+    best = out.assign(f"{valid} & ({hit})")
+    return out.assign(f"tl.min(tl.where({best}, {positions}, rnumel), 1)[:, None].to(tl.int64)")
+
+
+# ---- persistent ------------------------------------------------------------------------------
+
+
+def persistent(out: Emitter, rt: str, v: str, dt: torch.dtype) -> str:
+    """Reduce the value tile `v` (dtype dt) of a whole row."""
+    match rt:
+        case "sum":
+            return out.assign(f"tl.sum(tl.where(xrmask, {v}, 0), 1)[:, None]")
+        case "prod":
+            return out.assign(f"tl.reduce(tl.where(xrmask, {v}, 1), 1, _coil_prod_combine)[:, None]")
+        case "max" | "min" | "argmax" | "argmin":
+            wd = _work_dtype(dt)
+            w = v if wd == dt else out.assign(convert(v, dt, wd))
+            tile = out.assign(f"tl.where(xrmask, {w}, {_extreme(wd, _is_max(rt))})")
+            m = _nan_aware_extreme(out, rt, tile, wd)
+            if rt.startswith("arg"):
+                return _first_index(out, tile, m, "rindex", "xrmask", wd)
+            return m if wd == dt else out.assign(convert(m, wd, dt))
+        case "any":
+            return out.assign(f"tl.max((xrmask & {v}).to(tl.int8), 1)[:, None] > 0")
+        case "all":
+            return out.assign(f"tl.min(((xrmask == 0) | {v}).to(tl.int8), 1)[:, None] > 0")
+        case "welford_m2":
+            mean = out.assign(f"tl.sum(tl.where(xrmask, {v}, 0), 1)[:, None] / rnumel")
+            dev = out.assign(f"tl.where(xrmask, {v} - {mean}, 0)")
+            return out.assign(f"tl.sum({dev} * {dev}, 1)[:, None]")
+    raise CoilError(f"triton target: no reduction {rt}")
+
+
+# ---- looped ----------------------------------------------------------------------------------
+
+
+def _tile(value: bool | int | float, dt: torch.dtype) -> str:
+    return f"tl.full([XBLOCK, RBLOCK], {literal(value)}, {tl_dtype(dt)})"
+
+
+def looped_init(out: Emitter, rt: str, dt: torch.dtype, index_dt: torch.dtype) -> tuple[str, ...]:
+    """Accumulators, emitted before the loop."""
+    wd = _work_dtype(dt)
+
+    def acc(init: str) -> str:
+        return out.assign(init, "_acc")
+
+    match rt:
+        case "sum":
+            return (acc(_tile(0, dt)),)
+        case "prod":
+            return (acc(_tile(1, dt)),)
+        case "max" | "min":
+            return (acc(f"tl.full([XBLOCK, RBLOCK], {_extreme(wd, rt == 'max')}, {tl_dtype(wd)})"),)
+        case "argmax" | "argmin":
+            value = acc(f"tl.full([XBLOCK, RBLOCK], {_extreme(wd, rt == 'argmax')}, {tl_dtype(wd)})")
+            return value, acc(_tile(-1, index_dt))  # -1: the lane has seen nothing yet
+        case "any":
+            return (acc(_tile(0, torch.int8)),)
+        case "all":
+            return (acc(_tile(1, torch.int8)),)
+        case "welford_m2":
+            return acc(_tile(0.0, dt)), acc(_tile(0.0, dt)), acc(_tile(0.0, dt))
+    raise CoilError(f"triton target: no reduction {rt}")
+
+
+def looped_update(out: Emitter, rt: str, accs: tuple[str, ...], v: str, dt: torch.dtype) -> None:
+    """Fold this step's value tile into the accumulators (inside the loop).
+    Loop-carried values keep their dtype and [XBLOCK, RBLOCK] shape."""
+    wd = _work_dtype(dt)
+    match rt:
+        case "sum":
+            out.emit(f"{accs[0]} = {accs[0]} + tl.where(xrmask, {v}, 0)")
+        case "prod":
+            out.emit(f"{accs[0]} = {accs[0]} * tl.where(xrmask, {v}, 1)")
+        case "max" | "min" | "argmax" | "argmin":
+            w = v if wd == dt else out.assign(convert(v, dt, wd))
+            a = accs[0]
+            cmp = ">" if _is_max(rt) else "<"
+            # strictly better, or the first NaN: ties keep the earlier (smaller) index;
+            # an arg lane takes its first element whatever it is (it may be -inf)
+            nan = f" | (({w} != {w}) & ({a} == {a}))" if wd.is_floating_point else ""
+            first = f" | ({accs[1]} < 0)" if rt.startswith("arg") else ""
+            take = out.assign(f"xrmask & (({w} {cmp} {a}){nan}{first})")
+            out.emit(f"{a} = tl.where({take}, {w}, {a})")
+            if rt.startswith("arg"):
+                out.emit(f"{accs[1]} = tl.where({take}, rindex, {accs[1]})")
+        case "any":
+            out.emit(f"{accs[0]} = tl.maximum({accs[0]}, (xrmask & {v}).to(tl.int8))")
+        case "all":
+            out.emit(f"{accs[0]} = tl.minimum({accs[0]}, ((xrmask == 0) | {v}).to(tl.int8))")
+        case "welford_m2":
+            mean, m2, weight = accs
+            n1 = out.assign(f"{weight} + 1.0")
+            delta = out.assign(f"{v} - {mean}")
+            new_mean = out.assign(f"{mean} + {delta} / {n1}")
+            out.emit(f"{m2} = tl.where(xrmask, {m2} + {delta} * ({v} - {new_mean}), {m2})")
+            out.emit(f"{mean} = tl.where(xrmask, {new_mean}, {mean})")
+            out.emit(f"{weight} = tl.where(xrmask, {n1}, {weight})")
+        case _:
+            raise CoilError(f"triton target: no reduction {rt}")
+
+
+def looped_final(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) -> str:
+    """Reduce the accumulators across lanes (after the loop)."""
+    wd = _work_dtype(dt)
+    match rt:
+        case "sum":
+            return out.assign(f"tl.sum({accs[0]}, 1)[:, None]")
+        case "prod":
+            return out.assign(f"tl.reduce({accs[0]}, 1, _coil_prod_combine)[:, None]")
+        case "max" | "min":
+            m = _nan_aware_extreme(out, rt, accs[0], wd)
+            return m if wd == dt else out.assign(convert(m, wd, dt))
+        case "argmax" | "argmin":
+            m = _nan_aware_extreme(out, rt, accs[0], wd)
+            return _first_index(out, accs[0], m, accs[1], f"xmask & ({accs[1]} >= 0)", wd)
+        case "any":
+            return out.assign(f"tl.max({accs[0]}, 1)[:, None] > 0")
+        case "all":
+            return out.assign(f"tl.min({accs[0]}, 1)[:, None] > 0")
+        case "welford_m2":
+            mean, m2, weight = accs
+            total = out.assign(f"tl.sum({weight}, 1)[:, None]")
+            mu = out.assign(f"tl.sum({mean} * {weight}, 1)[:, None] / {total}")
+            dm = out.assign(f"{mean} - {mu}")
+            return out.assign(f"tl.sum({m2} + tl.where({weight} > 0, {dm} * {dm} * {weight}, 0), 1)[:, None]")
+    raise CoilError(f"triton target: no reduction {rt}")
+
+
+# ---- trivial ---------------------------------------------------------------------------------
+
+_EMPTY: dict[str, bool | int | float] = {"sum": 0, "prod": 1, "any": False, "all": True, "welford_m2": float("nan")}
+
+
+def trivial(out: Emitter, rt: str, v: str | None, dt: torch.dtype) -> str:
+    """A reduction over one element (`v`) or none (`v` is None)."""
+    res = result_dtype(rt, dt)
+    if v is None:
+        if rt not in _EMPTY:
+            raise CoilError(f"triton target: {rt} of an empty dimension")
+        return out.assign(f"tl.full([1], {literal(_EMPTY[rt])}, {tl_dtype(res)})")
+    match rt:
+        case "sum" | "prod" | "max" | "min" | "any" | "all":
+            return v
+        case "argmax" | "argmin":
+            return out.assign("tl.full([1], 0, tl.int64)")
+        case "welford_m2":
+            return out.assign(f"({v} - {v}) * ({v} - {v})")  # 0, or nan for inf and nan
+    raise CoilError(f"triton target: no reduction {rt}")

@@ -1,0 +1,202 @@
+"""What Triton-target output_code.py calls at run time: grids, launch configs from
+the sizes (heuristics), autotuning with an on-disk cache of the winners, and the
+guard that CPU tensors only run under the Triton interpreter.
+
+Sizes are static, so codegen picks the heuristic config and prints it into the
+launch line; with Options.autotune, output_code.py rebinds each kernel name to
+`autotuned(kernel, kind)`, which keeps that line but launches the timed winner on
+CUDA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import attrs
+
+from coil.errors import CoilError
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid(xnumel: int, xblock: int) -> tuple[int]:
+    """One program per XBLOCK rows (or elements)."""
+    return (cdiv(xnumel, xblock),)
+
+
+@attrs.frozen
+class LaunchConfig:
+    xblock: int
+    rblock: int  # 0 for pointwise kernels
+    num_warps: int
+
+    def meta(self) -> dict[str, int]:
+        out = {"XBLOCK": self.xblock}
+        if self.rblock:
+            out["RBLOCK"] = self.rblock
+        return out
+
+    def as_kwargs(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.meta().items()] + [f"num_warps={self.num_warps}"]
+        return ", ".join(parts)
+
+
+def _warps(elements: int, most: int = 8) -> int:
+    """About 128-512 elements per warp; a power of two."""
+    return max(1, min(most, next_power_of_2(elements) // 512))
+
+
+def heuristic_config(kind: str, xnumel: int, rnumel: int) -> LaunchConfig:
+    """Block sizes and warps from the sizes alone."""
+    x = next_power_of_2(max(xnumel, 1))
+    if kind == "pointwise":
+        xblock = min(1024, max(x, 16))
+        return LaunchConfig(xblock, 0, max(1, min(4, xblock // 256)))
+    if kind == "persistent":
+        rblock = next_power_of_2(rnumel)
+        xblock = max(1, min(x, 64, 4096 // rblock))
+        return LaunchConfig(xblock, rblock, _warps(xblock * rblock, 16 if rblock >= 8192 else 8))
+    rblock = min(1024, next_power_of_2(rnumel))
+    xblock = max(1, min(x, 2048 // rblock))
+    return LaunchConfig(xblock, rblock, _warps(xblock * rblock))
+
+
+def candidate_configs(kind: str, xnumel: int, rnumel: int) -> tuple[LaunchConfig, ...]:
+    """A handful of configs to time, the heuristic one first."""
+    x = next_power_of_2(max(xnumel, 1))
+    out = [heuristic_config(kind, xnumel, rnumel)]
+    if kind == "pointwise":
+        for xb, w in ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)):
+            out.append(LaunchConfig(min(xb, max(x, 16)), 0, w))
+    elif kind == "persistent":
+        rb = next_power_of_2(rnumel)
+        for xb in (1, 2, 4, 8, 16, 32, 64):
+            if xb <= x and xb * rb <= 16384:
+                out.append(LaunchConfig(xb, rb, _warps(xb * rb, 16)))
+    else:
+        r = next_power_of_2(rnumel)
+        for xb, rb in ((1, 2048), (1, 1024), (4, 512), (8, 256), (16, 128), (64, 64)):
+            out.append(LaunchConfig(min(xb, x), min(rb, r), _warps(min(xb, x) * min(rb, r))))
+    return tuple(dict.fromkeys(out))
+
+
+def launch(kernel: Any, kind: str, xnumel: int, rnumel: int, cfg: LaunchConfig, args: tuple[Any, ...]) -> None:
+    sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
+    kernel[grid(xnumel, cfg.xblock)](*args, *sizes, **cfg.meta(), num_warps=cfg.num_warps)
+
+
+# ---- autotuning -----------------------------------------------------------------------------
+
+_BEST: dict[tuple[Any, str], LaunchConfig] = {}
+
+
+def _tune_key(kernel: Any, kind: str, xnumel: int, rnumel: int, device: Any) -> str:
+    import torch
+    import triton
+
+    src = getattr(kernel, "src", None) or inspect.getsource(getattr(kernel, "fn", kernel))
+    parts = [src, triton.__version__, torch.cuda.get_device_name(device), kind, str(xnumel), str(rnumel)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _cache_path(key: str, cache_dir: str | None) -> str:
+    from coil.backends.runtime import cache_dir as base
+
+    d = os.path.join(base(cache_dir), "triton-autotune")
+    os.makedirs(d, exist_ok=True)
+    return os.path.join(d, f"{key}.json")
+
+
+def _time(kernel: Any, kind: str, xnumel: int, rnumel: int, cfg: LaunchConfig, args: tuple[Any, ...]) -> float:
+    import triton.testing
+
+    try:
+        return float(triton.testing.do_bench(lambda: launch(kernel, kind, xnumel, rnumel, cfg, args), warmup=5, rep=20))
+    except Exception:  # noqa: BLE001 - a config that does not compile or fit simply loses
+        return float("inf")
+
+
+def autotuned_launch(kernel: Any, kind: str, xnumel: int, rnumel: int, args: tuple[Any, ...],
+                     cache_dir: str | None = None) -> None:
+    """Launch with the fastest of `candidate_configs`, timed on the first call on
+    clones of the arguments (so a kernel that reads what it writes is not run twice
+    on its real buffers) and remembered on disk by source, Triton version and GPU."""
+    import torch
+
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cuda"))
+    mem_key = (kernel, f"{kind}:{xnumel}:{rnumel}")
+    cfg = _BEST.get(mem_key)
+    if cfg is None:
+        path = _cache_path(_tune_key(kernel, kind, xnumel, rnumel, device), cache_dir)
+        if os.path.exists(path):
+            with open(path) as f:
+                cfg = LaunchConfig(**json.load(f))
+        else:
+            scratch = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+            timed = [(_time(kernel, kind, xnumel, rnumel, c, scratch), i, c)
+                     for i, c in enumerate(candidate_configs(kind, xnumel, rnumel))]
+            cfg = min(timed)[2]
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(attrs.asdict(cfg), f)
+            os.replace(tmp, path)
+        _BEST[mem_key] = cfg
+    launch(kernel, kind, xnumel, rnumel, cfg, args)
+
+
+class autotuned:  # noqa: N801 - used like a decorator in output_code.py
+    """Stands in for a kernel in `kernel[grid](*args, xnumel, [rnumel], XBLOCK=...)`
+    launch lines: on CUDA tensors it ignores the given grid and blocks and launches
+    the autotuned config; elsewhere (the interpreter) it launches as written."""
+
+    def __init__(self, kernel: Any, kind: str, cache_dir: str | None = None) -> None:
+        self.kernel = kernel
+        self.kind = kind
+        self.cache_dir = cache_dir
+
+    def __getitem__(self, launch_grid: tuple[int, ...]) -> Any:
+        def run(*args: Any, **meta: Any) -> None:
+            n = 1 if self.kind == "pointwise" else 2
+            tensors, sizes = args[:-n], args[-n:]
+            if not any(getattr(a, "is_cuda", False) for a in tensors):
+                self.kernel[launch_grid](*args, **meta)
+                return
+            rnumel = sizes[1] if n == 2 else 1
+            autotuned_launch(self.kernel, self.kind, sizes[0], rnumel, tensors, self.cache_dir)
+
+        return run
+
+
+# ---- CPU tensors ------------------------------------------------------------------------------
+
+
+def interpreter_on() -> bool:
+    """Whether `triton.jit` builds interpreted kernels (TRITON_INTERPRET=1 read when
+    triton.language was imported, which decorated tl's own jit functions)."""
+    import triton.language as tl
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(getattr(tl, "zeros_like", None), InterpretedFunction)
+
+
+@contextmanager
+def interpreted() -> Iterator[None]:
+    """The guard of a call whose kernels take CPU tensors."""
+    if not interpreter_on():
+        raise CoilError(
+            "target 'triton' on CPU tensors runs kernels in the Triton interpreter: set TRITON_INTERPRET=1 "
+            "before triton is imported (or use target 'cpp')"
+        )
+    yield

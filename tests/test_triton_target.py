@@ -1,0 +1,387 @@
+"""The triton target end to end: every op case of tests/op_cases.py, then the kernel
+shapes one at a time (pointwise tails, persistent and looped reductions, epilogues,
+registers instead of memory), dtypes (half, int, bool, 0-d), the launch heuristics
+and autotuning.
+
+On a machine without CUDA the kernels run on CPU tensors in the Triton interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported).  Tests marked
+`cuda` repeat cases on the GPU; run them without the interpreter to compile real
+kernels:  TRITON_INTERPRET=0 python3 -m pytest -q -m cuda tests/test_triton_target.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any, Callable, Sequence
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import coil
+from coil.backends.triton import runtime
+from coil.errors import CoilError
+from coil.ir.module import CompiledModule
+from op_cases import (
+    CREATION_CASES,
+    DECOMP_CASES,
+    POINTWISE_CASES,
+    PROMOTION_CASES,
+    REDUCTION_CASES,
+    RUNNERS,
+    VIEW_CASES,
+    OpCase,
+    check_case,
+    tolerances,
+)
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="CPU tensors need TRITON_INTERPRET=1")
+needs_cuda = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
+# masked-off lanes of the interpreter divide by zero and take logs of 0 on purpose
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+DEVICES = [
+    pytest.param("cpu", marks=needs_interpreter),
+    pytest.param("cuda", marks=needs_cuda),
+]
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def compile_fn(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], **options: Any) -> Any:
+    gm = make_fx(fn)(*inputs)
+    return coil.compile_graph(gm, inputs, coil.Options(target="triton", **options))
+
+
+def module_of(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], **options: Any) -> CompiledModule:
+    gm = make_fx(fn)(*inputs)
+    module = coil.default_pipeline().run(gm, inputs, options=coil.Options(target="triton", **options))
+    assert isinstance(module, CompiledModule)
+    return module
+
+
+def check(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], atol: float | None = None,
+          rtol: float | None = None, **options: Any) -> Any:
+    """Compile, run, compare every output with eager (dtype and shape included)."""
+    compiled = compile_fn(fn, inputs, **options)
+    got = compiled(*inputs)
+    want = fn(*inputs)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True)
+    return compiled
+
+
+def kernel_sources(compiled: Any) -> list[str]:
+    return [k.source for k in compiled.module.kernels]
+
+
+# ---- every op case -------------------------------------------------------------------------------
+
+CASE_LISTS = {
+    "pointwise": POINTWISE_CASES,
+    "creation": CREATION_CASES,
+    "promotion": PROMOTION_CASES,
+    "reduction": REDUCTION_CASES,
+    "view": VIEW_CASES,
+    "decomp": DECOMP_CASES,
+}
+
+
+def covering_params(device_marks: Sequence[Any] = ()) -> list[Any]:
+    """Every case, in every dtype it lists (on its first shape kind) and on every
+    shape kind it lists (in its first dtype).  Dtypes drive the casts and op
+    spellings, shape kinds the index math; their cross product adds no code path
+    and would double the interpreter's time."""
+    out = []
+    for family, cases in CASE_LISTS.items():
+        for c in cases:
+            combos = [(c.shape_kinds[0], dt) for dt in c.dtypes] + [(k, c.dtypes[0]) for k in c.shape_kinds[1:]]
+            for kind, dt in combos:
+                out.append(pytest.param(c, kind, dt, marks=device_marks,
+                                        id=f"{family}-{c.name}-{kind}-{str(dt).removeprefix('torch.')}"))
+    return out
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case, shape_kind, dtype", covering_params())
+def test_op_case(case: OpCase, shape_kind: str, dtype: torch.dtype) -> None:
+    check_case(case, shape_kind, dtype, RUNNERS["triton"])
+
+
+def on_cuda(t: torch.Tensor) -> torch.Tensor:
+    """A GPU copy with the same strides and storage offset (expanded ones too)."""
+    storage = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).cuda()
+    return storage.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def check_case_cuda(case: OpCase, shape_kind: str, dtype: torch.dtype) -> None:
+    """check_case, traced and run on the GPU (so creation ops get device='cuda')."""
+    inputs = tuple(on_cuda(t) for t in case.make_inputs(dtype, shape_kind, torch.Generator().manual_seed(0)))
+    try:
+        want = case.fn(*inputs)
+    except RuntimeError as e:
+        if "same device" not in str(e):
+            raise
+        pytest.skip("the case builds CPU tensors of its own (weights, constants)")
+    want = tuple(want) if isinstance(want, (tuple, list)) else (want,)
+    if any(not w.is_cuda for w in want):
+        pytest.skip("eager makes CPU tensors here: those kernels need the interpreter")
+    gm = make_fx(case.fn)(*inputs)
+    got = coil.compile_graph(gm, inputs, coil.Options(target="triton"))(*inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True, **tolerances(w.dtype))
+
+
+@pytest.mark.parametrize("case, shape_kind, dtype", covering_params(needs_cuda))
+def test_op_case_cuda(case: OpCase, shape_kind: str, dtype: torch.dtype) -> None:
+    check_case_cuda(case, shape_kind, dtype)
+
+
+# ---- the seed ---------------------------------------------------------------------------------------
+
+
+def seed_fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return ((a + b) * c.relu()).sum(dim=-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seed_is_one_kernel_loading_three_inputs(device: str) -> None:
+    inputs = [torch.randn(64, 128, device=device) for _ in range(3)]
+    compiled = check(seed_fn, inputs)
+    (src,) = kernel_sources(compiled)
+    assert src.count("tl.load(in_ptr") == 3
+    assert "xmask" in src and "rmask" in src
+    assert "tl.sum(" in src
+    assert re.search(r"def triton_per_fused_add_mul_relu_sum_0\(in_ptr0, in_ptr1, in_ptr2, out_ptr0, "
+                     r"xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr\)", src)
+    assert "triton_per_fused_add_mul_relu_sum_0[grid(64, " in compiled.source
+    guard = "with torch.cuda.device('cuda:0'):" if device == "cuda" else "with interpreted():"
+    assert f"    {guard}\n" in compiled.source
+
+
+# ---- pointwise ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pointwise_tail(device: str) -> None:
+    """1043 elements: the second program's lanes past the end are masked."""
+    x = torch.randn(7, 149, device=device)
+    compiled = check(lambda a: a * 2 + 1, [x])
+    assert "xmask = xindex < xnumel" in kernel_sources(compiled)[0]
+    assert "grid(1043, 1024)" in compiled.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_transposed_and_offset_inputs(device: str) -> None:
+    base = torch.randn(40, 30, device=device)
+    check(lambda a, b: a.sin() + b, [base.t(), torch.randn(31, 41, device=device)[1:, 1:]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_dim_output(device: str) -> None:
+    check(lambda a, b: (a * b).sum(), [torch.randn(5, 7, device=device), torch.randn((), device=device)])
+    check(lambda a: a + 1, [torch.randn((), device=device)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_compute_in_float32(device: str, dtype: torch.dtype) -> None:
+    x = torch.randn(16, 33, device=device).to(dtype)
+    y = torch.randn(33, device=device).to(dtype)
+    compiled = check(lambda a, b: (a * b + 1).softmax(-1), [x, y], atol=1e-2, rtol=1.6e-2)
+    src = "\n".join(kernel_sources(compiled))
+    assert ".to(tl.float32)" in src
+    assert "bf16" in src if dtype == torch.bfloat16 else ".to(tl.float16)" in src
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int_inputs(device: str) -> None:
+    a = torch.randint(-50, 50, (9, 13), device=device, dtype=torch.int32)
+    b = torch.randint(1, 7, (13,), device=device, dtype=torch.int32)
+    check(lambda x, y: (x // y, x % y, x.sum(-1), (x * y).amax(0), x.to(torch.int64).prod(-1)), [a, b])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bool_outputs(device: str) -> None:
+    x = torch.randn(6, 10, device=device)
+    check(lambda a: (a > 0, (a > 1).any(-1), (a > -2).all(-1), (a > 0) & (a < 1)), [x])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_size_kernel_is_not_launched(device: str) -> None:
+    compiled = check(lambda a: a * 2, [torch.randn(0, 5, device=device)])
+    assert "nothing to compute" in compiled.source
+
+
+# ---- reductions -------------------------------------------------------------------------------------
+
+LOOPED = {"persistent_reduction_threshold": 16}
+KINDS = [pytest.param({}, id="persistent"), pytest.param(LOOPED, id="looped")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", KINDS)
+def test_softmax_is_one_kernel(device: str, opts: dict[str, Any]) -> None:
+    compiled = check(lambda a: torch.softmax(a, -1), [torch.randn(12, 40, device=device)], **opts)
+    (src,) = kernel_sources(compiled)
+    # max, sum and the output: registers, not memory, carry buf0..buf2
+    assert src.count("tl.store(") == 1 and src.count("tl.load(") == (1 if not opts else 3)
+    if opts:  # max; exp and its sum; the division: one loop each, exp recomputed
+        assert src.count("for roffset in range(0, 40, RBLOCK):") == 3
+        assert "triton_red_" in src
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", KINDS)
+def test_layer_norm(device: str, opts: dict[str, Any]) -> None:
+    x = torch.randn(10, 48, device=device)
+    w, b = torch.randn(48, device=device), torch.randn(48, device=device)
+    check(lambda a, c, d: torch.nn.functional.layer_norm(a, (48,), c, d), [x, w, b], atol=1e-5, rtol=1e-4, **opts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", KINDS)
+def test_var_mean_is_one_kernel_with_two_outputs(device: str, opts: dict[str, Any]) -> None:
+    x = torch.randn(7, 50, device=device) * 3 + 10
+    compiled = check(lambda a: torch.var_mean(a, -1, correction=1), [x], **opts)
+    (src,) = kernel_sources(compiled)
+    assert src.count("tl.store(") == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_looped_reduction_with_a_tail(device: str) -> None:
+    """1500 > RBLOCK = 1024: two steps, the second one partly masked."""
+    x = torch.randn(3, 1500, device=device)
+    compiled = check(lambda a: (a.sum(-1), a.amax(-1), a.argmin(-1), a.var(-1)), [x], **LOOPED)
+    assert "RBLOCK=1024" in compiled.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", KINDS)
+def test_argmax_first_index_and_nan(device: str, opts: dict[str, Any]) -> None:
+    x = torch.tensor([[1.0, 3.0, 3.0, -1.0] * 5, [2.0, float("nan"), 5.0, float("nan")] * 5,
+                      [float("-inf")] * 20, [0.0] * 19 + [7.0]], device=device)
+    check(lambda a: (a.argmax(-1), a.argmin(-1), a.amax(-1), a.amin(-1)), [x], **opts)
+    ints = torch.tensor([[4, 1, 4, 1] * 5, [-3] * 20], device=device, dtype=torch.int32)
+    check(lambda a: (a.argmax(-1), a.argmin(-1), a.amax(-1)), [ints], **opts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", KINDS)
+def test_amax_propagates_nan(device: str, opts: dict[str, Any]) -> None:
+    x = torch.randn(5, 30, device=device)
+    x[1, 7] = float("nan")
+    x[3, 29] = float("nan")
+    check(lambda a: (a.amax(-1), a.amin(-1), *a.max(-1)), [x], **opts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", KINDS)
+def test_prod_any_all_over_bool_and_float(device: str, opts: dict[str, Any]) -> None:
+    x = torch.rand(6, 20, device=device) + 0.5
+    m = torch.rand(6, 20, device=device) > 0.1
+    check(lambda a, b: (a.prod(-1), b.any(-1), b.all(-1), b.sum(-1), b.amax(-1)), [x, m], **opts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", KINDS)
+def test_full_reduction_to_zero_dim(device: str, opts: dict[str, Any]) -> None:
+    x = torch.randn(9, 11, device=device)
+    check(lambda a: (a.sum(), a.amax(), a.argmax(), a.var()), [x], atol=1e-5, rtol=1e-5, **opts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduction_over_a_transposed_input(device: str) -> None:
+    x = torch.randn(33, 17, device=device).t()
+    check(lambda a: (a.sum(-1), a.mean(0), a.amax(-1)), [x], **LOOPED)
+    check(lambda a: (a.sum(-1), a.mean(0), a.amax(-1)), [x])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_epilogue_reads_reduction_from_registers(device: str) -> None:
+    """x - x.mean(-1) fused: the mean never goes to memory."""
+    x = torch.randn(8, 24, device=device)
+    compiled = check(lambda a: a - a.mean(-1, keepdim=True), [x])
+    (src,) = kernel_sources(compiled)
+    assert src.count("tl.load(") == 1 and src.count("tl.store(") == 1
+
+
+def test_kernel_comments_name_the_ops() -> None:
+    src = module_of(lambda a: torch.softmax(a, -1), [torch.randn(4, 8)]).kernels[0].source
+    assert "# buf0: reduction max from _softmax" in src
+
+
+def test_int64_indexing_past_2_31() -> None:
+    """Offsets at or past 2**31 switch the kernel's index math to int64 (checked on
+    the generated source: meta tensors allocate nothing)."""
+    big = torch.empty(2**31 + 8, device="meta", dtype=torch.int8)
+    src = module_of(lambda a: a + 1, [big]).kernels[0].source
+    assert "tl.program_id(0).to(tl.int64)" in src
+    small = torch.empty(1024, device="meta", dtype=torch.int8)
+    assert ".to(tl.int64)" not in module_of(lambda a: a + 1, [small]).kernels[0].source
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_properties(0).total_memory < 16 * 2**30 if HAS_CUDA else True,
+                    reason="needs a CUDA device with 16 GiB")
+def test_int64_indexing_runs_on_cuda() -> None:
+    x = torch.ones(2**31 + 1000, device="cuda", dtype=torch.int8)
+    x[-3] = 5
+    (out,) = compile_fn(lambda a: a * 2, [x])(x)
+    assert out[-3].item() == 10 and out[0].item() == 2 and out[-1].item() == 2
+
+
+# ---- launch heuristics, autotuning, guards --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, xnumel, rnumel", [
+    ("pointwise", 10, 1), ("pointwise", 10**6, 1), ("persistent", 1000, 7), ("persistent", 3, 1024),
+    ("reduction", 64, 5000), ("reduction", 1, 10**6),
+])
+def test_configs_are_legal(kind: str, xnumel: int, rnumel: int) -> None:
+    for cfg in runtime.candidate_configs(kind, xnumel, rnumel):
+        assert cfg.xblock & (cfg.xblock - 1) == 0 and cfg.num_warps in (1, 2, 4, 8, 16)
+        if kind == "persistent":
+            assert cfg.rblock >= rnumel  # the whole row in one tile
+        if kind == "pointwise":
+            assert cfg.rblock == 0
+    h = runtime.heuristic_config(kind, xnumel, rnumel)
+    assert h == runtime.candidate_configs(kind, xnumel, rnumel)[0]
+    assert math.prod(runtime.grid(xnumel, h.xblock)) * h.xblock >= xnumel
+
+
+def test_pointwise_heuristic() -> None:
+    assert runtime.heuristic_config("pointwise", 1 << 20, 1) == runtime.LaunchConfig(1024, 0, 4)
+    assert runtime.heuristic_config("pointwise", 24, 1).xblock == 32
+
+
+@needs_interpreter
+def test_autotune_option_keeps_cpu_launches() -> None:
+    """With autotune on, CPU (interpreted) kernels launch with the written config."""
+    compiled = check(lambda a: torch.softmax(a, -1), [torch.randn(4, 16)], autotune=True)
+    assert re.search(r"triton_per_\w+ = autotuned\(triton_per_\w+, 'persistent'\)", compiled.source)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_autotune_on_cuda_caches_the_winner(tmp_path: Any) -> None:
+    x = torch.randn(64, 3000, device="cuda")
+    compiled = check(lambda a: torch.softmax(a, -1), [x], autotune=True, cache_dir=str(tmp_path))
+    tuned = list((tmp_path / "triton-autotune").glob("*.json"))
+    assert len(tuned) == len(compiled.module.kernels)
+    check(lambda a: torch.softmax(a, -1), [x], autotune=True, cache_dir=str(tmp_path))  # from the cache
+
+
+def test_cpu_tensors_without_interpreter_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "interpreter_on", lambda: False)
+    with pytest.raises(CoilError, match="TRITON_INTERPRET=1"):
+        with runtime.interpreted():
+            pass
