@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 import operator
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -118,14 +119,16 @@ class GraphBuilder:
         self.inputs.append(tensor)
         return self._keep(Value(node, tensor, exact=True))
 
-    def call(self, op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *, exact: bool = False) -> Value:
-        """One aten call with a tensor result."""
+    def call(self, op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
+             exact: bool | Callable[[torch.dtype], bool] = False) -> Value:
+        """One aten call with a tensor result.  `exact` may depend on the result's
+        dtype (integer results of exact operands are exact)."""
         kwargs = kwargs or {}
         out = self._run(op, args, kwargs)
         assert isinstance(out, torch.Tensor), f"{op} returned {type(out).__name__}"
         _check_value(out)
-        node = self.graph.call_function(op, _nodes(args), _nodes(kwargs))
-        return self._keep(Value(node, out, exact))
+        node = self._node(op, args, kwargs)
+        return self._keep(Value(node, out, exact(out.dtype) if callable(exact) else exact))
 
     def call_multi(self, op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, exact: Sequence[bool]) -> tuple[Value, ...]:
         """One aten call with a tuple result; each element gets a getitem node."""
@@ -133,7 +136,7 @@ class GraphBuilder:
         outs = self._run(op, args, kwargs)
         for t in outs:
             _check_value(t)
-        node = self.graph.call_function(op, _nodes(args), _nodes(kwargs))
+        node = self._node(op, args, kwargs)
         return tuple(
             self._keep(Value(self.graph.call_function(operator.getitem, (node, i)), t, e))
             for i, (t, e) in enumerate(zip(outs, exact))
@@ -147,6 +150,12 @@ class GraphBuilder:
         gm.graph.lint()
         return gm
 
+    def _node(self, op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.fx.Node:
+        """A call_function node named as make_fx names it (add, add_1, ...), so a
+        drawn graph reads like a traced one."""
+        name = getattr(op, "_opname", None)
+        return self.graph.create_node("call_function", op, _nodes(tuple(args)), _nodes(kwargs), name=name)
+
     def _run(self, op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # var's "degrees of freedom" and friends
@@ -155,6 +164,10 @@ class GraphBuilder:
     def _keep(self, v: Value) -> Value:
         self.values.append(v)
         return v
+
+    def sinks(self) -> list[Value]:
+        """The computed values nothing reads: the program's natural outputs."""
+        return [v for v in self.values if v.node.op == "call_function" and not v.node.users]
 
     # ---- choosing operands -------------------------------------------------------------
 
@@ -169,7 +182,7 @@ class GraphBuilder:
         """|v| <= limit, by a clamp when the values need one."""
         if v.dtype == torch.bool or v.max_abs() <= limit:
             return v
-        lim: float | int = int(limit) if is_int(v.dtype) else limit
+        lim: float | int = max(1, int(limit)) if is_int(v.dtype) else limit
         return self.call(aten.clamp.default, (v, -lim, lim), exact=v.exact)
 
     def positive(self, v: Value, margin: float = 0.1, limit: float = 1.0e3) -> Value:
