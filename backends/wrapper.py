@@ -9,8 +9,9 @@ from typing import Any
 import torch
 
 from coil.backends.common import KernelBackend
+from coil.ir.buffers import ComputedBuffer, ExternBuffer
 from coil.ir.layout import Layout
-from coil.ir.lowered import TensorRef
+from coil.ir.lowered import TensorRef, resolve_kernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import (
     Alloc,
@@ -41,6 +42,19 @@ def py_value(v: Any) -> str:
     if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
         return f"float({str(v)!r})"
     return repr(v)
+
+
+def owns_storage(program: WrapperProgram, name: str) -> bool:
+    """Only storage coil owns may be poisoned: a view's storage is its base's (maybe
+    a caller's input); an extern's result is its own unless the op returns an alias
+    of an argument or a tuple."""
+    b = program.plan.schedule.graph.graph.get(name)
+    if isinstance(b, ComputedBuffer):
+        return True
+    if isinstance(b, ExternBuffer) and b.layout is not None:
+        returns = resolve_kernel(b.kernel)._schema.returns
+        return len(returns) == 1 and returns[0].alias_info is None
+    return False
 
 
 def layout_args(lay: Layout) -> str:
@@ -86,7 +100,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
             case MultiOutputLine():
                 out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i}]' for i in ln.index)}")
             case Free():
-                if ln.kind == "buffer" and options.sanitize:
+                if ln.kind == "buffer" and options.sanitize and owns_storage(program, ln.name):
                     out.append(f"    poison({ln.name}); del {ln.name}")
                 else:
                     out.append(f"    del {ln.name}")

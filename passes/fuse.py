@@ -114,23 +114,54 @@ class _Fuser:
         common = touched(a) & touched(b)
         return sum(self.g.graph.layout(n).nbytes for n in common if self.g.graph.get(n).layout is not None)
 
-    def will_fusion_create_cycle(self, a: Group, b: Group) -> bool:
-        """True when a path leaves one group through an outside node and comes back
-        into the other: merging would make that path a cycle."""
+    def will_fusion_create_cycle(self, a: Group, b: Group, prune: bool = True) -> bool:
+        """True when a path leaves one group through an outside group and comes back
+        into the other: merging would make that path a cycle.  The walk moves group
+        by group (a fused group is one node of the graph).  With `prune`, groups that
+        start after both a and b are not entered: cheap, and a round that slips a
+        cycle through anyway is undone and redone without pruning (see `fuse`)."""
         members = set(a.nodes) | set(b.nodes)
         hi = max(a.last, b.last)
         stack = [c for n in members for c in self.consumers[n] if c not in members]
         seen: set[str] = set()
         while stack:
             x = stack.pop()
-            if x in seen or self.pos[x] > hi:
+            key = self.group_of.get(x, x)
+            if key in seen:
                 continue
-            seen.add(x)
-            for c in self.consumers[x]:
-                if c in members:
-                    return True
-                stack.append(c)
+            seen.add(key)
+            grp = self.groups.get(key)
+            nodes = grp.nodes if grp is not None else (x,)
+            if prune and (grp.first if grp is not None else self.pos[x]) > hi:
+                continue
+            for n in nodes:
+                for c in self.consumers[n]:
+                    if c in members:
+                        return True
+                    stack.append(c)
         return False
+
+    def is_acyclic(self) -> bool:
+        """Kahn's algorithm over the current groups (one unit per group)."""
+        unit = {n.name: self.group_of.get(n.name, n.name) for n in self.g.nodes}
+        indeg: dict[str, int] = {u: 0 for u in set(unit.values())}
+        succ: dict[str, set[str]] = {u: set() for u in indeg}
+        for n, prods in self.producers.items():
+            for p in prods:
+                a, b = unit[p], unit[n]
+                if a != b and b not in succ[a]:
+                    succ[a].add(b)
+                    indeg[b] += 1
+        ready = [u for u, d in indeg.items() if d == 0]
+        done = 0
+        while ready:
+            u = ready.pop()
+            done += 1
+            for v in succ[u]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    ready.append(v)
+        return done == len(indeg)
 
     # ---- rounds -------------------------------------------------------------------------------
 
@@ -153,7 +184,7 @@ class _Fuser:
                     seen.add(key)
                     yield key[0], key[1], "horizontal"
 
-    def run_round(self, rnd: int) -> int:
+    def run_round(self, rnd: int, prune: bool = True) -> int:
         ranked: list[tuple[int, int, str, str, str]] = []
         for a, b, direction in self.candidates():
             ga, gb = self.groups[a], self.groups[b]
@@ -170,7 +201,7 @@ class _Fuser:
             if why is not None:
                 self.log.append(FusionDecision(rnd, a, b, direction, "illegal", why, -neg))
                 continue
-            if self.will_fusion_create_cycle(ga, gb):
+            if self.will_fusion_create_cycle(ga, gb, prune):
                 self.log.append(FusionDecision(rnd, a, b, direction, "refused", "cycle", -neg))
                 continue
             self.merge(ga, gb)
@@ -260,7 +291,13 @@ def fuse(g: ScheduleGraph, options: Options) -> FusedSchedule:
     """Group scheduler nodes into kernels; log every decision."""
     f = _Fuser(g, options)
     for rnd in range(options.fusion_rounds):
-        if f.run_round(rnd) == 0:
+        saved = (dict(f.groups), dict(f.group_of), len(f.log))
+        fused = f.run_round(rnd)
+        if not f.is_acyclic():  # the pruned cycle check missed a path: redo exactly
+            f.groups, f.group_of = dict(saved[0]), dict(saved[1])
+            del f.log[saved[2]:]
+            fused = f.run_round(rnd, prune=False)
+        if fused == 0:
             break
     steps = f.steps()
     named: list[Step] = []

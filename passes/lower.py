@@ -168,7 +168,9 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         if out is not NotImplemented:
             log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)
             return out
-        del ctx.nodes[mark:]  # the lowering declined this call: try the next way
+        del ctx.nodes[mark:]  # the lowering declined this call: run the aten op
+        log.debug("lower %s: %s -> extern fallback (lowering declined)", node.name, target)
+        return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
     if target in DECOMPOSITIONS and depth < 8:
         log.debug("lower %s: %s -> decomposition", node.name, target)
         sub = decompose(node, vals, ctx.device)

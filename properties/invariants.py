@@ -90,12 +90,19 @@ def _line_defines(ln: object) -> list[str]:
 def check_lifetimes(w: WrapperProgram) -> None:
     live = set(w.inputs)
     freed: set[str] = set()
+    base_of: dict[str, str] = {}  # a view's storage owner (a tuple's elements own theirs)
     for k, ln in enumerate(w.lines):
-        for n in _line_uses(ln):
-            if n in freed:
-                raise InvariantError(f"line {k}: {n} used after its free")
-            if n not in live:
-                raise InvariantError(f"line {k}: {n} used before it is allocated")
+        for used in _line_uses(ln):
+            n: str | None = used
+            while n is not None:  # reading a view reads its base's storage
+                if n in freed:
+                    via = "" if n == used else f" (through {used})"
+                    raise InvariantError(f"line {k}: {n} used after its free{via}")
+                if n not in live:
+                    raise InvariantError(f"line {k}: {n} used before it is allocated")
+                n = base_of.get(n)
+        if isinstance(ln, ReinterpretView):
+            base_of[ln.name] = ln.base
         if isinstance(ln, Reuse):
             live.discard(ln.old)
             freed.add(ln.old)

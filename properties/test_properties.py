@@ -248,8 +248,6 @@ def test_sanitize_catches_free_before_last_use(aliased_case: Any) -> None:
     torch.testing.assert_close(run_program(broken, REFERENCE, inputs), expected)
 
 
-@pytest.mark.xfail(strict=True, reason="check_lifetimes counts a ReinterpretView's readers as uses of the view "
-                   "only, not of its base, so freeing the base before the view's last reader passes it")
 def test_check_lifetimes_catches_free_before_alias_use(aliased_case: Any) -> None:
     broken, base = base_freed_before_alias_use(aliased_case[0])
     with pytest.raises(InvariantError, match=re.escape(base)):

@@ -4,7 +4,7 @@ A lowering is `fn(ctx, *args, **kwargs) -> TensorValue | tuple | scalar`; `args`
 the FX node's arguments with each tensor replaced by a `TensorValue`.  It adds IR
 nodes through `ctx` (a `LowerCtx`, made fresh for each `lower` call: no global
 graph) and returns the value of the FX node, or NotImplemented (before adding any node) to
-decline a call it cannot take: `lower` then tries the decomposition, then an Extern.
+decline a call it cannot take: `lower` then calls the aten op as an Extern.
 
     LOWERINGS[aten.add.Tensor] = fn        via @register_lowering(aten.add)
     register_pointwise(aten.exp, "exp")   one line per elementwise op
