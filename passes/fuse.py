@@ -59,6 +59,7 @@ class _Fuser:
         self.groups: dict[str, Group] = {}
         self.group_of: dict[str, str] = {}
         self.log: list[FusionDecision] = []
+        self._registers: dict[tuple[str, str, tuple[int, int]], bool] = {}
         # dependency edges between scheduler nodes (producer -> consumers)
         self.consumers: dict[str, set[str]] = {n.name: set() for n in g.nodes}
         self.producers: dict[str, set[str]] = {n.name: set() for n in g.nodes}
@@ -98,9 +99,18 @@ class _Fuser:
         inside = set(members)
         for c in members:
             for p in self.producers[c]:
-                if p in inside and not reads_in_registers(self.bufs[c], self.bufs[p], grp):
+                if p in inside and not self.in_registers(c, p, grp):
                     return f"index: {c} reads {p} at another position than {p} writes it"
         return None
+
+    def in_registers(self, consumer: str, producer: str, grp: tuple[int, int]) -> bool:
+        """reads_in_registers, remembered: groups grow one merge at a time, so the
+        same pairs come back every round (sympy simplification dominates otherwise)."""
+        key = (consumer, producer, grp)
+        hit = self._registers.get(key)
+        if hit is None:
+            hit = self._registers[key] = reads_in_registers(self.bufs[consumer], self.bufs[producer], grp)
+        return hit
 
     def score_fusion_memory(self, a: Group, b: Group) -> int:
         """Bytes of the buffers both groups touch (saved when fused)."""
