@@ -98,6 +98,8 @@ def _split_floordiv(a: sympy.Expr, b: int, ranges: Mapping[sympy.Symbol, int]) -
 
 def _split_terms(a: sympy.Expr, k: int) -> tuple[sympy.Expr, sympy.Expr]:
     """(terms whose integer coefficient k divides, the other terms)."""
+    if k == 0:  # a zero-size loop: nothing divides by it
+        return sympy.Integer(0), a
     terms = sympy.Add.make_args(sympy.expand(a))
     whole = [t for t in terms if _coeff(t) % k == 0 and not t.is_Integer or (t.is_Integer and int(t) % k == 0)]
     rest = [t for t in terms if t not in whole]
@@ -116,7 +118,7 @@ def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.E
         args = [visit(a) for a in node.args]
         if isinstance(node, FloorDiv):
             a, b = args
-            if b.is_Integer:
+            if b.is_Integer and int(b) > 0:
                 s = _split_floordiv(a, int(b), ranges)
                 if s is not None:
                     return s
@@ -129,7 +131,7 @@ def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.E
             return FloorDiv(sympy.expand(a), b)
         if isinstance(node, ModularIndexing):
             a, b, c = args
-            if b.is_Integer and c.is_Integer:
+            if b.is_Integer and c.is_Integer and int(b) > 0 and int(c) > 0:
                 whole, rest = _split_terms(a, int(b) * int(c))
                 if whole != 0:  # multiples of b*c do not change (a // b) % c
                     return visit(ModularIndexing(rest, b, c))

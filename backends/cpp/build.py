@@ -1,0 +1,190 @@
+"""Compile a C++ translation unit once, cache the shared object on disk, load it
+with ctypes.
+
+The cache key hashes the source, the compiler flags and the compiler's version,
+so a new compiler or flag never reuses an old binary.  Next to each `<key>.so`
+lie `<key>.cpp` (the source a compile error points at) and `<key>.json`, a
+sidecar with the key and the SHA-256 of the .so: an entry whose sidecar is
+missing or disagrees (a crashed writer, a corrupted file) is rebuilt, never
+loaded.  The .so is compiled to a temporary name and renamed into place, so a
+reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from typing import Any
+
+import attrs
+
+from coil.errors import CoilError
+
+# No -ffast-math: NaN and Inf must behave as in eager.  -fno-math-errno and
+# -fno-trapping-math only drop errno writes and FP-exception ordering (results are
+# unchanged) so sqrt and selects vectorize; -ffp-contract=off keeps a*b+c two
+# roundings, as eager computes it.
+BASE_FLAGS = (
+    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+    "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
+)
+
+
+def compiler() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+@functools.cache
+def compiler_version(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise CoilError(f"the cpp target needs a C++ compiler; running {cxx!r} failed: {e}", stage="kernel_gen") from e
+    return out.splitlines()[0] if out else cxx
+
+
+@functools.cache
+def has_libmvec() -> bool:
+    """glibc >= 2.35 on x86-64 ships vector exp/log/erf/tanh/... in libmvec."""
+    if platform.machine() != "x86_64":
+        return False
+    try:
+        version = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return False
+    parts = version.split()[-1].split(".") if version.startswith("glibc") else []
+    if len(parts) < 2 or (int(parts[0]), int(parts[1])) < (2, 35):
+        return False
+    return ctypes.util.find_library("mvec") is not None
+
+
+def compile_flags() -> tuple[str, ...]:
+    return BASE_FLAGS + (("-DCOIL_LIBMVEC",) if has_libmvec() else ())
+
+
+def link_flags() -> tuple[str, ...]:
+    return ("-lmvec",) if has_libmvec() else ()
+
+
+@attrs.frozen
+class CacheEntry:
+    key: str
+    directory: str
+
+    def path(self, ext: str) -> str:
+        return os.path.join(self.directory, f"{self.key}.{ext}")
+
+    @property
+    def so(self) -> str:
+        return self.path("so")
+
+    @property
+    def cpp(self) -> str:
+        return self.path("cpp")
+
+    @property
+    def sidecar(self) -> str:
+        return self.path("json")
+
+
+def cache_entry(source: str, cache_dir: str | None = None) -> CacheEntry:
+    from coil.backends.runtime import cache_dir as default_cache_dir
+
+    cxx = compiler()
+    material = "\0".join([source, cxx, " ".join(compile_flags() + link_flags()), compiler_version(cxx)])
+    key = "k" + hashlib.sha256(material.encode()).hexdigest()[:40]
+    directory = os.path.join(default_cache_dir(cache_dir), "cpp")
+    os.makedirs(directory, exist_ok=True)
+    return CacheEntry(key, directory)
+
+
+def _sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def is_valid(entry: CacheEntry) -> bool:
+    """The .so exists and its sidecar vouches for exactly these bytes."""
+    try:
+        with open(entry.sidecar) as f:
+            meta = json.load(f)
+        return bool(meta.get("key") == entry.key and meta.get("so_sha256") == _sha256_file(entry.so))
+    except (OSError, ValueError):
+        return False
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def compile_entry(source: str, entry: CacheEntry) -> None:
+    """Compile `source` into entry.so (via a temporary file), then write the sidecar.
+    A failed compile raises CoilError with the compiler's message and the source path."""
+    _write_atomic(entry.cpp, source.encode())
+    fd, tmp = tempfile.mkstemp(dir=entry.directory, prefix=entry.key + ".", suffix=".so.tmp")
+    os.close(fd)
+    cmd = [compiler(), *compile_flags(), entry.cpp, "-o", tmp, *link_flags()]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise CoilError(
+                f"C++ compile failed for {entry.cpp} (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr.strip()}",
+                stage="kernel_gen",
+            )
+        os.replace(tmp, entry.so)
+    finally:
+        _remove(tmp)
+    meta = {"key": entry.key, "so_sha256": _sha256_file(entry.so), "compiler": compiler_version(compiler())}
+    _write_atomic(entry.sidecar, json.dumps(meta).encode())
+
+
+def build(source: str, cache_dir: str | None = None) -> str:
+    """The path of an up-to-date shared object for `source`, compiling if needed."""
+    entry = cache_entry(source, cache_dir)
+    if not is_valid(entry):
+        compile_entry(source, entry)
+    return entry.so
+
+
+def load_library(source: str, cache_dir: str | None = None) -> ctypes.CDLL:
+    """Build (or reuse) and dlopen; an entry the loader rejects is rebuilt once."""
+    path = build(source, cache_dir)
+    try:
+        return ctypes.CDLL(path)
+    except OSError:
+        entry = cache_entry(source, cache_dir)
+        _remove(entry.sidecar)
+        compile_entry(source, entry)
+        try:
+            return ctypes.CDLL(entry.so)
+        except OSError as e:
+            raise CoilError(f"cannot load {entry.so} (built from {entry.cpp}): {e}", stage="kernel_gen") from e
+
+
+def bind(lib: ctypes.CDLL, name: str, pointers: int) -> Any:
+    """The kernel `name`: `pointers` data pointers, then xnumel and rnumel."""
+    fn = getattr(lib, name)
+    fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64, ctypes.c_int64]
+    fn.restype = None
+    return fn

@@ -1,0 +1,48 @@
+"""The `cpp` target: C++ kernels with OpenMP for CPU tensors.
+
+Every fused kernel becomes one `extern "C"` function (backends/cpp/kernel.py);
+all kernels of a graph form ONE translation unit, embedded in output_code.py as a
+string, compiled (once, cached by hash) and loaded with ctypes when the module is
+imported (backends/cpp/build.py).  A launch passes `data_ptr()`s and the sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coil.backends.cpp.kernel import kernel_source, kernels_of, pointer_count, translation_unit
+from coil.errors import CoilError
+from coil.ir.module import KernelSource
+from coil.ir.wrapper import KernelCall, WrapperProgram
+from coil.options import Options
+
+
+class CppBackend:
+    language = "cpp"
+
+    def header(self, options: Options) -> list[str]:
+        return ["from coil.backends.cpp import build as _cpp_build"]
+
+    def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
+        return tuple(kernel_source(k, program, options) for k in program.plan.schedule.kernels)
+
+    def definitions(self, kernels: Sequence[KernelSource], options: Options) -> list[str]:
+        if not kernels:
+            return []
+        source = translation_unit(kernels)
+        if "'''" in source or "\\" in source:
+            raise CoilError("C++ source cannot be embedded as a raw string", stage="kernel_gen")
+        lines = [
+            f"_cpp_source = r'''{source}'''",
+            "",
+            f"_cpp_lib = _cpp_build.load_library(_cpp_source, {options.cache_dir!r})",
+        ]
+        lines += [f"{k.name} = _cpp_build.bind(_cpp_lib, {k.name!r}, {pointer_count(k.source)})" for k in kernels]
+        return lines
+
+    def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
+        """`kernel(buf.data_ptr(), ..., xnumel, rnumel)`; every named tensor stays
+        bound in `call` while the kernel runs."""
+        k = kernels_of(program)[line.kernel]
+        ptrs = [f"{a}.data_ptr()" for a in line.args]
+        return [f"{line.kernel}({', '.join([*ptrs, str(k.group[0]), str(k.group[1])])})"]

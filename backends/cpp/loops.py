@@ -1,0 +1,212 @@
+"""Loop nests for a C++ kernel: which loops run xindex and rindex.
+
+kernel_model says a kernel iterates a flat `xindex` over numel and a flat `rindex`
+over rnumel.  A flat loop would make every load compute `xindex / 128 % 64`, which
+stops vectorization, so the C++ target iterates a nest instead:
+
+1. refine: each node's ranges cut the flat index at their suffix products; the
+   common refinement of all cuts gives loop dims (`ix0, ix1, ...`, `ir0, ...`) such
+   that every node's own index symbols are sums of loop variables;
+2. substitute: xindex = sum(ix_i * stride_i), rindex likewise, into each node's
+   `var_map`, simplified with the loop ranges, then into its body;
+3. merge: adjacent dims that every index expression uses as one (coefficient of the
+   outer = coefficient of the inner * inner size) become one loop, so a contiguous
+   (4096, 1024) kernel is a single loop of 4M iterations.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+
+import attrs
+import sympy
+
+from coil.ir.buffers import ComputedBuffer
+from coil.ir.expr import Expr, IndexExpr, Load, rsyms, substitute_symbols, walk, xsyms
+from coil.ir.indexing import contiguous_strides, simplify_index, unflatten
+from coil.ir.layout import Layout
+from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map
+
+
+def loop_symbol(prefix: str, i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
+
+
+@attrs.frozen
+class Dim:
+    sym: sympy.Symbol
+    size: int
+
+
+@attrs.frozen
+class Nest:
+    xdims: tuple[Dim, ...]
+    rdims: tuple[Dim, ...]
+
+    @classmethod
+    def of_sizes(cls, xsizes: Sequence[int], rsizes: Sequence[int]) -> Nest:
+        return cls(tuple(Dim(loop_symbol("ix", i), s) for i, s in enumerate(xsizes)),
+                   tuple(Dim(loop_symbol("ir", i), s) for i, s in enumerate(rsizes)))
+
+    @property
+    def ranges(self) -> dict[sympy.Symbol, int]:
+        return {d.sym: d.size for d in (*self.xdims, *self.rdims)}
+
+    @property
+    def xflat(self) -> sympy.Expr:
+        return _flat(self.xdims)
+
+    @property
+    def rflat(self) -> sympy.Expr:
+        return _flat(self.rdims)
+
+
+def _flat(dims: Sequence[Dim]) -> sympy.Expr:
+    strides = contiguous_strides([d.size for d in dims])
+    return sympy.expand(sum((d.sym * s for d, s in zip(dims, strides)), sympy.Integer(0)))
+
+
+# ---- 1. refinement -------------------------------------------------------------------------
+
+
+def _suffix_products(size: Sequence[int]) -> list[int]:
+    out, acc = [1], 1
+    for s in reversed(size):
+        acc *= int(s)
+        out.append(acc)
+    return out
+
+
+def refine(total: int, cuts: Iterable[int]) -> tuple[int, ...]:
+    """Dim sizes (outermost first) of the finest nest whose boundaries are cuts
+    that divide one another and `total`; a cut that breaks the chain is dropped."""
+    if total <= 1:
+        return (total,)
+    chain = [1]
+    for c in sorted(set(cuts) | {total}):
+        if 1 < c <= total and c % chain[-1] == 0 and total % c == 0:
+            chain.append(c)
+    return tuple(chain[i + 1] // chain[i] for i in reversed(range(len(chain) - 1)))
+
+
+def initial_nest(bufs: Sequence[ComputedBuffer], group: tuple[int, int]) -> Nest:
+    n, r = group
+    xcuts: set[int] = set()
+    rcuts: set[int] = set()
+    for b in bufs:
+        role = node_role(b, group)
+        if role == "inner":
+            for p in _suffix_products(b.ranges):
+                if p % r == 0:
+                    xcuts.add(p // r)
+                elif r % p == 0:
+                    rcuts.add(p)
+        else:
+            xcuts.update(_suffix_products(b.ranges))
+            if role == "reduction":
+                rcuts.update(_suffix_products(b.reduction_ranges))
+    has_r = r > 1 or any(b.is_reduction for b in bufs)
+    return Nest.of_sizes(refine(n, xcuts), refine(r, rcuts) if has_r else ())
+
+
+# ---- 2. substitution -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class NodeIndexing:
+    """One node of the kernel in the nest's loop variables."""
+
+    buf: ComputedBuffer
+    role: str
+    body: Expr
+    store: sympy.Expr  # storage offset (relative to data_ptr) of the element it writes
+
+
+def _empty_var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sympy.Expr]:
+    """var_map for a kernel with an empty loop: its bodies never run, so the
+    symbols of the empty loop are 0 (var_map's simplification would divide by the
+    zero size)."""
+    m: dict[sympy.Symbol, sympy.Expr] = {s: sympy.Integer(0) for s in rsyms(len(b.reduction_ranges))}
+    xs = xsyms(len(b.ranges))
+    if group[0] == 0:
+        return m | {s: sympy.Integer(0) for s in xs}
+    return m | dict(zip(xs, unflatten(XINDEX, b.ranges)))
+
+
+def node_indexing(b: ComputedBuffer, group: tuple[int, int], nest: Nest) -> NodeIndexing:
+    role = node_role(b, group)
+    assert role is not None, f"{b.name} does not fit group {group}"
+    to_loops = {XINDEX: nest.xflat, RINDEX: nest.rflat}
+    ranges = nest.ranges
+    vm = _empty_var_map(b, group) if 0 in group else var_map(b, group)
+    m = {s: simplify_index(e.xreplace(to_loops), ranges) for s, e in vm.items()}
+    store = b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m) - b.layout.offset
+    return NodeIndexing(b, role, substitute_symbols(b.body, m), simplify_index(store, ranges))
+
+
+def index_expressions(nodes: Sequence[NodeIndexing], layouts: dict[str, Layout], inside: set[str],
+                      ranges: dict[sympy.Symbol, int], stored: set[str]) -> list[sympy.Expr]:
+    """Every index the kernel computes: load offsets from memory, store offsets and
+    index values (IndexExpr), in loop variables."""
+    out: list[sympy.Expr] = []
+    for nd in nodes:
+        if nd.buf.name in stored:
+            out.append(nd.store)
+        for e in walk(nd.body):
+            if isinstance(e, Load) and e.name not in inside:
+                lay = layouts[e.name]
+                out.append(simplify_index(lay.offset_of(e.index) - lay.offset, ranges))
+            elif isinstance(e, IndexExpr):
+                out.append(simplify_index(e.expr, ranges))
+    return out
+
+
+# ---- 3. merging -------------------------------------------------------------------------------
+
+
+def affine_coeffs(e: sympy.Expr, syms: Sequence[sympy.Symbol]) -> dict[sympy.Symbol, int] | None:
+    """Integer coefficients of `syms` when `e` is affine in them (they appear only
+    as `c * sym` terms); None when one hides in a FloorDiv / ModularIndexing."""
+    out = {s: 0 for s in syms}
+    wanted = set(syms)
+    for term in sympy.Add.make_args(sympy.expand(e)):
+        present = term.free_symbols & wanted
+        if not present:
+            continue
+        c, rest = term.as_coeff_Mul()
+        if len(present) != 1 or rest not in wanted or not c.is_Integer:
+            return None
+        out[rest] += int(c)
+    return out
+
+
+def _mergeable(outer: Dim, inner: Dim, exprs: Sequence[sympy.Expr]) -> bool:
+    for e in exprs:
+        c = affine_coeffs(e, (outer.sym, inner.sym))
+        if c is None or c[outer.sym] != c[inner.sym] * inner.size:
+            return False
+    return True
+
+
+def _merge_dims(dims: tuple[Dim, ...], exprs: Sequence[sympy.Expr]) -> tuple[int, ...] | None:
+    """Sizes after merging every mergeable adjacent pair, or None if none is."""
+    if len(dims) < 2:
+        return None
+    sizes = [dims[0].size]
+    merged = False
+    for outer, inner in itertools.pairwise(dims):
+        if _mergeable(outer, inner, exprs):
+            sizes[-1] *= inner.size
+            merged = True
+        else:
+            sizes.append(inner.size)
+    return tuple(sizes) if merged else None
+
+
+def merged_nest(nest: Nest, exprs: Sequence[sympy.Expr]) -> Nest | None:
+    xs = _merge_dims(nest.xdims, exprs)
+    rs = _merge_dims(nest.rdims, exprs)
+    if xs is None and rs is None:
+        return None
+    return Nest.of_sizes(xs or [d.size for d in nest.xdims], rs or [d.size for d in nest.rdims])

@@ -1,0 +1,460 @@
+"""Reduction kernels: per xindex, a sequence of
+
+    stage 0 (outer nodes) | r-loop 0 | stage 1 | r-loop 1 | ... | stage K
+
+A reduction runs in the r-loop after everything it reads is known and its result
+is a register from the next stage on (welford_m2 takes two r-loops: the row mean,
+then the sum of squared deviations from it).  An inner node is stored in the
+r-loop where its inputs are ready and recomputed from its body in any later
+r-loop that reads it, so nothing the kernel writes is read back from memory.
+
+Three layouts of the same schedule:
+- rows: `omp parallel for` over xindex; each r-loop is `omp simd` with a
+  `reduction(...)` clause (the row is contiguous, as in softmax(x, -1));
+- split: fewer rows than threads but long rows (x.sum()): each r-loop is cut into
+  chunks run by different threads into per-chunk accumulators, combined in order;
+- columns: the rows are strided and the xindex dim is contiguous (x.sum(0)): a
+  block of LANES xindex values runs together, each stage and r-loop ends in an
+  `omp simd` loop over the lanes, and registers are arrays with one slot per lane.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from coil.backends.cpp import prelude
+from coil.backends.cpp.handler import (
+    CppHandler,
+    InnerValue,
+    KernelContext,
+    cpp_index,
+    float_literal,
+    int_literal,
+    register_value,
+)
+from coil.backends.cpp.loops import NodeIndexing, affine_coeffs
+from coil.backends.cpp.plan import (
+    PARALLEL_MIN_WORK,
+    KernelPlan,
+    Loop,
+    dim_bound,
+    emit_node,
+    outside_loads,
+    parallel_pragma,
+    render_loops,
+    store_line,
+)
+from coil.ir.expr import Expr, loads
+from coil.options import Options
+
+# A reduction kernel with fewer rows than this and a long reduction splits each row
+# among threads (per-chunk accumulators, combined in order) instead of its rows.
+SPLIT_BELOW_NUMEL = 16
+SPLIT_CHUNKS = 64
+# xindex values a column reduction runs together (one accumulator slot each).
+LANES = 64
+
+_ARG_REDUCTIONS = frozenset({"argmax", "argmin"})
+
+
+# ---- when each node runs ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Phases:
+    """`at`: the stage (outer nodes) or r-loop (inner nodes, reductions) where a
+    node's inputs are ready; `done`: the stage from which a reduction's result is
+    a register; `loops`: how many r-loops the kernel runs."""
+
+    at: dict[str, int]
+    done: dict[str, int]
+    loops: int
+
+
+def phases(plan: KernelPlan) -> Phases:
+    inside = plan.inside
+    role = {nd.buf.name: nd.role for nd in plan.nodes}
+    at: dict[str, int] = {}
+    done: dict[str, int] = {}
+    for nd in plan.nodes:
+        deps = {ld.name for ld in loads(nd.body) if ld.name in inside}
+        name = nd.buf.name
+        at[name] = max((done[d] if role[d] == "reduction" else at[d] for d in deps), default=0)
+        if nd.role == "reduction":
+            done[name] = at[name] + (2 if nd.buf.reduction_type == "welford_m2" else 1)
+    stored_inner = [at[nd.buf.name] + 1 for nd in plan.nodes if nd.role == "inner" and nd.buf.name in plan.stored]
+    return Phases(at, done, max([*done.values(), *stored_inner], default=0))
+
+
+# ---- accumulators ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Accumulator:
+    """The C++ state of one reduction while an r-loop runs.  `acc` (and `acc_i`
+    for argmax / argmin) are how the loop body names it: a variable, or in column
+    mode an array slot `acc0[xl]`."""
+
+    node: NodeIndexing
+    name: str  # the C++ variable (or array)
+    second_pass: bool  # welford_m2's sum of squared deviations
+    lane: str = ""  # "[xl]" in column mode
+    # float max / min as a plain max (one vmaxps per vector: a short dependency
+    # chain) plus a separate "saw a NaN" flag, instead of a NaN-propagating max
+    nan_flag: bool = False
+
+    @property
+    def kind(self) -> str:
+        return self.node.buf.reduction_type or "sum"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.node.body.dtype
+
+    @property
+    def ctype(self) -> str:
+        return prelude.compute_type(self.dtype)
+
+    @property
+    def acc(self) -> str:
+        return self.name + self.lane
+
+    @property
+    def acc_i(self) -> str:
+        return f"{self.name}_i{self.lane}"
+
+    @property
+    def nan(self) -> str:
+        return f"{self.name}_nan"
+
+    @property
+    def is_arg(self) -> bool:
+        return self.kind in _ARG_REDUCTIONS
+
+
+def identity(kind: str, dtype: torch.dtype) -> str:
+    ctype = prelude.compute_type(dtype)
+    if dtype == torch.bool:
+        return {"any": "false", "all": "true", "max": "false", "min": "true", "argmax": "false",
+                "argmin": "true", "sum": "false", "prod": "true"}[kind]
+    if dtype.is_floating_point:
+        lowest, highest = float_literal(-math.inf, dtype), float_literal(math.inf, dtype)
+    else:
+        info = torch.iinfo(dtype)
+        lowest, highest = int_literal(info.min, dtype), int_literal(info.max, dtype)
+    return {"sum": f"{ctype}(0)", "welford_m2": f"{ctype}(0)", "prod": f"{ctype}(1)", "max": lowest,
+            "argmax": lowest, "min": highest, "argmin": highest, "any": "false", "all": "true"}[kind]
+
+
+def simd_clause(a: Accumulator) -> str | None:
+    """The `reduction(...)` clause that lets `omp simd` split the accumulator per
+    vector lane; None for argmax / argmin (their loops stay scalar)."""
+    kind, var = a.kind, a.acc
+    if kind in ("sum", "welford_m2"):
+        return f"reduction(+:{var})"
+    if kind == "prod":
+        return f"reduction(*:{var})"
+    if kind == "any" or (kind == "max" and a.dtype == torch.bool):
+        return f"reduction(||:{var})"
+    if kind == "all" or (kind == "min" and a.dtype == torch.bool):
+        return f"reduction(&&:{var})"
+    if kind in ("max", "min") and a.nan_flag:
+        return f"reduction({kind}:{var}) reduction(|:{a.nan})"
+    if kind in ("max", "min"):
+        return f"reduction(coil_nan{kind}:{var})" if a.dtype.is_floating_point else f"reduction({kind}:{var})"
+    return None
+
+
+def update(a: Accumulator, v: str, index: str, mean: str | None) -> str:
+    """Fold value `v` (at flat rindex `index`) into the accumulator."""
+    acc, T = a.acc, a.ctype
+    match a.kind:
+        case "sum":
+            return f"{acc} += {v};"
+        case "prod":
+            return f"{acc} *= {v};"
+        case "welford_m2" if mean is None:
+            return f"{acc} += {v};"
+        case "welford_m2":
+            return f"{{ const {T} d = {v} - {mean}; {acc} += d * d; }}"
+        case "max" | "min" if a.dtype == torch.bool:
+            return f"{acc} = {acc} {'||' if a.kind == 'max' else '&&'} {v};"
+        case "max" | "min" if a.nan_flag:
+            cmp = ">" if a.kind == "max" else "<"
+            return f"{acc} = {acc} {cmp} {v} ? {acc} : {v}; {a.nan} |= ({v} != {v});"
+        case "max" | "min":
+            return f"{acc} = coil_{a.kind}<{T}>({acc}, {v});"
+        case "any":
+            return f"{acc} = {acc} || {v};"
+        case "all":
+            return f"{acc} = {acc} && {v};"
+        case "argmax" | "argmin":
+            cmp = ">" if a.kind == "argmax" else "<"
+            # NaN beats every number and the first NaN stays; ties keep the first index
+            better = f"{v} {cmp} {acc} || ({v} != {v} && {acc} == {acc})"
+            return f"if ({better}) {{ {acc} = {v}; {a.acc_i} = {index}; }}"
+    raise AssertionError(a.kind)
+
+
+def combine(a: Accumulator, part: str, part_index: str) -> str:
+    """Fold one chunk's partial result into the accumulator (split mode)."""
+    if a.kind == "welford_m2":
+        return f"{a.acc} += {part};"
+    return update(a, part, part_index, None)
+
+
+# ---- the emitter -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Lanes:
+    """Column mode: the innermost x dim runs in blocks of `width` lanes."""
+
+    var: str  # the innermost x loop variable (ixK), defined per lane
+    block: str  # the block loop variable
+    width: int
+    bound: str  # the innermost x dim's trip count
+
+    def header(self) -> str:
+        return f"const int64_t {self.var} = {self.block} * {self.width} + xl;"
+
+    def loop(self, body: Sequence[str]) -> list[str]:
+        """`body` once per lane of the block, vectorized across lanes."""
+        return render_loops([Loop("xl", "0", "xw", "omp simd")], [self.header(), *body])
+
+
+class ReductionEmitter:
+    """Builds the code run once per xindex (or per block of lanes)."""
+
+    def __init__(self, plan: KernelPlan, ctx: KernelContext, options: Options, lanes: Lanes | None,
+                 split: bool) -> None:
+        self.plan = plan
+        self.ctx = ctx
+        self.options = options
+        self.lanes = lanes
+        self.split = split
+        self.ph = phases(plan)
+        self.lines: list[str] = []
+        self.registers: dict[str, str] = {}  # reductions' and outer nodes' values, by buffer
+        self.stage_memo: dict[Expr, str] = {}  # rows mode: values computed once per xindex
+        self.inner = {nd.buf.name: InnerValue(nd.body, nd.buf.layout.dtype) for nd in plan.nodes if nd.role == "inner"}
+        self.means: dict[str, str] = {}  # welford_m2 node -> its row mean
+        self.rnumel = math.prod(d.size for d in plan.nest.rdims)
+
+    def run(self) -> list[str]:
+        if self.lanes is not None:
+            w = self.lanes
+            self.lines.append(f"const int64_t xw = coil_min_index({w.width}, {w.bound} - {w.block} * {w.width});")
+        for s in range(self.ph.loops + 1):
+            self.stage(s)
+            if s < self.ph.loops:
+                self.r_loop(s)
+        return self.lines
+
+    def handler(self, lines: list[str]) -> CppHandler:
+        """A scope's handler: it sees every register so far; what it adds (inner
+        producers it recomputes) stays in its own copy."""
+        h = CppHandler(self.ctx, dict(self.registers), self.inner, lines)
+        if self.lanes is None:
+            h.memo.update(self.stage_memo)
+        return h
+
+    def keep(self, name: str, value: str, ctype: str, body: list[str]) -> None:
+        """Make `value` the register of buffer `name` for every later scope."""
+        if self.lanes is None:
+            self.registers[name] = value
+            return
+        array = self.ctx.fresh(f"{name}_a")
+        self.lines.append(f"{ctype} {array}[{self.lanes.width}];")
+        body.append(f"{array}[xl] = {value};")
+        self.registers[name] = f"{array}[xl]"
+
+    # ---- stages --------------------------------------------------------------------------------------
+
+    def stage(self, s: int) -> None:
+        nodes = [nd for nd in self.plan.nodes if nd.role == "outer" and self.ph.at[nd.buf.name] == s]
+        if not nodes:
+            return
+        body: list[str] = []
+        h = self.handler(body)
+        for nd in nodes:
+            emit_node(self.plan, self.ctx, h, nd)
+            self.keep(nd.buf.name, h.registers[nd.buf.name], prelude.compute_type(nd.buf.layout.dtype), body)
+        if self.lanes is None:
+            self.stage_memo.update(h.memo)
+            self.lines += body
+        else:
+            self.lines += self.lanes.loop(body)
+
+    # ---- r-loops -------------------------------------------------------------------------------------
+
+    def active(self, loop: int) -> list[Accumulator]:
+        """The reductions that accumulate in r-loop `loop`."""
+        lane = "[xl]" if self.lanes is not None else ""
+        out = []
+        for nd in self.plan.nodes:
+            if nd.role != "reduction":
+                continue
+            start = self.ph.at[nd.buf.name]
+            second = start + 1 == loop and nd.buf.reduction_type == "welford_m2"
+            if start == loop or second:
+                flag = (self.lanes is None and not self.split and nd.body.dtype.is_floating_point
+                        and nd.buf.reduction_type in ("max", "min"))
+                out.append(Accumulator(nd, self.ctx.fresh("acc"), second, lane, flag))
+        return out
+
+    def r_loop(self, loop: int) -> None:
+        accs = self.active(loop)
+        self.declare(accs)
+        body: list[str] = []
+        h = self.handler(body)
+        rindex = cpp_index(self.plan.nest.rflat)
+        for a in accs:
+            v = h.value(a.node.body)
+            body.append(update(a, v, rindex, self.means.get(a.node.buf.name) if a.second_pass else None))
+        for nd in self.plan.nodes:
+            if nd.role == "inner" and nd.buf.name in self.plan.stored and self.ph.at[nd.buf.name] == loop:
+                emit_node(self.plan, self.ctx, h, nd)
+        loops = [Loop(str(d.sym), "0", dim_bound(self.plan.nest, i, True)) for i, d in enumerate(self.plan.nest.rdims)]
+        if self.lanes is not None:
+            self.lines += render_loops(loops, self.lanes.loop(body))
+        elif self.split:
+            self.lines += self.split_loop(loops, body, accs)
+        else:
+            clauses = [simd_clause(a) for a in accs]
+            if all(c is not None for c in clauses):
+                loops[-1] = attrs.evolve(loops[-1], pragma=" ".join(["omp simd", *(c for c in clauses if c)]))
+            self.lines += render_loops(loops, body)
+        self.finish(accs)
+
+    def declare(self, accs: Sequence[Accumulator]) -> None:
+        if self.lanes is None:
+            for a in accs:
+                self.lines.append(f"{a.ctype} {a.name} = {identity(a.kind, a.dtype)};")
+                if a.is_arg:
+                    self.lines.append(f"int64_t {a.name}_i = 0;")
+                if a.nan_flag:
+                    self.lines.append(f"int {a.nan} = 0;")  # an int: `omp simd` will not vectorize a bool ||
+            return
+        init: list[str] = []
+        for a in accs:
+            self.lines.append(f"{a.ctype} {a.name}[{self.lanes.width}];")
+            init.append(f"{a.acc} = {identity(a.kind, a.dtype)};")
+            if a.is_arg:
+                self.lines.append(f"int64_t {a.name}_i[{self.lanes.width}];")
+                init.append(f"{a.acc_i} = 0;")
+        if init:
+            self.lines += self.lanes.loop(init)
+
+    def split_loop(self, loops: list[Loop], body: list[str], accs: Sequence[Accumulator]) -> list[str]:
+        """The r-loop cut into chunks of its outermost dim that threads run in
+        parallel, each into its own accumulators (which shadow the outer ones, so
+        the loop body is unchanged); the partials are then combined in chunk
+        order, which keeps argmax's first index on ties."""
+        chunks = min(SPLIT_CHUNKS, self.plan.nest.rdims[0].size)
+        inner = math.prod(d.size for d in self.plan.nest.rdims[1:])
+        lo, hi = f"(c * ({loops[0].hi})) / {chunks}", f"((c + 1) * ({loops[0].hi})) / {chunks}"
+        out: list[str] = []
+        chunk: list[str] = []
+        merge: list[str] = []
+        for a in accs:
+            out.append(f"{a.ctype} {a.name}_p[{chunks}];")
+            chunk.append(f"{a.ctype} {a.name} = {identity(a.kind, a.dtype)};")
+            if a.is_arg:
+                out.append(f"int64_t {a.name}_pi[{chunks}];")
+                chunk.append(f"int64_t {a.name}_i = ({lo}) * {inner};")
+            merge.append(combine(a, f"{a.name}_p[c]", f"{a.name}_pi[c]"))
+        chunk += render_loops([attrs.evolve(loops[0], lo=lo, hi=hi), *loops[1:]], body)
+        chunk += [f"{a.name}_p[c] = {a.name};" for a in accs]
+        chunk += [f"{a.name}_pi[c] = {a.name}_i;" for a in accs if a.is_arg]
+        out += render_loops([Loop("c", "0", str(chunks), parallel_pragma(1, chunks, self.options))], chunk)
+        out += render_loops([Loop("c", "0", str(chunks))], merge)
+        return out
+
+    def finish(self, accs: Sequence[Accumulator]) -> None:
+        """After the r-loop: each finished reduction's result as a register, stored
+        unless plan_memory removed it; welford's first pass gives the row mean."""
+        body: list[str] = []
+        for a in accs:
+            nd = a.node
+            if a.kind == "welford_m2" and not a.second_pass:
+                mean = self.ctx.fresh("mean")
+                body.append(f"const {a.ctype} {mean} = {a.acc} / {a.ctype}({max(self.rnumel, 1)});")
+                self.keep_mean(nd.buf.name, mean, a.ctype, body)
+                continue
+            result, rdtype = a.acc, a.dtype
+            if a.is_arg:
+                result, rdtype = a.acc_i, torch.int64
+            elif a.nan_flag:
+                result = f"({a.nan} ? {float_literal(math.nan, rdtype)} : {a.acc})"
+            elif a.kind == "welford_m2" and self.rnumel == 0:
+                result = float_literal(math.nan, rdtype)  # the variance of nothing
+            var = self.ctx.fresh("red")
+            ctype = prelude.compute_type(nd.buf.layout.dtype)
+            body.append(f"const {ctype} {var} = {register_value(result, rdtype, nd.buf.layout.dtype)};")
+            self.keep(nd.buf.name, var, ctype, body)
+            if nd.buf.name in self.plan.stored:
+                body.append(store_line(self.plan, self.ctx, nd, result))
+        if self.lanes is None:
+            self.lines += body
+        elif body:
+            self.lines += self.lanes.loop(body)
+
+    def keep_mean(self, name: str, mean: str, ctype: str, body: list[str]) -> None:
+        if self.lanes is None:
+            self.means[name] = mean
+            return
+        array = self.ctx.fresh("mean_a")
+        self.lines.append(f"{ctype} {array}[{self.lanes.width}];")
+        body.append(f"{array}[xl] = {mean};")
+        self.means[name] = f"{array}[xl]"
+
+
+# ---- choosing the layout ---------------------------------------------------------------------------
+
+
+def split_reductions(plan: KernelPlan) -> bool:
+    """Too few rows to share among threads but long rows: split each row instead."""
+    numel = math.prod(d.size for d in plan.nest.xdims)
+    rnumel = math.prod(d.size for d in plan.nest.rdims)
+    return numel < SPLIT_BELOW_NUMEL and rnumel >= PARALLEL_MIN_WORK and plan.nest.rdims[0].size >= 2
+
+
+def column_reduction(plan: KernelPlan) -> bool:
+    """Some load walks memory along the innermost x dim while it strides along
+    the innermost r dim, and no load is contiguous along r (x.sum(0))."""
+    xs, rs = plan.nest.xdims, plan.nest.rdims
+    if xs[-1].size < 8 or not rs:
+        return False
+    vx, vr = xs[-1].sym, rs[-1].sym
+    along_x = False
+    for _, e in outside_loads(plan):
+        c = affine_coeffs(e, (vx, vr))
+        if c is None:
+            continue
+        if c[vr] == 1:
+            return False
+        along_x = along_x or (c[vx] == 1 and c[vr] != 0)
+    return along_x
+
+
+def reduction_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> list[str]:
+    nest = plan.nest
+    numel = math.prod(d.size for d in nest.xdims)
+    rnumel = math.prod(d.size for d in nest.rdims)
+    loops = [Loop(str(d.sym), "0", dim_bound(nest, i, False)) for i, d in enumerate(nest.xdims)]
+    lanes = None
+    if column_reduction(plan):
+        last = loops[-1]
+        lanes = Lanes(last.var, f"{last.var}_b", min(LANES, nest.xdims[-1].size), last.hi)
+        loops[-1] = Loop(lanes.block, "0", f"({last.hi} + {lanes.width - 1}) / {lanes.width}")
+    split = lanes is None and split_reductions(plan)
+    per_x = ReductionEmitter(plan, ctx, options, lanes, split).run()
+    if not split and numel > 1 and numel * max(rnumel, 1) >= PARALLEL_MIN_WORK:
+        iterations = numel if lanes is None else numel // nest.xdims[-1].size * -(-nest.xdims[-1].size // lanes.width)
+        loops[0] = attrs.evolve(loops[0], pragma=parallel_pragma(len(loops), iterations, options))
+    return render_loops(loops, per_x)

@@ -1,0 +1,279 @@
+"""The cpp target end to end: every op case of tests/op_cases.py, the workloads of
+issue 5 (softmax, layer_norm, var_mean, ...), half and integer dtypes, and the
+build cache (compile errors, corrupted entries).
+
+Each case compiles its own translation unit; the build cache (keyed by source
+hash) makes a second run cheap.  By default each case runs every dtype once,
+rotating through its shape kinds; COIL_CPP_FULL_MATRIX=1 runs every
+(dtype, shape kind) pair.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import coil
+import op_cases
+from coil.backends.cpp import build
+from op_cases import RUNNERS, OpCase, check_case
+
+CASE_LISTS = ("POINTWISE_CASES", "CREATION_CASES", "PROMOTION_CASES", "REDUCTION_CASES", "VIEW_CASES", "DECOMP_CASES")
+FULL_MATRIX = os.environ.get("COIL_CPP_FULL_MATRIX", "") not in ("", "0")
+
+
+def matrix(cases: Sequence[OpCase]) -> list[Any]:
+    """(case, shape kind, dtype) params: every dtype of every case, shape kinds in rotation."""
+    out = []
+    for case in cases:
+        for i, dtype in enumerate(case.dtypes):
+            kinds = case.shape_kinds if FULL_MATRIX else (case.shape_kinds[i % len(case.shape_kinds)],)
+            for kind in kinds:
+                out.append(pytest.param(case, kind, dtype, id=f"{case.id}-{kind}-{str(dtype).removeprefix('torch.')}"))
+    return out
+
+
+ALL_CASES: list[OpCase] = [c for name in CASE_LISTS for c in getattr(op_cases, name)]
+
+
+@pytest.mark.parametrize(("case", "shape_kind", "dtype"), matrix(ALL_CASES))
+def test_op_case(case: OpCase, shape_kind: str, dtype: torch.dtype) -> None:
+    check_case(case, shape_kind, dtype, RUNNERS["cpp"])
+
+
+# ---- workloads ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    torch.manual_seed(0)
+
+
+
+def compile_cpp(fn: Callable[..., Any], *inputs: torch.Tensor, **opts: Any) -> Any:
+    gm = make_fx(fn)(*inputs)
+    return coil.compile_graph(gm, inputs, coil.Options(target="cpp", **opts))
+
+
+def flatten(out: Any) -> tuple[torch.Tensor, ...]:
+    """Eager's (possibly nested) outputs as the flat tuple a compiled graph returns."""
+    if isinstance(out, (tuple, list)):
+        return tuple(t for o in out for t in flatten(o))
+    return (out,)
+
+
+def check(fn: Callable[..., Any], *inputs: torch.Tensor, sum_tolerance: bool = False, **opts: Any) -> Any:
+    """Compile for cpp, run, compare with eager.  `sum_tolerance`: float32 sums over
+    hundreds of elements, added in another order than eager adds them."""
+    compiled = compile_cpp(fn, *inputs, **opts)
+    expected = flatten(fn(*inputs))
+    actual = compiled(*inputs)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        tol = {"atol": 1e-4, "rtol": 1e-4} if sum_tolerance else op_cases.tolerances(e.dtype)
+        torch.testing.assert_close(a, e, atol=tol.get("atol"), rtol=tol.get("rtol"), equal_nan=True)
+    return compiled
+
+
+def kernel_names(source: str) -> list[str]:
+    return re.findall(r'extern "C" void (\w+)\(', source)
+
+
+def seed_fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    return ((a + b) * c.relu()).sum(dim=-1)
+
+
+def test_seed_is_one_cpp_kernel() -> None:
+    a, b, c = (torch.randn(64, 128) for _ in range(3))
+    compiled = check(seed_fn, a, b, c)
+    assert kernel_names(compiled.source) == ["cpp_fused_add_mul_relu_sum_0"]
+    assert "#include <cstdint>" in compiled.source and "ATen" not in compiled.source
+
+
+def test_auto_target_picks_cpp_on_cpu() -> None:
+    a, b, c = (torch.randn(8, 16) for _ in range(3))
+    gm = make_fx(seed_fn)(a, b, c)
+    compiled = coil.compile_graph(gm, (a, b, c), coil.Options(target="auto"))
+    assert "target=cpp" in compiled.source.splitlines()[0]
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (3, 1000), (5, 7)])
+def test_softmax(shape: tuple[int, ...]) -> None:
+    compiled = check(lambda x: torch.softmax(x, -1), torch.randn(shape))
+    assert len(kernel_names(compiled.source)) == 1
+
+
+def test_log_softmax_dim0() -> None:
+    check(lambda x: torch.log_softmax(x, 0), torch.randn(33, 17))
+
+
+def test_layer_norm() -> None:
+    x, w, b = torch.randn(32, 256), torch.randn(256), torch.randn(256)
+    check(lambda x, w, b: F.layer_norm(x, (256,), w, b), x, w, b)
+
+
+def test_layer_norm_bf16() -> None:
+    x, w, b = (t.bfloat16() for t in (torch.randn(16, 64), torch.randn(64), torch.randn(64)))
+    check(lambda x, w, b: F.layer_norm(x, (64,), w, b), x, w, b)
+
+
+def test_var_mean() -> None:
+    x = torch.randn(16, 300) * 3 + 10
+    check(lambda x: torch.var_mean(x, -1), x)
+    check(lambda x: torch.var_mean(x, 0, correction=0), x)
+
+
+def test_argmax_argmin_ties_and_nan() -> None:
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("nan"), 2.0, float("nan"), 5.0], [-1.0, -1.0, -2.0, -2.0]])
+    check(lambda x: (x.argmax(-1), x.argmin(-1), x.argmax(0), x.argmax()), x)
+
+
+def test_amax_nan_propagates() -> None:
+    x = torch.randn(64, 100)
+    x[3, 7] = float("nan")
+    x[10, 99] = float("nan")
+    check(lambda x: (x.amax(-1), x.amin(-1), x.amax(0), x.max()), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
+def test_transposed_input(dtype: torch.dtype) -> None:
+    """Full tiles go through coil_transpose_tile, the ragged edge through plain loads."""
+    x, y = torch.randn(100, 70).to(dtype), torch.randn(70, 100).to(dtype)
+    compiled = check(lambda x, y: x + y.t(), x, y)
+    assert "coil_transpose_tile<32>" in compiled.source
+    check(lambda x: x.t().contiguous() * 2, torch.randn(65, 130).to(dtype))
+    check(lambda x: x.permute(2, 0, 1) + 1, torch.randn(40, 3, 64).to(dtype))
+
+
+def test_erf_is_accurate() -> None:
+    """coil's own float erf (a polynomial, not libm's) over a dense sweep of floats:
+    within 3 ulp of erf computed in float64; NaN, +-0, +-inf and the saturated tail exact."""
+    bits = torch.arange(0, 0x40A00000, 997, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 4.0, 1e4])
+    x = torch.cat([bits, -bits, torch.tensor([1e-30, 3.9]), special])
+    got = compile_cpp(torch.erf, x)(x)[0]
+    ref = torch.erf(x.double())
+    ulp = (torch.nextafter(ref.float().abs(), torch.tensor(float("inf"))) - ref.float().abs()).double()
+    assert ((got.double() - ref).abs() / ulp).nan_to_num(0.0).max() <= 3.0
+    torch.testing.assert_close(got[-len(special):], torch.erf(special), equal_nan=True, atol=0, rtol=0)
+    assert torch.signbit(got[-len(special) + 1])
+
+
+def test_half_inputs() -> None:
+    for dtype in (torch.float16, torch.bfloat16):
+        x, y = torch.randn(32, 48, dtype=dtype), torch.randn(32, 48, dtype=dtype)
+        check(lambda x, y: ((x * y).exp().sum(-1), (x - y).sigmoid()), x, y)
+
+
+def test_int_inputs() -> None:
+    x = torch.randint(-50, 50, (16, 40), dtype=torch.int32)
+    y = torch.randint(1, 9, (16, 40), dtype=torch.int64)
+    check(lambda x, y: (x // y, x % y, (x * y).sum(-1), x.amax(0), x.prod(-1)), x, y)
+
+
+def test_bool_outputs() -> None:
+    x = torch.randn(20, 30)
+    check(lambda x: (x > 0, (x > 1).any(-1), (x > -3).all(-1), torch.isnan(x.log())), x)
+
+
+def test_zero_dim_outputs() -> None:
+    x = torch.randn(10, 10)
+    check(lambda x: (x.sum(), x.amax(), x.mean() * 2), x)
+    check(lambda s, x: s * x, torch.tensor(3.0), x)
+
+
+def test_empty_reduction() -> None:
+    check(lambda x: (x.sum(-1), x.prod(-1), x.any(-1)), torch.randn(4, 0))
+
+
+def test_large_parallel_kernels() -> None:
+    x, y = torch.randn(256, 1024), torch.randn(1024)
+    compiled = check(lambda x, y: (torch.softmax(x + y, -1), (x * y).sum(0)), x, y, sum_tolerance=True)
+    assert "#pragma omp parallel for" in compiled.source
+    compiled = check(lambda x: x * 3 + 1, torch.randn(1 << 17), num_threads=2)
+    assert "num_threads(2)" in compiled.source
+
+
+def test_split_reductions() -> None:
+    """Few rows, long rows: each row is split among threads and the partials are
+    combined in order (argmax keeps the first of two equal maxima)."""
+    x = torch.randn(1 << 16)
+    x[1000] = x[60000] = 50.0
+    compiled = check(lambda x: (x.sum(), x.amax(), x.argmax(), torch.var_mean(x), (x > 4).any(), (x > -9).all()), x,
+                     sum_tolerance=True)
+    assert "_p[c]" in compiled.source
+    y = torch.randn(3, 40000)
+    check(lambda y: (y.argmin(-1), torch.softmax(y, -1), y.amin(-1)), y, sum_tolerance=True)
+
+
+def test_column_reductions() -> None:
+    """Reductions over a strided dim run a block of output columns per thread, one
+    accumulator slot per column: every reduction kind, a ragged last block, NaN."""
+    x = torch.randn(300, 200)
+    x[7, 3] = float("nan")
+    compiled = check(lambda x: (x.sum(0), x.amax(0), x.amin(0), x.argmax(0), x.argmin(0), x.prod(0) * 0,
+                                (x > 2).any(0), (x > -3).all(0)), x, sum_tolerance=True)
+    assert "[xl]" in compiled.source
+    check(lambda x: (torch.var_mean(x, 0), x - x.mean(0), torch.softmax(x, 0)), torch.randn(96, 130), sum_tolerance=True)
+    check(lambda x: x.sum((0, 2)), torch.randn(20, 70, 3), sum_tolerance=True)
+
+
+# ---- the build cache -----------------------------------------------------------------------------
+
+
+def test_compile_error_names_the_source(tmp_path: Any) -> None:
+    source = 'extern "C" void broken(float* p) { p[0] = undefined_name; }\n'
+    with pytest.raises(coil.CoilError) as info:
+        build.build(source, str(tmp_path))
+    entry = build.cache_entry(source, str(tmp_path))
+    assert entry.cpp in str(info.value)
+    assert "undefined_name" in str(info.value)
+    assert os.path.exists(entry.cpp) and not os.path.exists(entry.so)
+
+
+def test_corrupted_cache_entry_is_rebuilt(tmp_path: Any) -> None:
+    source = 'extern "C" void add_one(float* p, int64_t n, int64_t m) { for (int64_t i = 0; i < n; ++i) p[i] += 1; }\n'
+    source = "#include <cstdint>\n" + source
+    path = build.build(source, str(tmp_path))  # built, never loaded in this process
+    with open(path, "wb") as f:
+        f.write(b"garbage, not an ELF file")
+    lib = build.load_library(source, str(tmp_path))
+    t = torch.zeros(5)
+    build.bind(lib, "add_one", 1)(t.data_ptr(), 5, 0)
+    assert t.tolist() == [1.0] * 5
+    assert build.is_valid(build.cache_entry(source, str(tmp_path)))
+
+
+def test_loader_rejecting_entry_is_rebuilt(tmp_path: Any) -> None:
+    """A sidecar that vouches for a bad .so (say, written by a broken tool) still
+    cannot make coil crash: dlopen's OSError triggers one rebuild."""
+    source = '#include <cstdint>\nextern "C" void noop(int64_t a, int64_t b) {}\n'
+    entry = build.cache_entry(source, str(tmp_path))
+    build.build(source, str(tmp_path))
+    with open(entry.so, "wb") as f:
+        f.write(b"\x7fELF broken")
+    with open(entry.sidecar, "w") as f:
+        json.dump({"key": entry.key, "so_sha256": build._sha256_file(entry.so)}, f)
+    assert build.is_valid(entry)
+    build.load_library(source, str(tmp_path))
+    assert build.is_valid(entry)
+
+
+def test_cache_hit_skips_the_compiler(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(8, 8)
+    compile_cpp(lambda x: x * 2, x, cache_dir=str(tmp_path))
+
+    def no_compile(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(build, "compile_entry", no_compile)
+    compiled = compile_cpp(lambda x: x * 2, x, cache_dir=str(tmp_path))
+    torch.testing.assert_close(compiled(x)[0], x * 2)
