@@ -82,18 +82,21 @@ def test_invariants_hold(drawn: DrawnGraph) -> None:
     check_all(program)
 
 
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
 @CI
 @given(graphs())
-def test_compiled_matches_eager(drawn: DrawnGraph) -> None:
-    compiled = coil.compile_graph(drawn.gm, drawn.inputs, REFERENCE)
+def test_compiled_matches_eager(target: str, drawn: DrawnGraph) -> None:
+    """Every kernel target, against eager (triton through the interpreter here)."""
+    compiled = coil.compile_graph(drawn.gm, drawn.inputs, coil.Options(target=target))
     assert_matches_eager(drawn, compiled(*drawn.inputs))
 
 
+@pytest.mark.parametrize("target", ["reference", "cpp"])
 @CI
 @given(graphs())
-def test_sanitized_compiled_matches_eager(drawn: DrawnGraph) -> None:
+def test_sanitized_compiled_matches_eager(target: str, drawn: DrawnGraph) -> None:
     """With every free a poison, a read after the planned last use shows as NaN."""
-    compiled = coil.compile_graph(drawn.gm, drawn.inputs, SANITIZED)
+    compiled = coil.compile_graph(drawn.gm, drawn.inputs, coil.Options(target=target, sanitize=True))
     assert_matches_eager(drawn, compiled(*drawn.inputs))
 
 
