@@ -1,0 +1,88 @@
+"""Median time per call, and the device's copy rate measured the same way."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cuda_median_s(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """triton.testing.do_bench (L2 flushed before each call), median; CUDA events as
+    the fallback where triton is missing."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return _cuda_events_median_s(fn, max(3, warmup_ms // 5), 30)
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) / 1e3
+
+
+def _cuda_events_median_s(fn: Callable[[], Any], warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return float(statistics.median(times))
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    min_s: float | None = None  # CPU only: the least-disturbed sample
+
+
+def cpu_timing(fn: Callable[[], Any], sample_s: float = 0.02, total_s: float = 1.0,
+               min_samples: int = 5, max_samples: int = 51) -> Timing:
+    """Warmed-up wall clock: each sample times a loop of n calls (n chosen so a
+    sample lasts about `sample_s`); median (and min) over the samples."""
+    fn()
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    n = max(1, int(sample_s / one))
+    samples = max(min_samples, min(max_samples, int(total_s / (n * one))))
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n)
+    return Timing(float(statistics.median(times)), min(times))
+
+
+def measure(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> Timing:
+    if device.type == "cuda":
+        return Timing(cuda_median_s(fn))
+    return cpu_timing(fn, total_s=0.2 if quick else 1.0)
+
+
+def copy_rate_bytes_per_s(device: torch.device, quick: bool = False, nbytes: int | None = None) -> float:
+    """Bytes read + written per second by a device-to-device tensor copy, timed like
+    the workloads.  Default size: 1 GiB on CUDA, 256 MiB on the CPU (64 MiB when
+    quick); `nbytes` (read + written) sizes it like a workload instead."""
+    if nbytes is not None:
+        numel = max(1, nbytes // 8)
+    else:
+        numel = (1 << 28) if device.type == "cuda" else (1 << 24 if quick else 1 << 26)
+    src = torch.ones(numel, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = measure(lambda: dst.copy_(src), device, quick).median_s
+    return 2 * src.numel() * src.element_size() / seconds

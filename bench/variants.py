@@ -1,0 +1,82 @@
+"""The three ways to run a workload, and what each compiler leaves behind for the
+kernel counts: coil's compiled modules, Inductor's output code."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def make_callable(variant: str, fn: Callable[..., Any], coil_target: str, threads: int | None = None) -> Callable[..., Any]:
+    """eager: fn itself; inductor: torch.compile's default; coil: backend="coil"
+    (with `num_threads` when the run fixes the thread count)."""
+    if variant == "eager":
+        return fn
+    torch._dynamo.reset()
+    if variant == "inductor":
+        return torch.compile(fn)
+    if variant == "coil":
+        options: dict[str, Any] = {"target": coil_target}
+        if threads:
+            options["num_threads"] = threads
+        return torch.compile(fn, backend="coil", options=options)
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+@dataclass
+class Capture:
+    """What one first call compiled."""
+
+    coil_graphs: list[Any] = field(default_factory=list)  # CompiledFn, or None for a graph run eagerly
+    inductor_code: list[str] = field(default_factory=list)
+    inductor_kernels_generated: int | None = None
+
+
+@contextlib.contextmanager
+def record_coil_graphs(cap: Capture) -> Iterator[None]:
+    """Wrap coil's per-graph compiler so each compiled graph (forward, backward,
+    inference) is kept; AOTAutograd compiles the backward at the first backward."""
+    import coil.backends.dynamo as dyn
+
+    real = dyn._graph_compiler
+
+    def spy(options: Any, kind: str) -> Callable[[Any, Any], Any]:
+        inner = real(options, kind)
+
+        def compile_one(gm: Any, example_inputs: Any) -> Any:
+            run = inner(gm, example_inputs)
+            cap.coil_graphs.append(getattr(run, "compiled", None))
+            return run
+
+        return compile_one
+
+    dyn._graph_compiler = spy
+    try:
+        yield
+    finally:
+        dyn._graph_compiler = real
+
+
+def first_call(variant: str, call: Callable[[], Any], cap: Capture) -> Any:
+    """Run the first (compiling) call, recording what the compiler produced."""
+    if variant == "coil":
+        with record_coil_graphs(cap):
+            return call()
+    if variant == "inductor":
+        from torch._inductor import metrics
+
+        before = metrics.generated_kernel_count
+        try:
+            from torch._inductor.utils import run_and_get_code
+
+            out, codes = run_and_get_code(call)
+            cap.inductor_code.extend(codes)
+        except ImportError:
+            out = call()
+        cap.inductor_kernels_generated = metrics.generated_kernel_count - before
+        return out
+    return call()
