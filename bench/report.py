@@ -92,7 +92,7 @@ def _head(results: dict[str, Any]) -> list[str]:
     copy = results.get("copy_bytes_per_s")
     rate = f"copy rate {copy / 1e9:.1f} GB/s" if copy else "copy rate not measured"
     if results.get("device") == "cpu" and results.get("threads"):
-        rate += f"; {results['threads']} threads"
+        rate += f"; threads {results['threads']}"
     load = results.get("load_average_start")
     if results.get("device") == "cpu" and load:
         end = results.get("load_average_end")
