@@ -3,6 +3,7 @@ CompiledModule into the callable `compiled(*inputs) -> tuple`."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Sequence
 
@@ -12,6 +13,8 @@ from coil.errors import CoilError
 from coil.ir.layout import Layout
 from coil.ir.module import CompiledModule
 
+log = logging.getLogger("coil")
+
 
 def empty_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: str) -> torch.Tensor:
     return torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device=device)
@@ -19,6 +22,17 @@ def empty_strided(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype
 
 def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
     return t.as_strided(tuple(size), tuple(stride), offset)
+
+
+def ensure_layout(t: Any, size: Sequence[int], stride: Sequence[int]) -> Any:
+    """An extern's result in the layout its fake tensor promised.  Kernels index
+    extern outputs by that layout; an aten kernel whose meta function disagrees
+    with it (seen: CPU attention backward) gets its result copied, not misread."""
+    if not isinstance(t, torch.Tensor) or all(s == 1 or a == b for s, a, b in zip(size, t.stride(), stride)):
+        return t
+    fixed = torch.empty_strided(tuple(size), tuple(stride), dtype=t.dtype, device=t.device)
+    fixed.copy_(t)
+    return fixed
 
 
 def poison(t: torch.Tensor) -> None:
@@ -73,11 +87,18 @@ class CompiledFn:
         bg = module.program.plan.schedule.graph.graph
         self.input_layouts = tuple(i.layout for i in bg.inputs)
         self.input_names = tuple(i.name for i in bg.inputs)
+        self._restrided: set[str] = set()
+        from coil.backends.wrapper import indexed_by_layout
 
-    def check(self, inputs: Sequence[Any]) -> None:
+        self._indexed = indexed_by_layout(module.program)
+
+    def check(self, inputs: Sequence[Any], restride: bool = False) -> None:
+        """Raise on inputs of another count, size, dtype or device.  Other strides
+        raise too, unless `restride`: then the input is copied, in place in the
+        list, into the layout the kernels were compiled for."""
         if len(inputs) != len(self.input_layouts):
             raise CoilError(f"compiled for {len(self.input_layouts)} inputs, called with {len(inputs)}")
-        for name, lay, t in zip(self.input_names, self.input_layouts, inputs):
+        for k, (name, lay, t) in enumerate(zip(self.input_names, self.input_layouts, inputs)):
             if not isinstance(t, torch.Tensor):
                 raise CoilError(f"input {name}: expected a tensor, got {type(t).__name__}")
             got = Layout.of(t)
@@ -86,7 +107,17 @@ class CompiledFn:
                     f"input {name}: compiled for {lay.show()}, called with {got.show()}; recompile for new shapes"
                 )
             if any(s != 1 and a != b for s, a, b in zip(lay.size, lay.stride, got.stride)):
-                raise CoilError(f"input {name}: compiled for strides {list(lay.stride)}, called with {list(got.stride)}")
+                if restride and name not in self._indexed:
+                    continue  # only externs see it: they take any strides, as in eager
+                if not restride:
+                    raise CoilError(f"input {name}: compiled for strides {list(lay.stride)}, called with {list(got.stride)}")
+                if name not in self._restrided:
+                    self._restrided.add(name)
+                    log.warning("coil: input %s arrives with strides %s, compiled for %s: copying it",
+                                name, list(got.stride), list(lay.stride))
+                fixed = torch.empty_strided(lay.size, lay.stride, dtype=lay.dtype, device=t.device)
+                fixed.copy_(t)
+                inputs[k] = fixed  # type: ignore[index]
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         self.check(inputs)
@@ -94,8 +125,10 @@ class CompiledFn:
 
     def call_boxed(self, args: list[Any]) -> tuple[Any, ...]:
         """AOTAutograd's boxed convention: `call` clears the list, so inputs die as
-        soon as their last reader ran."""
-        self.check(args)
+        soon as their last reader ran.  A tensor whose strides differ from the fake
+        tensor's the graph was compiled with (an aten kernel whose meta function
+        disagrees with it) is copied into the compiled layout instead of failing."""
+        self.check(args, restride=True)
         return tuple(self._call(args))
 
 

@@ -57,6 +57,29 @@ def owns_storage(program: WrapperProgram, name: str) -> bool:
     return False
 
 
+def indexed_by_layout(program: WrapperProgram) -> frozenset[str]:
+    """Names whose compile-time layout matters at run time: read by a coil kernel
+    (which indexes storage by that layout) or viewed through a ReinterpretView.
+    Everything else (a tensor passed from extern to extern, or returned) keeps the
+    strides its aten kernel gave it, as in eager."""
+    out: set[str] = set()
+    for ln in program.lines:
+        if isinstance(ln, KernelCall):
+            out.update(ln.args)
+        elif isinstance(ln, ReinterpretView):
+            out.add(ln.base)
+    return frozenset(out)
+
+
+def _ensure_layout(program: WrapperProgram, name: str) -> list[str]:
+    """After an extern: hold its result to the layout the kernels will index it by
+    (a no-op unless the aten kernel's strides differ from its meta function's)."""
+    b = program.plan.schedule.graph.graph.get(name)
+    if b.layout is None or (isinstance(b, ExternBuffer) and b.mutated) or name not in indexed_by_layout(program):
+        return []
+    return [f"    {name} = ensure_layout({name}, {layout_args(b.layout)})"]
+
+
 def layout_args(lay: Layout) -> str:
     return f"({', '.join(map(str, lay.size))}{',' if len(lay.size) == 1 else ''}), ({', '.join(map(str, lay.stride))}{',' if len(lay.stride) == 1 else ''})"
 
@@ -97,8 +120,10 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
             case ExternCall():
                 args = [py_value(a) for a in ln.args] + [f"{k}={py_value(v)}" for k, v in ln.kwargs]
                 out.append(f"    {ln.name} = torch.ops.{ln.kernel}({', '.join(args)})")
+                out += _ensure_layout(program, ln.name)
             case MultiOutputLine():
                 out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i}]' for i in ln.index)}")
+                out += _ensure_layout(program, ln.name)
             case Free():
                 if ln.kind == "buffer" and options.sanitize and owns_storage(program, ln.name):
                     out.append(f"    poison({ln.name}); del {ln.name}")
@@ -141,7 +166,7 @@ def render_module(program: WrapperProgram, backend: KernelBackend, kernels: tupl
     head = [
         f"# output_code.py written by coil (target={options.target})",
         "import torch",
-        "from coil.backends.runtime import empty_strided, reinterpret_tensor, poison",
+        "from coil.backends.runtime import empty_strided, ensure_layout, reinterpret_tensor, poison",
         "",
     ]
     head += backend.header(options)

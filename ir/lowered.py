@@ -158,6 +158,9 @@ LNode = Union[Input, Pointwise, Reduction, View, Extern, MultiOutput]
 class LoweredGraph:
     nodes: tuple[LNode, ...]
     outputs: tuple[str | None, ...]
+    # the strides the FX graph promises for each output (its meta values); callers
+    # such as AOTAutograd's backward and some aten kernels rely on them
+    output_strides: tuple[tuple[int, ...] | None, ...] = ()
     _by_name: dict[str, LNode] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:

@@ -206,6 +206,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     env: dict[torch.fx.Node, Any] = {}
     inputs = iter(fx.example_inputs)
     outputs: tuple[str | None, ...] = ()
+    output_strides: tuple[tuple[int, ...] | None, ...] = ()
     for n in fx.gm.graph.nodes:
         ctx.reserve(n.name)
     for n in fx.gm.graph.nodes:
@@ -233,6 +234,18 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
             outs = torch.fx.node.map_arg(n.args[0], lambda m: env[m])
             flat = torch.utils._pytree.tree_leaves(outs)
             outputs = tuple(o.name if isinstance(o, TensorValue) else None for o in flat)
+            fx_flat = torch.utils._pytree.tree_leaves(n.args[0])
+            output_strides = tuple(_meta_stride(f, vals) for f in fx_flat)
         else:
             raise CoilError(f"unsupported FX op {n.op}", stage="lower", node=n.name)
-    return LoweredGraph(tuple(ctx.nodes), outputs)
+    if len(output_strides) != len(outputs):
+        output_strides = (None,) * len(outputs)
+    return LoweredGraph(tuple(ctx.nodes), outputs, output_strides)
+
+
+def _meta_stride(f: Any, vals: dict[str, Any]) -> tuple[int, ...] | None:
+    """The strides the FX graph promises for an output (None if unknown)."""
+    if not isinstance(f, torch.fx.Node):
+        return None
+    v = vals.get(f.name)
+    return tuple(int(s) for s in v.stride()) if isinstance(v, torch.Tensor) else None

@@ -318,6 +318,26 @@ class _Realizer:
             n.name, rule, n.origin, "Extern",
         )
 
+    def output_in_strides(self, buf: str, lnode: str, stride: tuple[int, ...] | None) -> str:
+        """Hold an output to the strides the FX graph promised (as Inductor does):
+        a buffer laid out otherwise is copied into them (rule output_stride)."""
+        lay = self.layouts.get(buf)
+        if stride is None or lay is None or not _dense(lay.size, stride):
+            return buf
+        if all(s == 1 or a == b for s, a, b in zip(lay.size, lay.stride, stride)):
+            return buf
+        if isinstance(self.g.node(lnode), Input) or buf in {i.name for i in self.inputs}:
+            return buf  # an input returned as is keeps the caller's strides
+        node = self.g.node(lnode)
+        name = f"buf{len(self.buffers)}"
+        body = Load(buf, xsyms(len(lay.size)), lay.dtype)
+        layout = Layout(lay.size, stride, lay.dtype, lay.device)
+        self.buffers.append(ComputedBuffer(name, layout, lay.size, (), None, body, "output_stride",
+                                           (getattr(node, "origin", lnode),), (getattr(node, "op", "copy"),)))
+        self.layouts[name] = layout
+        log.debug("realize %s -> %s, rule output_stride", lnode, name)
+        return name
+
     def materialize(self, name: str, rule: str) -> str:
         """A real tensor for `name`: itself, an alias of a buffer, or a copy."""
         entry = self.env[name]
@@ -329,6 +349,8 @@ class _Realizer:
             rng = ranges_of(xsyms(len(entry.ranges)), entry.ranges)
             idx = tuple(simplify_index(i, rng) for i in body.index)
             layout = _strided(idx, entry.ranges, self.layouts[body.name])
+            if layout == self.layouts[body.name]:
+                return body.name  # an identity view (alias, detach): the tensor itself
             if layout is not None:
                 return self.register(
                     lambda nm: AliasBuffer(nm, body.name, layout, rule + "_view", tuple(sorted(entry.origins)), entry.ops),
@@ -342,7 +364,11 @@ class _Realizer:
     def run(self) -> BufferGraph:
         for n in self.g.nodes:
             self.visit(n)
-        outputs = tuple(None if o is None else self.materialize(o, "output") for o in self.g.outputs)
+        strides = self.g.output_strides or (None,) * len(self.g.outputs)
+        outputs = tuple(
+            None if o is None else self.output_in_strides(self.materialize(o, "output"), o, st)
+            for o, st in zip(self.g.outputs, strides)
+        )
         rows = tuple(self._final_rows())
         return BufferGraph(tuple(self.inputs), tuple(self.buffers), outputs, rows)
 
@@ -369,6 +395,17 @@ class _Realizer:
                     row = attrs.evolve(row, rule=f"{row.rule} into {', '.join(targets)}")
             out.append(row)
         return out
+
+
+def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """A permutation of a contiguous layout: no gaps, no overlap."""
+    dims = sorted((st, s) for s, st in zip(size, stride) if s != 1)
+    expect = 1
+    for st, s in dims:
+        if st != expect:
+            return False
+        expect *= s
+    return True
 
 
 def _simplify_body(body: Expr, rng: dict[sympy.Symbol, int]) -> Expr:

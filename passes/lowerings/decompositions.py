@@ -89,7 +89,15 @@ _FUSION_FRIENDLY = [
 
 
 # Never decomposed: these are the kernels Extern exists for.
-_KEEP_EXTERN = (aten.mm, aten.bmm, aten.addmm, aten.convolution, aten._convolution)
+# Kept whole as Extern calls.  Attention too: with torch's decomposition of
+# scaled_dot_product_attention into its CPU flash kernel, AOTAutograd's backward
+# gives wrong gradients (seen with torch 2.13, eager compilers, no coil involved),
+# and the fused aten kernels are what a user wants there anyway.
+_KEEP_EXTERN = (
+    aten.mm, aten.bmm, aten.addmm, aten.convolution, aten._convolution,
+    aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_attention_math,
+)
 
 
 def copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
