@@ -158,6 +158,7 @@ class _Realizer:
         self.readers = _effective_readers(g)
         self.pos = {n.name: i for i, n in enumerate(g.nodes)}
         self.outputs = set(o for o in g.outputs if o is not None)
+        self.out_stride = {o: st for o, st in zip(g.outputs, g.output_strides) if o is not None and st is not None}
         self.mutations = [(self.pos[n.name], m) for n in g.nodes if isinstance(n, Extern) for m in n.mutated]
 
     # ---- resolution of loads ------------------------------------------------------------
@@ -203,7 +204,11 @@ class _Realizer:
                  origins: frozenset[str], ops: tuple[str, ...]) -> str:
         rng = {**ranges_of(xsyms(len(ranges)), ranges), **ranges_of(rsyms(len(red)), red)}
         body = _simplify_body(body, rng)
-        layout = Layout.contiguous(ranges, dtype, device)
+        stride = self.out_stride.get(lnode_name) if rule == "output" else None
+        if stride is not None and _dense(tuple(ranges), stride):
+            layout = Layout(ranges, stride, dtype, device)  # the strides the graph promises
+        else:
+            layout = Layout.contiguous(ranges, dtype, device)
         all_origins = tuple(sorted(origins | {fx}))
         all_ops = tuple(dict.fromkeys((*ops, self.g.node(lnode_name).op)))  # type: ignore[union-attr]
         return self.register(
