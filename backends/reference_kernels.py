@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
 
 from coil.backends.common import IndexPrinter
 from coil.ir.buffers import ComputedBuffer

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any, Union
 
 import attrs
-import torch
 
 from coil.ir.expr import Expr
 from coil.ir.layout import Layout
@@ -136,7 +135,3 @@ class BufferGraph:
     def devices(self) -> frozenset[str]:
         return frozenset(b.layout.device for b in (*self.inputs, *self.buffers) if b.layout is not None)
 
-
-def buffer_dtype(b: Union[InputBuffer, Buffer]) -> torch.dtype:
-    assert b.layout is not None
-    return b.layout.dtype

@@ -20,14 +20,13 @@ state: the same body yields deps, Triton lines, C++ lines or torch tensors.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Protocol, TypeVar, Union
+from typing import Callable, Protocol, TypeVar, Union
 
 import attrs
 import sympy
 import torch
 
 T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
 
 # The closed set of pointwise operations a body may use.  Every backend handler
 # implements each of them; `verify` rejects any other name.
@@ -108,14 +107,6 @@ class OpsHandler(Protocol[T]):
     def op(self, node: Op, args: tuple[T, ...]) -> T: ...
 
     def cast(self, node: Cast, arg: T) -> T: ...
-
-
-class DispatchingHandler(Generic[T]):
-    """Base for handlers that want one method per op: `op` routes `Op("add", ...)`
-    to `self.add(node, a, b)`."""
-
-    def op(self, node: Op, args: tuple[T, ...]) -> T:
-        return getattr(self, "op_" + node.name)(node, *args)  # type: ignore[no-any-return]
 
 
 def children(e: Expr) -> tuple[Expr, ...]:

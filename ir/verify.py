@@ -11,6 +11,7 @@ BufferGraph
   B2 bodies load only inputs and earlier buffers, one index per dim
   B3 every buffer has a rule; a ComputedBuffer's layout size equals its ranges
   B4 bodies use only their own loop symbols
+  B5 a reduction's type is one of REDUCTION_TYPES
 ScheduleGraph
   S1 one node per buffer, in buffer order
   S2 every dep names an input or a buffer defined before the node (WeakDeps: any)
@@ -26,7 +27,7 @@ import sympy
 
 from coil.errors import CoilError
 from coil.ir.buffers import BufferGraph, ComputedBuffer
-from coil.ir.expr import Expr, IndexExpr, Load, walk
+from coil.ir.expr import REDUCTION_TYPES, Expr, IndexExpr, Load, walk
 from coil.ir.lowered import LoweredGraph, Pointwise, Reduction, View, extern_tensor_names, Extern, MultiOutput
 from coil.ir.schedule import ScheduleGraph, WeakDep
 
@@ -132,6 +133,8 @@ def verify_buffers(g: BufferGraph, stage: str) -> None:
             bad = _symbols_ok(b.body, len(b.ranges), len(b.reduction_ranges))
             if bad is not None:
                 fail(g, stage, b.name, f"B4 uses symbol {bad} outside its loops")
+            if b.reduction_type is not None and b.reduction_type not in REDUCTION_TYPES:
+                fail(g, stage, b.name, f"B5 unknown reduction type {b.reduction_type!r}")
         rank[b.name] = len(b.layout.size) if b.layout is not None else -1
     for o in g.outputs:
         if o is not None and o not in rank:

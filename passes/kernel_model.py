@@ -18,7 +18,7 @@ coordinates, is exactly the producer's store position (`same_position`).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import attrs
 import sympy
@@ -130,14 +130,3 @@ def kernel_buffers(kernel: FusedKernel, g: ScheduleGraph) -> tuple[ComputedBuffe
         assert isinstance(b, ComputedBuffer)
         out.append(b)
     return tuple(out)
-
-
-def group_sizes(kernel: FusedKernel) -> tuple[int, int]:
-    return kernel.group
-
-
-def symbols_in(exprs: Sequence[sympy.Expr]) -> set[sympy.Symbol]:
-    out: set[sympy.Symbol] = set()
-    for e in exprs:
-        out |= e.free_symbols  # type: ignore[arg-type]
-    return out

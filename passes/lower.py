@@ -23,7 +23,7 @@ from coil.errors import CoilError
 from coil.ir.layout import Layout
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
-from coil.passes.lowerings import DECOMPOSITIONS, LOWERINGS
+from coil.passes.lowerings import DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, TensorValue, find_lowering
 
 log = logging.getLogger("coil.trace")

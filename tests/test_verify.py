@@ -85,3 +85,10 @@ def test_wrapper_invariant_failure_is_a_verify_error():
     lines = tuple(ln for ln in w.lines if type(ln).__name__ != "Alloc")
     with pytest.raises(VerifyError, match="used before it is allocated"):
         verify(attrs.evolve(w, lines=lines), "wrap")
+
+
+def test_buffers_unknown_reduction_type():
+    g = run_until(lambda x: x.sum(-1), [torch.randn(4, 8)], "realize")
+    bad = attrs.evolve(g, buffers=(attrs.evolve(g.buffers[0], reduction_type="median"),))
+    with pytest.raises(VerifyError, match="B5 unknown reduction type 'median'"):
+        verify(bad, "realize")
