@@ -71,11 +71,11 @@ def indexed_by_layout(program: WrapperProgram) -> frozenset[str]:
     return frozenset(out)
 
 
-def _ensure_layout(program: WrapperProgram, name: str) -> list[str]:
+def _ensure_layout(program: WrapperProgram, name: str, indexed: frozenset[str]) -> list[str]:
     """After an extern: hold its result to the layout the kernels will index it by
     (a no-op unless the aten kernel's strides differ from its meta function's)."""
     b = program.plan.schedule.graph.graph.get(name)
-    if b.layout is None or (isinstance(b, ExternBuffer) and b.mutated) or name not in indexed_by_layout(program):
+    if b.layout is None or (isinstance(b, ExternBuffer) and b.mutated) or name not in indexed:
         return []
     return [f"    {name} = ensure_layout({name}, {layout_args(b.layout)})"]
 
@@ -103,6 +103,7 @@ def render_call(program: WrapperProgram, backend: KernelBackend, options: Option
 def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options) -> list[str]:
     """call's lines after `args.clear()`, each indented one level."""
     out: list[str] = []
+    indexed = indexed_by_layout(program)
     for ln in program.lines:
         match ln:
             case Alloc():
@@ -120,10 +121,10 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
             case ExternCall():
                 args = [py_value(a) for a in ln.args] + [f"{k}={py_value(v)}" for k, v in ln.kwargs]
                 out.append(f"    {ln.name} = torch.ops.{ln.kernel}({', '.join(args)})")
-                out += _ensure_layout(program, ln.name)
+                out += _ensure_layout(program, ln.name, indexed)
             case MultiOutputLine():
                 out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i}]' for i in ln.index)}")
-                out += _ensure_layout(program, ln.name)
+                out += _ensure_layout(program, ln.name, indexed)
             case Free():
                 if ln.kind == "buffer" and options.sanitize and owns_storage(program, ln.name):
                     out.append(f"    poison({ln.name}); del {ln.name}")

@@ -157,23 +157,16 @@ def _step_graph(steps: Sequence[Step], g: ScheduleGraph) -> tuple[dict[int, set[
     return succ, indeg
 
 
-def _kahn(steps: Sequence[Step], g: ScheduleGraph, pick: str, cost: Callable[[int], int] | None = None) -> list[Step]:
+def _kahn(steps: Sequence[Step], g: ScheduleGraph, pick: str) -> list[Step]:
+    """Topological order: `bfs` takes the oldest ready step, `dfs` the newest."""
     succ, indeg = _step_graph(steps, g)
     indeg = dict(indeg)
     ready: deque[int] = deque(sorted(i for i, d in indeg.items() if d == 0))
     order: list[int] = []
     while ready:
-        if pick == "bfs":
-            i = ready.popleft()
-        elif pick == "dfs":
-            i = ready.pop()
-        else:
-            assert cost is not None
-            i = min(ready, key=lambda k: (cost(k), k))
-            ready.remove(i)
+        i = ready.popleft() if pick == "bfs" else ready.pop()
         order.append(i)
-        news = sorted(j for j in succ[i] if _dec(indeg, j))
-        ready.extend(news)
+        ready.extend(sorted(j for j in succ[i] if _dec(indeg, j)))
     return [steps[i] for i in order]
 
 
