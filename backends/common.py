@@ -72,7 +72,8 @@ class KernelBackend(Protocol):
         """One source per fused kernel."""
         ...
 
-    def definitions(self, kernels: Sequence[KernelSource], options: Options) -> list[str]:
+    def definitions(self, kernels: Sequence[KernelSource], options: Options,
+                    program: WrapperProgram) -> list[str]:
         """How the kernel sources appear in output_code.py."""
         ...
 

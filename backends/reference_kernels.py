@@ -102,7 +102,8 @@ class ReferenceBackend:
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
         return tuple(kernel_source(k, program) for k in program.plan.schedule.kernels)
 
-    def definitions(self, kernels: Sequence[KernelSource], options: Options) -> list[str]:
+    def definitions(self, kernels: Sequence[KernelSource], options: Options,
+                    program: WrapperProgram) -> list[str]:
         out: list[str] = []
         for k in kernels:
             out += ["", k.source, ""]

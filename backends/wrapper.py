@@ -171,5 +171,5 @@ def render_module(program: WrapperProgram, backend: KernelBackend, kernels: tupl
         "",
     ]
     head += backend.header(options)
-    body = backend.definitions(kernels, options)
+    body = backend.definitions(kernels, options, program)
     return "\n".join(head + [""] + body + [""] + render_call(program, backend, options) + render_main(program)) + "\n"

@@ -29,7 +29,9 @@ class Options:
     # fuse
     max_fusion_size: int = 64
     fusion_rounds: int = 10
-    persistent_reduction_threshold: int = 1024
+    # rows up to this many elements reduce in one tile (the whole row in registers);
+    # 0: by target (triton 8192: a GPU has the registers for it; else 1024)
+    persistent_reduction_threshold: int = 0
     # plan_memory
     reorder_for_peak_memory: bool = True
     # kernels
@@ -37,6 +39,11 @@ class Options:
     cache_dir: str | None = None
     num_threads: int = 0
     sanitize: bool = False
+
+    def persistent_limit(self) -> int:
+        if self.persistent_reduction_threshold > 0:
+            return self.persistent_reduction_threshold
+        return 8192 if self.target == "triton" else 1024
 
     def replace(self, **changes: Any) -> "Options":
         return attrs.evolve(self, **changes)

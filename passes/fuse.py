@@ -279,7 +279,7 @@ class _Fuser:
 def _kind(group: tuple[int, int], o: Options) -> str:
     if group[1] <= 1:
         return "pointwise"
-    return "persistent" if group[1] <= o.persistent_reduction_threshold else "reduction"
+    return "persistent" if group[1] <= o.persistent_limit() else "reduction"
 
 
 PREFIX = {

@@ -32,6 +32,7 @@ from coil.ir.schedule import ScheduleGraph, WeakDep
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)  # rows of a 2-D tiled kernel
 
 
 def kernel_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:

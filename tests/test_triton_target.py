@@ -233,10 +233,95 @@ def test_softmax_is_one_kernel(device: str, opts: dict[str, Any]) -> None:
     compiled = check(lambda a: torch.softmax(a, -1), [torch.randn(12, 40, device=device)], **opts)
     (src,) = kernel_sources(compiled)
     # max, sum and the output: registers, not memory, carry buf0..buf2
-    assert src.count("tl.store(") == 1 and src.count("tl.load(") == (1 if not opts else 3)
-    if opts:  # max; exp and its sum; the division: one loop each, exp recomputed
-        assert src.count("for roffset in range(0, 40, RBLOCK):") == 3
-        assert "triton_red_" in src
+    assert src.count("tl.store(") == 1 and src.count("tl.load(") == (1 if not opts else 2)
+    if opts:  # max and the sum of exp online in one loop; the division in a second
+        assert src.count("for roffset in range(0, 40, RBLOCK):") == 2
+        assert "buf2 online with buf0" in src and "triton_red_" in src
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_online_softmax_edge_values(device: str) -> None:
+    """Rows of -inf, a NaN, a +inf, a -inf prefix, and a tail step (50 = 16 * 3 + 2):
+    the online sum gives what max-then-sum gives."""
+    x = torch.randn(6, 50, device=device)
+    x[0, :] = float("-inf")
+    x[1, 3] = float("nan")
+    x[2, 5] = float("inf")
+    x[3, :20] = float("-inf")
+    x[4, 49] = 80.0  # a new max in the last (partial) step rescales the whole sum
+    for fn in (lambda a: torch.softmax(a, -1), lambda a: torch.log_softmax(a, -1)):
+        compiled = check(fn, [x], **LOOPED)
+        assert "online with" in kernel_sources(compiled)[0]
+    # logsumexp subtracts where(|max| == inf, 0, max), not the max itself: two loops
+    check(lambda a: a.logsumexp(-1), [x], **LOOPED)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_online_sum_needs_the_same_values(device: str) -> None:
+    """sum(exp(y - max(x))) with y != x keeps the two-loop form."""
+    x, y = torch.randn(4, 40, device=device), torch.randn(4, 40, device=device)
+    compiled = check(lambda a, b: torch.exp(b - a.amax(-1, keepdim=True)).sum(-1), [x, y], **LOOPED)
+    assert "online with" not in compiled.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cross_entropy_reads_logits_in_one_loop(device: str) -> None:
+    x, t = torch.randn(8, 300, device=device), torch.randint(0, 300, (8,), device=device)
+    compiled = check(lambda a, b: torch.nn.functional.cross_entropy(a, b), [x, t], atol=1e-5, rtol=1e-5, **LOOPED)
+    assert "online with" in compiled.source
+
+
+def test_persistent_threshold_by_target() -> None:
+    """Rows up to 8192 stay in registers on the triton target; the others keep 1024."""
+    assert coil.Options(target="triton").persistent_limit() == 8192
+    assert coil.Options(target="cpp").persistent_limit() == 1024
+    assert coil.Options(target="triton", persistent_reduction_threshold=16).persistent_limit() == 16
+    x = torch.randn(2, 4096)
+    gm = make_fx(lambda a: torch.softmax(a, -1))(x)
+    fused = coil.default_pipeline().run(gm, [x], until="fuse", options=coil.Options(target="triton"))
+    assert [k.kind for k in fused.kernels] == ["persistent"]
+
+
+# ---- 2-D tiles for transposed reads -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fn,shapes", [
+    (lambda a, b: a + b.t(), [(64, 48), (48, 64)]),
+    (lambda a, b: a.t() * 2 - b, [(40, 33), (33, 40)]),  # tails on both axes
+    (lambda a, b: (a.permute(0, 2, 1) * 2 + b).sin(), [(3, 40, 33), (3, 33, 40)]),
+    (lambda a: a.t().contiguous(), [(48, 80)]),
+])
+def test_transposed_reads_are_tiled(device: str, fn: Callable[..., Any], shapes: list[tuple[int, ...]]) -> None:
+    compiled = check(fn, [torch.randn(s, device=device) for s in shapes])
+    (src,) = kernel_sources(compiled)
+    assert "YBLOCK: tl.constexpr" in src and "yxmask" in src
+    assert re.search(r"\[grid2\(\d+, \d+, \d+, \d+\)\]", compiled.source)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_contiguous_and_small_pointwise_stay_1d(device: str) -> None:
+    for fn, shapes in ((lambda a, b: a + b, [(64, 48), (64, 48)]), (lambda a, b: a + b.t(), [(8, 8), (8, 8)]),
+                       (lambda a, b: a + b, [(64, 48), (48,)])):
+        compiled = check(fn, [torch.randn(s, device=device) for s in shapes])
+        assert "YBLOCK" not in compiled.source
+
+
+def test_tiled_launch_configs() -> None:
+    cfg = runtime.heuristic_config("tiled", 8192, 8192)
+    assert (cfg.yblock, cfg.xblock) == (64, 64) and cfg.meta() == {"YBLOCK": 64, "XBLOCK": 64}
+    assert runtime.grid2(8192, 8192, 64, 64) == (128, 128)
+    for c in runtime.candidate_configs("tiled", 40, 33):
+        assert c.yblock >= 16 and c.xblock <= 64
+
+
+def test_native_helpers_on_gpu_only() -> None:
+    from coil.backends.triton.helpers import helpers_for
+
+    src = ["x = _coil_tanh(y); z = _coil_to_bf16(x)"]
+    portable, native = "\n".join(helpers_for(src)), "\n".join(helpers_for(src, native=True))
+    assert "bitcast" in portable and "_coil_expm1" in portable and "libdevice" not in portable
+    assert "libdevice.tanh(x)" in native and "x.to(tl.bfloat16)" in native and "_coil_expm1" not in native
 
 
 @pytest.mark.parametrize("device", DEVICES)

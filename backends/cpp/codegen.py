@@ -26,7 +26,8 @@ class CppBackend:
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
         return tuple(kernel_source(k, program, options) for k in program.plan.schedule.kernels)
 
-    def definitions(self, kernels: Sequence[KernelSource], options: Options) -> list[str]:
+    def definitions(self, kernels: Sequence[KernelSource], options: Options,
+                    program: WrapperProgram) -> list[str]:
         if not kernels:
             return []
         source = translation_unit(kernels)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from coil.backends.triton.helpers import helpers_for
-from coil.backends.triton.kernel import kernel_source
+from coil.backends.triton.kernel import kernel_source, tiling
 from coil.backends.triton.runtime import heuristic_config
 from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
@@ -32,8 +32,11 @@ def kernel_device(program: WrapperProgram, k: FusedKernel) -> str:
     return program.plan.schedule.graph.graph.layout(k.nodes[0]).device
 
 
-# kernel name prefix (triton_poi_..., set by fuse) -> kernel kind
-KINDS = {"poi": "pointwise", "per": "persistent", "red": "reduction"}
+def launch_kind(program: WrapperProgram, k: FusedKernel) -> str:
+    """pointwise | tiled | persistent | reduction: how the runtime launches k."""
+    if k.kind == "pointwise" and tiling(k, program) is not None:
+        return "tiled"
+    return k.kind
 
 
 class TritonBackend:
@@ -43,21 +46,25 @@ class TritonBackend:
         return [
             "import triton",
             "import triton.language as tl",
-            "from coil.backends.triton.runtime import autotuned, grid, interpreted",
+            "from triton.language.extra import libdevice",
+            "from coil.backends.triton.runtime import autotuned, grid, grid2, interpreted",
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
         return tuple(kernel_source(k, program) for k in program.plan.schedule.kernels)
 
-    def definitions(self, kernels: Sequence[KernelSource], options: Options) -> list[str]:
+    def definitions(self, kernels: Sequence[KernelSource], options: Options,
+                    program: WrapperProgram) -> list[str]:
         out: list[str] = []
-        for text in helpers_for(k.source for k in kernels) + [k.source for k in kernels]:
+        native = any(kernel_device(program, k).startswith("cuda") for k in program.plan.schedule.kernels)
+        for text in helpers_for((k.source for k in kernels), native) + [k.source for k in kernels]:
             out += ["", text, ""]
         if options.autotune:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
             cache = f", cache_dir={options.cache_dir!r}" if options.cache_dir else ""
-            out += [f"{k.name} = autotuned({k.name}, {KINDS[k.name.split('_')[1]]!r}{cache})" for k in kernels]
+            out += [f"{k.name} = autotuned({k.name}, {launch_kind(program, _kernel(program, k.name))!r}{cache})"
+                    for k in kernels]
         return out
 
     def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
@@ -65,8 +72,16 @@ class TritonBackend:
         xnumel, rnumel = k.group
         if xnumel == 0:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
+        kind = launch_kind(program, k)
+        if kind == "tiled":
+            cols = tiling(k, program)
+            assert cols is not None
+            rows = xnumel // cols
+            cfg = heuristic_config(kind, rows, cols)
+            args = ", ".join([*line.args, str(rows), str(cols)])
+            return [f"{k.name}[grid2({rows}, {cols}, {cfg.yblock}, {cfg.xblock})]({args}, {cfg.as_kwargs()})"]
         sizes = [str(xnumel)] + ([] if k.kind == "pointwise" else [str(rnumel)])
-        cfg = heuristic_config(k.kind, xnumel, rnumel)
+        cfg = heuristic_config(kind, xnumel, rnumel)
         args = ", ".join([*line.args, *sizes])
         return [f"{k.name}[grid({xnumel}, {cfg.xblock})]({args}, {cfg.as_kwargs()})"]
 

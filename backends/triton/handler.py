@@ -25,7 +25,7 @@ from coil.errors import CoilError
 from coil.ir.expr import Cast, Constant, IndexExpr, Load, Op
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
-from coil.passes.kernel_model import RINDEX, XINDEX
+from coil.passes.kernel_model import RINDEX, XINDEX, YINDEX
 
 TL_DTYPES: dict[torch.dtype, str] = {
     torch.float16: "tl.float16",
@@ -61,7 +61,7 @@ def literal(value: bool | int | float) -> str:
 
 
 def _symbol(s: sympy.Symbol) -> str:
-    if s in (XINDEX, RINDEX):
+    if s in (XINDEX, RINDEX, YINDEX):
         return s.name
     raise CoilError(f"triton target: loop symbol {s} left in a kernel index")
 
@@ -74,6 +74,8 @@ def mask_for(expr: sympy.Expr) -> str | None:
     every symbol it depends on is in range."""
     syms = expr.free_symbols
     x, r = XINDEX in syms, RINDEX in syms
+    if YINDEX in syms:  # a tiled kernel: rows x columns
+        return "yxmask" if x else "ymask"
     if x and r:
         return "xrmask"
     if x:

@@ -5,6 +5,11 @@ imported): a jit function's callees must be decorated under the same interpreter
 setting as the kernel, and the file stays runnable on its own.  Each one is built
 from `tl` core ops only (no libdevice: the interpreter has none, and both Triton
 releases coil supports have these).
+
+Kernels that run on a GPU get faster definitions of a few helpers under the same
+names (`NATIVE`): the hardware's round-to-nearest-even conversion to bfloat16
+(the interpreter truncates, hence the bit arithmetic of the portable one) and
+libdevice's tanh, expm1 and log1p instead of the exp/log formulas.
 """
 
 from __future__ import annotations
@@ -102,19 +107,45 @@ def _coil_prod_combine(a, b):
 ''',
 }
 
+# GPU definitions (compiled Triton; libdevice is imported by output_code.py)
+NATIVE: dict[str, str] = {
+    "_coil_to_bf16": '''
+@triton.jit
+def _coil_to_bf16(x):
+    return x.to(tl.bfloat16)  # cvt.rn: round to nearest even
+''',
+    "_coil_tanh": '''
+@triton.jit
+def _coil_tanh(x):
+    return libdevice.tanh(x)
+''',
+    "_coil_expm1": '''
+@triton.jit
+def _coil_expm1(x):
+    return libdevice.expm1(x)
+''',
+    "_coil_log1p": '''
+@triton.jit
+def _coil_log1p(x):
+    return libdevice.log1p(x)
+''',
+}
+
 # helpers that call other helpers
 _NEEDS = {"_coil_tanh": ("_coil_expm1",)}
 
 _CALL = re.compile(r"\b(_coil_[a-z0-9_]+)\b")
 
 
-def helpers_for(sources: Iterable[str]) -> list[str]:
-    """Definitions of the helpers the sources mention, callees first."""
+def helpers_for(sources: Iterable[str], native: bool = False) -> list[str]:
+    """Definitions of the helpers the sources mention, callees first; `native`:
+    the GPU definitions where there are some."""
     used: list[str] = []
 
     def add(name: str) -> None:
-        for dep in _NEEDS.get(name, ()):
-            add(dep)
+        if not (native and name in NATIVE):
+            for dep in _NEEDS.get(name, ()):
+                add(dep)
         if name not in used:
             used.append(name)
 
@@ -122,4 +153,4 @@ def helpers_for(sources: Iterable[str]) -> list[str]:
         for name in _CALL.findall(src):
             if name in HELPERS:
                 add(name)
-    return [HELPERS[n].strip("\n") for n in used]
+    return [(NATIVE[n] if native and n in NATIVE else HELPERS[n]).strip("\n") for n in used]

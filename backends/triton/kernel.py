@@ -4,6 +4,11 @@ Shapes by kernel kind:
 
     pointwise   xindex [XBLOCK]; every node is outer (reductions over <= 1 element
                 fold to their value or identity)
+    tiled       a pointwise kernel some of whose accesses run along the other axis
+                (x + y.t()): the iteration space as rows x columns, yindex
+                [YBLOCK, 1] by xindex [1, XBLOCK] on a 2-D grid, so every load
+                and store is coalesced along its own contiguous axis (Triton
+                picks a layout per access and converts between them)
     persistent  xindex [XBLOCK, 1], rindex [1, RBLOCK] = the whole row; inner nodes
                 and reduction inputs are [XBLOCK, RBLOCK] tiles, reduction results
                 and outer nodes [XBLOCK, 1]; one scope, nodes in kernel order
@@ -29,14 +34,16 @@ import torch
 from coil.backends.triton import reductions
 from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Expr, evaluate, loads, substitute_symbols
+from coil.ir.expr import Cast, Expr, Load, Op, evaluate, loads, rewrite, substitute_symbols, xsyms
 from coil.ir.fused import FusedKernel
+from coil.ir.indexing import simplify_index, unflatten
 from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import WrapperProgram
 from coil.passes.kernel_model import (
     RINDEX,
     XINDEX,
+    YINDEX,
     Param,
     kernel_buffers,
     kernel_params,
@@ -47,6 +54,67 @@ from coil.passes.kernel_model import (
 )
 
 INT32_LIMIT = 2**31
+MIN_TILE_SIDE = 16  # narrower rows or columns are not worth a 2-D tile
+MAX_GRID_Y = 65535  # CUDA's limit on grid dimension 1 (row blocks, at least one row each)
+
+
+# ---- 2-D tiling of pointwise kernels ---------------------------------------------------------
+
+
+def _tiled_map(b: ComputedBuffer, cols: int, rng: Mapping[sympy.Symbol, int]) -> dict[sympy.Symbol, sympy.Expr]:
+    flat = YINDEX * cols + XINDEX
+    return {s: simplify_index(e, rng) for s, e in zip(xsyms(len(b.ranges)), unflatten(flat, b.ranges))}
+
+
+def _step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    """How far one step of `sym` moves an access (from the origin)."""
+    zero = {YINDEX: 0, XINDEX: 0}
+    return sympy.expand(off.xreplace({**zero, sym: 1}) - off.xreplace(zero))
+
+
+def tiling(k: FusedKernel, program: WrapperProgram) -> int | None:
+    """The column count of a 2-D tiling of pointwise kernel k, or None.
+
+    A split of the flat range into rows x cols is taken when, under it, some
+    access steps 1 along the rows but not along the columns (it reads
+    transposed) while another steps 1 along the columns: a 1-D block would read
+    one of them with a stride.  Candidate splits are the suffix products of the
+    first node's ranges (its dimension boundaries)."""
+    if k.kind != "pointwise" or k.group[0] == 0:
+        return None
+    g = program.plan.schedule.graph
+    nodes = kernel_buffers(k, g)
+    if any(b.is_reduction for b in nodes):
+        return None
+    inside = {b.name for b in nodes}
+    layouts = {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
+    stored = {p.name for p in kernel_params(k, g, program.plan.removed) if p.role != "in"}
+    n = k.group[0]
+    cands: list[int] = []
+    acc = 1
+    for size in reversed(nodes[0].ranges[1:]):
+        acc *= int(size)
+        cands.append(acc)
+    for cols in cands:
+        rows = n // cols
+        if cols < MIN_TILE_SIDE or rows < MIN_TILE_SIDE or n % cols or rows > MAX_GRID_Y * MIN_TILE_SIDE:
+            continue
+        rng = {YINDEX: rows, XINDEX: cols}
+        steps: list[tuple[sympy.Expr, sympy.Expr]] = []
+        for b in nodes:
+            m = _tiled_map(b, cols, rng)
+            offs = [layouts[ld.name].offset_of(ld.index).xreplace(m) for ld in loads(b.body)
+                    if ld.name not in inside and ld.name in layouts]
+            if b.name in stored:
+                offs.append(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m))
+            for off in offs:
+                off = simplify_index(off, rng)
+                steps.append((_step(off, YINDEX), _step(off, XINDEX)))
+        transposed = any(dy == 1 and dx != 1 and dx != 0 for dy, dx in steps)
+        along = any(dx == 1 for _, dx in steps)
+        if transposed and along:
+            return cols
+    return None
 
 
 @attrs.frozen
@@ -62,6 +130,7 @@ class KernelContext:
     layouts: Mapping[str, Layout]
     ranges: Mapping[sympy.Symbol, int]
     int64: bool  # index math in int64: some offset or the iteration space reaches 2**31
+    cols: int | None = None  # tiled: the flat range is (numel // cols) rows x cols
 
     @property
     def rnumel(self) -> int:
@@ -80,6 +149,15 @@ def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:
     layouts = {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
     roles: dict[str, str] = {}
     bodies: dict[str, Expr] = {}
+    largest = max([layouts[p.name].storage_size() for p in params] + [k.group[0] * max(k.group[1], 1)])
+    cols = tiling(k, program)
+    if cols is not None:
+        rng = {YINDEX: k.group[0] // cols, XINDEX: cols}
+        for b in nodes:
+            roles[b.name] = "tiled"
+            bodies[b.name] = substitute_symbols(b.body, _tiled_map(b, cols, rng))
+        return KernelContext(k, nodes, roles, bodies, params, {p.name: p.arg for p in params}, layouts,
+                             rng, largest >= INT32_LIMIT, cols)
     for b in nodes:
         role = node_role(b, k.group)
         assert role is not None, f"{b.name} does not fit {k.name}'s group {k.group}"
@@ -88,7 +166,6 @@ def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:
         if k.kind == "pointwise":  # reductions over <= 1 element: r* = 0
             m = {s: e.xreplace({RINDEX: sympy.Integer(0)}) for s, e in m.items()}
         bodies[b.name] = substitute_symbols(b.body, m)
-    largest = max([layouts[p.name].storage_size() for p in params] + [k.group[0] * max(k.group[1], 1)])
     return KernelContext(k, nodes, roles, bodies, params, {p.name: p.arg for p in params}, layouts,
                          kernel_ranges(k.group), largest >= INT32_LIMIT)
 
@@ -97,6 +174,9 @@ def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:
 
 
 def signature(ctx: KernelContext) -> str:
+    if ctx.cols is not None:
+        args = [p.arg for p in ctx.params] + ["ynumel", "xnumel", "YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
+        return f"def {ctx.kernel.name}({', '.join(args)}):"
     return signature_of(ctx.kernel, ctx.params)
 
 
@@ -112,6 +192,16 @@ def signature_of(k: FusedKernel, params: tuple[Param, ...]) -> str:
 
 
 def prologue(ctx: KernelContext, out: Emitter) -> None:
+    if ctx.cols is not None:  # rows on grid axis 1, columns on axis 0
+        wide = ".to(tl.int64)" if ctx.int64 else ""
+        out.emit(f"yoffset = tl.program_id(1){wide} * YBLOCK")
+        out.emit("yindex = yoffset + tl.arange(0, YBLOCK)[:, None]")
+        out.emit("ymask = yindex < ynumel")
+        out.emit(f"xoffset = tl.program_id(0){wide} * XBLOCK")
+        out.emit("xindex = xoffset + tl.arange(0, XBLOCK)[None, :]")
+        out.emit("xmask = xindex < xnumel")
+        out.emit("yxmask = ymask & xmask")
+        return
     pid = "tl.program_id(0).to(tl.int64)" if ctx.int64 else "tl.program_id(0)"
     out.emit(f"xoffset = {pid} * XBLOCK")
     if ctx.kernel.kind == "pointwise":
@@ -150,10 +240,17 @@ def finish_node(ctx: KernelContext, out: Emitter, b: ComputedBuffer, value: str,
     if b.name not in ctx.ptr:
         return
     role = ctx.roles[b.name]
-    pos = sympy.expand(store_position(b, ctx.kernel.group) - b.layout.offset)
-    need = (XINDEX, RINDEX) if role == "inner" else (XINDEX,)
+    if role == "tiled":
+        m = _tiled_map(b, ctx.cols or 1, ctx.ranges)
+        pos = simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m), ctx.ranges)
+        pos = sympy.expand(pos - b.layout.offset)
+        need: tuple[sympy.Symbol, ...] = (YINDEX, XINDEX)
+        mask = "yxmask"
+    else:
+        pos = sympy.expand(store_position(b, ctx.kernel.group) - b.layout.offset)
+        need = (XINDEX, RINDEX) if role == "inner" else (XINDEX,)
+        mask = "xrmask" if role == "inner" else "xmask"
     index = _broadcast(print_index(pos), pos, need)
-    mask = "xrmask" if role == "inner" else "xmask"
     out.emit(f"tl.store({ctx.ptr[b.name]} + {index}, {reg}, {mask})")
 
 
@@ -194,20 +291,61 @@ def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
 # ---- looped reductions -------------------------------------------------------------------------
 
 
-def loop_levels(ctx: KernelContext) -> dict[str, int]:
+def _expanded(ctx: KernelContext, body: Expr) -> Expr:
+    """`body` with the inner nodes of this kernel it reads replaced by their own
+    (expanded) bodies, cast to their buffers' dtypes as a store would."""
+    inner = {b.name: b for b in ctx.nodes if ctx.roles[b.name] == "inner"}
+
+    def fn(e: Expr) -> Expr | None:
+        if isinstance(e, Load) and e.name in inner:
+            b = inner[e.name]
+            sub = _expanded(ctx, ctx.bodies[b.name])
+            return sub if sub.dtype == b.layout.dtype else Cast(sub, b.layout.dtype)
+        return None
+
+    return rewrite(body, fn)
+
+
+def online_sums(ctx: KernelContext) -> dict[str, str]:
+    """Sum reductions of exp(v - m), m the max reduction of the same v in this
+    kernel: sum node -> max node.  Floating v only."""
+    if ctx.kernel.kind != "reduction":
+        return {}
+    maxes = {b.name: b for b in ctx.nodes if b.reduction_type == "max" and ctx.bodies[b.name].dtype.is_floating_point}
+    out: dict[str, str] = {}
+    for b in ctx.nodes:
+        if b.reduction_type != "sum" or not maxes:
+            continue
+        e = _expanded(ctx, ctx.bodies[b.name])
+        if not (isinstance(e, Op) and e.name == "exp" and isinstance(e.args[0], Op) and e.args[0].name == "sub"):
+            continue
+        v, m = e.args[0].args
+        if (isinstance(m, Load) and m.name in maxes and m.dtype == e.dtype == v.dtype
+                and _expanded(ctx, ctx.bodies[m.name]) == v):
+            out[b.name] = m.name
+    return out
+
+
+def loop_levels(ctx: KernelContext, online: Mapping[str, str] | None = None) -> dict[str, int]:
     """For inner and reduction nodes, the loop they run in; for outer nodes, the
     loop before which they run.  A node comes after every loop whose reduction it
-    reads (directly, or through the inner nodes it recomputes)."""
+    reads (directly, or through the inner nodes it recomputes); an online sum runs
+    in its max's loop."""
+    online = online or {}
     level: dict[str, int] = {}
     for b in ctx.nodes:
+        if b.name in online:
+            level[b.name] = level[online[b.name]]
+            continue
         level[b.name] = max(
             (level[d] + (1 if ctx.roles[d] == "reduction" else 0) for d in ctx.deps(b)), default=0
         )
     return level
 
 
-def _needed(ctx: KernelContext, roots: list[ComputedBuffer]) -> set[str]:
-    """Roots plus the inner nodes they read, transitively (recomputed in the loop)."""
+def _needed(ctx: KernelContext, roots: list[ComputedBuffer], online: Mapping[str, str]) -> set[str]:
+    """Roots plus the inner nodes they read, transitively (recomputed in the loop);
+    an online sum reads its max's value instead of its own body."""
     by_name = {b.name: b for b in ctx.nodes}
     seen: set[str] = set()
     stack = [b.name for b in roots]
@@ -216,12 +354,16 @@ def _needed(ctx: KernelContext, roots: list[ComputedBuffer]) -> set[str]:
         if n in seen:
             continue
         seen.add(n)
+        if n in online:
+            stack.append(online[n])
+            continue
         stack += [d for d in ctx.deps(by_name[n]) if ctx.roles[d] == "inner"]
     return seen
 
 
 def emit_looped(ctx: KernelContext, out: Emitter) -> None:
-    level = loop_levels(ctx)
+    online = online_sums(ctx)
+    level = loop_levels(ctx, online)
     looped = [level[b.name] for b in ctx.nodes if ctx.roles[b.name] != "outer"]
     nloops = max(looped) + 1 if looped else 0
     registers: dict[str, str] = {}  # per-row values, visible in every later loop
@@ -233,20 +375,22 @@ def emit_looped(ctx: KernelContext, out: Emitter) -> None:
                 body = ctx.bodies[b.name]
                 finish_node(ctx, out, b, evaluate(body, _handler(ctx, out, registers), memo), body.dtype, registers)
         if k < nloops:
-            _emit_loop(ctx, out, k, level, registers, memo)
+            _emit_loop(ctx, out, k, level, registers, memo, online)
 
 
 def _emit_loop(ctx: KernelContext, out: Emitter, k: int, level: Mapping[str, int],
-               registers: dict[str, str], memo: dict[Expr, str]) -> None:
+               registers: dict[str, str], memo: dict[Expr, str], online: Mapping[str, str]) -> None:
     roots = [b for b in ctx.nodes if level[b.name] == k and (
         ctx.roles[b.name] == "reduction" or (ctx.roles[b.name] == "inner" and b.name in ctx.ptr))]
     if not roots:
         return
-    needed = _needed(ctx, roots)
+    needed = _needed(ctx, roots, online)
     reds = [b for b in roots if ctx.roles[b.name] == "reduction"]
     index_dt = torch.int64 if ctx.int64 else torch.int32
     accs = {b.name: reductions.looped_init(out, _rt(b), ctx.bodies[b.name].dtype, index_dt) for b in reds}
-    out.emit(f"# loop {k}: {', '.join(b.name for b in roots)}")
+    sums = {b.name: online[b.name] for b in reds if b.name in online}  # online sum -> its max
+    out.emit(f"# loop {k}: {', '.join(b.name for b in roots)}"
+             + "".join(f"; {n} online with {m}" for n, m in sums.items()))
     # a literal bound: Triton 3.6's interpreter cannot range() to a kernel argument
     out.emit(f"for roffset in range(0, {ctx.rnumel}, RBLOCK):")
     out.indent += 1
@@ -254,14 +398,21 @@ def _emit_loop(ctx: KernelContext, out: Emitter, k: int, level: Mapping[str, int
     _row_masks(out)
     inner_regs = dict(registers)
     inner_memo = dict(memo)  # per-row values computed before the loop stay valid inside
+    prev = {m: out.assign(accs[m][0], "_mprev") for m in dict.fromkeys(sums.values())}
+    tiles: dict[str, str] = {}  # a max's value tile, which its online sums rebase
     for b in ctx.nodes:
         if b.name not in needed:
             continue
         role = ctx.roles[b.name]
         out.emit(_comment(b, role))
+        if b.name in sums:
+            m = sums[b.name]
+            reductions.online_sum_update(out, accs[b.name][0], prev[m], accs[m][0], tiles[m])
+            continue
         body = ctx.bodies[b.name]
         value = evaluate(body, _handler(ctx, out, inner_regs), inner_memo)
         if role == "reduction":
+            tiles[b.name] = value
             reductions.looped_update(out, _rt(b), accs[b.name], value, body.dtype)
         elif level[b.name] == k:
             finish_node(ctx, out, b, value, body.dtype, inner_regs)
@@ -269,9 +420,15 @@ def _emit_loop(ctx: KernelContext, out: Emitter, k: int, level: Mapping[str, int
             inner_regs[b.name] = value if body.dtype == b.layout.dtype else out.assign(
                 convert(value, body.dtype, b.layout.dtype))
     out.indent -= 1
+    finals: dict[str, str] = {}
     for b in reds:
         body = ctx.bodies[b.name]
-        value = reductions.looped_final(out, _rt(b), accs[b.name], body.dtype)
+        if b.name in sums:
+            m = sums[b.name]
+            value = reductions.online_sum_final(out, accs[b.name][0], accs[m][0], finals[m])
+        else:
+            value = reductions.looped_final(out, _rt(b), accs[b.name], body.dtype)
+        finals[b.name] = value
         finish_node(ctx, out, b, value, reductions.result_dtype(_rt(b), body.dtype), registers)
 
 

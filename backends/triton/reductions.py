@@ -193,6 +193,28 @@ def looped_final(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) 
     raise CoilError(f"triton target: no reduction {rt}")
 
 
+# ---- online softmax: a sum of exp(v - max) in the max's loop ------------------------------------
+
+
+def online_sum_update(out: Emitter, acc: str, prev: str, lane_max: str, v: str) -> None:
+    """acc holds, per lane, the sum of exp(v - lane_max) so far.  With d = v - prev
+    (prev: the lane's max before this step) one exp serves both cases: v not
+    above the max adds exp(-|d|); a new max rescales the sum by exp(-|d|) and adds
+    exp(0) = 1.  A lane that has seen only -inf keeps 0 (d would be NaN); NaN
+    propagates, and +inf through the lane max in `online_sum_final`."""
+    d = out.assign(f"{v} - {prev}")
+    e = out.assign(f"tl.exp(-tl.abs({d}))")
+    step = out.assign(f'tl.where({lane_max} == float("-inf"), {acc}, tl.where({d} > 0, {acc} * {e} + 1.0, {acc} + {e}))')
+    out.emit(f"{acc} = tl.where(xrmask, {step}, {acc})")
+
+
+def online_sum_final(out: Emitter, acc: str, lane_max: str, row_max: str) -> str:
+    """The row's sum of exp(v - row_max) from the lanes' sums (each relative to its
+    lane's max)."""
+    empty = f'{lane_max} == float("-inf")'
+    return out.assign(f"tl.sum(tl.where({empty}, 0.0, {acc} * tl.exp({lane_max} - {row_max})), 1)[:, None]")
+
+
 # ---- trivial ---------------------------------------------------------------------------------
 
 _EMPTY: dict[str, bool | int | float] = {"sum": 0, "prod": 1, "any": False, "all": True, "welford_m2": float("nan")}

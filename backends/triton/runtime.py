@@ -35,14 +35,21 @@ def grid(xnumel: int, xblock: int) -> tuple[int]:
     return (cdiv(xnumel, xblock),)
 
 
+def grid2(ynumel: int, xnumel: int, yblock: int, xblock: int) -> tuple[int, int]:
+    """Tiled kernels: column blocks on axis 0, row blocks on axis 1."""
+    return (cdiv(xnumel, xblock), cdiv(ynumel, yblock))
+
+
 @attrs.frozen
 class LaunchConfig:
     xblock: int
     rblock: int  # 0 for pointwise kernels
     num_warps: int
+    yblock: int = 0  # tiled kernels only
 
     def meta(self) -> dict[str, int]:
-        out = {"XBLOCK": self.xblock}
+        out = {"YBLOCK": self.yblock} if self.yblock else {}
+        out["XBLOCK"] = self.xblock
         if self.rblock:
             out["RBLOCK"] = self.rblock
         return out
@@ -58,8 +65,12 @@ def _warps(elements: int, most: int = 8) -> int:
 
 
 def heuristic_config(kind: str, xnumel: int, rnumel: int) -> LaunchConfig:
-    """Block sizes and warps from the sizes alone."""
+    """Block sizes and warps from the sizes alone.  Tiled kernels: xnumel is the
+    row count, rnumel the column count."""
     x = next_power_of_2(max(xnumel, 1))
+    if kind == "tiled":
+        yb, xb = min(64, x), min(64, next_power_of_2(rnumel))
+        return LaunchConfig(xb, 0, 4 if yb * xb <= 2048 else 8, yb)
     if kind == "pointwise":
         xblock = min(1024, max(x, 16))
         return LaunchConfig(xblock, 0, max(1, min(4, xblock // 256)))
@@ -76,7 +87,11 @@ def candidate_configs(kind: str, xnumel: int, rnumel: int) -> tuple[LaunchConfig
     """A handful of configs to time, the heuristic one first."""
     x = next_power_of_2(max(xnumel, 1))
     out = [heuristic_config(kind, xnumel, rnumel)]
-    if kind == "pointwise":
+    if kind == "tiled":
+        c = next_power_of_2(rnumel)
+        for yb, xb, w in ((32, 32, 4), (64, 64, 4), (64, 64, 8), (32, 128, 4), (128, 32, 4), (64, 128, 8)):
+            out.append(LaunchConfig(min(xb, c), 0, w, max(16, min(yb, x))))
+    elif kind == "pointwise":
         for xb, w in ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)):
             out.append(LaunchConfig(min(xb, max(x, 16)), 0, w))
     elif kind == "persistent":
@@ -92,6 +107,10 @@ def candidate_configs(kind: str, xnumel: int, rnumel: int) -> tuple[LaunchConfig
 
 
 def launch(kernel: Any, kind: str, xnumel: int, rnumel: int, cfg: LaunchConfig, args: tuple[Any, ...]) -> None:
+    if kind == "tiled":  # (rows, columns)
+        kernel[grid2(xnumel, rnumel, cfg.yblock, cfg.xblock)](*args, xnumel, rnumel, **cfg.meta(),
+                                                              num_warps=cfg.num_warps)
+        return
     sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
     kernel[grid(xnumel, cfg.xblock)](*args, *sizes, **cfg.meta(), num_warps=cfg.num_warps)
 
