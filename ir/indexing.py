@@ -106,6 +106,22 @@ def _split_terms(a: sympy.Expr, k: int) -> tuple[sympy.Expr, sympy.Expr]:
     return sympy.Add(*whole), sympy.Add(*rest)
 
 
+def _scale_down(a: sympy.Expr, b: int, ranges: Mapping[sympy.Symbol, int]) -> tuple[sympy.Expr, int] | None:
+    """(q, b // k) when a = k*q + r with k > 1 dividing b and 0 <= r < k: then
+    a // b == q // (b // k), the remainder never carrying into the quotient
+    ((64*i + j) // 512 with j < 64 is i // 8)."""
+    terms = sympy.Add.make_args(sympy.expand(a))
+    for k in sorted({math.gcd(b, _coeff(t)) for t in terms if not t.is_Integer}, reverse=True):
+        if k <= 1:
+            continue
+        whole = [t for t in terms if not t.is_Integer and _coeff(t) % k == 0]
+        rest = [t for t in terms if t not in whole]
+        m = _max_value(sympy.Add(*rest), ranges) if rest else 0
+        if whole and m is not None and m < k:
+            return sympy.expand(sympy.Add(*whole) / k), b // k
+    return None
+
+
 def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.Expr:
     """Range-aware simplification of FloorDiv / ModularIndexing, innermost first."""
     e = sympy.sympify(e)
@@ -128,6 +144,9 @@ def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.E
                 m = _max_value(a, ranges)
                 if m is not None and m < int(b):
                     return sympy.Integer(0)
+                scaled = _scale_down(a, int(b), ranges)
+                if scaled is not None:
+                    return visit(FloorDiv(scaled[0], scaled[1]))
             return FloorDiv(sympy.expand(a), b)
         if isinstance(node, ModularIndexing):
             a, b, c = args
@@ -146,6 +165,9 @@ def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.E
                     if m is not None and m < int(c):
                         return q2
                     return ModularIndexing(q2, 1, c)
+                scaled = _scale_down(a, int(b), ranges)
+                if scaled is not None:
+                    return visit(ModularIndexing(scaled[0], scaled[1], c))
             return ModularIndexing(sympy.expand(a), b, c)
         if isinstance(node, sympy.Add):
             return _merge_digits(sympy.Add(*args))

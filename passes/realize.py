@@ -357,8 +357,12 @@ class _Realizer:
             if layout == self.layouts[body.name]:
                 return body.name  # an identity view (alias, detach): the tensor itself
             if layout is not None:
+                # an alias of an alias names the storage's owner: the layout is
+                # already relative to it, and lifetimes extend the owner's
+                base = next((b.base for b in self.buffers if isinstance(b, AliasBuffer) and b.name == body.name),
+                            body.name)
                 return self.register(
-                    lambda nm: AliasBuffer(nm, body.name, layout, rule + "_view", tuple(sorted(entry.origins)), entry.ops),
+                    lambda nm: AliasBuffer(nm, base, layout, rule + "_view", tuple(sorted(entry.origins)), entry.ops),
                     name, rule + "_view", getattr(node, "origin", name), "View",
                 )
         dtype = body.dtype

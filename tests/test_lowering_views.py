@@ -115,6 +115,30 @@ def test_view_feeding_an_extern_is_an_alias_not_a_copy() -> None:
     assert bg.buffers[0].rule == "extern_input_view"
 
 
+def test_flattening_view_of_a_computed_buffer_feeding_an_extern_is_an_alias() -> None:
+    """(2, 8, 64) -> (16, 64) of a layer_norm's output before a matmul: the flat
+    index (64*i + j) // 512 with j < 64 simplifies to i // 8, so the view's offset
+    is affine and the matmul reads the buffer itself."""
+    fn = lambda x, w: torch.nn.functional.layer_norm(x, (64,)).view(-1, 64) @ w  # noqa: E731
+    bg, _ = _buffers(fn, torch.randn(2, 8, 64), torch.randn(64, 32))
+    (alias,) = [b for b in bg.buffers if isinstance(b, AliasBuffer)]
+    assert alias.rule == "extern_input_view" and isinstance(bg.buffers[-1], ExternBuffer)
+    assert alias.base == "buf2" and bg.buffers[2].ops[-1] == "mul"  # the normalized rows, no copy of them
+    assert not [b for b in bg.buffers if isinstance(b, ComputedBuffer) and "view" in b.ops]
+
+
+def test_floordiv_of_a_scaled_index_drops_the_remainder() -> None:
+    from coil.ir.indexing import FloorDiv, ModularIndexing, simplify_index
+
+    i, j = sympy.symbols("i j", integer=True, nonnegative=True)
+    rng = {i: 16, j: 64}
+    assert simplify_index(FloorDiv(64 * i + j, 512), rng) == FloorDiv(i, 8)
+    assert simplify_index(ModularIndexing(64 * i + j, 128, 4), rng) == ModularIndexing(i, 2, 4)
+    assert simplify_index(512 * FloorDiv(64 * i + j, 512) + 64 * ModularIndexing(i, 1, 8) + j, rng) == 64 * i + j
+    # j may reach 64 here: the remainder can carry, nothing is dropped
+    assert simplify_index(FloorDiv(64 * i + j, 512), {i: 16, j: 65}) == FloorDiv(64 * i + j, 512)
+
+
 @pytest.mark.parametrize(
     "fn, kernel",
     [(lambda x: x.view(torch.int32) + 1, "aten.view.dtype"),
