@@ -35,6 +35,10 @@ class Options:
     # plan_memory
     reorder_for_peak_memory: bool = True
     # kernels
+    # triton: round every float16/bfloat16 intermediate inside a kernel as eager does
+    # (Inductor's option of the same name; off: values stay float32 between fused
+    # ops, as Inductor computes them, and round only where they are stored)
+    emulate_precision_casts: bool = False
     autotune: bool = False
     cache_dir: str | None = None
     num_threads: int = 0

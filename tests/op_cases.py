@@ -85,13 +85,19 @@ def reference_runner(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -
     return run_buffers(buffer_graph(gm, inputs), inputs)
 
 
+# Op cases pin each lowering's meaning against eager, so half-precision
+# intermediates round as eager rounds them (the triton default keeps them in float32,
+# as Inductor does; tests/test_triton_target.py covers that mode on its own).
+EAGER_ROUNDING = Options(emulate_precision_casts=True)
+
+
 def compiled_runner(target: str) -> Runner:
     """The whole pipeline for `target`, then a call of the compiled function."""
 
     def run(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         import coil
 
-        return tuple(coil.compile_graph(gm, inputs, Options(target=target))(*inputs))
+        return tuple(coil.compile_graph(gm, inputs, EAGER_ROUNDING.replace(target=target))(*inputs))
 
     return run
 

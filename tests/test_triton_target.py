@@ -134,7 +134,7 @@ def check_case_cuda(case: OpCase, shape_kind: str, dtype: torch.dtype) -> None:
     if any(not w.is_cuda for w in want):
         pytest.skip("eager makes CPU tensors here: those kernels need the interpreter")
     gm = make_fx(case.fn)(*inputs)
-    got = coil.compile_graph(gm, inputs, coil.Options(target="triton"))(*inputs)
+    got = coil.compile_graph(gm, inputs, coil.Options(target="triton", emulate_precision_casts=True))(*inputs)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, equal_nan=True, **tolerances(w.dtype))
@@ -313,6 +313,24 @@ def test_tiled_launch_configs() -> None:
     assert runtime.grid2(8192, 8192, 64, 64) == (128, 128)
     for c in runtime.candidate_configs("tiled", 40, 33):
         assert c.yblock >= 16 and c.xblock <= 64
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_intermediates_stay_float32_unless_emulated(device: str) -> None:
+    """gelu(x + b) + r in bfloat16: by default x + b and the gelu are not rounded
+    between the fused ops (one rounding, at the store); with
+    emulate_precision_casts every intermediate rounds as eager does."""
+    x, r = (torch.randn(64, 48, device=device, dtype=torch.bfloat16) for _ in range(2))
+    b = torch.randn(48, device=device, dtype=torch.bfloat16)
+    fn = lambda a, c, d: torch.nn.functional.gelu(a + c, approximate="tanh") + d  # noqa: E731
+    fast = check(fn, [x, b, r], atol=1e-2, rtol=1.6e-2)
+    exact = check(fn, [x, b, r], atol=0, rtol=0, emulate_precision_casts=True)  # bit for bit
+    (src_fast,), (src_exact,) = kernel_sources(fast), kernel_sources(exact)
+    assert src_fast.count("_coil_to_bf16(") == 1 and src_exact.count("_coil_to_bf16(") == 3
+    # against float32 math, the single rounding is at least as close as eager's three
+    truth = fn(x.float(), b.float(), r.float())
+    err = lambda out: (out.float() - truth).abs().max().item()  # noqa: E731
+    assert err(fast(x, b, r)[0]) <= err(fn(x, b, r))
 
 
 def test_native_helpers_on_gpu_only() -> None:

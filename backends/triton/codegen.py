@@ -51,7 +51,8 @@ class TritonBackend:
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
-        return tuple(kernel_source(k, program) for k in program.plan.schedule.kernels)
+        return tuple(kernel_source(k, program, options.emulate_precision_casts)
+                     for k in program.plan.schedule.kernels)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:

@@ -440,11 +440,26 @@ def _rt(b: ComputedBuffer) -> str:
 # ---- the whole kernel ----------------------------------------------------------------------------
 
 
-def kernel_source(k: FusedKernel, program: WrapperProgram) -> KernelSource:
+def drop_round_trips(body: Expr) -> Expr:
+    """float32 -> float16/bfloat16 -> float32 inside a body is the float32 value
+    itself (no rounding between fused ops, as Inductor computes them)."""
+
+    def fn(e: Expr) -> Expr | None:
+        if (isinstance(e, Cast) and e.dtype == torch.float32 and isinstance(e.arg, Cast)
+                and e.arg.dtype in (torch.float16, torch.bfloat16) and e.arg.arg.dtype == torch.float32):
+            return e.arg.arg
+        return None
+
+    return rewrite(body, fn)
+
+
+def kernel_source(k: FusedKernel, program: WrapperProgram, emulate_precision_casts: bool = True) -> KernelSource:
     if k.group[0] == 0:  # every buffer is empty: the wrapper does not launch it
         sig = signature_of(k, kernel_params(k, program.plan.schedule.graph, program.plan.removed))
         return KernelSource(k.name, f"@triton.jit\n{sig}\n    pass  # xnumel = 0", "triton")
     ctx = kernel_context(k, program)
+    if not emulate_precision_casts:
+        ctx = attrs.evolve(ctx, bodies={n: drop_round_trips(b) for n, b in ctx.bodies.items()})
     out = Emitter()
     prologue(ctx, out)
     if k.kind == "reduction":
