@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_text)
         importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
-    module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    command = importlib.import_module(COMMANDS[args.command][0])
+    return int(command.run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -207,6 +207,7 @@ def _merge_digits(e: sympy.Expr) -> sympy.Expr:
                     continue
                 c1, a1, b1, n1 = d1
                 c2, a2, b2, n2 = d2
+                assert n2 is not None
                 if a1 == a2 and b1 == b2 * n2 and c1 == c2 * n2:
                     merged = FloorDiv(a1, b2) if n1 is None else ModularIndexing(a1, b2, n1 * n2)
                     terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [c2 * merged]

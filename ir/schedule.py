@@ -35,10 +35,14 @@ def _ints(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+def _expr(value: object) -> sympy.Expr:
+    return sympy.sympify(value)
+
+
 @attrs.frozen(cache_hash=True)
 class MemoryDep:
     name: str
-    index: sympy.Expr = attrs.field(converter=sympy.sympify)
+    index: sympy.Expr = attrs.field(converter=_expr)
     var_names: tuple[sympy.Symbol, ...] = attrs.field(converter=_exprs)
     size: tuple[int, ...] = attrs.field(converter=_ints)
 
@@ -77,10 +81,14 @@ def _sorted_deps(deps: Iterable[Dep]) -> tuple[Dep, ...]:
     return tuple(sorted(deps, key=lambda d: (d.name, d.show())))
 
 
+def _deps(value: Iterable[Dep]) -> frozenset[Dep]:
+    return frozenset(value)
+
+
 @attrs.frozen(cache_hash=True)
 class ReadWrites:
-    reads: frozenset[Dep] = attrs.field(converter=frozenset)
-    writes: frozenset[Dep] = attrs.field(converter=frozenset)
+    reads: frozenset[Dep] = attrs.field(converter=_deps)
+    writes: frozenset[Dep] = attrs.field(converter=_deps)
 
     def sorted_reads(self) -> tuple[Dep, ...]:
         return _sorted_deps(self.reads)

@@ -55,7 +55,7 @@ class Pipeline:
 
     def insert_after(self, name: str, fn: Pass, new_name: str | None = None) -> "Pipeline":
         i = self._index(name)
-        label = new_name or getattr(fn, "__name__", "custom")
+        label = new_name or str(getattr(fn, "__name__", "custom"))
         return Pipeline(self.passes[: i + 1] + ((label, fn),) + self.passes[i + 1 :])
 
     def run(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], until: str | None = None,

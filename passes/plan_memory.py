@@ -40,10 +40,10 @@ def removed_buffers(s: FusedSchedule) -> frozenset[str]:
     out: set[str] = set()
     for k in s.kernels:
         inside = set(k.nodes)
-        for n in k.nodes:
-            r = readers.get(n, set())
-            if n not in outputs and r and r <= inside:
-                out.add(n)
+        for name in k.nodes:
+            r = readers.get(name, set())
+            if name not in outputs and r and r <= inside:
+                out.add(name)
     return frozenset(out)
 
 
