@@ -29,7 +29,7 @@ import torch
 from coil.backends.triton import reductions
 from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Expr, evaluate, loads, substitute_symbols
+from coil.ir.expr import Expr, evaluate, read_names, substitute_symbols
 from coil.ir.fused import FusedKernel
 from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
@@ -70,7 +70,7 @@ class KernelContext:
     def deps(self, b: ComputedBuffer) -> list[str]:
         """Nodes of this kernel whose values b reads."""
         inside = {n.name for n in self.nodes}
-        return list(dict.fromkeys(ld.name for ld in loads(b.body) if ld.name in inside and ld.name != b.name))
+        return [n for n in read_names(b.body) if n in inside and n != b.name]
 
 
 def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:
