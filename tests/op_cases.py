@@ -901,15 +901,18 @@ DECOMP_EXTERNS: dict[str, frozenset[str]] = {
 # gather, index.Tensor, index_select and embedding read their source at positions
 # held in index tensors: one pointwise node with an IndirectLoad each, never an
 # Extern.  The source is computed in the graph (so it is inlined into the read) or
-# an input; shape kinds lay the source out contiguous or transposed.  Index tensors
-# are int64 (int32 where named) drawn in range, negative ones where aten allows.
+# an input; shape kinds lay the source out contiguous, transposed or expanded along
+# its last dim (read at stride 0).  Index tensors are int64 (int32 where named),
+# drawn in range, negative ones where aten allows them.
 
-INDIRECT_KINDS = ("contiguous", "noncontig")
+INDIRECT_KINDS = ("contiguous", "noncontig", "expanded")
 
 
 def _source(shape: Sequence[int], dtype: torch.dtype, shape_kind: str, g: torch.Generator) -> torch.Tensor:
     if shape_kind == "contiguous":
         return draw("any", dtype, shape, g)
+    if shape_kind == "expanded":  # stride 0 along the last dim: an indexed dim of some cases
+        return draw("any", dtype, (*shape[:-1], 1), g).expand(*shape)
     rev = tuple(reversed(range(len(shape))))
     return draw("any", dtype, tuple(reversed(shape)), g).permute(rev)
 

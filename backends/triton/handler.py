@@ -164,7 +164,10 @@ class TritonHandler:
         printer = IndexPrinter("//", "%", lambda s: s.name if s.name in names else _symbol(s))
         used = (offset.free_symbols | _value_symbols(node.values)) & {XINDEX, RINDEX}
         mask = mask_for(sympy.Add(*used))
-        where = f"{self.ptr[node.name]} + {printer(offset.xreplace(bind))}"
+        at = offset.xreplace(bind)
+        # a value the offset does not use (a stride-0 dim) still gives the pointer its shape
+        shape = "".join(f" + 0 * {v}" for v in bind.values() if v not in at.free_symbols)
+        where = f"{self.ptr[node.name]} + {printer(at)}{shape}"
         if mask is None:
             return self.out.assign(f"tl.load({where})")
         return self.out.assign(f"tl.load({where}, {mask}, other=0)")
