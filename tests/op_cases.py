@@ -732,9 +732,9 @@ VIEW_CASES: list[OpCase] = [
 # pointwise ops and reductions, plus the prims that torch._refs decompositions emit.
 # As for reductions, `s = x + y` is a (4, 5, 6) broadcast or a (4, 6) sum of
 # non-contiguous inputs; parameters of the last dim's size come from rows of y.
-# DECOMP_EXTERNS names the only Extern kernels a case may keep: scatter writes at
-# data-dependent indices, which a loop body cannot express (gather reads there: an
-# IndirectLoad, see INDIRECT_CASES).
+# DECOMP_EXTERNS names the Extern kernels a case may keep (none now: nll_loss's
+# gather is an IndirectLoad and its backward's scatter a pointwise where, see
+# INDIRECT_CASES).
 
 def _d(name: str, fn: Callable[..., Any], dtypes: tuple[torch.dtype, ...], *targets: Any,
        domain: str = "any", n: int = 2) -> OpCase:
@@ -892,9 +892,7 @@ DECOMP_CASES: list[OpCase] = [
        prims.lt, prims.maximum, prims.minimum, n=1),
 ]
 
-DECOMP_EXTERNS: dict[str, frozenset[str]] = {
-    "nll_loss_backward": frozenset({"aten.scatter.value"}),
-}
+DECOMP_EXTERNS: dict[str, frozenset[str]] = {}
 
 
 # ---- indirect reads ----------------------------------------------------------------------------
@@ -959,6 +957,11 @@ INDIRECT_CASES: list[OpCase] = [
        dtypes=(F32, BF16)),
     _i("cross_entropy", lambda x, t: F.cross_entropy(x.float(), t), indexed((8, 10), ((8,), 0, 10, I64)),
        aten.nll_loss_forward, dtypes=(F32, F16)),
+    # scatter that writes one element per row: a where comparing positions, no Extern
+    _i("scatter_value_one_per_row", lambda x, i: torch.scatter(x * 2, 1, i, -1.5),
+       indexed((5, 6), ((5, 1), 0, 6, I64)), aten.scatter, dtypes=(F32, I64, BF16)),
+    _i("scatter_src_dim0", lambda x, i: torch.scatter(x, 0, i, x + 1), indexed((5, 6), ((1, 6), 0, 5, I64)),
+       aten.scatter),
 ]
 
 

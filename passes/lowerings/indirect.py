@@ -8,6 +8,10 @@ log_softmax is never written), and the index tensors fuse like any other input.
 
 Boolean masks (their result size depends on the data) and empty sources decline:
 they stay Extern calls of the aten op.
+
+scatter with one position per row along its dim (nll_loss's backward writes -1 at
+each target) is a write turned into a read: each output element compares its own
+position with the row's index, so it needs no IndirectLoad at all.
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from typing import Any, Sequence
 import sympy
 import torch
 
-from coil.ir.expr import IndirectLoad, indsym, xsyms
+from coil.ir.expr import Cast, Expr, IndexExpr, IndirectLoad, indsym, xsyms
 from coil.passes.lowerings.registry import (
     LowerCtx,
     TensorValue,
     broadcast_load,
     broadcast_shapes,
+    constant,
     is_tensor,
     normalize_dim,
+    op,
     register_lowering,
 )
 
@@ -105,3 +111,29 @@ def index(ctx: LowerCtx, x: TensorValue, indices: Sequence[Any]) -> Any:
         values.append(broadcast_load(t, bshape, bsyms))
     sizes = tuple(x.size[d] for d in dims)
     return ctx.pointwise(out, IndirectLoad(x.name, tuple(idx), x.dtype, tuple(values), sizes))
+
+
+@register_lowering(aten.scatter.value, aten.scatter.src)
+def scatter(ctx: LowerCtx, x: TensorValue, dim: int, index: TensorValue, src: Any) -> Any:
+    """out[..., j, ...] = src at the row's one index j, else x: a pointwise where.
+    Only for an index of size 1 along `dim` that covers x's other dims (each row
+    writes exactly one element, so write order cannot matter)."""
+    if x.ndim == 0 or index.ndim != x.ndim or not _integer(index):
+        return NotImplemented
+    dim = normalize_dim(dim, x.ndim)
+    if index.size[dim] != 1 or any(index.size[d] != x.size[d] for d in range(x.ndim) if d != dim):
+        return NotImplemented
+    xs = xsyms(x.ndim)
+    row = tuple(sympy.Integer(0) if d == dim else s for d, s in enumerate(xs))
+    target = index.load(row)
+    hit = op("eq", target, IndexExpr(xs[dim], target.dtype))
+    value: Expr
+    if is_tensor(src):
+        if src.ndim != x.ndim:
+            return NotImplemented
+        value = src.load(row)
+    else:
+        value = constant(src, x.dtype)
+    if value.dtype != x.dtype:
+        value = Cast(value, x.dtype)
+    return ctx.pointwise(x.size, op("where", hit, value, x.load(xs)))
