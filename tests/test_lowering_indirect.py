@@ -41,7 +41,7 @@ from coil.ir.printer import show
 from coil.ir.schedule import StarDep
 from coil.ir.verify import VerifyError, verify
 from coil.ir.wrapper import Alloc
-from coil.properties.invariants import check_all
+from coil.properties.invariants import InvariantError, check_all, check_indirect_reads
 from golden_util import assert_golden
 from op_cases import INDIRECT_CASES, OpCase, check_case_buffers, combination_id, combinations
 from tests_helpers import compile_ref, run_until
@@ -193,6 +193,22 @@ def test_indirectly_read_buffer_is_not_fused_nor_removed() -> None:
         got = coil.compile_graph(make_fx(_reused_then_gathered)(*inputs), inputs, coil.Options(target=target))(*inputs)
         for a, b in zip(got, _reused_then_gathered(*inputs), strict=True):
             torch.testing.assert_close(a, b)
+
+
+def test_invariant_catches_an_indirectly_read_buffer_in_registers() -> None:
+    w = run_until(_reused_then_gathered, _reused_inputs(), "wrap")
+    y = next(b.name for b in w.plan.schedule.graph.graph.buffers if b.rule == "reuse")
+    check_indirect_reads(w)
+    bad = attrs.evolve(w, plan=attrs.evolve(w.plan, removed=w.plan.removed | {y}))
+    with pytest.raises(InvariantError, match=f"reads {y} indirectly, but {y} is kept in registers"):
+        check_indirect_reads(bad)
+    s = w.plan.schedule
+    gather = next(k for k in s.kernels if any(indirect_loads(s.graph.graph.get(n).body) for n in k.nodes))
+    merged = attrs.evolve(gather, nodes=(y, *gather.nodes))
+    bad = attrs.evolve(w, plan=attrs.evolve(w.plan, schedule=attrs.evolve(
+        s, steps=tuple(merged if st is gather else st for st in s.steps))))
+    with pytest.raises(InvariantError, match=f"reads {y} indirectly, but the same kernel writes it"):
+        check_indirect_reads(bad)
 
 
 @pytest.mark.parametrize("target", TARGETS)
