@@ -18,8 +18,9 @@ Loop symbols are `x0, x1, ...` (a node's output index) and `r0, r1, ...` (its
 reduction index).  `ind0, ind1, ...` appear only in an IndirectLoad's index and
 are bound by that node's own values (so equal subtrees still mean equal values).
 Backends clamp a wrapped indirect index into [0, size) so no read leaves the
-buffer; eager would raise on such an index instead.  Every node is a frozen, hash-cached value: equal subtrees are
-equal, so a dict keyed on subtrees is common-subexpression elimination.
+buffer; eager would raise on such an index instead.  Every node is a frozen,
+hash-cached value: equal subtrees are equal, so a dict keyed on subtrees is
+common-subexpression elimination.
 
 `evaluate(expr, handler)` visits each distinct subtree once, children first, and
 calls one handler method per node kind.  The handler is an argument, never global
