@@ -16,7 +16,7 @@ import torch
 
 from coil.errors import CoilError
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
-from coil.ir.expr import Cast, Constant, IndexExpr, Load, Op, evaluate, rsyms, xsyms
+from coil.ir.expr import Cast, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rsyms, xsyms
 from coil.ir.indexing import FloorDiv, ModularIndexing
 from coil.ir.layout import Layout
 from coil.ir.lowered import TensorRef, resolve_kernel
@@ -47,6 +47,14 @@ def eval_index(e: sympy.Expr, env: Mapping[sympy.Symbol, torch.Tensor]) -> Any:
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
         return eval_index(e.base, env) ** int(e.exp)
     raise CoilError(f"cannot evaluate index {e}")
+
+
+def indirect_index(v: torch.Tensor, size: int) -> torch.Tensor:
+    """An indirect index value as the position it reads: int64, negatives wrapped
+    once, then clamped into [0, size) as the compiled targets do."""
+    v = v.to(torch.int64)
+    v = torch.where(v < 0, v + size, v)
+    return v.clamp(0, max(size - 1, 0))
 
 
 def flat_storage(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -93,6 +101,14 @@ class ReferenceHandler:
         if isinstance(offset, int):
             return flat[offset]
         return flat[offset]
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        env = dict(self.env)
+        for k, (v, n) in enumerate(zip(values, node.sizes)):
+            env[indsym(k)] = indirect_index(v, n)
+        layout = self.layouts[node.name]
+        offset = eval_index(layout.offset_of(node.index), env)
+        return flat_storage(self.values[node.name], layout)[offset]
 
     def constant(self, node: Constant) -> torch.Tensor:
         return torch.tensor(node.value, dtype=node.dtype, device=self.device)

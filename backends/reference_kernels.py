@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import sympy
 
 from coil.backends.common import IndexPrinter
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Cast, Constant, IndexExpr, Load, Op, evaluate, rsyms, xsyms
+from coil.ir.expr import Cast, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
@@ -36,6 +37,13 @@ class PythonHandler:
     def load(self, node: Load) -> str:
         lay = self.layouts[node.name]
         off = pyindex(lay.offset_of(node.index))
+        return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off})")
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
+        lay = self.layouts[node.name]
+        bind = {indsym(k): sympy.Symbol(self._emit(f"_rt.indirect_index({v}, {n})"), integer=True)
+                for k, (v, n) in enumerate(zip(values, node.sizes))}
+        off = pyindex(lay.offset_of(node.index).xreplace(bind))
         return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off})")
 
     def constant(self, node: Constant) -> str:

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from coil.backends.reference import _BINARY, _UNARY, reduce as _reduce
+from coil.backends.reference import indirect_index  # noqa: F401  (kernels call _rt.indirect_index)
 from coil.errors import CoilError
 
 

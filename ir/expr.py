@@ -4,14 +4,23 @@ Grammar::
 
     Expr ::= Load(name, index, dtype)        read element `index` (logical, one sympy
                                               expression per dim) of node `name`
+           | IndirectLoad(name, index, dtype, values, sizes)
+                                              read `name` at an index that also uses
+                                              ind0, ind1, ...: ind_k is values[k] (an
+                                              integer Expr, a child), wrapped once if
+                                              negative (v < 0 ? v + sizes[k] : v)
            | Constant(value, dtype)
            | IndexExpr(expr, dtype)           an integer computed from loop symbols
            | Op(name, args, dtype)            name in OP_NAMES
            | Cast(arg, dtype)
 
 Loop symbols are `x0, x1, ...` (a node's output index) and `r0, r1, ...` (its
-reduction index).  Every node is a frozen, hash-cached value: equal subtrees are
-equal, so a dict keyed on subtrees is common-subexpression elimination.
+reduction index).  `ind0, ind1, ...` appear only in an IndirectLoad's index and
+are bound by that node's own values (so equal subtrees still mean equal values).
+Backends clamp a wrapped indirect index into [0, size) so no read leaves the
+buffer; eager would raise on such an index instead.  Every node is a frozen,
+hash-cached value: equal subtrees are equal, so a dict keyed on subtrees is
+common-subexpression elimination.
 
 `evaluate(expr, handler)` visits each distinct subtree once, children first, and
 calls one handler method per node kind.  The handler is an argument, never global
@@ -20,7 +29,7 @@ state: the same body yields deps, Triton lines, C++ lines or torch tensors.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, TypeVar, Union
+from typing import Callable, Iterable, Protocol, TypeVar, Union
 
 import attrs
 import sympy
@@ -61,6 +70,34 @@ class Load:
     dtype: torch.dtype
 
 
+def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+@attrs.frozen(cache_hash=True)
+class IndirectLoad:
+    """A load at a data-dependent index (Inductor's `ops.indirect_indexing` + load):
+    `index` may use `indsym(k)` for k < len(values), standing for values[k]
+    wrapped by sizes[k] (the extent of the dimension it indexes)."""
+
+    name: str
+    index: tuple[sympy.Expr, ...] = attrs.field(converter=_index_tuple)
+    dtype: torch.dtype
+    values: tuple["Expr", ...] = attrs.field()
+    sizes: tuple[int, ...] = attrs.field(converter=_int_tuple)
+
+    @values.validator
+    def _ints(self, _attr: object, value: tuple["Expr", ...]) -> None:
+        for v in value:
+            if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
+                raise ValueError(f"indirect index of dtype {v.dtype}: must be an integer")
+
+    @sizes.validator
+    def _paired(self, _attr: object, value: tuple[int, ...]) -> None:
+        if len(value) != len(self.values):
+            raise ValueError(f"{len(self.values)} indirect values but {len(value)} sizes")
+
+
 @attrs.frozen(cache_hash=True)
 class Constant:
     value: Union[bool, int, float]
@@ -91,14 +128,16 @@ class Cast:
     dtype: torch.dtype
 
 
-Expr = Union[Load, Constant, IndexExpr, Op, Cast]
+Expr = Union[Load, IndirectLoad, Constant, IndexExpr, Op, Cast]
 
 
 class OpsHandler(Protocol[T]):
-    """What `evaluate` calls; one method per node kind.  `op` receives the already
-    evaluated arguments."""
+    """What `evaluate` calls; one method per node kind.  `op`, `cast` and
+    `indirect_load` receive their already evaluated children."""
 
     def load(self, node: Load) -> T: ...
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[T, ...]) -> T: ...
 
     def constant(self, node: Constant) -> T: ...
 
@@ -114,6 +153,8 @@ def children(e: Expr) -> tuple[Expr, ...]:
         return e.args
     if isinstance(e, Cast):
         return (e.arg,)
+    if isinstance(e, IndirectLoad):
+        return e.values
     return ()
 
 
@@ -135,6 +176,8 @@ def evaluate(expr: Expr, handler: OpsHandler[T], memo: dict[Expr, T] | None = No
         match e:
             case Load():
                 memo[e] = handler.load(e)
+            case IndirectLoad():
+                memo[e] = handler.indirect_load(e, tuple(memo[v] for v in e.values))
             case Constant():
                 memo[e] = handler.constant(e)
             case IndexExpr():
@@ -154,6 +197,9 @@ def walk(expr: Expr) -> list[Expr]:
         def load(self, node: Load) -> None:
             order.append(node)
 
+        def indirect_load(self, node: IndirectLoad, values: tuple[None, ...]) -> None:
+            order.append(node)
+
         def constant(self, node: Constant) -> None:
             order.append(node)
 
@@ -171,7 +217,17 @@ def walk(expr: Expr) -> list[Expr]:
 
 
 def loads(expr: Expr) -> list[Load]:
+    """The direct loads (an IndirectLoad is not one: see `indirect_loads`)."""
     return [e for e in walk(expr) if isinstance(e, Load)]
+
+
+def indirect_loads(expr: Expr) -> list[IndirectLoad]:
+    return [e for e in walk(expr) if isinstance(e, IndirectLoad)]
+
+
+def read_names(expr: Expr) -> list[str]:
+    """Every node the body reads, directly or indirectly, in first-read order."""
+    return list(dict.fromkeys(e.name for e in walk(expr) if isinstance(e, (Load, IndirectLoad))))
 
 
 def count_ops(expr: Expr) -> int:
@@ -190,6 +246,11 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
 
         load = constant = index_expr = _leaf
 
+        def indirect_load(self, node: IndirectLoad, values: tuple[Expr, ...]) -> Expr:
+            new = node if values == node.values else attrs.evolve(node, values=values)
+            out = fn(new)
+            return new if out is None else out
+
         def op(self, node: Op, args: tuple[Expr, ...]) -> Expr:
             new = node if args == node.args else Op(node.name, args, node.dtype)
             out = fn(new)
@@ -203,19 +264,111 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     return evaluate(expr, _Rebuild(), memo)  # type: ignore[arg-type]
 
 
-def substitute_symbols(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Expr:
-    """Rename loop symbols inside every index of the body."""
+def substitute_symbols(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr],
+                       bound: tuple[tuple[Expr, ...], tuple[int, ...]] = ((), ())) -> Expr:
+    """Rename loop symbols inside every index of the body.  With `bound` =
+    (values, sizes), the replacements may use ind0, ind1, ... standing for those
+    values (the index of an IndirectLoad being inlined): every load whose index
+    then uses them becomes an IndirectLoad carrying them, and an IndexExpr that
+    does becomes integer Ops on the values."""
     if not mapping:
         return expr
+    values, sizes = bound
 
     def fn(node: Expr) -> Expr | None:
         if isinstance(node, Load):
-            return Load(node.name, tuple(i.xreplace(mapping) for i in node.index), node.dtype)
+            idx = tuple(i.xreplace(mapping) for i in node.index)
+            if values and any(is_indirect(i) for i in idx):
+                return _compact(node.name, idx, node.dtype, values, sizes)
+            return Load(node.name, idx, node.dtype)
+        if isinstance(node, IndirectLoad):
+            k = len(node.values)
+            m = mapping if not values else {
+                s: e.xreplace({indsym(j): indsym(j + k) for j in range(len(values))}) for s, e in mapping.items()}
+            idx = tuple(i.xreplace(m) for i in node.index)
+            return _compact(node.name, idx, node.dtype, node.values + values, node.sizes + sizes)
         if isinstance(node, IndexExpr):
-            return IndexExpr(node.expr.xreplace(mapping), node.dtype)
+            e = node.expr.xreplace(mapping)
+            if values and is_indirect(e):
+                return _index_ops(e, values, sizes, node.dtype)
+            return IndexExpr(e, node.dtype)
         return None
 
     return rewrite(expr, fn)
+
+
+def indsym(k: int) -> sympy.Symbol:
+    """The k-th indirect index symbol (bound by an IndirectLoad's values[k])."""
+    return sympy.Symbol(f"ind{k}", integer=True, nonnegative=True)
+
+
+def ind_number(s: sympy.Symbol) -> int | None:
+    """k for the symbol ind<k>, else None."""
+    name = s.name
+    return int(name[3:]) if name.startswith("ind") and name[3:].isdigit() else None
+
+
+def is_indirect(e: sympy.Expr) -> bool:
+    return any(ind_number(s) is not None for s in e.free_symbols)  # type: ignore[arg-type]
+
+
+def _compact(name: str, index: tuple[sympy.Expr, ...], dtype: torch.dtype, values: tuple[Expr, ...],
+             sizes: tuple[int, ...]) -> Expr:
+    """An IndirectLoad keeping only the values its index uses, renumbered in
+    order (a plain Load when it uses none)."""
+    used = sorted({k for i in index for s in i.free_symbols if (k := ind_number(s)) is not None})  # type: ignore[arg-type]
+    if not used:
+        return Load(name, index, dtype)
+    ren = {indsym(k): indsym(j) for j, k in enumerate(used)}
+    return IndirectLoad(name, tuple(i.xreplace(ren) for i in index), dtype,
+                        tuple(values[k] for k in used), tuple(sizes[k] for k in used))
+
+
+def wrapped_index(value: Expr, size: int) -> Expr:
+    """values[k] as the index it stands for, as integer Ops: int64, negatives
+    wrapped once (what ind_k means)."""
+    v = value if value.dtype == torch.int64 else Cast(value, torch.int64)
+    zero, n = Constant(0, torch.int64), Constant(int(size), torch.int64)
+    return Op("where", (Op("lt", (v, zero), torch.bool), Op("add", (v, n), torch.int64), v), torch.int64)
+
+
+def _index_ops(e: sympy.Expr, values: tuple[Expr, ...], sizes: tuple[int, ...], dtype: torch.dtype) -> Expr:
+    """An index expression over loop and indirect symbols as integer Ops: the
+    parts without indirect symbols stay IndexExprs."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    def go(x: sympy.Expr) -> Expr:
+        if not is_indirect(x):
+            return IndexExpr(x, torch.int64)
+        if isinstance(x, sympy.Symbol):
+            k = ind_number(x)
+            assert k is not None
+            return wrapped_index(values[k], sizes[k])
+        if isinstance(x, (sympy.Add, sympy.Mul)):
+            plain = [a for a in x.args if not is_indirect(a)]
+            parts = [go(a) for a in x.args if is_indirect(a)]
+            if plain:
+                parts.append(go(x.func(*plain)))
+            name = "add" if isinstance(x, sympy.Add) else "mul"
+            out = parts[0]
+            for p in parts[1:]:
+                out = Op(name, (out, p), torch.int64)
+            return out
+        if isinstance(x, FloorDiv):
+            return Op("floordiv", (go(x.args[0]), go(x.args[1])), torch.int64)
+        if isinstance(x, ModularIndexing):
+            q = Op("floordiv", (go(x.args[0]), go(x.args[1])), torch.int64)
+            return Op("remainder", (q, go(x.args[2])), torch.int64)
+        if isinstance(x, sympy.Pow) and x.exp.is_Integer and int(x.exp) > 0:
+            base = go(x.base)
+            out = base
+            for _ in range(int(x.exp) - 1):
+                out = Op("mul", (out, base), torch.int64)
+            return out
+        raise ValueError(f"cannot express index {x} as ops")
+
+    out = go(e)
+    return out if dtype == torch.int64 else Cast(out, dtype)
 
 
 def xsym(i: int) -> sympy.Symbol:
@@ -257,6 +410,9 @@ def show_expr(expr: Expr) -> list[str]:
         match e:
             case Load():
                 rhs = f"load {e.name}[{', '.join(str(i) for i in e.index)}]"
+            case IndirectLoad():
+                binds = ", ".join(f"{indsym(k)}={ref(v)} wrap {n}" for k, (v, n) in enumerate(zip(e.values, e.sizes)))
+                rhs = f"load {e.name}[{', '.join(str(i) for i in e.index)}] with {binds}"
             case IndexExpr():
                 rhs = f"index {e.expr}"
             case Op():

@@ -4,13 +4,14 @@ node and the broken rule, and prints the IR around the fault.
 LoweredGraph
   L1 node names are unique
   L2 a body loads only nodes defined before it, with one index per dim
-  L3 a body uses only its own loop symbols (x* for ranges, r* for reduction ranges)
+  L3 a body uses only its own loop symbols (x* for ranges, r* for reduction ranges);
+     an IndirectLoad's index also ind0..ind{k-1}, one per value it binds
   L4 outputs name defined nodes
 BufferGraph
   B1 buffers are named buf0, buf1, ... in order; inputs keep their names
   B2 bodies load only inputs and earlier buffers, one index per dim
   B3 every buffer has a rule; a ComputedBuffer's layout size equals its ranges
-  B4 bodies use only their own loop symbols
+  B4 bodies use only their own loop symbols (and an IndirectLoad its own ind*)
   B5 a reduction's type is one of REDUCTION_TYPES
 ScheduleGraph
   S1 one node per buffer, in buffer order
@@ -27,7 +28,7 @@ import sympy
 
 from coil.errors import CoilError
 from coil.ir.buffers import BufferGraph, ComputedBuffer
-from coil.ir.expr import REDUCTION_TYPES, Expr, IndexExpr, Load, walk
+from coil.ir.expr import REDUCTION_TYPES, Expr, IndexExpr, IndirectLoad, Load, walk
 from coil.ir.lowered import LoweredGraph, Pointwise, Reduction, View, extern_tensor_names, Extern, MultiOutput
 from coil.ir.schedule import ScheduleGraph, WeakDep
 
@@ -73,12 +74,18 @@ def fail(ir: Any, stage: str, node: str, rule: str) -> None:
 def _symbols_ok(body: Expr, nx: int, nr: int) -> sympy.Symbol | None:
     allowed = {f"x{i}" for i in range(nx)} | {f"r{i}" for i in range(nr)}
     for e in walk(body):
-        exprs: Iterable[sympy.Expr] = e.index if isinstance(e, Load) else (e.expr,) if isinstance(e, IndexExpr) else ()
+        exprs: Iterable[sympy.Expr] = (
+            e.index if isinstance(e, (Load, IndirectLoad)) else (e.expr,) if isinstance(e, IndexExpr) else ())
+        ok = allowed | {f"ind{k}" for k in range(len(e.values))} if isinstance(e, IndirectLoad) else allowed
         for ix in exprs:
             for s in ix.free_symbols:
-                if s.name not in allowed:
+                if s.name not in ok:
                     return s  # type: ignore[return-value]
     return None
+
+
+def _reads(body: Expr) -> list[Load | IndirectLoad]:
+    return [e for e in walk(body) if isinstance(e, (Load, IndirectLoad))]
 
 
 @verifier(LoweredGraph)
@@ -88,7 +95,7 @@ def verify_lowered(g: LoweredGraph, stage: str) -> None:
         if n.name in seen:
             fail(g, stage, n.name, "L1 duplicate node name")
         if isinstance(n, (Pointwise, Reduction)):
-            for ld in (e for e in walk(n.body) if isinstance(e, Load)):
+            for ld in _reads(n.body):
                 if ld.name not in seen:
                     fail(g, stage, n.name, f"L2 loads {ld.name}, not defined before it")
                 elif len(ld.index) != seen[ld.name]:
@@ -125,7 +132,7 @@ def verify_buffers(g: BufferGraph, stage: str) -> None:
         if isinstance(b, ComputedBuffer):
             if b.layout.size != b.ranges:
                 fail(g, stage, b.name, f"B3 layout size {list(b.layout.size)} != ranges {list(b.ranges)}")
-            for ld in (e for e in walk(b.body) if isinstance(e, Load)):
+            for ld in _reads(b.body):
                 if ld.name not in rank:
                     fail(g, stage, b.name, f"B2 loads {ld.name}, not an input or earlier buffer")
                 elif rank[ld.name] >= 0 and len(ld.index) != rank[ld.name]:

@@ -2,7 +2,8 @@
 
 The seed's fork in `_compute_attrs`:
 - Path A, ComputedBuffer: a DepsHandler walks the body; every load becomes a
-  MemoryDep (name, normalized storage index, ranges) and the store one write.
+  MemoryDep (name, normalized storage index, ranges) and the store one write.  An
+  indirect load (its index depends on values) may touch any element: a StarDep.
 - Path B, ExternBuffer: reads come from the declared inputs, as StarDeps.
 Aliases and tuple results are no-op nodes.  A mutation adds WeakDeps so the mutating
 node runs after every earlier reader of what it mutates.
@@ -16,7 +17,7 @@ from typing import Sequence
 import sympy
 
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
-from coil.ir.expr import Cast, Constant, IndexExpr, Load, Op, evaluate, rsyms, xsyms
+from coil.ir.expr import Cast, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, rsyms, xsyms
 from coil.ir.indexing import numel
 from coil.ir.layout import Layout
 from coil.ir.lowered import extern_tensor_names
@@ -68,6 +69,10 @@ class DepsHandler:
         offset = self.layouts[node.name].offset_of(node.index)
         idx, vs, ss = normalize_dep(offset, self.var_names, self.size)
         self.reads.append(MemoryDep(node.name, idx, vs, ss))
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[None, ...]) -> None:
+        # the whole buffer: never served from registers, never kernel-internal
+        self.reads.append(StarDep(node.name))
 
     def constant(self, node: Constant) -> None:
         return None

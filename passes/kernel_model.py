@@ -13,7 +13,9 @@ A kernel iterates `xindex` over `numel` and, for reduction kernels, `rindex` ove
 
 A load inside the kernel of a buffer that the kernel itself writes is served from
 registers; fuse admits a pair only when that load's position, in kernel
-coordinates, is exactly the producer's store position (`same_position`).
+coordinates, is exactly the producer's store position (`same_position`).  An
+indirect load reads a position known only at run time: its buffer is never
+written by the same kernel.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import attrs
 import sympy
 
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Load, loads, rsyms, xsyms
+from coil.ir.expr import Load, indirect_loads, loads, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.indexing import numel, simplify_index, unflatten
 from coil.ir.layout import Layout
@@ -81,6 +83,8 @@ def reads_in_registers(consumer: ComputedBuffer, producer: ComputedBuffer, group
     """Every load of `producer` in `consumer` hits the element the producer computes
     at the same kernel position (so the value can come from registers)."""
     if node_role(consumer, group) is None or node_role(producer, group) is None:
+        return False
+    if any(ld.name == producer.name for ld in indirect_loads(consumer.body)):
         return False
     want = store_position(producer, group)
     m = var_map(consumer, group)

@@ -8,7 +8,10 @@ realized a buffer is stored on it:
     output            a graph output
     reduction         a reduction that has a reader
     extern_input      read by an Extern (it needs a real tensor)
-    reuse             several readers and more than one nontrivial read
+    reuse             several readers and more than one nontrivial read (a reader that
+                      only reads it at data-dependent positions, directly or through
+                      pointwise nodes that are read so, does not count: it
+                      recomputes a few elements, as cross_entropy's gather does)
     reads_threshold   several readers and more reads than realize_reads_threshold
     opcount_threshold several readers and more ops than realize_opcount_threshold
     acc_reads_threshold  the inlined body reads more buffers than realize_acc_reads_threshold
@@ -38,7 +41,21 @@ from coil.ir.buffers import (
     MultiOutputBuffer,
     RealizeRow,
 )
-from coil.ir.expr import Expr, IndexExpr, Load, count_ops, loads, rewrite, rsyms, substitute_symbols, xsyms
+from coil.ir.expr import (
+    Expr,
+    IndexExpr,
+    IndirectLoad,
+    Load,
+    count_ops,
+    indirect_loads,
+    loads,
+    read_names,
+    rewrite,
+    rsyms,
+    substitute_symbols,
+    walk,
+    xsyms,
+)
 from coil.ir.indexing import numel, ranges_of, simplify_index
 from coil.ir.layout import Layout
 from coil.ir.lowered import (
@@ -85,7 +102,7 @@ def _reads_of(node: LNode) -> list[str]:
         case Input():
             return []
         case Pointwise() | Reduction():
-            return list(dict.fromkeys(ld.name for ld in loads(node.body)))
+            return read_names(node.body)
         case View():
             return [node.base]
         case Extern():
@@ -143,6 +160,36 @@ def _strided(index: tuple[sympy.Expr, ...], size: tuple[int, ...], base: Layout)
     return Layout(size, tuple(strides), base.dtype, base.device, int(const))
 
 
+def _full_readers(g: LoweredGraph) -> dict[str, int]:
+    """For each node, how many readers read it at every position: readers that read
+    it only through an IndirectLoad do not count, nor do pointwise nodes and views
+    (not outputs) that only such readers read.  Views are transparent."""
+    direct: dict[str, list[str]] = defaultdict(list)
+    only_indirect: set[tuple[str, str]] = set()
+    for n in g.nodes:
+        for r in _reads_of(n):
+            direct[r].append(n.name)
+        if isinstance(n, (Pointwise, Reduction)):
+            plain = {ld.name for ld in loads(n.body)}
+            only_indirect |= {(ld.name, n.name) for ld in indirect_loads(n.body) if ld.name not in plain}
+    outputs = set(o for o in g.outputs if o is not None)
+    full: dict[str, int] = {}
+    for n in reversed(g.nodes):
+        count = 0
+        for r in direct.get(n.name, []):
+            if (n.name, r) in only_indirect:
+                continue
+            reader = g.node(r)
+            if isinstance(reader, View):
+                count += full[r] + (r in outputs)
+            elif isinstance(reader, Pointwise) and r not in outputs and full[r] == 0 and direct.get(r):
+                continue  # read only at data-dependent positions itself
+            else:
+                count += 1
+        full[n.name] = count
+    return full
+
+
 class _Realizer:
     """Holds the walk's state for one `realize` call (created and dropped inside it)."""
 
@@ -156,6 +203,7 @@ class _Realizer:
         self.rows: dict[str, RealizeRow] = {}
         self.inlined_into: dict[str, list[str]] = defaultdict(list)
         self.readers = _effective_readers(g)
+        self.full_readers = _full_readers(g)
         self.pos = {n.name: i for i, n in enumerate(g.nodes)}
         self.outputs = set(o for o in g.outputs if o is not None)
         self.out_stride = {o: st for o, st in zip(g.outputs, g.output_strides) if o is not None and st is not None}
@@ -169,18 +217,20 @@ class _Realizer:
         ops: list[str] = []
 
         def fn(e: Expr) -> Expr | None:
-            if not isinstance(e, Load):
+            if not isinstance(e, (Load, IndirectLoad)):
                 return None
             entry = self.env.get(e.name)
             if entry is None:
                 raise CoilError(f"load of {e.name} before it is defined", stage="realize")
             if isinstance(entry, _Realized):
-                return None if entry.name == e.name else Load(entry.name, e.index, e.dtype)
+                return None if entry.name == e.name else attrs.evolve(e, name=entry.name)
             origins.update(entry.origins)
             ops.extend(entry.ops)
             self.inlined_into[e.name].append(consumer)
-            sub = substitute_symbols(entry.body, dict(zip(xsyms(len(entry.ranges)), e.index)))
-            return sub
+            # an indirect read inlines too: the producer's body at an index that
+            # uses the reader's values (its loads become indirect ones)
+            bound = (e.values, e.sizes) if isinstance(e, IndirectLoad) else ((), ())
+            return substitute_symbols(entry.body, dict(zip(xsyms(len(entry.ranges)), e.index)), bound)
 
         out = rewrite(body, fn)
         return out, frozenset(origins), tuple(ops)
@@ -222,26 +272,25 @@ class _Realizer:
         readers = self.readers.get(name, [])
         if len(readers) + (name in self.outputs) <= 1:
             return None
-        reads = loads(body)
-        distinct = {(ld.name, ld.index) for ld in reads}
-        nontrivial = {(n, i) for n, i in distinct if numel(self.layouts[n].size if n in self.layouts else ()) > 1}
+        distinct = {(e.name, e.index, getattr(e, "values", ())) for e in walk(body) if isinstance(e, (Load, IndirectLoad))}
+        nontrivial = {(n, i, v) for n, i, v in distinct if numel(self.layouts[n].size if n in self.layouts else ()) > 1}
         if count_ops(body) > self.o.realize_opcount_threshold:
             return "opcount_threshold"
         if len(distinct) > self.o.realize_reads_threshold:
             return "reads_threshold"
-        if len(nontrivial) > 1:
+        if len(nontrivial) > 1 and self.full_readers[name] + (name in self.outputs) > 1:
             return "reuse"
         return None
 
     def mutation_rule(self, node: LNode, body: Expr) -> str | None:
         here = self.pos[node.name]
-        read_names = {ld.name for ld in loads(body)}
+        reads = set(read_names(body))
         for at, mutated in self.mutations:
             if at <= here:
                 continue
             target = self.env.get(mutated)
             tname = target.name if isinstance(target, _Realized) else mutated
-            if tname in read_names and any(self.pos[r] > at for r in self.readers.get(node.name, [])):
+            if tname in reads and any(self.pos[r] > at for r in self.readers.get(node.name, [])):
                 return "mutation"
         return None
 
@@ -256,7 +305,7 @@ class _Realizer:
         rule = self.multi_reader_rule(node.name, body) if not isinstance(node, View) else None
         if rule:
             return rule
-        if len({ld.name for ld in loads(body)}) > self.o.realize_acc_reads_threshold:
+        if len(read_names(body)) > self.o.realize_acc_reads_threshold:
             return "acc_reads_threshold"
         return self.mutation_rule(node, body)
 
@@ -419,9 +468,9 @@ def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 
 def _simplify_body(body: Expr, rng: dict[sympy.Symbol, int]) -> Expr:
     def fn(e: Expr) -> Expr | None:
-        if isinstance(e, Load):
+        if isinstance(e, (Load, IndirectLoad)):
             idx = tuple(simplify_index(i, rng) for i in e.index)
-            return None if idx == e.index else Load(e.name, idx, e.dtype)
+            return None if idx == e.index else attrs.evolve(e, index=idx)
         if isinstance(e, IndexExpr):
             s = simplify_index(e.expr, rng)
             return None if s == e.expr else IndexExpr(s, e.dtype)

@@ -9,7 +9,7 @@ entry, because hypothesis shrinks a `sampled_from` toward the first element.
                 log_softmax logsumexp cumsum sort
     view        permute transpose slice expand unsqueeze squeeze select reshape
                 unfold diagonal
-    other       cast (_to_copy), arange / full, cat, mm
+    other       cast (_to_copy), arange / full, cat, mm, gather / index.Tensor
 """
 
 from __future__ import annotations
@@ -656,5 +656,34 @@ def matmul(draw: st.DrawFn, b: GraphBuilder, cfg: Config) -> None:
     b.call(aten.mm.default, (a, b.bounded(other, 30.0)))
 
 
+def indirect(draw: st.DrawFn, b: GraphBuilder, cfg: Config) -> None:
+    """gather, or index.Tensor along one dim, of a value at positions computed in
+    the graph: an exact integer value of the index's shape (else an arange), times
+    3, modulo the indexed size; index.Tensor may shift them below 0 (it wraps)."""
+    x = pick(draw, b, lambda v: v.ndim >= 1)
+    if x is None:
+        return
+    dim = draw(st.integers(0, x.ndim - 1))
+    n = x.shape[dim]
+    gather = draw(st.booleans())
+    shape = x.shape if gather else (draw(st.integers(1, cfg.max_dim)),)
+    src = pick(draw, b, lambda v: v.exact and is_int(v.dtype) and v.shape == shape)
+    if src is None:
+        kw = {"dtype": torch.int64, "device": torch.device(cfg.device), "pin_memory": False}
+        src = b.call(aten.arange.default, (shape[-1],), kw, exact=True)
+        if len(shape) > 1:
+            src = b.call(aten.expand.default, (src, list(shape)), exact=True)
+    src = b.bounded(src, 1.0e3)
+    idx = b.call(aten.remainder.Scalar, (b.call(aten.mul.Tensor, (src, 3), exact=True), n), exact=True)
+    if idx.dtype != torch.int64:
+        idx = b.call(aten._to_copy.default, (idx,), {"dtype": torch.int64}, exact=True)
+    if gather:
+        b.call(aten.gather.default, (x, dim, idx), exact=x.exact)
+        return
+    if draw(st.booleans()):
+        idx = b.call(aten.sub.Tensor, (idx, n), exact=True)
+    b.call(aten.index.Tensor, (x, [None] * dim + [idx]), exact=x.exact)
+
+
 POINTWISE: tuple[Family, ...] = (unary, binary, where, clamp, pow_, lerp_addcmul)
-OTHER: tuple[Family, ...] = (cast, creation, concat, matmul)
+OTHER: tuple[Family, ...] = (cast, creation, concat, matmul, indirect)

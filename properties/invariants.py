@@ -12,13 +12,17 @@ with itself.
     check_peak(w)                   the plan's peak equals a line-by-line replay
     check_kernel_params(w)          each kernel's arguments are exactly its read_writes
                                     minus the buffers kept in registers
+    check_indirect_reads(w)         a buffer a kernel reads through an IndirectLoad is
+                                    written by an earlier step, never by that kernel,
+                                    and never kept in registers (removed)
     check_all(w)                    all of the above
 """
 
 from __future__ import annotations
 
 from coil.errors import CoilError
-from coil.ir.buffers import AliasBuffer, BufferGraph
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer
+from coil.ir.expr import indirect_loads
 from coil.ir.fused import FusedSchedule
 from coil.ir.lowered import extern_tensor_names
 from coil.ir.schedule import WeakDep
@@ -180,9 +184,26 @@ def check_kernel_params(w: WrapperProgram) -> None:
             raise InvariantError(f"{ln.kernel}: arguments {sorted(ln.args)} != read_writes minus removed {sorted(want)}")
 
 
+def check_indirect_reads(w: WrapperProgram) -> None:
+    """Re-derived from the bodies: an indirect read may touch any element, so the
+    whole buffer must exist in memory before the kernel that reads it starts."""
+    bg = w.plan.schedule.graph.graph
+    for k in w.plan.schedule.kernels:
+        for n in k.nodes:
+            b = bg.get(n)
+            if not isinstance(b, ComputedBuffer):
+                continue
+            for ld in indirect_loads(b.body):
+                if ld.name in k.nodes:
+                    raise InvariantError(f"{k.name}: {n} reads {ld.name} indirectly, but the same kernel writes it")
+                if ld.name in w.plan.removed:
+                    raise InvariantError(f"{k.name}: {n} reads {ld.name} indirectly, but {ld.name} is kept in registers")
+
+
 def check_all(w: WrapperProgram) -> None:
     check_schedule_topological(w.plan.schedule)
     check_lifetimes(w)
     check_reuse(w)
     check_peak(w)
     check_kernel_params(w)
+    check_indirect_reads(w)

@@ -738,8 +738,9 @@ VIEW_CASES: list[OpCase] = [
 # pointwise ops and reductions, plus the prims that torch._refs decompositions emit.
 # As for reductions, `s = x + y` is a (4, 5, 6) broadcast or a (4, 6) sum of
 # non-contiguous inputs; parameters of the last dim's size come from rows of y.
-# DECOMP_EXTERNS names the only Extern kernels a case may keep: gather and scatter
-# read at data-dependent indices, which a loop body cannot express.
+# DECOMP_EXTERNS names the Extern kernels a case may keep (none now: nll_loss's
+# gather is an IndirectLoad and its backward's scatter a pointwise where, see
+# INDIRECT_CASES).
 
 def _d(name: str, fn: Callable[..., Any], dtypes: tuple[torch.dtype, ...], *targets: Any,
        domain: str = "any", n: int = 2) -> OpCase:
@@ -897,12 +898,77 @@ DECOMP_CASES: list[OpCase] = [
        prims.lt, prims.maximum, prims.minimum, n=1),
 ]
 
-DECOMP_EXTERNS: dict[str, frozenset[str]] = {
-    "nll_loss": frozenset({"aten.gather.default"}),
-    "nll_loss_sum_ignore_index": frozenset({"aten.gather.default"}),
-    "nll_loss_none": frozenset({"aten.gather.default"}),
-    "nll_loss_backward": frozenset({"aten.scatter.value"}),
-}
+DECOMP_EXTERNS: dict[str, frozenset[str]] = {}
+
+
+# ---- indirect reads ----------------------------------------------------------------------------
+# gather, index.Tensor, index_select and embedding read their source at positions
+# held in index tensors: one pointwise node with an IndirectLoad each, never an
+# Extern.  The source is computed in the graph (so it is inlined into the read) or
+# an input; shape kinds lay the source out contiguous, transposed or expanded along
+# its last dim (read at stride 0).  Index tensors are int64 (int32 where named),
+# drawn in range, negative ones where aten allows them.
+
+INDIRECT_KINDS = ("contiguous", "noncontig", "expanded")
+
+
+def _source(shape: Sequence[int], dtype: torch.dtype, shape_kind: str, g: torch.Generator) -> torch.Tensor:
+    if shape_kind == "contiguous":
+        return draw("any", dtype, shape, g)
+    if shape_kind == "expanded":  # stride 0 along the last dim: an indexed dim of some cases
+        return draw("any", dtype, (*shape[:-1], 1), g).expand(*shape)
+    rev = tuple(reversed(range(len(shape))))
+    return draw("any", dtype, tuple(reversed(shape)), g).permute(rev)
+
+
+def indexed(source: Sequence[int], *index: tuple[Sequence[int], int, int, torch.dtype]) -> MakeInputs:
+    """A source of shape `source`, then one index tensor per (shape, low, high, dtype)."""
+
+    def make(dtype: torch.dtype, shape_kind: str, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        x = _source(source, dtype, shape_kind, g)
+        return (x, *(torch.randint(lo, hi, tuple(s), generator=g).to(dt) for s, lo, hi, dt in index))
+
+    return make
+
+
+def _i(name: str, fn: Callable[..., Any], make: MakeInputs, *targets: Any,
+       dtypes: tuple[torch.dtype, ...] = (F32, I64, BF16)) -> OpCase:
+    return OpCase(name, fn, make, dtypes, targets, INDIRECT_KINDS)
+
+
+def _log_softmax_gather(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """nll_loss's core: the log-softmax is read only where the targets point."""
+    return torch.gather(x.float().log_softmax(-1), 1, t[:, None]).squeeze(1)
+
+
+INDIRECT_CASES: list[OpCase] = [
+    _i("gather_dim0", lambda x, i: torch.gather(x * 2, 0, i), indexed((5, 6), ((3, 6), 0, 5, I64)), aten.gather),
+    _i("gather_dim1", lambda x, i: torch.gather(x + x, 1, i), indexed((5, 6), ((5, 4), 0, 6, I64)), aten.gather),
+    _i("gather_last_3d", lambda x, i: torch.gather(x, -1, i) * 3, indexed((2, 5, 6), ((2, 4, 3), 0, 6, I64)),
+       aten.gather),
+    _i("index_one_tensor_negative", lambda x, i: (x * 3)[i], indexed((5, 6), ((4,), -5, 5, I64)), aten.index),
+    _i("index_two_tensors_broadcast", lambda x, i, j: x[i, j] + 1,
+       indexed((5, 6), ((4, 1), -5, 5, I64), ((3,), -6, 6, I64)), aten.index),
+    _i("index_int32", lambda x, i: x[i] * 2, indexed((5, 6), ((2, 3), -5, 5, I32)), aten.index),
+    _i("index_slice_before", lambda x, i: x[:, i], indexed((5, 6, 7), ((2, 3), -6, 6, I64)), aten.index),
+    _i("index_slice_between", lambda x, i, j: x[i, :, j], indexed((5, 6, 7), ((3,), 0, 5, I64), ((3,), -7, 7, I64)),
+       aten.index),
+    _i("index_then_slice", lambda x, i: x[i, 1:4] - 1, indexed((5, 6), ((3,), 0, 5, I64)), aten.index),
+    _i("index_none_entry", lambda x, i: x[None, :, i], indexed((5, 6), ((4,), 0, 6, I64)), aten.index),
+    _i("index_select", lambda x, i: torch.index_select(x, 1, i) * 2, indexed((5, 6), ((4,), 0, 6, I64)),
+       aten.index_select),
+    _i("embedding", lambda w, i: F.embedding(i, w * 2), indexed((10, 4), ((3, 5), 0, 10, I64)), aten.embedding),
+    _i("embedding_int32", lambda w, i: F.embedding(i, w), indexed((10, 4), ((7,), 0, 10, I32)), aten.embedding),
+    _i("log_softmax_gather", _log_softmax_gather, indexed((8, 10), ((8,), 0, 10, I64)), aten.gather,
+       dtypes=(F32, BF16)),
+    _i("cross_entropy", lambda x, t: F.cross_entropy(x.float(), t), indexed((8, 10), ((8,), 0, 10, I64)),
+       aten.nll_loss_forward, dtypes=(F32, F16)),
+    # scatter that writes one element per row: a where comparing positions, no Extern
+    _i("scatter_value_one_per_row", lambda x, i: torch.scatter(x * 2, 1, i, -1.5),
+       indexed((5, 6), ((5, 1), 0, 6, I64)), aten.scatter, dtypes=(F32, I64, BF16)),
+    _i("scatter_src_dim0", lambda x, i: torch.scatter(x, 0, i, x + 1), indexed((5, 6), ((1, 6), 0, 5, I64)),
+       aten.scatter),
+]
 
 
 def check_case_buffers(case: OpCase, shape_kind: str, dtype: torch.dtype, seed: int = 0) -> tuple[Checked, BufferGraph]:

@@ -26,7 +26,8 @@ import op_cases
 from coil.backends.cpp import build
 from op_cases import RUNNERS, OpCase, check_case
 
-CASE_LISTS = ("POINTWISE_CASES", "CREATION_CASES", "PROMOTION_CASES", "REDUCTION_CASES", "VIEW_CASES", "DECOMP_CASES")
+CASE_LISTS = ("POINTWISE_CASES", "CREATION_CASES", "PROMOTION_CASES", "REDUCTION_CASES", "VIEW_CASES", "DECOMP_CASES",
+              "INDIRECT_CASES")
 FULL_MATRIX = os.environ.get("COIL_CPP_FULL_MATRIX", "") not in ("", "0")
 
 

@@ -4,8 +4,8 @@ Ops without a lowering (softmax, layer_norm, activations' backward ops, losses)
 arrive as pointwise ops and reductions, whether the graph comes from make_fx (which
 keeps _softmax or native_layer_norm whole, so `lower` decomposes them) or from
 AOTAutograd with a decomposition table (which hands coil prims.* ops).  Only
-gather and scatter (data-dependent indexing) and the matrix products and
-convolutions stay Extern."""
+scatter (a data-dependent write) and the matrix products and convolutions stay
+Extern; gather is an indirect read inside a kernel."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from op_cases import (
 
 
 aten = torch.ops.aten
-DATA_DEPENDENT = frozenset({"aten.gather.default", "aten.scatter.value"})
+DATA_DEPENDENT = frozenset({"aten.scatter.value"})
 
 
 def _externs(bg: BufferGraph) -> set[str]:

@@ -27,6 +27,7 @@ from coil.ir.module import CompiledModule
 from op_cases import (
     CREATION_CASES,
     DECOMP_CASES,
+    INDIRECT_CASES,
     POINTWISE_CASES,
     PROMOTION_CASES,
     REDUCTION_CASES,
@@ -91,6 +92,7 @@ CASE_LISTS = {
     "reduction": REDUCTION_CASES,
     "view": VIEW_CASES,
     "decomp": DECOMP_CASES,
+    "indirect": INDIRECT_CASES,
 }
 
 

@@ -24,7 +24,7 @@ import torch
 from coil.backends.common import IndexPrinter
 from coil.backends.cpp import prelude
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Constant, Expr, IndexExpr, Load, Op, evaluate
+from coil.ir.expr import Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 
@@ -133,6 +133,18 @@ class CppHandler:
         offset = self.ctx.offset(node.name, node.index)
         ref = self.ctx.staged.get((node.name, offset), f"{self.ctx.ptrs[node.name]}[{offset}]")
         return self.emit(node.dtype, prelude.load_value(lay.dtype, ref))
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
+        """`ptr[offset]` where the offset uses the wrapped, clamped values (int64)."""
+        if node.name not in self.ctx.ptrs:
+            raise CoilError(f"kernel reads {node.name} indirectly, but it is not a parameter", stage="kernel_gen")
+        bind = {}
+        for k, (v, n) in enumerate(zip(values, node.sizes)):
+            var = self.emit(torch.int64, f"coil_indirect(static_cast<int64_t>({v}), {int(n)})")
+            bind[indsym(k)] = sympy.Symbol(var, integer=True, nonnegative=True)
+        lay = self.ctx.layouts[node.name]
+        offset = cpp_index(simplify_index(lay.offset_of(node.index) - lay.offset, self.ctx.ranges).xreplace(bind))
+        return self.emit(node.dtype, prelude.load_value(lay.dtype, f"{self.ctx.ptrs[node.name]}[{offset}]"))
 
     def constant(self, node: Constant) -> str:
         v = node.value

@@ -23,7 +23,7 @@ import attrs
 import sympy
 
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Expr, IndexExpr, Load, rsyms, substitute_symbols, walk, xsyms
+from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, rsyms, substitute_symbols, walk, xsyms
 from coil.ir.indexing import contiguous_strides, simplify_index, unflatten
 from coil.ir.layout import Layout
 from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map
@@ -154,7 +154,7 @@ def index_expressions(nodes: Sequence[NodeIndexing], layouts: dict[str, Layout],
         if nd.buf.name in stored:
             out.append(nd.store)
         for e in walk(nd.body):
-            if isinstance(e, Load) and e.name not in inside:
+            if isinstance(e, (Load, IndirectLoad)) and e.name not in inside:
                 lay = layouts[e.name]
                 out.append(simplify_index(lay.offset_of(e.index) - lay.offset, ranges))
             elif isinstance(e, IndexExpr):

@@ -132,7 +132,8 @@ def emit_node(plan: KernelPlan, ctx: KernelContext, h: CppHandler, nd: NodeIndex
 
 
 def outside_loads(plan: KernelPlan) -> list[tuple[str, sympy.Expr]]:
-    """(buffer, storage offset in loop variables) of every load from memory."""
+    """(buffer, storage offset in loop variables) of every direct load from memory
+    (indirect loads have no offset known at compile time)."""
     out: dict[tuple[str, sympy.Expr], None] = {}
     for nd in plan.nodes:
         for ld in loads(nd.body):

@@ -199,6 +199,11 @@ static inline float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to
 static inline float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_to_bf16(f)); }
 
 static inline int64_t coil_min_index(int64_t a, int64_t b) { return a < b ? a : b; }
+// an indirect index: negatives wrapped once, then clamped so no read leaves the buffer
+static inline int64_t coil_indirect(int64_t v, int64_t n) {
+  v = v < 0 ? v + n : v;
+  return v < 0 ? 0 : (v >= n ? n - 1 : v);
+}
 
 // ---- arithmetic with torch's semantics
 // maximum / minimum / amax / amin propagate NaN (for integers `a != a` is false)

@@ -48,7 +48,7 @@ from coil.backends.cpp.plan import (
     render_loops,
     store_line,
 )
-from coil.ir.expr import Expr, loads
+from coil.ir.expr import Expr, read_names
 from coil.options import Options
 
 # A reduction kernel with fewer rows than this and a long reduction splits each row
@@ -81,7 +81,7 @@ def phases(plan: KernelPlan) -> Phases:
     at: dict[str, int] = {}
     done: dict[str, int] = {}
     for nd in plan.nodes:
-        deps = {ld.name for ld in loads(nd.body) if ld.name in inside}
+        deps = {n for n in read_names(nd.body) if n in inside}
         name = nd.buf.name
         at[name] = max((done[d] if role[d] == "reduction" else at[d] for d in deps), default=0)
         if nd.role == "reduction":

@@ -9,7 +9,9 @@ remainder, NaN-propagating maximum, bool arithmetic, half-to-even rounding).
 Loads of a buffer written earlier in the same kernel come from `registers` (fuse
 guarantees the positions match); every other load reads memory at the buffer's
 storage offset, relative to the tensor the wrapper passes (which already points at
-the layout's offset), masked by the tails of the symbols it uses.
+the layout's offset), masked by the tails of the symbols it uses.  An indirect load
+adds the wrapped, clamped int64 values to that offset and is masked by the tails of
+every symbol its values depend on too.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from coil.backends.common import IndexPrinter
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Constant, IndexExpr, Load, Op
+from coil.ir.expr import Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, indsym, walk
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 from coil.passes.kernel_model import RINDEX, XINDEX, YINDEX
@@ -67,6 +69,19 @@ def _symbol(s: sympy.Symbol) -> str:
 
 
 print_index = IndexPrinter("//", "%", _symbol)
+
+
+def _value_symbols(values: tuple[Expr, ...]) -> set[sympy.Symbol]:
+    """The loop symbols the values of an indirect load depend on."""
+    out: set[sympy.Symbol] = set()
+    for v in values:
+        for e in walk(v):
+            if isinstance(e, (Load, IndirectLoad)):
+                for i in e.index:
+                    out |= i.free_symbols  # type: ignore[arg-type]
+            elif isinstance(e, IndexExpr):
+                out |= e.expr.free_symbols  # type: ignore[arg-type]
+    return out
 
 
 def mask_for(expr: sympy.Expr) -> str | None:
@@ -134,6 +149,29 @@ class TritonHandler:
             # a one-element block, never a scalar: scalars of int1 do not broadcast
             # in the interpreter, and blocks keep every value's rank the same
             return self.out.assign(f"tl.load({where} + tl.zeros([1], tl.int32))")
+        return self.out.assign(f"tl.load({where}, {mask}, other=0)")
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
+        if node.name not in self.ptr:
+            raise CoilError(f"triton target: {node.name} is read indirectly but is not a kernel argument")
+        bind: dict[sympy.Symbol, sympy.Symbol] = {}
+        for k, (v, n) in enumerate(zip(values, node.sizes)):
+            v64 = self.out.assign(f"{v}.to(tl.int64)")
+            w = self.out.assign(f"tl.where({v64} < 0, {v64} + {int(n)}, {v64})")
+            c = self.out.assign(f"tl.where({w} < 0, 0, tl.where({w} >= {int(n)}, {max(int(n) - 1, 0)}, {w}))")
+            bind[indsym(k)] = sympy.Symbol(c, integer=True, nonnegative=True)
+        lay = self.layouts[node.name]
+        offset = sympy.expand(simplify_index(lay.offset_of(node.index), self.ranges) - lay.offset)
+        names = {s.name for s in bind.values()}
+        printer = IndexPrinter("//", "%", lambda s: s.name if s.name in names else _symbol(s))
+        used = (offset.free_symbols | _value_symbols(node.values)) & {XINDEX, RINDEX}
+        mask = mask_for(sympy.Add(*used))
+        at = offset.xreplace(bind)
+        # a value the offset does not use (a stride-0 dim) still gives the pointer its shape
+        shape = "".join(f" + 0 * {v}" for v in bind.values() if v not in at.free_symbols)
+        where = f"{self.ptr[node.name]} + {printer(at)}{shape}"
+        if mask is None:
+            return self.out.assign(f"tl.load({where})")
         return self.out.assign(f"tl.load({where}, {mask}, other=0)")
 
     def constant(self, node: Constant) -> str:

@@ -34,7 +34,19 @@ import torch
 from coil.backends.triton import reductions
 from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Cast, Expr, Load, Op, evaluate, loads, rewrite, substitute_symbols, xsyms
+from coil.ir.expr import (
+    Cast,
+    Expr,
+    Load,
+    Op,
+    evaluate,
+    indirect_loads,
+    loads,
+    read_names,
+    rewrite,
+    substitute_symbols,
+    xsyms,
+)
 from coil.ir.fused import FusedKernel
 from coil.ir.indexing import simplify_index, unflatten
 from coil.ir.layout import Layout
@@ -84,7 +96,7 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> int | None:
         return None
     g = program.plan.schedule.graph
     nodes = kernel_buffers(k, g)
-    if any(b.is_reduction for b in nodes):
+    if any(b.is_reduction or indirect_loads(b.body) for b in nodes):
         return None
     inside = {b.name for b in nodes}
     layouts = {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
@@ -139,7 +151,7 @@ class KernelContext:
     def deps(self, b: ComputedBuffer) -> list[str]:
         """Nodes of this kernel whose values b reads."""
         inside = {n.name for n in self.nodes}
-        return list(dict.fromkeys(ld.name for ld in loads(b.body) if ld.name in inside and ld.name != b.name))
+        return [n for n in read_names(b.body) if n in inside and n != b.name]
 
 
 def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:

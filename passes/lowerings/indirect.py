@@ -1,0 +1,139 @@
+"""Reads at data-dependent positions: gather, index.Tensor, index_select, embedding.
+
+Each is one Pointwise node whose body is an `IndirectLoad`: the read of the source
+at an index that uses ind0, ind1, ... bound to loads of the index tensors (as
+Inductor lowers them with `ops.indirect_indexing`).  So the source need not be a
+buffer: realize inlines a pointwise source into the read (cross_entropy's
+log_softmax is never written), and the index tensors fuse like any other input.
+
+Boolean masks (their result size depends on the data) and empty sources decline:
+they stay Extern calls of the aten op.
+
+scatter with one position per row along its dim (nll_loss's backward writes -1 at
+each target) is a write turned into a read: each output element compares its own
+position with the row's index, so it needs no IndirectLoad at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from coil.ir.expr import Cast, Expr, IndexExpr, IndirectLoad, indsym, xsyms
+from coil.passes.lowerings.registry import (
+    LowerCtx,
+    TensorValue,
+    broadcast_load,
+    broadcast_shapes,
+    constant,
+    is_tensor,
+    normalize_dim,
+    op,
+    register_lowering,
+)
+
+aten = torch.ops.aten
+
+
+def _integer(t: TensorValue) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype in (torch.bool, torch.uint8))
+
+
+@register_lowering(aten.gather.default)
+def gather(ctx: LowerCtx, x: TensorValue, dim: int, index: TensorValue, sparse_grad: bool = False) -> Any:
+    """out[..., i_d, ...] = x[..., index[..., i_d, ...], ...] along `dim`."""
+    if x.ndim == 0 or index.ndim != x.ndim or x.numel() == 0 or not _integer(index):
+        return NotImplemented
+    dim = normalize_dim(dim, x.ndim)
+    xs = xsyms(index.ndim)
+    idx: list[sympy.Expr] = list(xs)
+    idx[dim] = indsym(0)
+    body = IndirectLoad(x.name, tuple(idx), x.dtype, (index.load(xs),), (x.size[dim],))
+    return ctx.pointwise(index.size, body)
+
+
+@register_lowering(aten.index_select.default)
+def index_select(ctx: LowerCtx, x: TensorValue, dim: int, index: TensorValue) -> Any:
+    if x.ndim == 0 or index.ndim > 1 or x.numel() == 0 or not _integer(index):
+        return NotImplemented
+    dim = normalize_dim(dim, x.ndim)
+    size = list(x.size)
+    size[dim] = index.numel()
+    xs = xsyms(x.ndim)
+    idx: list[sympy.Expr] = list(xs)
+    idx[dim] = indsym(0)
+    value = index.load((xs[dim],) if index.ndim == 1 else ())
+    return ctx.pointwise(size, IndirectLoad(x.name, tuple(idx), x.dtype, (value,), (x.size[dim],)))
+
+
+@register_lowering(aten.embedding.default)
+def embedding(ctx: LowerCtx, weight: TensorValue, indices: TensorValue, padding_idx: int = -1,
+              scale_grad_by_freq: bool = False, sparse: bool = False) -> Any:
+    """A row of `weight` per index: index.Tensor of weight by `indices`."""
+    if weight.ndim != 2:
+        return NotImplemented
+    return index(ctx, weight, [indices])
+
+
+def _result_layout(x: TensorValue, dims: Sequence[int], bshape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """aten's advanced-indexing result size, and where the broadcast index dims go:
+    in place of the indexed dims when they are adjacent, else first."""
+    adjacent = list(dims) == list(range(dims[0], dims[-1] + 1))
+    if adjacent:
+        return (*x.size[: dims[0]], *bshape, *x.size[dims[-1] + 1 :]), dims[0]
+    return (*bshape, *(s for d, s in enumerate(x.size) if d not in dims)), 0
+
+
+@register_lowering(aten.index.Tensor, "aten._unsafe_index.Tensor")
+def index(ctx: LowerCtx, x: TensorValue, indices: Sequence[Any]) -> Any:
+    """x[i0, :, i2] and friends: integer index tensors (broadcast together) pick
+    positions along their dims; None entries and missing trailing dims take
+    whole dims."""
+    tensors = [(d, t) for d, t in enumerate(indices) if t is not None]
+    if (not tensors or len(indices) > x.ndim or x.numel() == 0
+            or any(not is_tensor(t) or not _integer(t) for _, t in tensors)):
+        return NotImplemented
+    dims = [d for d, _ in tensors]
+    bshape = broadcast_shapes(*(t.size for _, t in tensors))
+    out, start = _result_layout(x, dims, bshape)
+    xs = xsyms(len(out))
+    bsyms = xs[start : start + len(bshape)]
+    others = iter((*xs[:start], *xs[start + len(bshape) :]))
+    idx: list[sympy.Expr] = [sympy.Integer(0)] * x.ndim
+    for d in range(x.ndim):
+        if d not in dims:
+            idx[d] = next(others)
+    values = []
+    for k, (d, t) in enumerate(tensors):
+        idx[d] = indsym(k)
+        values.append(broadcast_load(t, bshape, bsyms))
+    sizes = tuple(x.size[d] for d in dims)
+    return ctx.pointwise(out, IndirectLoad(x.name, tuple(idx), x.dtype, tuple(values), sizes))
+
+
+@register_lowering(aten.scatter.value, aten.scatter.src)
+def scatter(ctx: LowerCtx, x: TensorValue, dim: int, index: TensorValue, src: Any) -> Any:
+    """out[..., j, ...] = src at the row's one index j, else x: a pointwise where.
+    Only for an index of size 1 along `dim` that covers x's other dims (each row
+    writes exactly one element, so write order cannot matter)."""
+    if x.ndim == 0 or index.ndim != x.ndim or not _integer(index):
+        return NotImplemented
+    dim = normalize_dim(dim, x.ndim)
+    if index.size[dim] != 1 or any(index.size[d] != x.size[d] for d in range(x.ndim) if d != dim):
+        return NotImplemented
+    xs = xsyms(x.ndim)
+    row = tuple(sympy.Integer(0) if d == dim else s for d, s in enumerate(xs))
+    target = index.load(row)
+    hit = op("eq", target, IndexExpr(xs[dim], target.dtype))
+    value: Expr
+    if is_tensor(src):
+        if src.ndim != x.ndim:
+            return NotImplemented
+        value = src.load(row)
+    else:
+        value = constant(src, x.dtype)
+    if value.dtype != x.dtype:
+        value = Cast(value, x.dtype)
+    return ctx.pointwise(x.size, op("where", hit, value, x.load(xs)))
