@@ -33,6 +33,7 @@ import torch
 
 from coil.backends.triton import reductions
 from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index
+from coil.backends.triton.runtime import candidate_configs, heuristic_config
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import (
     Cast,
@@ -203,35 +204,55 @@ def signature_of(k: FusedKernel, params: tuple[Param, ...]) -> str:
     return f"def {k.name}({', '.join(args)}):"
 
 
+def no_tails(ctx: KernelContext) -> tuple[bool, bool]:
+    """(outer, inner): whether every block size a launch may use (the heuristic's
+    and autotuning's, all powers of two) divides that size, so the range has no
+    tail and its mask is a constant True (Triton then drops the masking).  Outer:
+    xnumel (tiled: the rows); inner: rnumel (tiled: the columns)."""
+    if ctx.cols is not None:
+        rows = ctx.kernel.group[0] // ctx.cols
+        cfgs = (heuristic_config("tiled", rows, ctx.cols), *candidate_configs("tiled", rows, ctx.cols))
+        return (all(rows % c.yblock == 0 for c in cfgs), all(ctx.cols % c.xblock == 0 for c in cfgs))
+    n, r = ctx.kernel.group
+    kind = ctx.kernel.kind
+    cfgs = (heuristic_config(kind, n, r), *candidate_configs(kind, n, r))
+    return (all(n % c.xblock == 0 for c in cfgs), kind != "pointwise" and all(r % c.rblock == 0 for c in cfgs))
+
+
+def _mask(out: Emitter, name: str, test: str, shape: str, always: bool) -> None:
+    out.emit(f"{name} = tl.full({shape}, True, tl.int1)" if always else f"{name} = {test}")
+
+
 def prologue(ctx: KernelContext, out: Emitter) -> None:
+    outer, inner = no_tails(ctx)
     if ctx.cols is not None:  # rows on grid axis 1, columns on axis 0
         wide = ".to(tl.int64)" if ctx.int64 else ""
         out.emit(f"yoffset = tl.program_id(1){wide} * YBLOCK")
         out.emit("yindex = yoffset + tl.arange(0, YBLOCK)[:, None]")
-        out.emit("ymask = yindex < ynumel")
+        _mask(out, "ymask", "yindex < ynumel", "[YBLOCK, 1]", outer)
         out.emit(f"xoffset = tl.program_id(0){wide} * XBLOCK")
         out.emit("xindex = xoffset + tl.arange(0, XBLOCK)[None, :]")
-        out.emit("xmask = xindex < xnumel")
+        _mask(out, "xmask", "xindex < xnumel", "[1, XBLOCK]", inner)
         out.emit("yxmask = ymask & xmask")
         return
     pid = "tl.program_id(0).to(tl.int64)" if ctx.int64 else "tl.program_id(0)"
     out.emit(f"xoffset = {pid} * XBLOCK")
     if ctx.kernel.kind == "pointwise":
         out.emit("xindex = xoffset + tl.arange(0, XBLOCK)")
-        out.emit("xmask = xindex < xnumel")
+        _mask(out, "xmask", "xindex < xnumel", "[XBLOCK]", outer)
         return
     out.emit("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
-    out.emit("xmask = xindex < xnumel")
+    _mask(out, "xmask", "xindex < xnumel", "[XBLOCK, 1]", outer)
     arange = "tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.int64 else "")
     if ctx.kernel.kind == "persistent":
         out.emit(f"rindex = {arange}")
-        _row_masks(out)
+        _row_masks(out, inner)
     else:
         out.emit(f"rbase = {arange}")
 
 
-def _row_masks(out: Emitter) -> None:
-    out.emit("rmask = rindex < rnumel")
+def _row_masks(out: Emitter, no_tail: bool = False) -> None:
+    _mask(out, "rmask", "rindex < rnumel", "[1, RBLOCK]", no_tail)
     out.emit("xrmask = xmask & rmask")
 
 
@@ -278,10 +299,24 @@ def _handler(ctx: KernelContext, out: Emitter, registers: Mapping[str, str]) -> 
 # ---- pointwise and persistent: one scope ------------------------------------------------------
 
 
+def hoist_loads(ctx: KernelContext, out: Emitter, nodes: list[ComputedBuffer], registers: Mapping[str, str],
+                memo: dict[Expr, str]) -> None:
+    """Issue the scope's loads from memory first, as Inductor does, so their
+    latency overlaps the arithmetic that follows (loads of values this kernel
+    computes come from registers and stay where they are)."""
+    inside = {b.name for b in ctx.nodes}
+    h = _handler(ctx, out, registers)
+    for b in nodes:
+        for ld in loads(ctx.bodies[b.name]):
+            if ld.name not in inside and ld.name not in registers:
+                evaluate(ld, h, memo)
+
+
 def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
     """Nodes in kernel order with one CSE table: every value stays in registers."""
     registers: dict[str, str] = {}
     memo: dict[Expr, str] = {}
+    hoist_loads(ctx, out, list(ctx.nodes), registers, memo)
     for b in ctx.nodes:
         role = ctx.roles[b.name]
         out.emit(_comment(b, role))
@@ -401,17 +436,20 @@ def _emit_loop(ctx: KernelContext, out: Emitter, k: int, level: Mapping[str, int
     index_dt = torch.int64 if ctx.int64 else torch.int32
     accs = {b.name: reductions.looped_init(out, _rt(b), ctx.bodies[b.name].dtype, index_dt) for b in reds}
     sums = {b.name: online[b.name] for b in reds if b.name in online}  # online sum -> its max
+    row_max = {m: out.assign('tl.full([XBLOCK, 1], float("-inf"), tl.float32)', "_rowmax")
+               for m in dict.fromkeys(sums.values())}
     out.emit(f"# loop {k}: {', '.join(b.name for b in roots)}"
              + "".join(f"; {n} online with {m}" for n, m in sums.items()))
     # a literal bound: Triton 3.6's interpreter cannot range() to a kernel argument
     out.emit(f"for roffset in range(0, {ctx.rnumel}, RBLOCK):")
     out.indent += 1
     out.emit("rindex = roffset + rbase")
-    _row_masks(out)
+    _row_masks(out, no_tails(ctx)[1])
     inner_regs = dict(registers)
     inner_memo = dict(memo)  # per-row values computed before the loop stay valid inside
-    prev = {m: out.assign(accs[m][0], "_mprev") for m in dict.fromkeys(sums.values())}
+    hoist_loads(ctx, out, [b for b in ctx.nodes if b.name in needed and b.name not in sums], inner_regs, inner_memo)
     tiles: dict[str, str] = {}  # a max's value tile, which its online sums rebase
+    scales: dict[str, tuple[str, str]] = {}  # a max -> (this step's row max, rescale factor)
     for b in ctx.nodes:
         if b.name not in needed:
             continue
@@ -419,7 +457,9 @@ def _emit_loop(ctx: KernelContext, out: Emitter, k: int, level: Mapping[str, int
         out.emit(_comment(b, role))
         if b.name in sums:
             m = sums[b.name]
-            reductions.online_sum_update(out, accs[b.name][0], prev[m], accs[m][0], tiles[m])
+            if m not in scales:
+                scales[m] = reductions.online_row_max(out, row_max[m], tiles[m])
+            reductions.online_sum_update(out, accs[b.name][0], *scales[m], tiles[m])
             continue
         body = ctx.bodies[b.name]
         value = evaluate(body, _handler(ctx, out, inner_regs), inner_memo)
@@ -431,13 +471,14 @@ def _emit_loop(ctx: KernelContext, out: Emitter, k: int, level: Mapping[str, int
         else:  # an earlier loop stored it; here it is only recomputed
             inner_regs[b.name] = value if body.dtype == b.layout.dtype else out.assign(
                 convert(value, body.dtype, b.layout.dtype))
+    for m, (new_max, _) in scales.items():
+        out.emit(f"{row_max[m]} = {new_max}")
     out.indent -= 1
     finals: dict[str, str] = {}
     for b in reds:
         body = ctx.bodies[b.name]
         if b.name in sums:
-            m = sums[b.name]
-            value = reductions.online_sum_final(out, accs[b.name][0], accs[m][0], finals[m])
+            value = out.assign(f"tl.sum({accs[b.name][0]}, 1)[:, None]")
         else:
             value = reductions.looped_final(out, _rt(b), accs[b.name], body.dtype)
         finals[b.name] = value

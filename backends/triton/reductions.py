@@ -138,6 +138,11 @@ def looped_update(out: Emitter, rt: str, accs: tuple[str, ...], v: str, dt: torc
             out.emit(f"{accs[0]} = {accs[0]} + tl.where(xrmask, {v}, 0)")
         case "prod":
             out.emit(f"{accs[0]} = {accs[0]} * tl.where(xrmask, {v}, 1)")
+        case "max" | "min" if wd.is_floating_point:
+            # one max.NaN / min.NaN per element: NaN sticks to the lane
+            fn = "maximum" if rt == "max" else "minimum"
+            w = v if wd == dt else out.assign(convert(v, dt, wd))
+            out.emit(f"{accs[0]} = tl.where(xrmask, tl.{fn}({accs[0]}, {w}, propagate_nan=tl.PropagateNan.ALL), {accs[0]})")
         case "max" | "min" | "argmax" | "argmin":
             w = v if wd == dt else out.assign(convert(v, dt, wd))
             a = accs[0]
@@ -196,23 +201,23 @@ def looped_final(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) 
 # ---- online softmax: a sum of exp(v - max) in the max's loop ------------------------------------
 
 
-def online_sum_update(out: Emitter, acc: str, prev: str, lane_max: str, v: str) -> None:
-    """acc holds, per lane, the sum of exp(v - lane_max) so far.  With d = v - prev
-    (prev: the lane's max before this step) one exp serves both cases: v not
-    above the max adds exp(-|d|); a new max rescales the sum by exp(-|d|) and adds
-    exp(0) = 1.  A lane that has seen only -inf keeps 0 (d would be NaN); NaN
-    propagates, and +inf through the lane max in `online_sum_final`."""
-    d = out.assign(f"{v} - {prev}")
-    e = out.assign(f"tl.exp(-tl.abs({d}))")
-    step = out.assign(f'tl.where({lane_max} == float("-inf"), {acc}, tl.where({d} > 0, {acc} * {e} + 1.0, {acc} + {e}))')
-    out.emit(f"{acc} = tl.where(xrmask, {step}, {acc})")
+def online_row_max(out: Emitter, row_max: str, v: str) -> tuple[str, str]:
+    """The rows' max so far including this step's tile v, and the factor that moves
+    sums relative to the previous max onto it (1 while a row has seen only -inf:
+    exp(-inf - -inf) would be NaN).  One cross-lane max per step, so each element
+    then costs a single exp."""
+    step = out.assign(f'tl.max(tl.where(xrmask, {v}, float("-inf")), 1)[:, None]')
+    new = out.assign(f"tl.maximum({row_max}, {step})")
+    scale = out.assign(f'tl.where({new} == float("-inf"), 1.0, tl.exp({row_max} - {new}))')
+    return new, scale
 
 
-def online_sum_final(out: Emitter, acc: str, lane_max: str, row_max: str) -> str:
-    """The row's sum of exp(v - row_max) from the lanes' sums (each relative to its
-    lane's max)."""
-    empty = f'{lane_max} == float("-inf")'
-    return out.assign(f"tl.sum(tl.where({empty}, 0.0, {acc} * tl.exp({lane_max} - {row_max})), 1)[:, None]")
+def online_sum_update(out: Emitter, acc: str, row_max: str, scale: str, v: str) -> None:
+    """acc holds, per lane, the sum of exp(v - the row's max so far): rescale it to
+    the new max and add this step's terms.  NaN reaches the sum through exp(NaN - m);
+    +inf through exp(inf - inf); a row of only -inf sums to 0."""
+    e = out.assign(f'tl.where(xrmask & ({row_max} != float("-inf")), tl.exp({v} - {row_max}), 0.0)')
+    out.emit(f"{acc} = {acc} * {scale} + {e}")
 
 
 # ---- trivial ---------------------------------------------------------------------------------
