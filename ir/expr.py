@@ -59,8 +59,12 @@ REDUCTION_TYPES = frozenset(
 )
 
 
-def _index_tuple(value: object) -> tuple[sympy.Expr, ...]:
-    return tuple(sympy.sympify(v) for v in value)  # type: ignore[union-attr]
+def _index_tuple(value: Iterable[object]) -> tuple[sympy.Expr, ...]:
+    return tuple(sympy.sympify(v) for v in value)
+
+
+def _sympy(value: object) -> sympy.Expr:
+    return sympy.sympify(value)
 
 
 @attrs.frozen(cache_hash=True)
@@ -106,7 +110,7 @@ class Constant:
 
 @attrs.frozen(cache_hash=True)
 class IndexExpr:
-    expr: sympy.Expr = attrs.field(converter=sympy.sympify)
+    expr: sympy.Expr = attrs.field(converter=_sympy)
     dtype: torch.dtype = torch.int64
 
 

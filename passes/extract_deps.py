@@ -110,7 +110,7 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
             case ExternBuffer():
                 names = extern_tensor_names((b.args, tuple(v for _, v in b.kwargs)))
                 reads: set[Dep] = {StarDep(n) for n in names}
-                writes: set[Dep] = {StarDep(b.name)} | {StarDep(m) for m in b.mutated}
+                writes: set[Dep] = {StarDep(b.name), *(StarDep(m) for m in b.mutated)}
                 for m in b.mutated:
                     reads |= {WeakDep(r, b.name) for r in readers_so_far.get(m, []) if r != b.name}
                     if b.layout is not None:
