@@ -131,6 +131,36 @@ def test_var_mean() -> None:
     check(lambda x: torch.var_mean(x, 0, correction=0), x)
 
 
+@pytest.mark.parametrize("n", [1, 7, 16, 100, 1000, 1029])
+def test_row_scratch(n: int) -> None:
+    """softmax's exp(x - max) is computed in the sum's r-loop, kept in a row-sized
+    scratch array and read back by the output loop instead of computed again; rows
+    of every length (vector tails included) give eager's values."""
+    x = torch.randn(13, n) * 4
+    compiled = check(lambda x: torch.softmax(x, -1), x)
+    if n > 1:  # a row of one is no reduction
+        assert "alignas(64) float row0[" in compiled.source and compiled.source.count("row0[ir0]") == 2
+    check(lambda x: torch.log_softmax(x, -1), x)
+    check(lambda x: F.layer_norm(F.gelu(x), (n,)), x)
+    check(lambda x: (torch.softmax(x, -1), x.exp().sum(-1)), x)
+    check(lambda x: torch.softmax(x.bfloat16().float(), -1).bfloat16(), x)
+
+
+def test_row_scratch_only_for_costly_values() -> None:
+    """Cheap recomputations (layer_norm's x - mean) stay recomputed; rows too long
+    for the stack budget fall back to recomputing; several reduction dims index
+    the scratch array by the flat rindex."""
+    x = torch.randn(8, 300)
+    assert "row0" not in check(lambda x: F.layer_norm(x, (300,)), x).source
+    assert "row0" in check(lambda x: F.layer_norm(F.gelu(x), (300,)), x).source
+    assert "row0" not in check(lambda x: torch.softmax(x, -1), torch.randn(2, 20000)).source
+    y = torch.randn(6, 5, 33)
+    compiled = check(lambda y: torch.softmax(y.flatten(1), -1).view(6, 5, 33), y)
+    assert "row0" in compiled.source
+    check(lambda y: (y - y.amax((0, 2), keepdim=True)).exp() / (y - y.amax((0, 2), keepdim=True)).exp().sum(
+        (0, 2), keepdim=True), y)
+
+
 def test_argmax_argmin_ties_and_nan() -> None:
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("nan"), 2.0, float("nan"), 5.0], [-1.0, -1.0, -2.0, -2.0]])
     check(lambda x: (x.argmax(-1), x.argmin(-1), x.argmax(0), x.argmax()), x)

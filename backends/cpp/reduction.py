@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from coil.backends.cpp import prelude
+from coil.backends.cpp import prelude, scratch
 from coil.backends.cpp.handler import (
     CppHandler,
     InnerValue,
@@ -231,7 +231,7 @@ class ReductionEmitter:
     """Builds the code run once per xindex (or per block of lanes)."""
 
     def __init__(self, plan: KernelPlan, ctx: KernelContext, options: Options, lanes: Lanes | None,
-                 split: bool) -> None:
+                 split: bool, rows: scratch.RowScratch | None = None) -> None:
         self.plan = plan
         self.ctx = ctx
         self.options = options
@@ -244,6 +244,8 @@ class ReductionEmitter:
         self.inner = {nd.buf.name: InnerValue(nd.body, nd.buf.layout.dtype) for nd in plan.nodes if nd.role == "inner"}
         self.means: dict[str, str] = {}  # welford_m2 node -> its row mean
         self.rnumel = math.prod(d.size for d in plan.nest.rdims)
+        self.rows = rows  # row scratch arrays (rows mode)
+        self.loop_memos: list[dict[Expr, str]] = []  # what each r-loop evaluated
 
     def run(self) -> list[str]:
         if self.lanes is not None:
@@ -313,12 +315,20 @@ class ReductionEmitter:
         body: list[str] = []
         h = self.handler(body)
         rindex = cpp_index(self.plan.nest.rflat)
+        before = set(h.memo)
+        if self.rows is not None:
+            h.memo.update({a.expr: scratch.element(a, rindex) for a in self.rows.read_in(loop)})
         for a in accs:
             v = h.value(a.node.body)
             body.append(update(a, v, rindex, self.means.get(a.node.buf.name) if a.second_pass else None))
         for nd in self.plan.nodes:
             if nd.role == "inner" and nd.buf.name in self.plan.stored and self.ph.at[nd.buf.name] == loop:
                 emit_node(self.plan, self.ctx, h, nd)
+        self.loop_memos.append({e: v for e, v in h.memo.items() if e not in before})
+        if self.rows is not None:
+            for a in self.rows.stored_in(loop):
+                self.lines.append(scratch.declare(a, self.rows.size))
+                body.append(f"{scratch.element(a, rindex)} = {h.memo[a.expr]};")
         loops = [Loop(str(d.sym), "0", dim_bound(self.plan.nest, i, True)) for i, d in enumerate(self.plan.nest.rdims)]
         if self.lanes is not None:
             self.lines += render_loops(loops, self.lanes.loop(body))
@@ -442,6 +452,21 @@ def column_reduction(plan: KernelPlan) -> bool:
     return along_x
 
 
+def row_scratch(plan: KernelPlan, ctx: KernelContext, options: Options) -> scratch.RowScratch | None:
+    """Scratch arrays for the values a later r-loop would compute again, from a
+    first run of the emitter (in a throwaway context); None when there are none."""
+    if sum(1 for nd in plan.nodes if nd.role in ("reduction", "inner")) < 2:
+        return None
+    dry = ReductionEmitter(plan, KernelContext(ctx.ptrs, ctx.layouts, ctx.ranges), options, None, False)
+    dry.run()
+    if len(dry.loop_memos) < 2:
+        return None
+    kept = frozenset(nd.buf.name for nd in plan.nodes if nd.role != "inner")
+    rsyms = frozenset(d.sym for d in plan.nest.rdims)
+    rows = scratch.row_scratch(dry.loop_memos, dry.inner, rsyms, kept, dry.rnumel)
+    return rows if rows.arrays else None
+
+
 def reduction_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> list[str]:
     nest = plan.nest
     numel = math.prod(d.size for d in nest.xdims)
@@ -453,7 +478,10 @@ def reduction_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
         lanes = Lanes(last.var, f"{last.var}_b", min(LANES, nest.xdims[-1].size), last.hi)
         loops[-1] = Loop(lanes.block, "0", f"({last.hi} + {lanes.width - 1}) / {lanes.width}")
     split = lanes is None and split_reductions(plan)
-    per_x = ReductionEmitter(plan, ctx, options, lanes, split).run()
+    rows = None
+    if lanes is None and not split:
+        rows = row_scratch(plan, ctx, options)
+    per_x = ReductionEmitter(plan, ctx, options, lanes, split, rows).run()
     if not split and numel > 1 and numel * max(rnumel, 1) >= PARALLEL_MIN_WORK:
         iterations = numel if lanes is None else numel // nest.xdims[-1].size * -(-nest.xdims[-1].size // lanes.width)
         loops[0] = attrs.evolve(loops[0], pragma=parallel_pragma(len(loops), iterations, options))

@@ -1,0 +1,147 @@
+"""Row scratch arrays: values an r-loop computes that a later r-loop of the same
+row computes again.
+
+A reduction kernel runs its r-loops one after another over the same row, and
+each recomputes whatever it needs from memory (reduction.py: "recomputed from
+its body in any later r-loop").  That is cheap for `x - mean`, not for
+`exp(x - max)`, which softmax's sum and its output both need: the output loop
+would run exp a second time.  When a later r-loop needs a subtree that an
+earlier one computed, that depends on rindex and costs more than a load and a
+store, the earlier loop stores it into a row-sized array on the stack and the
+later loops read it back (Inductor's `local_buffer_data` does the same).  The
+arrays hold the compute type, so the values are bit for bit those a recompute
+would give.
+
+Which subtrees each r-loop evaluates comes from a first run of the emitter
+(`ReductionEmitter.loop_memos`): the handler's memo after each loop body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from coil.backends.cpp import prelude
+from coil.backends.cpp.handler import InnerValue
+from coil.ir.expr import Constant, Expr, IndexExpr, Load, Op, children
+
+# All scratch arrays of one kernel together stay below this many bytes: they live
+# on each thread's stack and should stay in L1/L2 next to the row they came from.
+SCRATCH_MAX_BYTES = 64 * 1024
+# A subtree is kept when recomputing it costs at least this much (OP_COST units;
+# a load or an add is 1): one transcendental function qualifies, `x - mean` does not.
+SCRATCH_MIN_COST = 8
+OP_COST = {
+    **dict.fromkeys(["exp", "exp2", "expm1", "log", "log1p", "log2", "sin", "cos", "tan", "tanh", "erf",
+                     "sigmoid", "pow"], 8),
+    **dict.fromkeys(["truediv", "sqrt", "rsqrt", "reciprocal", "floordiv", "truncdiv", "fmod", "remainder"], 4),
+}
+_SIZES = {"float": 4, "double": 8, "bool": 1, "int8_t": 1, "uint8_t": 1, "int16_t": 2, "int32_t": 4}
+
+
+@attrs.frozen
+class ScratchArray:
+    """`name[rindex]` holds `expr`'s value; stored in r-loop `first`, read after."""
+
+    expr: Expr
+    name: str
+    ctype: str
+    first: int
+
+
+@attrs.frozen
+class RowScratch:
+    arrays: tuple[ScratchArray, ...]
+    size: int  # elements per array: the row's length
+
+    def stored_in(self, loop: int) -> list[ScratchArray]:
+        return [a for a in self.arrays if a.first == loop]
+
+    def read_in(self, loop: int) -> list[ScratchArray]:
+        return [a for a in self.arrays if a.first < loop]
+
+
+class _Subtrees:
+    """Cost, rindex-dependence and descendants of subtrees, looking through loads
+    of the kernel's inner nodes (the handler evaluates their bodies in place)."""
+
+    def __init__(self, inner: Mapping[str, InnerValue], rsyms: frozenset[object], kept: frozenset[str]) -> None:
+        self.inner = inner
+        self.rsyms = rsyms
+        self.kept = kept  # buffers that are registers in every r-loop (reductions, outer nodes)
+        self._below: dict[Expr, frozenset[Expr]] = {}
+
+    def kids(self, e: Expr) -> tuple[Expr, ...]:
+        if isinstance(e, Load) and e.name in self.inner:
+            return (self.inner[e.name].body,)
+        return children(e)
+
+    def below(self, e: Expr) -> frozenset[Expr]:
+        """Every distinct subtree of `e`, `e` included."""
+        if e not in self._below:
+            out = {e}
+            for k in self.kids(e):
+                out |= self.below(k)
+            self._below[e] = frozenset(out)
+        return self._below[e]
+
+    def cost(self, e: Expr) -> int:
+        total = 0
+        for s in self.below(e):
+            if isinstance(s, Op):
+                total += OP_COST.get(s.name, 1)
+            elif isinstance(s, Load):
+                total += 0 if s.name in self.inner or s.name in self.kept else 1
+            elif not isinstance(s, Constant):
+                total += 1
+        return total
+
+    def varies(self, e: Expr) -> bool:
+        """Whether `e` changes along the row (reads rindex)."""
+        for s in self.below(e):
+            if isinstance(s, Load) and s.name in self.inner:
+                return True
+            if isinstance(s, Load) and s.name not in self.kept and any(i.free_symbols & self.rsyms for i in s.index):
+                return True
+            if isinstance(s, IndexExpr) and s.expr.free_symbols & self.rsyms:
+                return True
+        return False
+
+
+def row_scratch(loop_memos: Sequence[Mapping[Expr, str]], inner: Mapping[str, InnerValue],
+                rsyms: frozenset[object], kept: frozenset[str], rnumel: int) -> RowScratch:
+    """The subtrees worth keeping in scratch arrays, given what each r-loop
+    evaluated.  Loop j keeps the largest subtrees it shares with an earlier loop;
+    each is stored by the first loop that computes it."""
+    t = _Subtrees(inner, rsyms, kept)
+    first: dict[Expr, int] = {}
+    for i, memo in enumerate(loop_memos):
+        for e in memo:
+            first.setdefault(e, i)
+    chosen: dict[Expr, int] = {}
+    for j, memo in enumerate(loop_memos):
+        shared = [e for e in memo if first[e] < j and not isinstance(e, Load) and t.varies(e)
+                  and t.cost(e) >= SCRATCH_MIN_COST]
+        inside = set().union(*(t.below(e) - {e} for e in shared)) if shared else set()
+        for e in shared:
+            if e not in inside:
+                chosen.setdefault(e, first[e])
+    arrays: list[ScratchArray] = []
+    used = 0
+    for e, loop in chosen.items():
+        ctype = prelude.compute_type(e.dtype)
+        nbytes = rnumel * _SIZES.get(ctype, 8)
+        if used + nbytes > SCRATCH_MAX_BYTES:
+            continue
+        used += nbytes
+        arrays.append(ScratchArray(e, f"row{len(arrays)}", ctype, loop))
+    return RowScratch(tuple(arrays), rnumel)
+
+
+def declare(a: ScratchArray, size: int) -> str:
+    return f"alignas(64) {a.ctype} {a.name}[{max(size, 1)}];"
+
+
+def element(a: ScratchArray, rindex: str) -> str:
+    return f"{a.name}[{rindex}]"
