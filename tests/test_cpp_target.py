@@ -161,6 +161,20 @@ def test_row_scratch_only_for_costly_values() -> None:
         (0, 2), keepdim=True), y)
 
 
+def test_row_scratch_chain_reuses_arrays() -> None:
+    """A chain of row reductions (graph_2000's `y = y - y.amax(-1) * 0.5`): each
+    r-loop reads the previous value of y from a scratch array instead of redoing
+    the whole chain, and writes the next one into the same array."""
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(40):
+            x = x - x.amax(-1, keepdim=True) * 0.5
+        return x
+
+    compiled = check(chain, torch.randn(5, 3000))
+    assert "float row0[3000]" in compiled.source and "row1" not in compiled.source
+
+
 def test_argmax_argmin_ties_and_nan() -> None:
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("nan"), 2.0, float("nan"), 5.0], [-1.0, -1.0, -2.0, -2.0]])
     check(lambda x: (x.argmax(-1), x.argmin(-1), x.argmax(0), x.argmax()), x)

@@ -326,9 +326,8 @@ class ReductionEmitter:
                 emit_node(self.plan, self.ctx, h, nd)
         self.loop_memos.append({e: v for e, v in h.memo.items() if e not in before})
         if self.rows is not None:
-            for a in self.rows.stored_in(loop):
-                self.lines.append(scratch.declare(a, self.rows.size))
-                body.append(f"{scratch.element(a, rindex)} = {h.memo[a.expr]};")
+            self.lines += [scratch.declare(name, self.rows) for name in self.rows.declared_in(loop)]
+            body += [f"{scratch.element(a, rindex)} = {h.memo[a.expr]};" for a in self.rows.stored_in(loop)]
         loops = [Loop(str(d.sym), "0", dim_bound(self.plan.nest, i, True)) for i, d in enumerate(self.plan.nest.rdims)]
         if self.lanes is not None:
             self.lines += render_loops(loops, self.lanes.loop(body))

@@ -42,12 +42,14 @@ _SIZES = {"float": 4, "double": 8, "bool": 1, "int8_t": 1, "uint8_t": 1, "int16_
 
 @attrs.frozen
 class ScratchArray:
-    """`name[rindex]` holds `expr`'s value; stored in r-loop `first`, read after."""
+    """`name[rindex]` holds `expr`'s value: stored in r-loop `first`, read in the
+    r-loops after it up to `last`; after that another value may reuse `name`."""
 
     expr: Expr
     name: str
     ctype: str
     first: int
+    last: int
 
 
 @attrs.frozen
@@ -55,11 +57,21 @@ class RowScratch:
     arrays: tuple[ScratchArray, ...]
     size: int  # elements per array: the row's length
 
+    def declared_in(self, loop: int) -> list[str]:
+        """The arrays first written in r-loop `loop`, as names (once each)."""
+        seen: set[str] = set()
+        out = []
+        for a in self.arrays:
+            if a.name not in seen and a.first == loop:
+                out.append(a.name)
+            seen.add(a.name)
+        return out
+
     def stored_in(self, loop: int) -> list[ScratchArray]:
         return [a for a in self.arrays if a.first == loop]
 
     def read_in(self, loop: int) -> list[ScratchArray]:
-        return [a for a in self.arrays if a.first < loop]
+        return [a for a in self.arrays if a.first < loop <= a.last]
 
 
 class _Subtrees:
@@ -78,12 +90,19 @@ class _Subtrees:
         return children(e)
 
     def below(self, e: Expr) -> frozenset[Expr]:
-        """Every distinct subtree of `e`, `e` included."""
-        if e not in self._below:
-            out = {e}
-            for k in self.kids(e):
-                out |= self.below(k)
-            self._below[e] = frozenset(out)
+        """Every distinct subtree of `e`, `e` included (children first, without
+        recursion: bodies can be chains thousands of ops deep)."""
+        stack: list[tuple[Expr, bool]] = [(e, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if n in self._below:
+                continue
+            kids = self.kids(n)
+            if not expanded:
+                stack.append((n, True))
+                stack.extend((k, False) for k in kids if k not in self._below)
+                continue
+            self._below[n] = frozenset({n}).union(*(self._below[k] for k in kids))
         return self._below[e]
 
     def cost(self, e: Expr) -> int:
@@ -119,28 +138,42 @@ def row_scratch(loop_memos: Sequence[Mapping[Expr, str]], inner: Mapping[str, In
     for i, memo in enumerate(loop_memos):
         for e in memo:
             first.setdefault(e, i)
-    chosen: dict[Expr, int] = {}
+    chosen: dict[Expr, int] = {}  # expression -> last r-loop that reads it
     for j, memo in enumerate(loop_memos):
         shared = [e for e in memo if first[e] < j and not isinstance(e, Load) and t.varies(e)
                   and t.cost(e) >= SCRATCH_MIN_COST]
         inside = set().union(*(t.below(e) - {e} for e in shared)) if shared else set()
         for e in shared:
             if e not in inside:
-                chosen.setdefault(e, first[e])
+                chosen[e] = j
+    return RowScratch(_assign(sorted(chosen.items(), key=lambda item: first[item[0]]), first, rnumel), rnumel)
+
+
+def _assign(chosen: Sequence[tuple[Expr, int]], first: Mapping[Expr, int], rnumel: int) -> tuple[ScratchArray, ...]:
+    """Arrays for the chosen values in the order they are first stored: a value
+    reuses an array whose last reader runs no later than its own store (a loop
+    reads element r before it writes element r); a new array while the budget
+    lasts; else the value is recomputed."""
     arrays: list[ScratchArray] = []
+    free_after: dict[str, tuple[str, int]] = {}  # array name -> (ctype, last loop that reads it)
     used = 0
-    for e, loop in chosen.items():
+    for e, last in chosen:
         ctype = prelude.compute_type(e.dtype)
-        nbytes = rnumel * _SIZES.get(ctype, 8)
-        if used + nbytes > SCRATCH_MAX_BYTES:
-            continue
-        used += nbytes
-        arrays.append(ScratchArray(e, f"row{len(arrays)}", ctype, loop))
-    return RowScratch(tuple(arrays), rnumel)
+        name = next((n for n, (ct, end) in free_after.items() if ct == ctype and end <= first[e]), None)
+        if name is None:
+            nbytes = rnumel * _SIZES.get(ctype, 8)
+            if used + nbytes > SCRATCH_MAX_BYTES:
+                continue
+            used += nbytes
+            name = f"row{len(free_after)}"
+        free_after[name] = (ctype, last)
+        arrays.append(ScratchArray(e, name, ctype, first[e], last))
+    return tuple(arrays)
 
 
-def declare(a: ScratchArray, size: int) -> str:
-    return f"alignas(64) {a.ctype} {a.name}[{max(size, 1)}];"
+def declare(name: str, rows: RowScratch) -> str:
+    ctype = next(a.ctype for a in rows.arrays if a.name == name)
+    return f"alignas(64) {ctype} {name}[{max(rows.size, 1)}];"
 
 
 def element(a: ScratchArray, rindex: str) -> str:
