@@ -197,6 +197,23 @@ def test_transposed_input(dtype: torch.dtype) -> None:
     check(lambda x: x.permute(2, 0, 1) + 1, torch.randn(40, 3, 64).to(dtype))
 
 
+def test_streaming_stores() -> None:
+    """A large output of a memory-bound pointwise kernel is computed in chunks into
+    a local buffer and streamed out (non-temporal stores): rows that are not a
+    multiple of the chunk nor aligned, transposed tiles with ragged edges, bf16.
+    Compute-bound kernels and small outputs keep plain stores."""
+    x, y = torch.randn(1100, 1001), torch.randn(1100, 1001)
+    assert "coil_stream(out_ptr" in check(lambda x, y: x * 2 + y, x, y).source
+    check(lambda x, y: x * 2 + y, x, y, num_threads=2)
+    z = torch.randn(1030, 1030)
+    compiled = check(lambda x, y: x + y.t(), z, torch.randn(1030, 1030))
+    assert "coil_stream(out_ptr" in compiled.source and "coil_transpose_tile" in compiled.source
+    b = torch.randn(2100, 1100).bfloat16()
+    assert "coil_stream(out_ptr" in check(lambda b: b * 3, b).source
+    assert "coil_stream(out_ptr" not in check(lambda x: x.exp() * x.sigmoid(), x).source
+    assert "coil_stream(out_ptr" not in check(lambda x, y: x + y, x[:100], y[:100]).source
+
+
 def test_erf_is_accurate() -> None:
     """coil's own float erf (a polynomial, not libm's) over a dense sweep of floats:
     within 3 ulp of erf computed in float64; NaN, +-0, +-inf and the saturated tail exact."""

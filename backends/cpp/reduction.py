@@ -315,9 +315,9 @@ class ReductionEmitter:
         body: list[str] = []
         h = self.handler(body)
         rindex = cpp_index(self.plan.nest.rflat)
-        before = set(h.memo)
         if self.rows is not None:
             h.memo.update({a.expr: scratch.element(a, rindex) for a in self.rows.read_in(loop)})
+        before = set(h.memo)
         for a in accs:
             v = h.value(a.node.body)
             body.append(update(a, v, rindex, self.means.get(a.node.buf.name) if a.second_pass else None))
@@ -461,8 +461,8 @@ def row_scratch(plan: KernelPlan, ctx: KernelContext, options: Options) -> scrat
     if len(dry.loop_memos) < 2:
         return None
     kept = frozenset(nd.buf.name for nd in plan.nodes if nd.role != "inner")
-    rsyms = frozenset(d.sym for d in plan.nest.rdims)
-    rows = scratch.row_scratch(dry.loop_memos, dry.inner, rsyms, kept, dry.rnumel)
+    t = scratch.Subtrees(dry.inner, frozenset(d.sym for d in plan.nest.rdims), kept)
+    rows = scratch.row_scratch(dry.loop_memos, t, dry.rnumel)
     return rows if rows.arrays else None
 
 

@@ -24,19 +24,16 @@ import attrs
 
 from coil.backends.cpp import prelude
 from coil.backends.cpp.handler import InnerValue
+from coil.backends.cpp.plan import OP_COST
 from coil.ir.expr import Constant, Expr, IndexExpr, Load, Op, children
 
 # All scratch arrays of one kernel together stay below this many bytes: they live
 # on each thread's stack and should stay in L1/L2 next to the row they came from.
 SCRATCH_MAX_BYTES = 64 * 1024
-# A subtree is kept when recomputing it costs at least this much (OP_COST units;
-# a load or an add is 1): one transcendental function qualifies, `x - mean` does not.
+# A subtree is kept when recomputing it costs at least this much (plan.OP_COST
+# units; a load or an add is 1): one transcendental function qualifies, `x - mean`
+# does not.
 SCRATCH_MIN_COST = 8
-OP_COST = {
-    **dict.fromkeys(["exp", "exp2", "expm1", "log", "log1p", "log2", "sin", "cos", "tan", "tanh", "erf",
-                     "sigmoid", "pow"], 8),
-    **dict.fromkeys(["truediv", "sqrt", "rsqrt", "reciprocal", "floordiv", "truncdiv", "fmod", "remainder"], 4),
-}
 _SIZES = {"float": 4, "double": 8, "bool": 1, "int8_t": 1, "uint8_t": 1, "int16_t": 2, "int32_t": 4}
 
 
@@ -74,7 +71,7 @@ class RowScratch:
         return [a for a in self.arrays if a.first < loop <= a.last]
 
 
-class _Subtrees:
+class Subtrees:
     """Cost, rindex-dependence and descendants of subtrees, looking through loads
     of the kernel's inner nodes (the handler evaluates their bodies in place)."""
 
@@ -128,12 +125,10 @@ class _Subtrees:
         return False
 
 
-def row_scratch(loop_memos: Sequence[Mapping[Expr, str]], inner: Mapping[str, InnerValue],
-                rsyms: frozenset[object], kept: frozenset[str], rnumel: int) -> RowScratch:
+def row_scratch(loop_memos: Sequence[Mapping[Expr, str]], t: Subtrees, rnumel: int) -> RowScratch:
     """The subtrees worth keeping in scratch arrays, given what each r-loop
     evaluated.  Loop j keeps the largest subtrees it shares with an earlier loop;
     each is stored by the first loop that computes it."""
-    t = _Subtrees(inner, rsyms, kept)
     first: dict[Expr, int] = {}
     for i, memo in enumerate(loop_memos):
         for e in memo:
