@@ -287,6 +287,20 @@ def test_column_reductions() -> None:
     check(lambda x: x.sum((0, 2)), torch.randn(20, 70, 3), sum_tolerance=True)
 
 
+def test_inputs_are_checked_on_each_call() -> None:
+    """The per-call input check (a fast field comparison) still rejects another
+    size, dtype or stride, and a size-1 dim's stride does not matter."""
+    x = torch.randn(4, 1, 6)
+    compiled = compile_cpp(lambda x: x * 2, x)
+    torch.testing.assert_close(compiled(x.clone())[0], x * 2)
+    torch.testing.assert_close(compiled(torch.randn(6, 1, 4).permute(2, 1, 0).contiguous())[0].shape, x.shape)
+    for bad in (torch.randn(4, 1, 7), x.double(), torch.randn(6, 1, 4).permute(2, 1, 0)):
+        with pytest.raises(coil.CoilError):
+            compiled(bad)
+    with pytest.raises(coil.CoilError):
+        compiled(x, x)
+
+
 # ---- the build cache -----------------------------------------------------------------------------
 
 
