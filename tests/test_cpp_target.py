@@ -139,7 +139,8 @@ def test_row_scratch(n: int) -> None:
     x = torch.randn(13, n) * 4
     compiled = check(lambda x: torch.softmax(x, -1), x)
     if n > 1:  # a row of one is no reduction
-        assert "alignas(64) float row0[" in compiled.source and compiled.source.count("row0[ir0]") == 2
+        kernel = compiled.source[compiled.source.index("// cpp_fused"):]
+        assert "alignas(64) float row0[" in kernel and "row0[ir0] = " in kernel and kernel.count("coil_exp(") == 1
     check(lambda x: torch.log_softmax(x, -1), x)
     check(lambda x: F.layer_norm(F.gelu(x), (n,)), x)
     check(lambda x: (torch.softmax(x, -1), x.exp().sum(-1)), x)
@@ -173,6 +174,22 @@ def test_row_scratch_chain_reuses_arrays() -> None:
 
     compiled = check(chain, torch.randn(5, 3000))
     assert "float row0[3000]" in compiled.source and "row1" not in compiled.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_division_by_row_value_uses_reciprocal(dtype: torch.dtype) -> None:
+    """x / x.sum(-1) multiplies by the row's reciprocal; divisors whose reciprocal
+    is not a normal number (zero, subnormal, huge, inf, NaN) still divide."""
+    x = torch.rand(9, 70, dtype=torch.float64) + 0.5
+    x[1] = 0.0  # 0 / 0
+    x[2] = 1e-300 if dtype == torch.float64 else 1e-41  # a subnormal sum
+    x[3] = torch.finfo(dtype).max / 4  # the sum overflows to inf
+    x[4, 5] = float("nan")
+    x[5, :69] = 0.0  # one nonzero element: exactly 1
+    x[6] *= -1e30 if dtype != torch.bfloat16 else -1e20
+    x = x.to(dtype)
+    compiled = check(lambda x: (x / x.sum(-1, keepdim=True), x / x.amax(-1, keepdim=True) * 3), x)
+    assert "_ok ?" in compiled.source
 
 
 def test_argmax_argmin_ties_and_nan() -> None:

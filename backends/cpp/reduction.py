@@ -21,7 +21,7 @@ Three layouts of the same schedule:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
@@ -48,7 +48,7 @@ from coil.backends.cpp.plan import (
     render_loops,
     store_line,
 )
-from coil.ir.expr import Expr, loads
+from coil.ir.expr import Expr, Op, loads
 from coil.options import Options
 
 # A reduction kernel with fewer rows than this and a long reduction splits each row
@@ -227,6 +227,43 @@ class Lanes:
         return render_loops([Loop("xl", "0", "xw", "omp simd")], [self.header(), *body])
 
 
+# Divisors whose reciprocal is a normal number (a * (1 / b) is then within an ulp
+# or two of a / b): the smallest normal and a quarter of the largest power of two.
+_RECIPROCAL_RANGE = {"float": ("1.17549435e-38f", "8.50705917e+37f"), "double": ("2.2250738585072014e-308", "4.49423283715579e+307")}
+
+
+class RowHandler(CppHandler):
+    """An r-loop's handler in rows mode: a division by a value fixed for the row
+    (a reduction's result, or anything computed from such values alone)
+    multiplies by its reciprocal, computed once per row as eager's softmax does,
+    instead of dividing every element.  A divisor outside _RECIPROCAL_RANGE
+    (zero, subnormal, huge, inf, NaN) still divides: the choice is
+    loop-invariant, so the compiler unswitches the loop on it."""
+
+    def __init__(self, ctx: KernelContext, registers: dict[str, str], inner: Mapping[str, InnerValue],
+                 lines: list[str], subtrees: scratch.Subtrees, row: CppHandler) -> None:
+        super().__init__(ctx, registers, inner, lines)
+        self.subtrees = subtrees
+        self.row = row  # a handler whose lines run once per row, before the loop
+        self.reciprocals: dict[Expr, str] = {}
+
+    def op(self, node: Op, args: tuple[str, ...]) -> str:
+        T = prelude.compute_type(node.dtype)
+        num, den = node.args[0], node.args[-1]
+        if (node.name != "truediv" or T not in _RECIPROCAL_RANGE or self.subtrees.varies(den)
+                or not self.subtrees.varies(num)):
+            return super().op(node, args)
+        a = f"static_cast<{T}>({args[0]})"
+        b = f"static_cast<{T}>({self.row.value(den)})"
+        if den not in self.reciprocals:
+            r = self.reciprocals[den] = self.ctx.fresh("rcp")
+            lo, hi = _RECIPROCAL_RANGE[T]
+            self.row.lines += [f"const {T} {r} = {T}(1) / {b};",
+                               f"const bool {r}_ok = coil_fabs({b}) >= {lo} && coil_fabs({b}) <= {hi};"]
+        r = self.reciprocals[den]
+        return self.emit(node.dtype, f"({r}_ok ? {a} * {r} : {a} / {b})")
+
+
 class ReductionEmitter:
     """Builds the code run once per xindex (or per block of lanes)."""
 
@@ -245,6 +282,8 @@ class ReductionEmitter:
         self.means: dict[str, str] = {}  # welford_m2 node -> its row mean
         self.rnumel = math.prod(d.size for d in plan.nest.rdims)
         self.rows = rows  # row scratch arrays (rows mode)
+        kept = frozenset(nd.buf.name for nd in plan.nodes if nd.role != "inner")
+        self.subtrees = scratch.Subtrees(self.inner, frozenset(d.sym for d in plan.nest.rdims), kept)
         self.loop_memos: list[dict[Expr, str]] = []  # what each r-loop evaluated
 
     def run(self) -> list[str]:
@@ -257,12 +296,16 @@ class ReductionEmitter:
                 self.r_loop(s)
         return self.lines
 
-    def handler(self, lines: list[str]) -> CppHandler:
+    def handler(self, lines: list[str], before_loop: list[str] | None = None) -> CppHandler:
         """A scope's handler: it sees every register so far; what it adds (inner
-        producers it recomputes) stays in its own copy."""
+        producers it recomputes) stays in its own copy.  An r-loop's (rows mode)
+        puts per-row values in `before_loop`."""
+        if self.lanes is not None:
+            return CppHandler(self.ctx, dict(self.registers), self.inner, lines)
         h = CppHandler(self.ctx, dict(self.registers), self.inner, lines)
-        if self.lanes is None:
-            h.memo.update(self.stage_memo)
+        if before_loop is not None:
+            h = RowHandler(self.ctx, h.registers, self.inner, lines, self.subtrees, self.handler(before_loop))
+        h.memo.update(self.stage_memo)
         return h
 
     def keep(self, name: str, value: str, ctype: str, body: list[str]) -> None:
@@ -313,7 +356,7 @@ class ReductionEmitter:
         accs = self.active(loop)
         self.declare(accs)
         body: list[str] = []
-        h = self.handler(body)
+        h = self.handler(body, self.lines)
         rindex = cpp_index(self.plan.nest.rflat)
         if self.rows is not None:
             h.memo.update({a.expr: scratch.element(a, rindex) for a in self.rows.read_in(loop)})
@@ -460,9 +503,7 @@ def row_scratch(plan: KernelPlan, ctx: KernelContext, options: Options) -> scrat
     dry.run()
     if len(dry.loop_memos) < 2:
         return None
-    kept = frozenset(nd.buf.name for nd in plan.nodes if nd.role != "inner")
-    t = scratch.Subtrees(dry.inner, frozenset(d.sym for d in plan.nest.rdims), kept)
-    rows = scratch.row_scratch(dry.loop_memos, t, dry.rnumel)
+    rows = scratch.row_scratch(dry.loop_memos, dry.subtrees, dry.rnumel)
     return rows if rows.arrays else None
 
 
