@@ -231,6 +231,26 @@ def test_streaming_stores() -> None:
     assert "coil_stream(out_ptr" not in check(lambda x, y: x + y, x[:100], y[:100]).source
 
 
+def test_loop_index_keeps_divisions_out_of_inner_loops() -> None:
+    """(1024*i + j) // 131072 is i // 128 when j < 1024, and digits of one
+    variable merge back: the transformer block's head reshapes become plain
+    copies instead of a division per element."""
+    import sympy
+
+    from coil.backends.cpp.loops import loop_index
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    i, j, x = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("ix0", "ix1", "ix2"))
+    ranges = {i: 512, j: 1024, x: 524288}
+    assert loop_index(j + 131072 * FloorDiv(1024 * i + j, 131072) + 1024 * ModularIndexing(i, 1, 128), ranges) == 1024 * i + j
+    assert loop_index(FloorDiv(1024 * i + j + 5, 131072), ranges) == FloorDiv(1024 * i + j + 5, 131072)
+    digits = (131072 * FloorDiv(1024 * FloorDiv(x, 1024) + ModularIndexing(x, 1, 1024), 131072)
+              + ModularIndexing(x, 1, 1024) + 1024 * ModularIndexing(FloorDiv(x, 1024), 1, 128))
+    assert loop_index(digits, ranges) == x
+    y = torch.randn(4, 128, 256)
+    check(lambda y: (y.view(4, 128, 4, 64).transpose(1, 2).reshape(16, 128, 64) * 2).transpose(0, 1), y)
+
+
 def test_erf_is_accurate() -> None:
     """coil's own float erf (a polynomial, not libm's) over a dense sweep of floats:
     within 3 ulp of erf computed in float64; NaN, +-0, +-inf and the saturated tail exact."""

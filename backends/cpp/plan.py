@@ -18,12 +18,12 @@ from coil.backends.cpp.loops import (
     affine_coeffs,
     index_expressions,
     initial_nest,
+    loop_index,
     merged_nest,
     node_indexing,
 )
 from coil.ir.expr import Expr, Op, loads, walk
 from coil.ir.fused import FusedKernel
-from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
@@ -212,7 +212,7 @@ def outside_loads(plan: KernelPlan) -> list[tuple[str, sympy.Expr]]:
         for ld in loads(nd.body):
             if ld.name not in plan.inside:
                 lay = plan.layouts[ld.name]
-                out[(ld.name, simplify_index(lay.offset_of(ld.index) - lay.offset, plan.nest.ranges))] = None
+                out[(ld.name, loop_index(lay.offset_of(ld.index) - lay.offset, plan.nest.ranges))] = None
     return list(out)
 
 
