@@ -5,7 +5,8 @@ The innermost loop is `omp simd` over the contiguous dim; the loops outside it a
 share).  When a load walks memory along an outer dim while the innermost dim
 strides it (`x + y.t()`), the two dims run in TILE x TILE tiles and each tile of
 that input is first transposed into a local buffer (`coil_transpose_tile`), so the
-compute loop reads contiguous memory; ragged edge tiles use plain loads.
+compute loop reads contiguous memory; ragged edge tiles use plain loads.  A large
+output of a memory-bound kernel is written by streaming stores (plan.streamed).
 """
 
 from __future__ import annotations

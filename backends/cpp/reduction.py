@@ -6,7 +6,10 @@ A reduction runs in the r-loop after everything it reads is known and its result
 is a register from the next stage on (welford_m2 takes two r-loops: the row mean,
 then the sum of squared deviations from it).  An inner node is stored in the
 r-loop where its inputs are ready and recomputed from its body in any later
-r-loop that reads it, so nothing the kernel writes is read back from memory.
+r-loop that reads it, so nothing the kernel writes is read back from memory;
+in rows mode a costly value a later r-loop needs again is kept in a row-sized
+scratch array instead (scratch.py), and a division by a value fixed for the row
+multiplies by its reciprocal (RowHandler).
 
 Three layouts of the same schedule:
 - rows: `omp parallel for` over xindex; each r-loop is `omp simd` with a
@@ -229,7 +232,10 @@ class Lanes:
 
 # Divisors whose reciprocal is a normal number (a * (1 / b) is then within an ulp
 # or two of a / b): the smallest normal and a quarter of the largest power of two.
-_RECIPROCAL_RANGE = {"float": ("1.17549435e-38f", "8.50705917e+37f"), "double": ("2.2250738585072014e-308", "4.49423283715579e+307")}
+_RECIPROCAL_RANGE = {
+    "float": ("1.17549435e-38f", "8.50705917e+37f"),
+    "double": ("2.2250738585072014e-308", "4.49423283715579e+307"),
+}
 
 
 class RowHandler(CppHandler):
