@@ -1,6 +1,7 @@
 """`python -m bench.kernels --suite gpu [--only NAME] [--target triton]`: print the
 generated output_code.py of each workload without running it (inputs on the meta
-device), so codegen for the GPU sizes can be read on a machine without a GPU."""
+device), so codegen for the GPU sizes can be read on a machine without a GPU.  The
+cpp target's kernels do run once, on the CPU inputs: they cannot skip meta tensors."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ def dump(suite: str, only: list[str], target: str, out: Path | None) -> int:
         if only and wl.name not in only:
             continue
         inst = wl.build(torch.device("cpu"))  # generators need a real device; then to meta
-        inputs = tuple(t.to("meta") for t in inst.inputs)
-        if isinstance(inst.fn, torch.nn.Module):
-            inst.fn.to("meta")
+        inputs = inst.inputs
+        if target != "cpp":  # C++ kernels run on the CPU inputs (CPU sizes are small): a meta data_ptr is 0
+            inputs = tuple(t.to("meta") for t in inst.inputs)
+            if isinstance(inst.fn, torch.nn.Module):
+                inst.fn.to("meta")
         d = Path(tempfile.mkdtemp(prefix=f"coil-{wl.name}-")) if out is None else out / wl.name
         torch._dynamo.reset()
         fn = torch.compile(inst.fn, backend="coil", options={"target": target, "debug_dir": str(d)})

@@ -132,6 +132,67 @@ def test_var_mean() -> None:
     check(lambda x: torch.var_mean(x, 0, correction=0), x)
 
 
+@pytest.mark.parametrize("n", [1, 7, 16, 100, 1000, 1029])
+def test_row_scratch(n: int) -> None:
+    """softmax's exp(x - max) is computed in the sum's r-loop, kept in a row-sized
+    scratch array and read back by the output loop instead of computed again; rows
+    of every length (vector tails included) give eager's values."""
+    x = torch.randn(13, n) * 4
+    compiled = check(lambda x: torch.softmax(x, -1), x)
+    if n > 1:  # a row of one is no reduction
+        kernel = compiled.source[compiled.source.index("// cpp_fused"):]
+        assert "alignas(64) float row0[" in kernel and "row0[ir0] = " in kernel and kernel.count("coil_exp(") == 1
+    check(lambda x: torch.log_softmax(x, -1), x)
+    check(lambda x: F.layer_norm(F.gelu(x), (n,)), x)
+    check(lambda x: (torch.softmax(x, -1), x.exp().sum(-1)), x)
+    check(lambda x: torch.softmax(x.bfloat16().float(), -1).bfloat16(), x)
+
+
+def test_row_scratch_only_for_costly_values() -> None:
+    """Cheap recomputations (layer_norm's x - mean) stay recomputed; rows too long
+    for the stack budget fall back to recomputing; several reduction dims index
+    the scratch array by the flat rindex."""
+    x = torch.randn(8, 300)
+    assert "row0" not in check(lambda x: F.layer_norm(x, (300,)), x).source
+    assert "row0" in check(lambda x: F.layer_norm(F.gelu(x), (300,)), x).source
+    assert "row0" not in check(lambda x: torch.softmax(x, -1), torch.randn(2, 20000)).source
+    y = torch.randn(6, 5, 33)
+    compiled = check(lambda y: torch.softmax(y.flatten(1), -1).view(6, 5, 33), y)
+    assert "row0" in compiled.source
+    check(lambda y: (y - y.amax((0, 2), keepdim=True)).exp() / (y - y.amax((0, 2), keepdim=True)).exp().sum(
+        (0, 2), keepdim=True), y)
+
+
+def test_row_scratch_chain_reuses_arrays() -> None:
+    """A chain of row reductions (graph_2000's `y = y - y.amax(-1) * 0.5`): each
+    r-loop reads the previous value of y from a scratch array instead of redoing
+    the whole chain, and writes the next one into the same array."""
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(40):
+            x = x - x.amax(-1, keepdim=True) * 0.5
+        return x
+
+    compiled = check(chain, torch.randn(5, 3000))
+    assert "float row0[3000]" in compiled.source and "row1" not in compiled.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_division_by_row_value_uses_reciprocal(dtype: torch.dtype) -> None:
+    """x / x.sum(-1) multiplies by the row's reciprocal; divisors whose reciprocal
+    is not a normal number (zero, subnormal, huge, inf, NaN) still divide."""
+    x = torch.rand(9, 70, dtype=torch.float64) + 0.5
+    x[1] = 0.0  # 0 / 0
+    x[2] = 1e-300 if dtype == torch.float64 else 1e-41  # a subnormal sum
+    x[3] = torch.finfo(dtype).max / 4  # the sum overflows to inf
+    x[4, 5] = float("nan")
+    x[5, :69] = 0.0  # one nonzero element: exactly 1
+    x[6] *= -1e30 if dtype != torch.bfloat16 else -1e20
+    x = x.to(dtype)
+    compiled = check(lambda x: (x / x.sum(-1, keepdim=True), x / x.amax(-1, keepdim=True) * 3), x)
+    assert "_ok ?" in compiled.source
+
+
 def test_argmax_argmin_ties_and_nan() -> None:
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("nan"), 2.0, float("nan"), 5.0], [-1.0, -1.0, -2.0, -2.0]])
     check(lambda x: (x.argmax(-1), x.argmin(-1), x.argmax(0), x.argmax()), x)
@@ -152,6 +213,43 @@ def test_transposed_input(dtype: torch.dtype) -> None:
     assert "coil_transpose_tile<32>" in compiled.source
     check(lambda x: x.t().contiguous() * 2, torch.randn(65, 130).to(dtype))
     check(lambda x: x.permute(2, 0, 1) + 1, torch.randn(40, 3, 64).to(dtype))
+
+
+def test_streaming_stores() -> None:
+    """A large output of a memory-bound pointwise kernel is computed in chunks into
+    a local buffer and streamed out (non-temporal stores): rows that are not a
+    multiple of the chunk nor aligned, transposed tiles with ragged edges, bf16.
+    Compute-bound kernels and small outputs keep plain stores."""
+    x, y = torch.randn(1100, 1001), torch.randn(1100, 1001)
+    assert "coil_stream(out_ptr" in check(lambda x, y: x * 2 + y, x, y).source
+    check(lambda x, y: x * 2 + y, x, y, num_threads=2)
+    z = torch.randn(1030, 1030)
+    compiled = check(lambda x, y: x + y.t(), z, torch.randn(1030, 1030))
+    assert "coil_stream(out_ptr" in compiled.source and "coil_transpose_tile" in compiled.source
+    b = torch.randn(2100, 1100).bfloat16()
+    assert "coil_stream(out_ptr" in check(lambda b: b * 3, b).source
+    assert "coil_stream(out_ptr" not in check(lambda x: x.exp() * x.sigmoid(), x).source
+    assert "coil_stream(out_ptr" not in check(lambda x, y: x + y, x[:100], y[:100]).source
+
+
+def test_loop_index_keeps_divisions_out_of_inner_loops() -> None:
+    """(1024*i + j) // 131072 is i // 128 when j < 1024, and digits of one
+    variable merge back: the transformer block's head reshapes become plain
+    copies instead of a division per element."""
+    import sympy
+
+    from coil.backends.cpp.loops import loop_index
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    i, j, x = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("ix0", "ix1", "ix2"))
+    ranges = {i: 512, j: 1024, x: 524288}
+    assert loop_index(j + 131072 * FloorDiv(1024 * i + j, 131072) + 1024 * ModularIndexing(i, 1, 128), ranges) == 1024 * i + j
+    assert loop_index(FloorDiv(1024 * i + j + 5, 131072), ranges) == FloorDiv(1024 * i + j + 5, 131072)
+    digits = (131072 * FloorDiv(1024 * FloorDiv(x, 1024) + ModularIndexing(x, 1, 1024), 131072)
+              + ModularIndexing(x, 1, 1024) + 1024 * ModularIndexing(FloorDiv(x, 1024), 1, 128))
+    assert loop_index(digits, ranges) == x
+    y = torch.randn(4, 128, 256)
+    check(lambda y: (y.view(4, 128, 4, 64).transpose(1, 2).reshape(16, 128, 64) * 2).transpose(0, 1), y)
 
 
 def test_erf_is_accurate() -> None:
@@ -225,6 +323,20 @@ def test_column_reductions() -> None:
     assert "[xl]" in compiled.source
     check(lambda x: (torch.var_mean(x, 0), x - x.mean(0), torch.softmax(x, 0)), torch.randn(96, 130), sum_tolerance=True)
     check(lambda x: x.sum((0, 2)), torch.randn(20, 70, 3), sum_tolerance=True)
+
+
+def test_inputs_are_checked_on_each_call() -> None:
+    """The per-call input check (a fast field comparison) still rejects another
+    size, dtype or stride, and a size-1 dim's stride does not matter."""
+    x = torch.randn(4, 1, 6)
+    compiled = compile_cpp(lambda x: x * 2, x)
+    torch.testing.assert_close(compiled(x.clone())[0], x * 2)
+    torch.testing.assert_close(compiled(torch.randn(6, 1, 4).permute(2, 1, 0).contiguous())[0].shape, x.shape)
+    for bad in (torch.randn(4, 1, 7), x.double(), torch.randn(6, 1, 4).permute(2, 1, 0)):
+        with pytest.raises(coil.CoilError):
+            compiled(bad)
+    with pytest.raises(coil.CoilError):
+        compiled(x, x)
 
 
 # ---- the build cache -----------------------------------------------------------------------------

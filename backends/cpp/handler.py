@@ -24,6 +24,7 @@ import torch
 from coil.backends.common import IndexPrinter
 from coil.backends.cpp import prelude
 from coil.errors import CoilError
+from coil.backends.cpp.loops import loop_index
 from coil.ir.expr import Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
@@ -49,7 +50,7 @@ class KernelContext:
         """C++ element offset of a logical index, relative to the tensor's data_ptr()
         (which already includes the layout's storage offset)."""
         lay = self.layouts[name]
-        return cpp_index(simplify_index(lay.offset_of(index) - lay.offset, self.ranges))
+        return cpp_index(loop_index(lay.offset_of(index) - lay.offset, dict(self.ranges)))
 
 
 @attrs.frozen
@@ -155,7 +156,7 @@ class CppHandler:
         return int_literal(int(v), node.dtype)
 
     def index_expr(self, node: IndexExpr) -> str:
-        idx = cpp_index(simplify_index(node.expr, self.ctx.ranges))
+        idx = cpp_index(loop_index(node.expr, dict(self.ctx.ranges)))
         return self.emit(node.dtype, f"static_cast<{prelude.compute_type(node.dtype)}>({idx})")
 
     # ---- inner nodes -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ stops vectorization, so the C++ target iterates a nest instead:
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -24,7 +25,7 @@ import sympy
 
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, rsyms, substitute_symbols, walk, xsyms
-from coil.ir.indexing import contiguous_strides, simplify_index, unflatten
+from coil.ir.indexing import FloorDiv, ModularIndexing, contiguous_strides, simplify_index, unflatten
 from coil.ir.layout import Layout
 from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map
 
@@ -110,6 +111,60 @@ def initial_nest(bufs: Sequence[ComputedBuffer], group: tuple[int, int]) -> Nest
     return Nest.of_sizes(refine(n, xcuts), refine(r, rcuts) if has_r else ())
 
 
+# ---- index simplification -----------------------------------------------------------------
+
+
+def _affine_max(e: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> int | None:
+    """Largest value of a sum of nonnegative multiples of loop variables and
+    constants; None for anything else."""
+    top = 0
+    for t in sympy.Add.make_args(e):
+        c, rest = t.as_coeff_Mul()
+        if not c.is_Integer or int(c) < 0:
+            return None
+        if rest == 1:
+            top += int(c)
+        elif isinstance(rest, sympy.Symbol) and rest in ranges:
+            top += int(c) * (ranges[rest] - 1)
+        else:
+            return None
+    return top
+
+
+def _factor_out(node: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
+    """FloorDiv(g*x + r, b) as FloorDiv(x, b // g) when g > 1 divides b and
+    0 <= r < g: (1024*ix0 + ix1) // 131072 is ix0 // 128 for ix1 < 1024, which
+    keeps a division by a constant out of the innermost loop."""
+    a, b = node.args
+    if not b.is_Integer or int(b) <= 0:
+        return node
+    terms = sympy.Add.make_args(sympy.expand(a))
+    coeff = [int(c) if c.is_Integer else 1 for c, _ in (t.as_coeff_Mul() for t in terms)]
+    for g in sorted({math.gcd(c, int(b)) for c in coeff}, reverse=True):
+        if g <= 1:
+            break
+        rest = sympy.Add(*(t for t, c in zip(terms, coeff) if c % g))
+        top = _affine_max(rest, ranges)
+        if top is not None and top < g:
+            whole = sympy.Add(*(t for t, c in zip(terms, coeff) if c % g == 0))
+            return FloorDiv(sympy.expand(whole / g), int(b) // g)
+    return node
+
+
+def loop_index(e: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
+    """simplify_index, plus _factor_out (C++ kernels only: the rule stays out of
+    the IR, where index forms steer realize and the memory plan)."""
+    e = simplify_index(e, ranges)
+    if not e.has(FloorDiv):
+        return e
+    out = e.replace(lambda n: isinstance(n, FloorDiv), lambda n: _factor_out(n, ranges))
+    # ((a // b) // c) % n is (a // (b*c)) % n: digits in one form merge back (_merge_digits)
+    out = out.replace(lambda n: isinstance(n, ModularIndexing) and isinstance(n.args[0], FloorDiv)
+                      and n.args[0].args[1].is_Integer,
+                      lambda n: ModularIndexing(n.args[0].args[0], n.args[0].args[1] * n.args[1], n.args[2]))
+    return e if out == e else simplify_index(out, ranges)
+
+
 # ---- 2. substitution -------------------------------------------------------------------------
 
 
@@ -140,9 +195,9 @@ def node_indexing(b: ComputedBuffer, group: tuple[int, int], nest: Nest) -> Node
     to_loops = {XINDEX: nest.xflat, RINDEX: nest.rflat}
     ranges = nest.ranges
     vm = _empty_var_map(b, group) if 0 in group else var_map(b, group)
-    m = {s: simplify_index(e.xreplace(to_loops), ranges) for s, e in vm.items()}
+    m = {s: loop_index(e.xreplace(to_loops), ranges) for s, e in vm.items()}
     store = b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m) - b.layout.offset
-    return NodeIndexing(b, role, substitute_symbols(b.body, m), simplify_index(store, ranges))
+    return NodeIndexing(b, role, substitute_symbols(b.body, m), loop_index(store, ranges))
 
 
 def index_expressions(nodes: Sequence[NodeIndexing], layouts: dict[str, Layout], inside: set[str],
@@ -156,9 +211,9 @@ def index_expressions(nodes: Sequence[NodeIndexing], layouts: dict[str, Layout],
         for e in walk(nd.body):
             if isinstance(e, (Load, IndirectLoad)) and e.name not in inside:
                 lay = layouts[e.name]
-                out.append(simplify_index(lay.offset_of(e.index) - lay.offset, ranges))
+                out.append(loop_index(lay.offset_of(e.index) - lay.offset, ranges))
             elif isinstance(e, IndexExpr):
-                out.append(simplify_index(e.expr, ranges))
+                out.append(loop_index(e.expr, ranges))
     return out
 
 

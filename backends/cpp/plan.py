@@ -5,17 +5,25 @@ a node's value becomes a register and a store."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 import sympy
 
 from coil.backends.cpp import prelude
 from coil.backends.cpp.handler import CppHandler, KernelContext, cpp_index, register_value
-from coil.backends.cpp.loops import Nest, NodeIndexing, index_expressions, initial_nest, merged_nest, node_indexing
-from coil.ir.expr import loads
+from coil.backends.cpp.loops import (
+    Nest,
+    NodeIndexing,
+    affine_coeffs,
+    index_expressions,
+    initial_nest,
+    loop_index,
+    merged_nest,
+    node_indexing,
+)
+from coil.ir.expr import Expr, Op, loads, walk
 from coil.ir.fused import FusedKernel
-from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
@@ -73,6 +81,7 @@ class Loop:
     lo: str
     hi: str
     pragma: str | None = None
+    step: int = 1
 
 
 def render_loops(loops: Sequence[Loop], body: Sequence[str]) -> list[str]:
@@ -81,7 +90,8 @@ def render_loops(loops: Sequence[Loop], body: Sequence[str]) -> list[str]:
         pad = "  " * i
         if lp.pragma:
             out.append(f"{pad}#pragma {lp.pragma}")
-        out.append(f"{pad}for (int64_t {lp.var} = {lp.lo}; {lp.var} < {lp.hi}; ++{lp.var}) {{")
+        step = f"++{lp.var}" if lp.step == 1 else f"{lp.var} += {lp.step}"
+        out.append(f"{pad}for (int64_t {lp.var} = {lp.lo}; {lp.var} < {lp.hi}; {step}) {{")
     pad = "  " * len(loops)
     out += [pad + ln for ln in body]
     out += ["  " * i + "}" for i in reversed(range(len(loops)))]
@@ -113,13 +123,17 @@ def dim_bound(nest: Nest, i: int, reduction: bool) -> str:
 # ---- nodes -----------------------------------------------------------------------------------------
 
 
-def store_line(plan: KernelPlan, ctx: KernelContext, nd: NodeIndexing, value: str) -> str:
-    """`out_ptrN[offset] = value`, converted to the buffer's storage type."""
+def store_line(plan: KernelPlan, ctx: KernelContext, nd: NodeIndexing, value: str,
+               streams: Mapping[str, str] | None = None) -> str:
+    """`out_ptrN[offset] = value`, converted to the buffer's storage type; a
+    streamed buffer's element goes to its staging buffer (`streams`) instead."""
     dtype = nd.buf.layout.dtype
-    return f"{ctx.ptrs[nd.buf.name]}[{cpp_index(nd.store)}] = {prelude.store_value(dtype, value)};"
+    target = (streams or {}).get(nd.buf.name, f"{ctx.ptrs[nd.buf.name]}[{cpp_index(nd.store)}]")
+    return f"{target} = {prelude.store_value(dtype, value)};"
 
 
-def emit_node(plan: KernelPlan, ctx: KernelContext, h: CppHandler, nd: NodeIndexing) -> None:
+def emit_node(plan: KernelPlan, ctx: KernelContext, h: CppHandler, nd: NodeIndexing,
+              streams: Mapping[str, str] | None = None) -> None:
     """Compute a pointwise node in the handler's scope, keep it as a register and
     store it unless plan_memory removed it."""
     raw = h.value(nd.body)
@@ -128,7 +142,67 @@ def emit_node(plan: KernelPlan, ctx: KernelContext, h: CppHandler, nd: NodeIndex
         reg = h.emit(nd.buf.layout.dtype, reg)
     h.registers[nd.buf.name] = reg
     if nd.buf.name in plan.stored:
-        h.lines.append(store_line(plan, ctx, nd, raw))
+        h.lines.append(store_line(plan, ctx, nd, raw, streams))
+
+
+# ---- streaming stores ----------------------------------------------------------------------------
+
+# What computing an op costs against a load or an add (1), for choices between
+# recomputing and keeping a value, and between compute- and memory-bound kernels.
+OP_COST = {
+    **dict.fromkeys(["exp", "exp2", "expm1", "log", "log1p", "log2", "sin", "cos", "tan", "tanh", "erf",
+                     "sigmoid", "pow"], 8),
+    **dict.fromkeys(["truediv", "sqrt", "rsqrt", "reciprocal", "floordiv", "truncdiv", "fmod", "remainder"], 4),
+}
+
+# A buffer of at least this many bytes is written with non-temporal stores when
+# the innermost loop walks it contiguously and the kernel is memory-bound: it
+# would not stay in L2 for a reader anyway, and streaming it skips reading each
+# line into the cache first.  A compute-bound kernel (more than STREAM_MAX_COST
+# per element: one exp is more) runs slower with them.
+STREAM_MIN_BYTES = 4 << 20
+STREAM_MAX_COST = 7
+# Bytes per staging chunk: the loop computes a chunk into a local buffer (in L1),
+# then coil_stream copies it out.  Short bursts: a long one fills the core's
+# write-combining buffers and stalls a compute-bound loop until memory drains them.
+STREAM_CHUNK_BYTES = 256
+
+
+def stream_chunk(streams: Sequence[Stream]) -> int:
+    """Elements per chunk: STREAM_CHUNK_BYTES of the widest streamed dtype."""
+    return max(1, STREAM_CHUNK_BYTES // max(st.node.buf.layout.dtype.itemsize for st in streams))
+
+
+@attrs.frozen
+class Stream:
+    node: NodeIndexing
+    buffer: str  # the local staging buffer
+
+    def declare(self, elements: int) -> str:
+        return f"alignas(64) {prelude.storage_type(self.node.buf.layout.dtype)} {self.buffer}[{elements}];"
+
+    def copy_out(self, ctx: KernelContext, offset: sympy.Expr, count: str, start: str = "") -> str:
+        """Stream `count` elements from the staging buffer (from element `start`)
+        to the output at element `offset`."""
+        size = self.node.buf.layout.dtype.itemsize
+        src = f"{self.buffer} + {start}" if start else self.buffer
+        return f"coil_stream({ctx.ptrs[self.node.buf.name]} + {cpp_index(offset)}, {src}, ({count}) * {size});"
+
+
+def streamed(plan: KernelPlan, var: sympy.Symbol, run: int) -> list[Stream]:
+    """The stored nodes worth streaming whose store walks memory contiguously
+    along loop variable `var`, in runs of `run` elements.  The caller checks
+    that the kernel is memory-bound (STREAM_MAX_COST).  Reduction kernels stream
+    nothing: measured, their row loops ran slower with it."""
+    out: list[Stream] = []
+    for nd in plan.nodes:
+        lay = nd.buf.layout
+        if nd.buf.name not in plan.stored or lay.nbytes < STREAM_MIN_BYTES or run * lay.dtype.itemsize < 64:
+            continue
+        c = affine_coeffs(nd.store, (var,))
+        if c is not None and c[var] == 1:
+            out.append(Stream(nd, f"ob{len(out)}"))
+    return out
 
 
 def outside_loads(plan: KernelPlan) -> list[tuple[str, sympy.Expr]]:
@@ -139,5 +213,14 @@ def outside_loads(plan: KernelPlan) -> list[tuple[str, sympy.Expr]]:
         for ld in loads(nd.body):
             if ld.name not in plan.inside:
                 lay = plan.layouts[ld.name]
-                out[(ld.name, simplify_index(lay.offset_of(ld.index) - lay.offset, plan.nest.ranges))] = None
+                out[(ld.name, loop_index(lay.offset_of(ld.index) - lay.offset, plan.nest.ranges))] = None
     return list(out)
+
+
+def compute_cost(bodies: Iterable[Expr]) -> int:
+    """OP_COST of every distinct op of `bodies` (evaluated once each, as the
+    handler's memo does)."""
+    seen: set[Expr] = set()
+    for b in bodies:
+        seen.update(walk(b))
+    return sum(OP_COST.get(e.name, 1) for e in seen if isinstance(e, Op))

@@ -5,12 +5,14 @@ The innermost loop is `omp simd` over the contiguous dim; the loops outside it a
 share).  When a load walks memory along an outer dim while the innermost dim
 strides it (`x + y.t()`), the two dims run in TILE x TILE tiles and each tile of
 that input is first transposed into a local buffer (`coil_transpose_tile`), so the
-compute loop reads contiguous memory; ragged edge tiles use plain loads.
+compute loop reads contiguous memory; ragged edge tiles use plain loads.  A large
+output of a memory-bound kernel is written by streaming stores (plan.streamed).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import attrs
 import sympy
@@ -20,13 +22,18 @@ from coil.backends.cpp.handler import CppHandler, KernelContext, cpp_index
 from coil.backends.cpp.loops import affine_coeffs
 from coil.backends.cpp.plan import (
     PARALLEL_MIN_WORK,
+    STREAM_MAX_COST,
     KernelPlan,
     Loop,
+    Stream,
+    compute_cost,
     dim_bound,
     emit_node,
     outside_loads,
     parallel_pragma,
     render_loops,
+    stream_chunk,
+    streamed,
 )
 from coil.options import Options
 
@@ -38,11 +45,11 @@ POINTWISE_BLOCK = 4096
 TILE = 32
 
 
-def pointwise_scope(plan: KernelPlan, ctx: KernelContext) -> list[str]:
+def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, str] | None = None) -> list[str]:
     scope: list[str] = []
     h = CppHandler(ctx, {}, {}, scope)
     for nd in plan.nodes:
-        emit_node(plan, ctx, h, nd)
+        emit_node(plan, ctx, h, nd, streams)
     return scope
 
 
@@ -50,7 +57,32 @@ def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
     tiling = transposed_tiling(plan)
     if tiling is not None:
         return tiled_body(plan, ctx, options, tiling)
-    return render_loops(pointwise_loops(plan, options), pointwise_scope(plan, ctx))
+    loops = pointwise_loops(plan, options)
+    inner = plan.nest.xdims[-1]
+    streams = streamed(plan, inner.sym, inner.size) if memory_bound(plan) else []
+    if streams:
+        return render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], streams))
+    return render_loops(loops, pointwise_scope(plan, ctx))
+
+
+def memory_bound(plan: KernelPlan) -> bool:
+    return compute_cost(nd.body for nd in plan.nodes) <= STREAM_MAX_COST
+
+
+def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, streams: Sequence[Stream]) -> list[str]:
+    """The innermost loop in chunks (stream_chunk): each chunk is computed into
+    local buffers (its streamed outputs), then streamed out; a fence after the
+    last chunk, before the thread may take other work or leave the parallel loop."""
+    var, chunk = inner.var, f"{inner.var}_c"
+    n = stream_chunk(streams)
+    end = f"{chunk}_end"
+    at_chunk = {_index_symbol(var): _index_symbol(chunk)}
+    scope = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{var} - {chunk}]" for st in streams})
+    body = [*(st.declare(n) for st in streams),
+            f"const int64_t {end} = coil_min_index({inner.hi}, {chunk} + {n});",
+            *render_loops([Loop(var, chunk, end, inner.pragma)], scope),
+            *(st.copy_out(ctx, st.node.store.xreplace(at_chunk), f"{end} - {chunk}") for st in streams)]
+    return [*render_loops([Loop(chunk, inner.lo, inner.hi, step=n)], body), "coil_sfence();"]
 
 
 @attrs.frozen
@@ -100,9 +132,19 @@ def tiled_body(plan: KernelPlan, ctx: KernelContext, options: Options, t: Tiling
                     f"coil_transpose_tile<{TILE}>({ctx.ptrs[name]} + {cpp_index(e.xreplace(origin))}, {stride}, {tile});"]
         element = f"{tile}[({names[t.u]} - {tu} * {TILE}) * {TILE} + ({names[t.v]} - {tv} * {TILE})]"
         ctx.staged[(name, cpp_index(e))] = element
-    fast = pointwise_scope(plan, ctx)
+    # full tiles of a large output go to a local tile too, then out by streaming stores, row by row
+    streams = streamed(plan, dims[t.v].sym, TILE) if memory_bound(plan) else []
+    in_tile = f"({names[t.u]} - {tu} * {TILE}) * {TILE} + ({names[t.v]} - {tv} * {TILE})"
+    fast = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{in_tile}]" for st in streams})
     ctx.staged.clear()
     edge = pointwise_scope(plan, ctx)
+    row = names[t.u] + "_r"
+    at_row = {dims[t.u].sym: TILE * _index_symbol(tu) + _index_symbol(row), dims[t.v].sym: TILE * _index_symbol(tv)}
+    staging += [st.declare(TILE * TILE) for st in streams]
+    copy_out = [*render_loops([Loop(row, "0", str(TILE))],
+                              [st.copy_out(ctx, st.node.store.xreplace(at_row), str(TILE), f"{row} * {TILE}")
+                               for st in streams]),
+                "coil_sfence();"] if streams else []
 
     def tile_loops(clip: bool) -> list[Loop]:
         out = []
@@ -113,7 +155,7 @@ def tiled_body(plan: KernelPlan, ctx: KernelContext, options: Options, t: Tiling
         return out
 
     full = f"{tu} * {TILE} + {TILE} <= {bounds[t.u]} && {tv} * {TILE} + {TILE} <= {bounds[t.v]}"
-    inner = [f"if ({full}) {{", *("  " + ln for ln in staging + render_loops(tile_loops(False), fast)),
+    inner = [f"if ({full}) {{", *("  " + ln for ln in staging + render_loops(tile_loops(False), fast) + copy_out),
              "} else {", *("  " + ln for ln in render_loops(tile_loops(True), edge)), "}"]
     par = [Loop(names[i], "0", bounds[i]) for i in range(len(dims)) if i not in (t.u, t.v)]
     par += [Loop(tu, "0", f"({bounds[t.u]} + {TILE - 1}) / {TILE}"), Loop(tv, "0", f"({bounds[t.v]} + {TILE - 1}) / {TILE}")]

@@ -303,6 +303,39 @@ static inline void coil_transpose_tile(const S* __restrict__ src, int64_t stride
   }
 }
 
+// ---- streaming stores
+// coil_stream copies n bytes of a small local buffer to dst with non-temporal
+// stores: a large output then goes to memory without first being read into the
+// cache (half the write traffic).  coil_sfence orders them before the thread's
+// later stores (call it before the thread leaves its share of the work).
+#if defined(__AVX__)
+typedef long long coil_v4di __attribute__((vector_size(32)));
+typedef long long coil_v4di_u __attribute__((vector_size(32), aligned(1)));
+#define COIL_STREAM_BYTES 32
+#define COIL_STREAM(d, s) __builtin_ia32_movntdq256((coil_v4di*)(d), *(const coil_v4di_u*)(s))
+#elif defined(__SSE2__)
+typedef long long coil_v2di __attribute__((vector_size(16)));
+typedef long long coil_v2di_u __attribute__((vector_size(16), aligned(1)));
+#define COIL_STREAM_BYTES 16
+#define COIL_STREAM(d, s) __builtin_ia32_movntdq((coil_v2di*)(d), *(const coil_v2di_u*)(s))
+#endif
+static inline void coil_stream(void* __restrict__ dst, const void* __restrict__ src, int64_t n) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  int64_t i = 0;
+#ifdef COIL_STREAM_BYTES
+  int64_t head = static_cast<int64_t>((-reinterpret_cast<uintptr_t>(d)) & (COIL_STREAM_BYTES - 1));
+  for (; i < head && i < n; ++i) d[i] = s[i];
+  for (; i + COIL_STREAM_BYTES <= n; i += COIL_STREAM_BYTES) COIL_STREAM(d + i, s + i);
+#endif
+  for (; i < n; ++i) d[i] = s[i];
+}
+static inline void coil_sfence() {
+#ifdef COIL_STREAM_BYTES
+  __builtin_ia32_sfence();
+#endif
+}
+
 // ---- reductions `omp simd` cannot spell with a built-in operator
 #pragma omp declare reduction(coil_nanmax : float : omp_out = coil_max(omp_out, omp_in)) initializer(omp_priv = -__builtin_inf())
 #pragma omp declare reduction(coil_nanmax : double : omp_out = coil_max(omp_out, omp_in)) initializer(omp_priv = -__builtin_inf())

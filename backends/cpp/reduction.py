@@ -6,7 +6,10 @@ A reduction runs in the r-loop after everything it reads is known and its result
 is a register from the next stage on (welford_m2 takes two r-loops: the row mean,
 then the sum of squared deviations from it).  An inner node is stored in the
 r-loop where its inputs are ready and recomputed from its body in any later
-r-loop that reads it, so nothing the kernel writes is read back from memory.
+r-loop that reads it, so nothing the kernel writes is read back from memory;
+in rows mode a costly value a later r-loop needs again is kept in a row-sized
+scratch array instead (scratch.py), and a division by a value fixed for the row
+multiplies by its reciprocal (RowHandler).
 
 Three layouts of the same schedule:
 - rows: `omp parallel for` over xindex; each r-loop is `omp simd` with a
@@ -21,12 +24,12 @@ Three layouts of the same schedule:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
 
-from coil.backends.cpp import prelude
+from coil.backends.cpp import prelude, scratch
 from coil.backends.cpp.handler import (
     CppHandler,
     InnerValue,
@@ -48,7 +51,7 @@ from coil.backends.cpp.plan import (
     render_loops,
     store_line,
 )
-from coil.ir.expr import Expr, read_names
+from coil.ir.expr import Expr, Op, read_names
 from coil.options import Options
 
 # A reduction kernel with fewer rows than this and a long reduction splits each row
@@ -227,11 +230,51 @@ class Lanes:
         return render_loops([Loop("xl", "0", "xw", "omp simd")], [self.header(), *body])
 
 
+# Divisors whose reciprocal is a normal number (a * (1 / b) is then within an ulp
+# or two of a / b): the smallest normal and a quarter of the largest power of two.
+_RECIPROCAL_RANGE = {
+    "float": ("1.17549435e-38f", "8.50705917e+37f"),
+    "double": ("2.2250738585072014e-308", "4.49423283715579e+307"),
+}
+
+
+class RowHandler(CppHandler):
+    """An r-loop's handler in rows mode: a division by a value fixed for the row
+    (a reduction's result, or anything computed from such values alone)
+    multiplies by its reciprocal, computed once per row as eager's softmax does,
+    instead of dividing every element.  A divisor outside _RECIPROCAL_RANGE
+    (zero, subnormal, huge, inf, NaN) still divides: the choice is
+    loop-invariant, so the compiler unswitches the loop on it."""
+
+    def __init__(self, ctx: KernelContext, registers: dict[str, str], inner: Mapping[str, InnerValue],
+                 lines: list[str], subtrees: scratch.Subtrees, row: CppHandler) -> None:
+        super().__init__(ctx, registers, inner, lines)
+        self.subtrees = subtrees
+        self.row = row  # a handler whose lines run once per row, before the loop
+        self.reciprocals: dict[Expr, str] = {}
+
+    def op(self, node: Op, args: tuple[str, ...]) -> str:
+        T = prelude.compute_type(node.dtype)
+        num, den = node.args[0], node.args[-1]
+        if (node.name != "truediv" or T not in _RECIPROCAL_RANGE or self.subtrees.varies(den)
+                or not self.subtrees.varies(num)):
+            return super().op(node, args)
+        a = f"static_cast<{T}>({args[0]})"
+        b = f"static_cast<{T}>({self.row.value(den)})"
+        if den not in self.reciprocals:
+            r = self.reciprocals[den] = self.ctx.fresh("rcp")
+            lo, hi = _RECIPROCAL_RANGE[T]
+            self.row.lines += [f"const {T} {r} = {T}(1) / {b};",
+                               f"const bool {r}_ok = coil_fabs({b}) >= {lo} && coil_fabs({b}) <= {hi};"]
+        r = self.reciprocals[den]
+        return self.emit(node.dtype, f"({r}_ok ? {a} * {r} : {a} / {b})")
+
+
 class ReductionEmitter:
     """Builds the code run once per xindex (or per block of lanes)."""
 
     def __init__(self, plan: KernelPlan, ctx: KernelContext, options: Options, lanes: Lanes | None,
-                 split: bool) -> None:
+                 split: bool, rows: scratch.RowScratch | None = None) -> None:
         self.plan = plan
         self.ctx = ctx
         self.options = options
@@ -244,6 +287,10 @@ class ReductionEmitter:
         self.inner = {nd.buf.name: InnerValue(nd.body, nd.buf.layout.dtype) for nd in plan.nodes if nd.role == "inner"}
         self.means: dict[str, str] = {}  # welford_m2 node -> its row mean
         self.rnumel = math.prod(d.size for d in plan.nest.rdims)
+        self.rows = rows  # row scratch arrays (rows mode)
+        kept = frozenset(nd.buf.name for nd in plan.nodes if nd.role != "inner")
+        self.subtrees = scratch.Subtrees(self.inner, frozenset(d.sym for d in plan.nest.rdims), kept)
+        self.loop_memos: list[dict[Expr, str]] = []  # what each r-loop evaluated
 
     def run(self) -> list[str]:
         if self.lanes is not None:
@@ -255,12 +302,16 @@ class ReductionEmitter:
                 self.r_loop(s)
         return self.lines
 
-    def handler(self, lines: list[str]) -> CppHandler:
+    def handler(self, lines: list[str], before_loop: list[str] | None = None) -> CppHandler:
         """A scope's handler: it sees every register so far; what it adds (inner
-        producers it recomputes) stays in its own copy."""
+        producers it recomputes) stays in its own copy.  An r-loop's (rows mode)
+        puts per-row values in `before_loop`."""
+        if self.lanes is not None:
+            return CppHandler(self.ctx, dict(self.registers), self.inner, lines)
         h = CppHandler(self.ctx, dict(self.registers), self.inner, lines)
-        if self.lanes is None:
-            h.memo.update(self.stage_memo)
+        if before_loop is not None:
+            h = RowHandler(self.ctx, h.registers, self.inner, lines, self.subtrees, self.handler(before_loop))
+        h.memo.update(self.stage_memo)
         return h
 
     def keep(self, name: str, value: str, ctype: str, body: list[str]) -> None:
@@ -311,14 +362,21 @@ class ReductionEmitter:
         accs = self.active(loop)
         self.declare(accs)
         body: list[str] = []
-        h = self.handler(body)
+        h = self.handler(body, self.lines)
         rindex = cpp_index(self.plan.nest.rflat)
+        if self.rows is not None:
+            h.memo.update({a.expr: scratch.element(a, rindex) for a in self.rows.read_in(loop)})
+        before = set(h.memo)
         for a in accs:
             v = h.value(a.node.body)
             body.append(update(a, v, rindex, self.means.get(a.node.buf.name) if a.second_pass else None))
         for nd in self.plan.nodes:
             if nd.role == "inner" and nd.buf.name in self.plan.stored and self.ph.at[nd.buf.name] == loop:
                 emit_node(self.plan, self.ctx, h, nd)
+        self.loop_memos.append({e: v for e, v in h.memo.items() if e not in before})
+        if self.rows is not None:
+            self.lines += [scratch.declare(name, self.rows) for name in self.rows.declared_in(loop)]
+            body += [f"{scratch.element(a, rindex)} = {h.memo[a.expr]};" for a in self.rows.stored_in(loop)]
         loops = [Loop(str(d.sym), "0", dim_bound(self.plan.nest, i, True)) for i, d in enumerate(self.plan.nest.rdims)]
         if self.lanes is not None:
             self.lines += render_loops(loops, self.lanes.loop(body))
@@ -442,6 +500,19 @@ def column_reduction(plan: KernelPlan) -> bool:
     return along_x
 
 
+def row_scratch(plan: KernelPlan, ctx: KernelContext, options: Options) -> scratch.RowScratch | None:
+    """Scratch arrays for the values a later r-loop would compute again, from a
+    first run of the emitter (in a throwaway context); None when there are none."""
+    if sum(1 for nd in plan.nodes if nd.role in ("reduction", "inner")) < 2:
+        return None
+    dry = ReductionEmitter(plan, KernelContext(ctx.ptrs, ctx.layouts, ctx.ranges), options, None, False)
+    dry.run()
+    if len(dry.loop_memos) < 2:
+        return None
+    rows = scratch.row_scratch(dry.loop_memos, dry.subtrees, dry.rnumel)
+    return rows if rows.arrays else None
+
+
 def reduction_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> list[str]:
     nest = plan.nest
     numel = math.prod(d.size for d in nest.xdims)
@@ -453,7 +524,10 @@ def reduction_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
         lanes = Lanes(last.var, f"{last.var}_b", min(LANES, nest.xdims[-1].size), last.hi)
         loops[-1] = Loop(lanes.block, "0", f"({last.hi} + {lanes.width - 1}) / {lanes.width}")
     split = lanes is None and split_reductions(plan)
-    per_x = ReductionEmitter(plan, ctx, options, lanes, split).run()
+    rows = None
+    if lanes is None and not split:
+        rows = row_scratch(plan, ctx, options)
+    per_x = ReductionEmitter(plan, ctx, options, lanes, split, rows).run()
     if not split and numel > 1 and numel * max(rnumel, 1) >= PARALLEL_MIN_WORK:
         iterations = numel if lanes is None else numel // nest.xdims[-1].size * -(-nest.xdims[-1].size // lanes.width)
         loops[0] = attrs.evolve(loops[0], pragma=parallel_pragma(len(loops), iterations, options))
