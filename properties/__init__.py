@@ -15,14 +15,20 @@ from coil.properties.invariants import (
     check_schedule_topological,
     replay_peak,
 )
-from coil.properties.strategies import (
-    DrawnGraph,
-    InputSpec,
-    assert_matches_eager,
-    graphs,
-    input_specs,
-    mismatch,
-)
+from typing import Any
+
+# the strategies need hypothesis: imported on first use, so the verifier (which
+# checks the invariants above on every compile) does not pay for hypothesis
+_STRATEGIES = frozenset({"DrawnGraph", "InputSpec", "assert_matches_eager", "graphs", "input_specs", "mismatch"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STRATEGIES:
+        from coil.properties import strategies
+
+        return getattr(strategies, name)
+    raise AttributeError(name)
+
 
 __all__ = [
     "DrawnGraph",

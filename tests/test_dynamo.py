@@ -7,18 +7,12 @@ import torch
 
 import coil
 from conftest import seed_fn
+from tests_helpers import target_available
 
 TARGETS = ["reference", "cpp", "triton"]
 
 
-def _available(target: str) -> bool:
-    from coil.passes.kernel_gen import backend_for
-
-    try:
-        backend_for(target)
-    except (ImportError, AttributeError, coil.CoilError):
-        return False
-    return True
+_available = target_available
 
 
 @pytest.mark.parametrize("target", TARGETS)

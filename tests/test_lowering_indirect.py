@@ -38,6 +38,7 @@ from coil.ir.expr import (
 )
 from coil.ir.layout import Layout
 from coil.ir.printer import show
+from tests_helpers import target_available
 from coil.ir.schedule import StarDep
 from coil.ir.verify import VerifyError, verify
 from coil.ir.wrapper import Alloc
@@ -248,14 +249,7 @@ def test_cross_entropy_writes_no_log_softmax(target: str, dtype: torch.dtype) ->
     torch.testing.assert_close(compiled(logits, t)[0], _cross_entropy(logits, t))
 
 
-def _available(target: str) -> bool:
-    from coil.passes.kernel_gen import backend_for
-
-    try:
-        backend_for(target)
-    except (ImportError, AttributeError, coil.CoilError):
-        return False
-    return True
+_available = target_available
 
 
 @pytest.mark.parametrize("target", TARGETS)

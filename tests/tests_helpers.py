@@ -27,3 +27,14 @@ def run_until(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], stage: str
 def compile_ref(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], **options: Any) -> Any:
     opts = coil.Options(**{"target": "reference", **options})
     return coil.compile_graph(trace(fn, *inputs), list(inputs), opts)
+
+
+def target_available(target: str) -> bool:
+    """Whether kernel_gen can load the target's backend here."""
+    from coil.passes.kernel_gen import backend_for
+
+    try:
+        backend_for(target)
+    except (ImportError, AttributeError, coil.CoilError):
+        return False
+    return True

@@ -108,8 +108,17 @@ def copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     return aten.clone.default(aten.expand.default(out, list(self.shape)))
 
 
+def _core() -> dict[Any, Callable[..., Any]]:
+    """Core ATen's decompositions.  CompositeImplicitAutograd ops decompose while
+    AOTAutograd traces anyway, so only the post-autograd part is taken where torch
+    offers it: `core_aten_decompositions()` also lists every such op, which costs
+    a few tenths of a second of a cold compile to materialize."""
+    post_autograd = getattr(torch._decomp, "_core_aten_decompositions_post_autograd", None)
+    return dict(post_autograd() if post_autograd is not None else core_aten_decompositions())
+
+
 def _table() -> dict[Any, Callable[..., Any]]:
-    table: dict[Any, Callable[..., Any]] = dict(core_aten_decompositions())
+    table: dict[Any, Callable[..., Any]] = _core()
     table.update(get_decompositions(_FUSION_FRIENDLY))
     table[aten.copy.default] = copy
     for packet in _KEEP_EXTERN:
