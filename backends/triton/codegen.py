@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from coil.backends.triton.helpers import helpers_for
-from coil.backends.triton.kernel import kernel_source, tiling
+from coil.backends.triton.kernel import kernel_source
+from coil.backends.triton.tiling import tiling
 from coil.backends.triton.runtime import heuristic_config
 from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
