@@ -17,7 +17,6 @@ stops vectorization, so the C++ target iterates a nest instead:
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -114,54 +113,16 @@ def initial_nest(bufs: Sequence[ComputedBuffer], group: tuple[int, int]) -> Nest
 # ---- index simplification -----------------------------------------------------------------
 
 
-def _affine_max(e: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> int | None:
-    """Largest value of a sum of nonnegative multiples of loop variables and
-    constants; None for anything else."""
-    top = 0
-    for t in sympy.Add.make_args(e):
-        c, rest = t.as_coeff_Mul()
-        if not c.is_Integer or int(c) < 0:
-            return None
-        if rest == 1:
-            top += int(c)
-        elif isinstance(rest, sympy.Symbol) and rest in ranges:
-            top += int(c) * (ranges[rest] - 1)
-        else:
-            return None
-    return top
-
-
-def _factor_out(node: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """FloorDiv(g*x + r, b) as FloorDiv(x, b // g) when g > 1 divides b and
-    0 <= r < g: (1024*ix0 + ix1) // 131072 is ix0 // 128 for ix1 < 1024, which
-    keeps a division by a constant out of the innermost loop."""
-    a, b = node.args
-    if not b.is_Integer or int(b) <= 0:
-        return node
-    terms = sympy.Add.make_args(sympy.expand(a))
-    coeff = [int(c) if c.is_Integer else 1 for c, _ in (t.as_coeff_Mul() for t in terms)]
-    for g in sorted({math.gcd(c, int(b)) for c in coeff}, reverse=True):
-        if g <= 1:
-            break
-        rest = sympy.Add(*(t for t, c in zip(terms, coeff) if c % g))
-        top = _affine_max(rest, ranges)
-        if top is not None and top < g:
-            whole = sympy.Add(*(t for t, c in zip(terms, coeff) if c % g == 0))
-            return FloorDiv(sympy.expand(whole / g), int(b) // g)
-    return node
-
-
 def loop_index(e: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """simplify_index, plus _factor_out (C++ kernels only: the rule stays out of
-    the IR, where index forms steer realize and the memory plan)."""
+    """simplify_index (which takes (1024*i + j) // 131072 to i // 128 for j < 1024),
+    then ((a // b) // c) % n as (a // (b*c)) % n, so digits in one form merge back
+    (_merge_digits) and no division by a constant stays in an inner loop."""
     e = simplify_index(e, ranges)
-    if not e.has(FloorDiv):
+    if not e.has(ModularIndexing):
         return e
-    out = e.replace(lambda n: isinstance(n, FloorDiv), lambda n: _factor_out(n, ranges))
-    # ((a // b) // c) % n is (a // (b*c)) % n: digits in one form merge back (_merge_digits)
-    out = out.replace(lambda n: isinstance(n, ModularIndexing) and isinstance(n.args[0], FloorDiv)
-                      and n.args[0].args[1].is_Integer,
-                      lambda n: ModularIndexing(n.args[0].args[0], n.args[0].args[1] * n.args[1], n.args[2]))
+    out = e.replace(lambda n: isinstance(n, ModularIndexing) and isinstance(n.args[0], FloorDiv)
+                    and n.args[0].args[1].is_Integer,
+                    lambda n: ModularIndexing(n.args[0].args[0], n.args[0].args[1] * n.args[1], n.args[2]))
     return e if out == e else simplify_index(out, ranges)
 
 
