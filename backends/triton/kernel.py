@@ -16,7 +16,14 @@ Shapes by kernel kind:
                 runs in the first loop after every reduction it depends on is
                 finished (`loop_levels`); per-row values (outer nodes, reduction
                 results) live between loops, inner values are recomputed from their
-                bodies in each loop that needs them rather than kept across loops
+                bodies in each loop that needs them rather than kept across loops.
+                A sum of exp(v - max v) over the row (softmax, log-softmax,
+                cross_entropy) runs in its max's own loop as an online softmax
+                (`online_sums`): each step rescales the lanes' sums to the row's
+                running max, so the row is read once for both
+
+Every scope issues its loads from memory first (`hoist_loads`); a mask is a
+constant True where no launch config can leave a tail (`no_tails`).
 
 A node's value goes to `registers` (cast to its buffer's dtype, as a store and
 reload would give) for the nodes after it; it is stored only when its buffer is a
