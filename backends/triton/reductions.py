@@ -6,6 +6,8 @@ looped      accumulators of shape [XBLOCK, RBLOCK] updated per `roffset` step
             reduced along axis 1 after the loop
 trivial     rnumel <= 1 inside a pointwise kernel: the value itself, or the
             identity of an empty reduction
+online      a looped sum of exp(v - max v) kept relative to the rows' running
+            max, rescaled when it grows (`online_row_max`, `online_sum_update`)
 
 Every result has shape [XBLOCK, 1] (or the value's own shape when trivial) and the
 dtype `result_dtype` gives.  Lanes outside the tails are replaced by the
