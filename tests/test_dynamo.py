@@ -101,23 +101,7 @@ def test_transformer_block_forward_backward(target):
     the forward promised)."""
     if not _available(target):
         pytest.skip(f"{target} backend not built")
-    import torch.nn.functional as F
-
-    class Block(torch.nn.Module):
-        def __init__(self, d: int, heads: int) -> None:
-            super().__init__()
-            self.heads = heads
-            self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-            self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-            self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, t, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(d, -1)
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+    from bench.workloads import Block  # the benchmark's own block, so both test one model
 
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -33,11 +33,10 @@ def kernel_device(program: WrapperProgram, k: FusedKernel) -> str:
     return program.plan.schedule.graph.graph.layout(k.nodes[0]).device
 
 
-def launch_kind(program: WrapperProgram, k: FusedKernel) -> str:
-    """pointwise | tiled | persistent | reduction: how the runtime launches k."""
-    if k.kind == "pointwise" and tiling(k, program) is not None:
-        return "tiled"
-    return k.kind
+def launch_kind(k: FusedKernel, cols: int | None) -> str:
+    """pointwise | tiled | persistent | reduction: how the runtime launches k
+    (`cols`: its tiling, from `tiling`)."""
+    return "tiled" if cols is not None else k.kind
 
 
 class TritonBackend:
@@ -65,8 +64,9 @@ class TritonBackend:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
             cache = f", cache_dir={options.cache_dir!r}" if options.cache_dir else ""
-            out += [f"{k.name} = autotuned({k.name}, {launch_kind(program, _kernel(program, k.name))!r}{cache})"
-                    for k in kernels]
+            for src in kernels:
+                k = _kernel(program, src.name)
+                out.append(f"{k.name} = autotuned({k.name}, {launch_kind(k, tiling(k, program))!r}{cache})")
         return out
 
     def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
@@ -74,10 +74,9 @@ class TritonBackend:
         xnumel, rnumel = k.group
         if xnumel == 0:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
-        kind = launch_kind(program, k)
-        if kind == "tiled":
-            cols = tiling(k, program)
-            assert cols is not None
+        cols = tiling(k, program)
+        kind = launch_kind(k, cols)
+        if cols is not None:
             rows = xnumel // cols
             cfg = heuristic_config(kind, rows, cols)
             args = ", ".join([*line.args, str(rows), str(cols)])
