@@ -9,7 +9,9 @@ releases coil supports have these).
 Kernels that run on a GPU get faster definitions of a few helpers under the same
 names (`NATIVE`): the hardware's round-to-nearest-even conversion to bfloat16
 (the interpreter truncates, hence the bit arithmetic of the portable one) and
-libdevice's tanh, expm1 and log1p instead of the exp/log formulas.
+libdevice's tanh, expm1 and log1p instead of the exp/log formulas, and a
+NaN-propagating row max that is one reduction (`tl.reduce` with max.NaN) instead
+of two.
 """
 
 from __future__ import annotations
@@ -105,6 +107,19 @@ def _coil_to_bf16(x):
 def _coil_prod_combine(a, b):
     return a * b
 ''',
+    "_coil_row_max_nan": '''
+@triton.jit
+def _coil_row_max_nan(x):
+    # max along axis 1, NaN where the row has one; two tl reductions, which the
+    # interpreter runs far faster than tl.reduce with a combine function
+    m = tl.max(x, 1)
+    return tl.where(tl.max((x != x).to(tl.int8), 1) > 0, float("nan"), m)
+''',
+    "_coil_max_nan_combine": '''
+@triton.jit
+def _coil_max_nan_combine(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+''',
 }
 
 # GPU definitions (compiled Triton; libdevice is imported by output_code.py)
@@ -129,10 +144,16 @@ def _coil_expm1(x):
 def _coil_log1p(x):
     return libdevice.log1p(x)
 ''',
+    "_coil_row_max_nan": '''
+@triton.jit
+def _coil_row_max_nan(x):
+    return tl.reduce(x, 1, _coil_max_nan_combine)  # one max.NaN per element
+''',
 }
 
-# helpers that call other helpers
+# helpers that call other helpers (portable, native definitions)
 _NEEDS = {"_coil_tanh": ("_coil_expm1",)}
+_NEEDS_NATIVE = {"_coil_row_max_nan": ("_coil_max_nan_combine",)}
 
 _CALL = re.compile(r"\b(_coil_[a-z0-9_]+)\b")
 
@@ -143,9 +164,8 @@ def helpers_for(sources: Iterable[str], native: bool = False) -> list[str]:
     used: list[str] = []
 
     def add(name: str) -> None:
-        if not (native and name in NATIVE):
-            for dep in _NEEDS.get(name, ()):
-                add(dep)
+        for dep in (_NEEDS_NATIVE if native and name in NATIVE else _NEEDS).get(name, ()):
+            add(dep)
         if name not in used:
             used.append(name)
 

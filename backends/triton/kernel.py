@@ -39,7 +39,7 @@ import sympy
 import torch
 
 from coil.backends.triton import reductions
-from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index
+from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index, tl_dtype
 from coil.backends.triton.runtime import candidate_configs, heuristic_config
 from coil.backends.triton.tiling import tiled_map, tiling
 from coil.ir.buffers import ComputedBuffer
@@ -377,56 +377,92 @@ def _emit_loop(ctx: KernelContext, out: Emitter, k: int, level: Mapping[str, int
         return
     needed = _needed(ctx, roots, online)
     reds = [b for b in roots if ctx.roles[b.name] == "reduction"]
-    index_dt = torch.int64 if ctx.int64 else torch.int32
-    accs = {b.name: reductions.looped_init(out, _rt(b), ctx.bodies[b.name].dtype, index_dt) for b in reds}
     sums = {b.name: online[b.name] for b in reds if b.name in online}  # online sum -> its max
-    row_max = {m: out.assign('tl.full([XBLOCK, 1], float("-inf"), tl.float32)', "_rowmax")
-               for m in dict.fromkeys(sums.values())}
+    # a max with online sums keeps no accumulator of its own: its value is the row max they share
+    wide = {m: torch.float64 if ctx.bodies[m].dtype == torch.float64 else torch.float32 for m in sums.values()}
+    row_max = {m: out.assign(f'tl.full([XBLOCK, 1], float("-inf"), {tl_dtype(dt)})', "_rowmax")
+               for m, dt in wide.items()}
+    index_dt = torch.int64 if ctx.int64 else torch.int32
+    accs = {b.name: reductions.looped_init(out, _rt(b), ctx.bodies[b.name].dtype, index_dt)
+            for b in reds if b.name not in row_max}
     out.emit(f"# loop {k}: {', '.join(b.name for b in roots)}"
              + "".join(f"; {n} online with {m}" for n, m in sums.items()))
-    # a literal bound: Triton 3.6's interpreter cannot range() to a kernel argument
-    out.emit(f"for roffset in range(0, {ctx.rnumel}, RBLOCK):")
-    out.indent += 1
-    out.emit("rindex = roffset + rbase")
-    _row_masks(out, no_tails(ctx)[1])
-    inner_regs = dict(registers)
-    inner_memo = dict(memo)  # per-row values computed before the loop stay valid inside
-    hoist_loads(ctx, out, [b for b in ctx.nodes if b.name in needed and b.name not in sums], inner_regs, inner_memo)
-    tiles: dict[str, str] = {}  # a max's value tile, which its online sums rebase
-    scales: dict[str, tuple[str, str]] = {}  # a max -> (this step's row max, rescale factor)
-    for b in ctx.nodes:
-        if b.name not in needed:
-            continue
-        role = ctx.roles[b.name]
-        out.emit(_comment(b, role))
-        if b.name in sums:
-            m = sums[b.name]
-            if m not in scales:
-                scales[m] = reductions.online_row_max(out, row_max[m], tiles[m])
-            reductions.online_sum_update(out, accs[b.name][0], *scales[m], tiles[m])
-            continue
-        body = ctx.bodies[b.name]
-        value = evaluate(body, _handler(ctx, out, inner_regs), inner_memo)
-        if role == "reduction":
-            tiles[b.name] = value
-            reductions.looped_update(out, _rt(b), accs[b.name], value, body.dtype)
-        elif level[b.name] == k:
-            finish_node(ctx, out, b, value, body.dtype, inner_regs)
-        else:  # an earlier loop stored it; here it is only recomputed
-            inner_regs[b.name] = value if body.dtype == b.layout.dtype else out.assign(
-                convert(value, body.dtype, b.layout.dtype))
-    for m, (new_max, _) in scales.items():
-        out.emit(f"{row_max[m]} = {new_max}")
-    out.indent -= 1
-    finals: dict[str, str] = {}
+    step = _LoopStep(ctx, out, k, level, needed, sums, accs, row_max)
+    # literal bounds: Triton 3.6's interpreter cannot range() to a kernel argument
+    r = ctx.rnumel
+    if no_tails(ctx)[1]:
+        out.emit(f"for roffset in range(0, {r}, RBLOCK):")
+        step.emit(registers, memo, masked=False)
+    else:  # the steps RBLOCK fills run unmasked; the partial last one after them
+        out.emit(f"for roffset in range(0, {r} - {r} % RBLOCK, RBLOCK):")
+        step.emit(registers, memo, masked=False)
+        out.emit(f"if {r} % RBLOCK != 0:")
+        out.indent += 1
+        out.emit(f"roffset = {r} - {r} % RBLOCK")
+        out.indent -= 1
+        step.emit(registers, memo, masked=True)
     for b in reds:
         body = ctx.bodies[b.name]
+        if b.name in row_max:
+            finish_node(ctx, out, b, row_max[b.name], wide[b.name], registers)
+            continue
         if b.name in sums:
             value = out.assign(f"tl.sum({accs[b.name][0]}, 1)[:, None]")
         else:
             value = reductions.looped_final(out, _rt(b), accs[b.name], body.dtype)
-        finals[b.name] = value
         finish_node(ctx, out, b, value, reductions.result_dtype(_rt(b), body.dtype), registers)
+
+
+@attrs.frozen
+class _LoopStep:
+    """The body of one reduction loop, emitted once per kind of step: unmasked for
+    the steps that RBLOCK fills, masked for a partial last one."""
+
+    ctx: KernelContext
+    out: Emitter
+    k: int  # the loop's level
+    level: Mapping[str, int]
+    needed: set[str]
+    sums: Mapping[str, str]  # online sum -> its max
+    accs: Mapping[str, tuple[str, ...]]
+    row_max: Mapping[str, str]  # a max with online sums -> its running row max
+
+    def emit(self, registers: Mapping[str, str], memo: Mapping[Expr, str], masked: bool) -> None:
+        ctx, out = self.ctx, self.out
+        out.indent += 1
+        out.emit("rindex = roffset + rbase")
+        _row_masks(out, not masked)
+        inner_regs = dict(registers)
+        inner_memo = dict(memo)  # per-row values computed before the loop stay valid inside
+        hoist_loads(ctx, out, [b for b in ctx.nodes if b.name in self.needed and b.name not in self.sums],
+                    inner_regs, inner_memo)
+        tiles: dict[str, str] = {}  # a max's value tile, which its online sums rebase
+        steps: dict[str, tuple[str, str, str]] = {}  # a max -> (new row max, its finite form, rescale)
+        for b in ctx.nodes:
+            if b.name not in self.needed:
+                continue
+            role = ctx.roles[b.name]
+            out.emit(_comment(b, role))
+            if b.name in self.sums:
+                m = self.sums[b.name]
+                _, safe, scale = steps[m]
+                reductions.online_sum_update(out, self.accs[b.name][0], safe, scale, tiles[m])
+                continue
+            body = ctx.bodies[b.name]
+            value = evaluate(body, _handler(ctx, out, inner_regs), inner_memo)
+            if b.name in self.row_max:
+                tiles[b.name] = value
+                steps[b.name] = reductions.online_row_max(out, self.row_max[b.name], value)
+            elif role == "reduction":
+                reductions.looped_update(out, _rt(b), self.accs[b.name], value, body.dtype)
+            elif self.level[b.name] == self.k:
+                finish_node(ctx, out, b, value, body.dtype, inner_regs)
+            else:  # an earlier loop stored it; here it is only recomputed
+                inner_regs[b.name] = value if body.dtype == b.layout.dtype else out.assign(
+                    convert(value, body.dtype, b.layout.dtype))
+        for m, (new_max, _, _) in steps.items():
+            out.emit(f"{self.row_max[m]} = {new_max}")
+        out.indent -= 1
 
 
 def _rt(b: ComputedBuffer) -> str:

@@ -203,22 +203,25 @@ def looped_final(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) 
 # ---- online softmax: a sum of exp(v - max) in the max's loop ------------------------------------
 
 
-def online_row_max(out: Emitter, row_max: str, v: str) -> tuple[str, str]:
-    """The rows' max so far including this step's tile v, and the factor that moves
-    sums relative to the previous max onto it (1 while a row has seen only -inf:
-    exp(-inf - -inf) would be NaN).  One cross-lane max per step, so each element
-    then costs a single exp."""
-    step = out.assign(f'tl.max(tl.where(xrmask, {v}, float("-inf")), 1)[:, None]')
-    new = out.assign(f"tl.maximum({row_max}, {step})")
-    scale = out.assign(f'tl.where({new} == float("-inf"), 1.0, tl.exp({row_max} - {new}))')
-    return new, scale
+def online_row_max(out: Emitter, row_max: str, v: str) -> tuple[str, str, str]:
+    """The rows' max so far including this step's tile v (NaN once a row has
+    seen one: it is also the max node's value), the same with -inf read as 0 (so
+    a row that has seen only -inf subtracts a finite number: exp(-inf - -inf)
+    would be NaN), and the factor that moves sums relative to the previous max
+    onto the new one.  One cross-lane max per step; each element then costs a
+    single exp."""
+    step = out.assign(f'_coil_row_max_nan(tl.where(xrmask, {v}, float("-inf")))[:, None]')
+    new = out.assign(f"tl.maximum({row_max}, {step}, propagate_nan=tl.PropagateNan.ALL)")
+    safe = out.assign(f'tl.where({new} == float("-inf"), 0.0, {new})')
+    scale = out.assign(f"tl.exp({row_max} - {safe})")
+    return new, safe, scale
 
 
-def online_sum_update(out: Emitter, acc: str, row_max: str, scale: str, v: str) -> None:
+def online_sum_update(out: Emitter, acc: str, safe_max: str, scale: str, v: str) -> None:
     """acc holds, per lane, the sum of exp(v - the row's max so far): rescale it to
-    the new max and add this step's terms.  NaN reaches the sum through exp(NaN - m);
-    +inf through exp(inf - inf); a row of only -inf sums to 0."""
-    e = out.assign(f'tl.where(xrmask & ({row_max} != float("-inf")), tl.exp({v} - {row_max}), 0.0)')
+    the new max and add this step's terms.  NaN reaches the sum through the max;
+    +inf through exp(inf - inf); a row of only -inf sums to 0 (exp(-inf - 0))."""
+    e = out.assign(f"tl.where(xrmask, tl.exp({v} - {safe_max}), 0.0)")
     out.emit(f"{acc} = {acc} * {scale} + {e}")
 
 
