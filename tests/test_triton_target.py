@@ -531,3 +531,46 @@ def test_cpu_tensors_without_interpreter_raise(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(CoilError, match="TRITON_INTERPRET=1"):
         with runtime.interpreted():
             pass
+
+
+# ---- split reductions: one long row over many programs ---------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_reductions_split_over_programs(device: str) -> None:
+    """A row of 40,000 elements: 157 programs of 256 each store partial results,
+    then one program combines them and computes what follows (the mean's division)."""
+    x = torch.randn(200, 200, device=device)
+    x[7, 9] = float("nan")
+    y = torch.randn(40000, device=device)
+    compiled = check(lambda a: (a.sum(), a.mean(), a.amax(), a.amin(), (a > 3).any(), (a > -9).all()), [y],
+                     atol=1e-4, rtol=1e-5)
+    (src,) = kernel_sources(compiled)
+    assert src.count("@triton.jit") == 2 and "_combine(" in src
+    assert "[(157,)](" in compiled.source and "_combine[(1,)](" in compiled.source
+    assert "rstart = tl.program_id(0) * 256" in src
+    check(lambda a: (a.amax(), a.amin(), a.sum()), [x], atol=1e-4, rtol=1e-5)  # NaN reaches max and min
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_keeps_integer_sums_and_gathers(device: str) -> None:
+    """cross_entropy's mean over 16,384 rows: the count of counted targets (int64)
+    and the gathered log-probabilities split; ignored targets count for nothing."""
+    x = torch.randn(16384, 6, device=device)
+    t = torch.randint(0, 6, (16384,), device=device)
+    t[::7] = -100
+    compiled = check(lambda a, b: torch.nn.functional.cross_entropy(a, b), [x, t], atol=1e-5, rtol=1e-5)
+    assert "dtype=torch.int64" in compiled.source and "_combine[(1,)](" in compiled.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_what_does_not_split(device: str) -> None:
+    """Short rows, several rows, Welford's variance and the online softmax keep one kernel."""
+    from coil.backends.triton.split import SPLIT_MIN
+
+    for fn, x in ((lambda a: a.sum(), torch.randn(SPLIT_MIN - 1, device=device)),
+                  (lambda a: a.sum(-1), torch.randn(2, SPLIT_MIN, device=device)),
+                  (lambda a: a.var(), torch.randn(SPLIT_MIN, device=device)),
+                  (lambda a: a.logsumexp(0), torch.randn(SPLIT_MIN, device=device))):
+        compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
+        assert "_combine" not in compiled.source

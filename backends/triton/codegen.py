@@ -4,7 +4,8 @@ wrapper with a grid and block sizes chosen from the static sizes.
 
     triton_poi_fused_add_0[grid(4096, 1024)](arg0_1, buf0, 4096, XBLOCK=1024, num_warps=4)
 
-Kernels on CUDA tensors launch under `torch.cuda.device(...)`; kernels on CPU
+A reduction of one long row launches as two kernels, partial results then their
+combination (split.py).  Kernels on CUDA tensors launch under `torch.cuda.device(...)`; kernels on CPU
 tensors need the Triton interpreter (TRITON_INTERPRET=1), which the call checks.
 """
 
@@ -14,6 +15,7 @@ from typing import Sequence
 
 from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import kernel_source
+from coil.backends.triton.split import split_launch, split_of, split_source
 from coil.backends.triton.tiling import tiling
 from coil.backends.triton.runtime import heuristic_config
 from coil.ir.fused import FusedKernel
@@ -51,8 +53,12 @@ class TritonBackend:
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
-        return tuple(kernel_source(k, program, options.emulate_precision_casts)
-                     for k in program.plan.schedule.kernels)
+        out = []
+        for k in program.plan.schedule.kernels:
+            split = split_of(k, program)
+            out.append(kernel_source(k, program, options.emulate_precision_casts) if split is None
+                       else split_source(k, program, split, options.emulate_precision_casts))
+        return tuple(out)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:
@@ -66,6 +72,8 @@ class TritonBackend:
             cache = f", cache_dir={options.cache_dir!r}" if options.cache_dir else ""
             for src in kernels:
                 k = _kernel(program, src.name)
+                if split_of(k, program) is not None:  # two fixed launches (split.py)
+                    continue
                 out.append(f"{k.name} = autotuned({k.name}, {launch_kind(k, tiling(k, program))!r}{cache})")
         return out
 
@@ -81,6 +89,9 @@ class TritonBackend:
             cfg = heuristic_config(kind, rows, cols)
             args = ", ".join([*line.args, str(rows), str(cols)])
             return [f"{k.name}[grid2({rows}, {cols}, {cfg.yblock}, {cfg.xblock})]({args}, {cfg.as_kwargs()})"]
+        split = split_of(k, program)
+        if split is not None:
+            return split_launch(k, split, list(line.args), kernel_device(program, k))
         sizes = [str(xnumel)] + ([] if k.kind == "pointwise" else [str(rnumel)])
         cfg = heuristic_config(kind, xnumel, rnumel)
         args = ", ".join([*line.args, *sizes])

@@ -210,11 +210,12 @@ def _broadcast(index: str, expr: sympy.Expr, need: tuple[sympy.Symbol, ...]) -> 
 
 
 def finish_node(ctx: KernelContext, out: Emitter, b: ComputedBuffer, value: str, dtype: torch.dtype,
-                registers: dict[str, str]) -> None:
-    """Make b's value visible to later nodes and store it if it leaves the kernel."""
+                registers: dict[str, str], store: bool = True) -> None:
+    """Make b's value visible to later nodes and store it if it leaves the kernel
+    (and `store`)."""
     reg = value if dtype == b.layout.dtype else out.assign(convert(value, dtype, b.layout.dtype))
     registers[b.name] = reg
-    if b.name not in ctx.ptr:
+    if b.name not in ctx.ptr or not store:
         return
     role = ctx.roles[b.name]
     if role == "tiled":
@@ -486,13 +487,18 @@ def drop_round_trips(body: Expr) -> Expr:
     return rewrite(body, fn)
 
 
+def codegen_context(k: FusedKernel, program: WrapperProgram, emulate_precision_casts: bool) -> KernelContext:
+    ctx = kernel_context(k, program)
+    if not emulate_precision_casts:
+        ctx = attrs.evolve(ctx, bodies={n: drop_round_trips(b) for n, b in ctx.bodies.items()})
+    return ctx
+
+
 def kernel_source(k: FusedKernel, program: WrapperProgram, emulate_precision_casts: bool = True) -> KernelSource:
     if k.group[0] == 0:  # every buffer is empty: the wrapper does not launch it
         sig = signature_of(k, kernel_params(k, program.plan.schedule.graph, program.plan.removed))
         return KernelSource(k.name, f"@triton.jit\n{sig}\n    pass  # xnumel = 0", "triton")
-    ctx = kernel_context(k, program)
-    if not emulate_precision_casts:
-        ctx = attrs.evolve(ctx, bodies={n: drop_round_trips(b) for n, b in ctx.bodies.items()})
+    ctx = codegen_context(k, program, emulate_precision_casts)
     out = Emitter()
     prologue(ctx, out)
     if k.kind == "reduction":

@@ -200,6 +200,44 @@ def looped_final(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) 
     raise CoilError(f"triton target: no reduction {rt}")
 
 
+# ---- split: partial results of several programs --------------------------------------------------
+
+SPLIT_TYPES = frozenset({"sum", "prod", "max", "min", "any", "all"})
+
+
+def split_identity(rt: str, dt: torch.dtype) -> str:
+    """What a lane past the last partial holds."""
+    match rt:
+        case "sum":
+            return literal(0)
+        case "prod":
+            return literal(1)
+        case "max" | "min":
+            return _extreme(dt, rt == "max")
+        case "any":
+            return literal(False)
+        case "all":
+            return literal(True)
+    raise CoilError(f"triton target: no split reduction {rt}")
+
+
+def split_combine(out: Emitter, rt: str, tile: str, dt: torch.dtype) -> str:
+    """Reduce a [XBLOCK, RBLOCK] tile of partial results (one per program of the
+    first stage; the identity past the last) to the row's result."""
+    match rt:
+        case "sum":
+            return out.assign(f"tl.sum({tile}, 1)[:, None]")
+        case "prod":
+            return out.assign(f"tl.reduce({tile}, 1, _coil_prod_combine)[:, None]")
+        case "max" | "min":
+            return _nan_aware_extreme(out, rt, tile, dt)
+        case "any":
+            return out.assign(f"tl.max({tile}.to(tl.int8), 1)[:, None] > 0")
+        case "all":
+            return out.assign(f"tl.min({tile}.to(tl.int8), 1)[:, None] > 0")
+    raise CoilError(f"triton target: no split reduction {rt}")
+
+
 # ---- online softmax: a sum of exp(v - max) in the max's loop ------------------------------------
 
 
