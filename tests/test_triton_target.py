@@ -574,3 +574,25 @@ def test_what_does_not_split(device: str) -> None:
                   (lambda a: a.logsumexp(0), torch.randn(SPLIT_MIN, device=device))):
         compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
         assert "_combine" not in compiled.source
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_fast_launch_keys_on_alignment() -> None:
+    """On CUDA the wrapper launches through fast_launch: Triton's path once per
+    specialization, the compiled launcher after.  A misaligned view of the input
+    is another specialization and still gives the right result."""
+    from coil.backends.triton.runtime import fast_launch
+
+    base = torch.randn(4097 * 64 + 1, device="cuda")
+    aligned, shifted = base[: 4096 * 64].view(4096, 64), base[1: 4096 * 64 + 1].view(4096, 64)
+    fn = lambda a: (a.softmax(-1), a.sum())  # noqa: E731 - a persistent and a split kernel
+    compiled = compile_fn(fn, [aligned])
+    assert "= fast_launch(" in compiled.source
+    launchers = [v for v in compiled.namespace.values() if isinstance(v, fast_launch)]
+    assert len(launchers) == 3 and all(f.enabled for f in launchers)  # softmax, split sum and its combine
+    for x in (aligned, aligned, shifted, shifted, aligned):
+        got = compiled(x)
+        torch.testing.assert_close(got[0], x.softmax(-1))
+        torch.testing.assert_close(got[1], x.sum(), rtol=1e-5, atol=1e-3)
+    assert all(len(f.compiled) == 2 for f in launchers)  # one entry per alignment

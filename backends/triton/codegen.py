@@ -49,7 +49,7 @@ class TritonBackend:
             "import triton",
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
-            "from coil.backends.triton.runtime import autotuned, grid, grid2, interpreted",
+            "from coil.backends.triton.runtime import autotuned, fast_launch, grid, grid2, interpreted",
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
@@ -66,6 +66,10 @@ class TritonBackend:
         native = any(kernel_device(program, k).startswith("cuda") for k in program.plan.schedule.kernels)
         for text in helpers_for((k.source for k in kernels), native) + [k.source for k in kernels]:
             out += ["", text, ""]
+        if native and not options.autotune:  # later launches skip Triton's binding
+            for src in kernels:
+                names = [src.name] + ([f"{src.name}_combine"] if split_of(_kernel(program, src.name), program) else [])
+                out += [f"{n} = fast_launch({n})" for n in names]
         if options.autotune:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
