@@ -246,24 +246,25 @@ class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
         if not self.enabled:
             self.kernel[launch_grid](*args, **meta)
             return
-        from triton import knobs
-
         key = (launch_grid, tuple(meta.items()),
                tuple((a.dtype, a.data_ptr() % 16 == 0) if hasattr(a, "data_ptr") else a for a in args))
         hit = self.compiled.get(key)
-        hooked = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
-        if hit is None or hooked:  # hooks (profilers) get Triton's own path
+        if hit is None:
             ck = self.kernel[launch_grid](*args, **meta)
             rest = self.names[len(args):]
             if ck is not None and all(n in meta for n in rest):
                 self.compiled[key] = (ck, tuple(meta[n] for n in rest))
             return
+        # what JITFunction.run does once it has found the compiled kernel
+        from triton import knobs
         from triton.runtime import driver
 
         ck, constexprs = hit
         stream = driver.active.get_current_stream(driver.active.get_current_device())
         g = (*launch_grid, 1, 1)
-        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None, None, None, *args, *constexprs)
+        md = ck.launch_metadata(launch_grid, stream, *args, *constexprs)
+        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, md, knobs.runtime.launch_enter_hook,
+               knobs.runtime.launch_exit_hook, *args, *constexprs)
 
 
 # ---- CPU tensors ------------------------------------------------------------------------------
