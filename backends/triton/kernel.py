@@ -20,7 +20,13 @@ Shapes by kernel kind:
                 A sum of exp(v - max v) over the row (softmax, log-softmax,
                 cross_entropy) runs in its max's own loop as an online softmax
                 (`online_sums`): each step rescales the lanes' sums to the row's
-                running max, so the row is read once for both
+                running max, which is also the max node's value, so the row is
+                read once for both.  A loop whose length RBLOCK may not divide
+                runs its full steps unmasked and the partial last step after
+                them, masked (`_LoopStep`)
+
+A reduction kernel with one long row (a full sum, a loss's mean) is emitted by
+split.py instead, as partial results over many programs and their combination.
 
 Every scope issues its loads from memory first (`hoist_loads`); a mask is a
 constant True where no launch config can leave a tail (`no_tails`).

@@ -262,9 +262,12 @@ class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
         ck, constexprs = hit
         stream = driver.active.get_current_stream(driver.active.get_current_device())
         g = (*launch_grid, 1, 1)
-        md = ck.launch_metadata(launch_grid, stream, *args, *constexprs)
-        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, md, knobs.runtime.launch_enter_hook,
-               knobs.runtime.launch_exit_hook, *args, *constexprs)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):  # a profiler's hooks: their metadata
+            md = ck.launch_metadata(launch_grid, stream, *args, *constexprs)
+        else:  # no hook registered (Triton's hook chains are empty, not None)
+            md, enter, leave = None, None, None
+        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, md, enter, leave, *args, *constexprs)
 
 
 # ---- CPU tensors ------------------------------------------------------------------------------
