@@ -372,6 +372,12 @@ def test_native_helpers_on_gpu_only() -> None:
     portable, native = "\n".join(helpers_for(src)), "\n".join(helpers_for(src, native=True))
     assert "bitcast" in portable and "_coil_expm1" in portable and "libdevice" not in portable
     assert "libdevice.tanh(x)" in native and "x.to(tl.bfloat16)" in native and "_coil_expm1" not in native
+    # a NaN-aware row max / min: two reductions in the interpreter, one max.NaN / min.NaN reduce on a GPU
+    src = ["m = _coil_row_max_nan(t)[:, None]; n = _coil_row_min_nan(t)[:, None]"]
+    portable, native = "\n".join(helpers_for(src)), "\n".join(helpers_for(src, native=True))
+    assert "tl.reduce(" not in portable and "(x != x)" in portable
+    assert native.count("tl.reduce(x, 1, _coil_") == 2 and "def _coil_max_nan_combine" in native
+    assert "def _coil_min_nan_combine" in native and "propagate_nan=tl.PropagateNan.ALL" in native
 
 
 @pytest.mark.parametrize("device", DEVICES)

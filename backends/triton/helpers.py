@@ -9,9 +9,9 @@ releases coil supports have these).
 Kernels that run on a GPU get faster definitions of a few helpers under the same
 names (`NATIVE`): the hardware's round-to-nearest-even conversion to bfloat16
 (the interpreter truncates, hence the bit arithmetic of the portable one) and
-libdevice's tanh, expm1 and log1p instead of the exp/log formulas, and a
-NaN-propagating row max that is one reduction (`tl.reduce` with max.NaN) instead
-of two.
+libdevice's tanh, expm1 and log1p instead of the exp/log formulas, and
+NaN-propagating row max / min that are one reduction each (`tl.reduce` with
+max.NaN / min.NaN) instead of two.
 """
 
 from __future__ import annotations
@@ -120,6 +120,18 @@ def _coil_row_max_nan(x):
 def _coil_max_nan_combine(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 ''',
+    "_coil_row_min_nan": '''
+@triton.jit
+def _coil_row_min_nan(x):
+    # min along axis 1, NaN where the row has one (see _coil_row_max_nan)
+    m = tl.min(x, 1)
+    return tl.where(tl.max((x != x).to(tl.int8), 1) > 0, float("nan"), m)
+''',
+    "_coil_min_nan_combine": '''
+@triton.jit
+def _coil_min_nan_combine(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+''',
 }
 
 # GPU definitions (compiled Triton; libdevice is imported by output_code.py)
@@ -149,11 +161,16 @@ def _coil_log1p(x):
 def _coil_row_max_nan(x):
     return tl.reduce(x, 1, _coil_max_nan_combine)  # one max.NaN per element
 ''',
+    "_coil_row_min_nan": '''
+@triton.jit
+def _coil_row_min_nan(x):
+    return tl.reduce(x, 1, _coil_min_nan_combine)  # one min.NaN per element
+''',
 }
 
 # helpers that call other helpers (portable, native definitions)
 _NEEDS = {"_coil_tanh": ("_coil_expm1",)}
-_NEEDS_NATIVE = {"_coil_row_max_nan": ("_coil_max_nan_combine",)}
+_NEEDS_NATIVE = {"_coil_row_max_nan": ("_coil_max_nan_combine",), "_coil_row_min_nan": ("_coil_min_nan_combine",)}
 
 _CALL = re.compile(r"\b(_coil_[a-z0-9_]+)\b")
 

@@ -54,12 +54,12 @@ def _is_max(rt: str) -> bool:
 
 
 def _nan_aware_extreme(out: Emitter, rt: str, tile: str, dt: torch.dtype) -> str:
-    """tl.max / tl.min of a tile along axis 1, NaN when the row has one."""
-    m = out.assign(f"tl.{'max' if _is_max(rt) else 'min'}({tile}, 1)[:, None]")
+    """tl.max / tl.min of a tile along axis 1, NaN when the row has one (floating
+    tiles: helpers that are one max.NaN / min.NaN reduction on a GPU)."""
+    fn = "max" if _is_max(rt) else "min"
     if not dt.is_floating_point:
-        return m
-    has_nan = f"tl.max(({tile} != {tile}).to(tl.int8), 1)[:, None] > 0"
-    return out.assign(f"tl.where({has_nan}, float(\"nan\"), {m})")
+        return out.assign(f"tl.{fn}({tile}, 1)[:, None]")
+    return out.assign(f"_coil_row_{fn}_nan({tile})[:, None]")
 
 
 def _first_index(out: Emitter, tile: str, m: str, positions: str, valid: str, dt: torch.dtype) -> str:
