@@ -54,12 +54,17 @@ def _is_max(rt: str) -> bool:
 
 
 def _nan_aware_extreme(out: Emitter, rt: str, tile: str, dt: torch.dtype) -> str:
-    """tl.max / tl.min of a tile along axis 1, NaN when the row has one (floating
-    tiles: helpers that are one max.NaN / min.NaN reduction on a GPU)."""
+    """tl.max / tl.min of a tile along axis 1, NaN when the row has one (float32
+    and float64 tiles: helpers that are one max.NaN / min.NaN reduction on a GPU)."""
     fn = "max" if _is_max(rt) else "min"
+    if dt in (torch.float32, torch.float64):
+        return out.assign(f"_coil_row_{fn}_nan({tile})[:, None]")
+    m = out.assign(f"tl.{fn}({tile}, 1)[:, None]")
     if not dt.is_floating_point:
-        return out.assign(f"tl.{fn}({tile}, 1)[:, None]")
-    return out.assign(f"_coil_row_{fn}_nan({tile})[:, None]")
+        return m
+    # half-precision tiles keep the two reductions (the one-reduction form is not yet run on a GPU for them)
+    has_nan = f"tl.max(({tile} != {tile}).to(tl.int8), 1)[:, None] > 0"
+    return out.assign(f"tl.where({has_nan}, float(\"nan\"), {m})")
 
 
 def _first_index(out: Emitter, tile: str, m: str, positions: str, valid: str, dt: torch.dtype) -> str:
