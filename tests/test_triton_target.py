@@ -570,13 +570,34 @@ def test_split_keeps_integer_sums_and_gathers(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_welford_and_arg_reductions_split(device: str) -> None:
+    """var / std (Welford: each program stores mean, M2 and count, merged as Chan
+    does), argmax / argmin (the extreme and its first index; ties and NaN pick the
+    earliest), over 40,000 elements in 157 programs."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(40000, generator=g) * 3 + 100).to(device)
+    x[[7, 30001]] = 500.0  # a tie for the max across two programs: the first index wins
+    x[[9000, 39999]] = -400.0
+    compiled = check(lambda a: (a.var(), a.std(correction=0), a.argmax(), a.argmin()), [x], atol=1e-3, rtol=1e-4)
+    # workspaces: mean, M2 and count for var and for std, value and index for argmax and for argmin
+    assert "_combine[(1,)](" in compiled.source
+    assert compiled.source.count("empty_strided((157,), (1,), dtype=torch.float32") == 8
+    assert compiled.source.count("empty_strided((157,), (1,), dtype=torch.int64") == 2
+    y = x.clone()
+    y[[12345, 20000]] = float("nan")
+    check(lambda a: (a.argmax(), a.argmin(), a.var()), [y])
+    check(lambda a: (a > 120).int().argmax(), [x])  # bool -> int argmax: the first True
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_what_does_not_split(device: str) -> None:
-    """Short rows, several rows, Welford's variance and the online softmax keep one kernel."""
+    """Short rows, several rows, two loops (layer_norm over one row) and the online
+    softmax keep one kernel."""
     from coil.backends.triton.split import SPLIT_MIN
 
     for fn, x in ((lambda a: a.sum(), torch.randn(SPLIT_MIN - 1, device=device)),
                   (lambda a: a.sum(-1), torch.randn(2, SPLIT_MIN, device=device)),
-                  (lambda a: a.var(), torch.randn(SPLIT_MIN, device=device)),
+                  (lambda a: torch.nn.functional.layer_norm(a, (SPLIT_MIN,)), torch.randn(SPLIT_MIN, device=device)),
                   (lambda a: a.logsumexp(0), torch.randn(SPLIT_MIN, device=device))):
         compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
         assert "_combine" not in compiled.source

@@ -207,39 +207,69 @@ def looped_final(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) 
 
 # ---- split: partial results of several programs --------------------------------------------------
 
-SPLIT_TYPES = frozenset({"sum", "prod", "max", "min", "any", "all"})
 
-
-def split_identity(rt: str, dt: torch.dtype) -> str:
-    """What a lane past the last partial holds."""
+def split_dtypes(rt: str, dt: torch.dtype) -> list[torch.dtype]:
+    """The dtype of each workspace `split_partials` fills, in its order."""
     match rt:
-        case "sum":
-            return literal(0)
+        case "welford_m2":
+            return [dt, dt, dt]
+        case "argmax" | "argmin":
+            return [_work_dtype(dt), torch.int64]
+    return [result_dtype(rt, dt)]
+
+
+def split_partials(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) -> list[str]:
+    """After one program's loop: what it stores for the combine, one value per
+    workspace.  Most reductions store their result; Welford stores the mean, M2 and
+    count of its elements (0 for the mean of none), argmax/argmin the extreme and
+    its first index."""
+    wd = _work_dtype(dt)
+    match rt:
+        case "welford_m2":
+            mean, m2, weight = accs
+            total = out.assign(f"tl.sum({weight}, 1)[:, None]")
+            mu = out.assign(f"tl.where({total} > 0, tl.sum({mean} * {weight}, 1)[:, None] / {total}, 0.0)")
+            dm = out.assign(f"{mean} - {mu}")
+            spread = out.assign(f"tl.sum({m2} + tl.where({weight} > 0, {dm} * {dm} * {weight}, 0), 1)[:, None]")
+            return [mu, spread, total]
+        case "argmax" | "argmin":
+            m = _nan_aware_extreme(out, rt, accs[0], wd)
+            return [m, _first_index(out, accs[0], m, accs[1], f"xmask & ({accs[1]} >= 0)", wd)]
+    return [looped_final(out, rt, accs, dt)]
+
+
+def split_identities(rt: str, dt: torch.dtype) -> list[str]:
+    """What a lane past the last partial holds, per workspace (split_partials' order)."""
+    match rt:
+        case "sum" | "welford_m2":
+            return [literal(0)] * (3 if rt == "welford_m2" else 1)
         case "prod":
-            return literal(1)
+            return [literal(1)]
         case "max" | "min":
-            return _extreme(dt, rt == "max")
+            return [_extreme(dt, rt == "max")]
+        case "argmax" | "argmin":
+            return [_extreme(_work_dtype(dt), rt == "argmax"), literal(0)]
         case "any":
-            return literal(False)
+            return [literal(False)]
         case "all":
-            return literal(True)
+            return [literal(True)]
     raise CoilError(f"triton target: no split reduction {rt}")
 
 
-def split_combine(out: Emitter, rt: str, tile: str, dt: torch.dtype) -> str:
-    """Reduce a [XBLOCK, RBLOCK] tile of partial results (one per program of the
-    first stage; the identity past the last) to the row's result."""
+def split_combine(out: Emitter, rt: str, tiles: list[str], dt: torch.dtype) -> str:
+    """Reduce [XBLOCK, RBLOCK] tiles of partial results (one lane per program of the
+    first stage; the identity past the last, `pmask`) to the row's result."""
     match rt:
-        case "sum":
-            return out.assign(f"tl.sum({tile}, 1)[:, None]")
-        case "prod":
-            return out.assign(f"tl.reduce({tile}, 1, _coil_prod_combine)[:, None]")
-        case "max" | "min":
-            return _nan_aware_extreme(out, rt, tile, dt)
+        case "sum" | "prod" | "max" | "min" | "welford_m2":
+            return looped_final(out, rt, tuple(tiles), dt)  # Chan's merge, as across lanes
+        case "argmax" | "argmin":
+            wd = _work_dtype(dt)
+            m = _nan_aware_extreme(out, rt, tiles[0], wd)
+            return _first_index(out, tiles[0], m, tiles[1], "pmask", wd)
         case "any":
-            return out.assign(f"tl.max({tile}.to(tl.int8), 1)[:, None] > 0")
+            return out.assign(f"tl.max({tiles[0]}.to(tl.int8), 1)[:, None] > 0")
         case "all":
-            return out.assign(f"tl.min({tile}.to(tl.int8), 1)[:, None] > 0")
+            return out.assign(f"tl.min({tiles[0]}.to(tl.int8), 1)[:, None] > 0")
     raise CoilError(f"triton target: no split reduction {rt}")
 
 

@@ -14,11 +14,12 @@ KernelSource:
                   combines them (sum, prod, max/min with NaN, any, all), then
                   computes the per-row nodes that follow and stores the outputs
 
-The wrapper allocates one small workspace per reduction (PARTS elements of its
-result dtype) and launches both; the order of the additions is fixed, so results
-do not vary from run to run.  Only single-loop kernels split: every reduction of
-a kind in `reductions.SPLIT_TYPES` and no online softmax, no row-wide value after
-a reduction (those need the reduced value back in every program).
+The wrapper allocates the small workspaces (PARTS elements each: one per
+reduction, three for Welford's mean / M2 / count, two for argmax's value and
+index; `reductions.split_partials`) and launches both kernels; the order of the
+additions is fixed, so results do not vary from run to run.  Only single-loop
+kernels split: no online softmax, no row-wide value after a reduction (those need
+the reduced value back in every program), no max/min of bools.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Split:
     chunk: int  # elements each reduces: a multiple of rblock
     rblock: int
     num_warps: int
-    outputs: tuple[tuple[str, torch.dtype], ...]  # (reduction node, result dtype), one workspace each
+    workspaces: tuple[tuple[str, torch.dtype], ...]  # (reduction node, dtype) of each partial stored
 
     @property
     def combine_rblock(self) -> int:
@@ -87,20 +88,18 @@ def _split_of_context(ctx: KernelContext) -> Split | None:
     level = loop_levels(ctx)
     if any(level[b.name] != 0 for b in ctx.nodes if ctx.roles[b.name] != "outer"):
         return None
-    for b in reds:
-        dt = ctx.bodies[b.name].dtype
-        if _rt(b) not in reductions.SPLIT_TYPES or (dt == torch.bool and _rt(b) in ("max", "min")):
-            return None
+    if any(ctx.bodies[b.name].dtype == torch.bool and _rt(b) in ("max", "min") for b in reds):
+        return None  # a bool max's partials would be int1 tiles, which tl.max does not take
     rnumel = ctx.rnumel
     chunk = max(MIN_CHUNK, next_power_of_2(cdiv(rnumel, MAX_PARTS)))
     rblock = min(chunk, 2048)
-    outputs = tuple((b.name, reductions.result_dtype(_rt(b), ctx.bodies[b.name].dtype)) for b in reds)
-    return Split(cdiv(rnumel, chunk), chunk, rblock, _warps(rblock), outputs)
+    workspaces = tuple((b.name, dt) for b in reds for dt in reductions.split_dtypes(_rt(b), ctx.bodies[b.name].dtype))
+    return Split(cdiv(rnumel, chunk), chunk, rblock, _warps(rblock), workspaces)
 
 
 def _signature(ctx: KernelContext, split: Split, name: str) -> str:
     sig = signature_of(ctx.kernel, ctx.params)
-    ws = ", ".join(f"ws_ptr{i}" for i in range(len(split.outputs)))
+    ws = ", ".join(f"ws_ptr{i}" for i in range(len(split.workspaces)))
     return sig.replace(f"def {ctx.kernel.name}(", f"def {name}(").replace(", xnumel,", f", {ws}, xnumel,")
 
 
@@ -140,9 +139,11 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     out.emit("roffset = rstart + rstep")
     out.indent -= 1
     _LoopStep(ctx, out, 0, levels, _needed(ctx, roots, {}), {}, accs, {}).emit(registers, memo, masked=True)
-    for i, b in enumerate(reds):
-        value = reductions.looped_final(out, _rt(b), accs[b.name], ctx.bodies[b.name].dtype)
-        out.emit(f"tl.store(ws_ptr{i} + tl.program_id(0) + 0 * xindex, {value}, xmask)")
+    i = 0
+    for b in reds:
+        for value in reductions.split_partials(out, _rt(b), accs[b.name], ctx.bodies[b.name].dtype):
+            out.emit(f"tl.store(ws_ptr{i} + tl.program_id(0) + 0 * xindex, {value}, xmask)")
+            i += 1
     return out.lines
 
 
@@ -156,11 +157,15 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
     out.emit("pindex = tl.arange(0, RBLOCK)[None, :]")
     out.emit(f"pmask = pindex < {split.parts}")
     _outer(ctx, out, 0, levels, registers, memo, store=True)
-    for i, b in enumerate(b for b in ctx.nodes if ctx.roles[b.name] == "reduction"):
+    i = 0
+    for b in (b for b in ctx.nodes if ctx.roles[b.name] == "reduction"):
         rt, dt = _rt(b), ctx.bodies[b.name].dtype
         out.emit(f"# {b.name}: {rt} of {split.parts} partial results")
-        tile = out.assign(f"tl.load(ws_ptr{i} + pindex + 0 * xindex, pmask, other={reductions.split_identity(rt, dt)})")
-        value = reductions.split_combine(out, rt, tile, dt)
+        tiles = []
+        for other in reductions.split_identities(rt, dt):
+            tiles.append(out.assign(f"tl.load(ws_ptr{i} + pindex + 0 * xindex, pmask, other={other})"))
+            i += 1
+        value = reductions.split_combine(out, rt, tiles, dt)
         finish_node(ctx, out, b, value, reductions.result_dtype(rt, dt), registers)
     _outer(ctx, out, 1, levels, registers, memo, store=True)
     return out.lines
@@ -176,9 +181,9 @@ def split_source(k: FusedKernel, program: WrapperProgram, split: Split,
 
 def split_launch(k: FusedKernel, split: Split, args: list[str], device: str) -> list[str]:
     """The wrapper's lines: workspaces, both launches, then the workspaces freed."""
-    ws = [f"ws{k.name.rsplit('_', 1)[-1]}_{i}" for i in range(len(split.outputs))]
+    ws = [f"ws{k.name.rsplit('_', 1)[-1]}_{i}" for i in range(len(split.workspaces))]
     lines = [f"{w} = empty_strided(({split.parts},), (1,), dtype={dt}, device={device!r})"
-             for w, (_, dt) in zip(ws, split.outputs)]
+             for w, (_, dt) in zip(ws, split.workspaces)]
     call = ", ".join([*args, *ws, "1", str(k.group[1])])
     lines.append(f"{k.name}[({split.parts},)]({call}, XBLOCK=1, RBLOCK={split.rblock}, "
                  f"num_warps={split.num_warps})")
