@@ -20,9 +20,16 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
                   pipeline: Pipeline | None = None) -> Any:
     """Compile an FX graph of aten ops; returns `compiled(*inputs) -> tuple` with
     `compiled.source` (the whole output_code.py)."""
+    from coil import graph_cache
     from coil.backends.runtime import load_module
 
-    module = (pipeline or default_pipeline()).run(gm, example_inputs, options=options)
+    opts = options or Options.from_env()
+    key = graph_cache.graph_key(gm, example_inputs, opts) if pipeline is None else None
+    module = graph_cache.load(key, opts.cache_dir) if key else None
+    if module is None:
+        module = (pipeline or default_pipeline()).run(gm, example_inputs, options=opts)
+        if key:
+            graph_cache.store(key, module, opts.cache_dir)
     return load_module(module)
 
 

@@ -41,6 +41,9 @@ class Options:
     emulate_precision_casts: bool = False
     autotune: bool = False
     cache_dir: str | None = None
+    # load a graph compiled before (same graph, inputs, options, coil and torch) from
+    # cache_dir instead of compiling it again (coil/graph_cache.py)
+    graph_cache: bool = True
     num_threads: int = 0
     sanitize: bool = False
 

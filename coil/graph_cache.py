@@ -1,0 +1,112 @@
+"""The compiled-graph cache: a graph compiled once is loaded, not compiled again,
+by later processes (Inductor's FX graph cache plays this part for it).
+
+The default pipeline's result, the CompiledModule (every IR the passes built, and
+output_code.py), is pickled under `<cache dir>/graphs/<key>.pkl`.  The key hashes
+everything the result depends on:
+
+    the graph's code (gm.code: ops, arguments, order)
+    each input's size, stride, storage offset, dtype and device (or its value)
+    the options, less the ones that only choose where output goes
+    (debug_dir, trace, cache_dir, graph_cache)
+    coil's own source files, torch's version, Python's version
+
+so an edit to coil, a new torch or another layout misses.  A compile asked to
+show its stages (debug_dir, trace) or run through a custom pipeline does not use
+the cache, nor does a graph with tensor constants (get_attr: lower refuses them).
+An entry that does not load (truncated, written by another version of a class)
+is compiled again and overwritten, never trusted.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import attrs
+import torch
+
+from coil.ir.module import CompiledModule
+from coil.options import Options
+
+log = logging.getLogger("coil")
+
+_UNCACHED = ("debug_dir", "trace", "cache_dir", "graph_cache")
+
+
+@functools.lru_cache(maxsize=1)
+def coil_source_hash() -> str:
+    """sha256 over coil's .py files (every package coil is made of), by path."""
+    import coil
+    import coil.backends
+    import coil.ir
+    import coil.passes
+
+    h = hashlib.sha256()
+    roots = {Path(p).resolve() for mod in (coil, coil.backends, coil.ir, coil.passes) for p in mod.__path__}
+    for root in sorted(roots):
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root.parent)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _input_key(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"T{tuple(x.shape)}{tuple(x.stride())}+{x.storage_offset()}:{x.dtype}:{x.device}"
+    return f"V{type(x).__name__}:{x!r}"
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> str | None:
+    """The cache key of compiling gm for these inputs with these options, or None
+    when this compile does not use the cache."""
+    if not options.graph_cache or options.debug_dir or options.trace:
+        return None
+    if any(n.op == "get_attr" for n in gm.graph.nodes):
+        return None  # tensor constants: lower refuses them, there is nothing to cache
+    opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
+    parts = [coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", gm.code,
+             *map(_input_key, example_inputs), repr(sorted(opts.items()))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _path(key: str, cache_dir: str | None) -> Path:
+    from coil.backends.runtime import cache_dir as base
+
+    d = Path(base(cache_dir)) / "graphs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{key}.pkl"
+
+
+def load(key: str, cache_dir: str | None) -> CompiledModule | None:
+    path = _path(key, cache_dir)
+    if not path.exists():
+        return None
+    try:
+        with open(path, "rb") as f:
+            module = pickle.load(f)
+    except Exception as e:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
+        log.warning("coil: graph cache entry %s does not load (%s: %s); compiling again", path, type(e).__name__, e)
+        return None
+    if not isinstance(module, CompiledModule):
+        log.warning("coil: graph cache entry %s holds a %s; compiling again", path, type(module).__name__)
+        return None
+    return module
+
+
+def store(key: str, module: CompiledModule, cache_dir: str | None) -> None:
+    path = _path(key, cache_dir)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            pickle.dump(module, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    except Exception as e:  # noqa: BLE001 - a graph that does not pickle is simply not cached
+        log.debug("coil: graph not cached (%s: %s)", type(e).__name__, e)
+        tmp.unlink(missing_ok=True)
