@@ -556,6 +556,9 @@ def test_full_reductions_split_over_programs(device: str) -> None:
     assert "[(157,)](" in compiled.source and "_combine[(1,)](" in compiled.source
     assert "rstart = tl.program_id(0) * 256" in src
     check(lambda a: (a.amax(), a.amin(), a.sum()), [x], atol=1e-4, rtol=1e-5)  # NaN reaches max and min
+    # an elementwise output of the same kernel: each program stores its own chunk of it
+    compiled = check(lambda a: ((a * 2).exp(), (a * 2).exp().sum()), [y], atol=1e-3, rtol=1e-5)
+    assert "_combine[(1,)](" in compiled.source
 
 
 @pytest.mark.parametrize("device", DEVICES)
