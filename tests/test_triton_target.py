@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
@@ -626,3 +628,28 @@ def test_fast_launch_keys_on_alignment() -> None:
         torch.testing.assert_close(got[0], x.softmax(-1))
         torch.testing.assert_close(got[1], x.sum(), rtol=1e-5, atol=1e-3)
     assert all(len(f.compiled) == 2 for f in launchers)  # one entry per alignment
+
+
+_FULL = {
+    "sum": lambda a: a.sum(), "mean": lambda a: a.mean(), "amax": lambda a: a.amax(), "amin": lambda a: a.amin(),
+    "argmax": lambda a: a.argmax(), "argmin": lambda a: a.argmin(), "var": lambda a: a.var(),
+    "std0": lambda a: a.std(correction=0), "any": lambda a: (a > 2.5).any(), "all": lambda a: (a > -2.5).all(),
+}
+
+
+@settings(max_examples=int(os.environ.get("COIL_PROPERTY_EXAMPLES", "8")), deadline=None, derandomize=True,
+          database=None)
+@given(n=st.integers(16384, 3 * 16384), kinds=st.lists(st.sampled_from(sorted(_FULL)), min_size=1, max_size=3,
+                                                        unique=True),
+       specials=st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
+                                   st.sampled_from([float("nan"), float("inf"), float("-inf"), 9.0, -9.0])),
+                         max_size=3))
+def test_split_reductions_match_eager(n: int, kinds: list[str], specials: list[tuple[float, float]]) -> None:
+    """Split full reductions of random lengths (ragged last program) with NaN, infinities
+    and ties at random places give eager's results."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    for where, value in specials:
+        x[int(where * n)] = value
+    fns = [_FULL[k] for k in kinds]
+    compiled = check(lambda a: tuple(f(a) for f in fns), [x], atol=1e-3, rtol=1e-4)
+    assert "_combine[(1,)](" in compiled.source
