@@ -458,6 +458,8 @@ class _LoopStep:
             body = ctx.bodies[b.name]
             value = evaluate(body, _handler(ctx, out, inner_regs), inner_memo)
             if b.name in self.row_max:
+                if body.dtype in (torch.float16, torch.bfloat16):  # the running max is float32
+                    value = out.assign(f"{value}.to(tl.float32)")
                 tiles[b.name] = value
                 steps[b.name] = reductions.online_row_max(out, self.row_max[b.name], value)
             elif role == "reduction":
