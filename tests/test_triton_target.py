@@ -555,7 +555,7 @@ def test_full_reductions_split_over_programs(device: str) -> None:
                      atol=1e-4, rtol=1e-5)
     (src,) = kernel_sources(compiled)
     assert src.count("@triton.jit") == 2 and "_combine(" in src
-    assert "[(157,)](" in compiled.source and "_combine[(1,)](" in compiled.source
+    assert "[(157, 1)](" in compiled.source and "_combine[(1,)](" in compiled.source
     assert "rstart = tl.program_id(0) * 256" in src
     check(lambda a: (a.amax(), a.amin(), a.sum()), [x], atol=1e-4, rtol=1e-5)  # NaN reaches max and min
     # an elementwise output of the same kernel: each program stores its own chunk of it
@@ -595,13 +595,24 @@ def test_welford_and_arg_reductions_split(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_few_long_rows_split_too(device: str) -> None:
+    """Three rows of 20,000: a (79, 3) grid of partials, one combining program per row."""
+    x = torch.randn(3, 20000, generator=torch.Generator().manual_seed(5)).to(device)
+    x[1, 19999] = float("nan")
+    x[2, 123] = 50.0
+    fn = lambda a: (a.sum(-1), a.amax(-1), a.var(-1), a.argmax(-1), a.argmin(-1), (a * 2).exp().sum(-1))  # noqa: E731
+    compiled = check(fn, [x], atol=1e-3, rtol=1e-4)
+    assert "[(79, 3)](" in compiled.source and "_combine[(3,)](" in compiled.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_what_does_not_split(device: str) -> None:
-    """Short rows, several rows, two loops (layer_norm over one row) and the online
+    """Short rows, many rows, two loops (layer_norm over one row) and the online
     softmax keep one kernel."""
-    from coil.backends.triton.split import SPLIT_MIN
+    from coil.backends.triton.split import SPLIT_MAX_ROWS, SPLIT_MIN
 
     for fn, x in ((lambda a: a.sum(), torch.randn(SPLIT_MIN - 1, device=device)),
-                  (lambda a: a.sum(-1), torch.randn(2, SPLIT_MIN, device=device)),
+                  (lambda a: a.sum(-1), torch.randn(SPLIT_MAX_ROWS + 1, SPLIT_MIN, device=device)),
                   (lambda a: torch.nn.functional.layer_norm(a, (SPLIT_MIN,)), torch.randn(SPLIT_MIN, device=device)),
                   (lambda a: a.logsumexp(0), torch.randn(SPLIT_MIN, device=device))):
         compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
@@ -631,25 +642,27 @@ def test_fast_launch_keys_on_alignment() -> None:
 
 
 _FULL = {
-    "sum": lambda a: a.sum(), "mean": lambda a: a.mean(), "amax": lambda a: a.amax(), "amin": lambda a: a.amin(),
-    "argmax": lambda a: a.argmax(), "argmin": lambda a: a.argmin(), "var": lambda a: a.var(),
-    "std0": lambda a: a.std(correction=0), "any": lambda a: (a > 2.5).any(), "all": lambda a: (a > -2.5).all(),
+    "sum": lambda a: a.sum(-1), "mean": lambda a: a.mean(-1), "amax": lambda a: a.amax(-1),
+    "amin": lambda a: a.amin(-1), "argmax": lambda a: a.argmax(-1), "argmin": lambda a: a.argmin(-1),
+    "var": lambda a: a.var(-1), "std0": lambda a: a.std(-1, correction=0), "any": lambda a: (a > 2.5).any(-1),
+    "all": lambda a: (a > -2.5).all(-1),
 }
 
 
 @settings(max_examples=int(os.environ.get("COIL_PROPERTY_EXAMPLES", "8")), deadline=None, derandomize=True,
           database=None)
-@given(n=st.integers(16384, 3 * 16384), kinds=st.lists(st.sampled_from(sorted(_FULL)), min_size=1, max_size=3,
-                                                        unique=True),
+@given(rows=st.integers(1, 3), n=st.integers(16384, 2 * 16384),
+       kinds=st.lists(st.sampled_from(sorted(_FULL)), min_size=1, max_size=3, unique=True),
        specials=st.lists(st.tuples(st.floats(0, 1, exclude_max=True),
                                    st.sampled_from([float("nan"), float("inf"), float("-inf"), 9.0, -9.0])),
                          max_size=3))
-def test_split_reductions_match_eager(n: int, kinds: list[str], specials: list[tuple[float, float]]) -> None:
-    """Split full reductions of random lengths (ragged last program) with NaN, infinities
-    and ties at random places give eager's results."""
-    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+def test_split_reductions_match_eager(rows: int, n: int, kinds: list[str], specials: list[tuple[float, float]]) -> None:
+    """Split reductions of a few rows of random lengths (a ragged last program) with
+    NaN, infinities and ties at random places give eager's results."""
+    x = torch.randn(rows, n, generator=torch.Generator().manual_seed(n))
     for where, value in specials:
-        x[int(where * n)] = value
+        flat = int(where * rows * n)
+        x[flat // n, flat % n] = value
     fns = [_FULL[k] for k in kinds]
     compiled = check(lambda a: tuple(f(a) for f in fns), [x], atol=1e-3, rtol=1e-4)
-    assert "_combine[(1,)](" in compiled.source
+    assert f"_combine[({rows},)](" in compiled.source

@@ -1,18 +1,18 @@
-"""Split reductions: a reduction of one long row (a full sum, a loss's mean)
-spread over many programs, then combined.
+"""Split reductions: a reduction of a few long rows (a full sum, a loss's mean,
+per-sample norms of a small batch) spread over many programs, then combined.
 
-One program per row is how every other reduction kernel runs; for a kernel whose
-only row is long that leaves one SM doing the work (a latency-bound gather per
+One program per row is how every other reduction kernel runs; for a kernel with
+one long row that leaves one SM doing the work (a latency-bound gather per
 element, as cross_entropy's final mean has, took 20 us that way on an H200 for
-16,384 rows).  Such a kernel is emitted as two @triton.jit functions under one
-KernelSource:
+16,384 rows).  A kernel of at most SPLIT_MAX_ROWS rows of at least SPLIT_MIN
+elements is emitted as two @triton.jit functions under one KernelSource:
 
-    name          PARTS programs; program p reduces elements [p * CHUNK, (p+1) * CHUNK)
-                  of the row and stores each reduction's partial result at
-                  workspace[p]
-    name_combine  one program: loads the PARTS partials of every reduction,
-                  combines them (sum, prod, max/min with NaN, any, all), then
-                  computes the per-row nodes that follow and stores the outputs
+    name          a (PARTS, rows) grid; program (p, x) reduces elements
+                  [p * CHUNK, (p+1) * CHUNK) of row x and stores each reduction's
+                  partial results at workspace[x * PARTS + p]
+    name_combine  one program per row: loads the row's PARTS partials of every
+                  reduction, combines them, then computes the per-row nodes that
+                  follow and stores the outputs
 
 The wrapper allocates the small workspaces (PARTS elements each: one per
 reduction, three for Welford's mean / M2 / count, two for argmax's value and
@@ -50,14 +50,19 @@ from coil.ir.wrapper import WrapperProgram
 
 # a row at least this long is split; below it one program is quick enough
 SPLIT_MIN = 16384
-# elements per program: at least MIN_CHUNK, at most MAX_PARTS programs
+# kernels of at most this many rows split: more rows already give every SM programs
+SPLIT_MAX_ROWS = 128
+# programs of the first stage, all rows together: about PROGRAMS, each reducing at
+# least MIN_CHUNK elements of its row, at most MAX_PARTS per row
+PROGRAMS = 1024
 MIN_CHUNK = 256
 MAX_PARTS = 1024
 
 
 @attrs.frozen
 class Split:
-    parts: int  # programs of the first stage
+    rows: int
+    parts: int  # programs of the first stage per row
     chunk: int  # elements each reduces: a multiple of rblock
     rblock: int
     num_warps: int
@@ -75,7 +80,7 @@ class Split:
 def split_of(k: FusedKernel, program: WrapperProgram) -> Split | None:
     """The split of k, or None when k runs as one kernel."""
     xnumel, rnumel = k.group
-    if k.kind != "reduction" or xnumel != 1 or rnumel < SPLIT_MIN:
+    if k.kind != "reduction" or xnumel > SPLIT_MAX_ROWS or rnumel < SPLIT_MIN:
         return None
     ctx = codegen_context(k, program, True)
     return _split_of_context(ctx)
@@ -90,11 +95,12 @@ def _split_of_context(ctx: KernelContext) -> Split | None:
         return None
     if any(ctx.bodies[b.name].dtype == torch.bool and _rt(b) in ("max", "min") for b in reds):
         return None  # a bool max's partials would be int1 tiles, which tl.max does not take
-    rnumel = ctx.rnumel
-    chunk = max(MIN_CHUNK, next_power_of_2(cdiv(rnumel, MAX_PARTS)))
+    rows, rnumel = ctx.kernel.group
+    per_row = max(1, min(MAX_PARTS, PROGRAMS // rows))
+    chunk = max(MIN_CHUNK, next_power_of_2(cdiv(rnumel, per_row)))
     rblock = min(chunk, 2048)
     workspaces = tuple((b.name, dt) for b in reds for dt in reductions.split_dtypes(_rt(b), ctx.bodies[b.name].dtype))
-    return Split(cdiv(rnumel, chunk), chunk, rblock, _warps(rblock), workspaces)
+    return Split(rows, cdiv(rnumel, chunk), chunk, rblock, _warps(rblock), workspaces)
 
 
 def _signature(ctx: KernelContext, split: Split, name: str) -> str:
@@ -103,8 +109,10 @@ def _signature(ctx: KernelContext, split: Split, name: str) -> str:
     return sig.replace(f"def {ctx.kernel.name}(", f"def {name}(").replace(", xnumel,", f", {ws}, xnumel,")
 
 
-def _row_scope(out: Emitter) -> None:
-    out.emit("xindex = tl.arange(0, XBLOCK)[:, None]")
+def _row_scope(out: Emitter, ctx: KernelContext, axis: int) -> None:
+    """One row per program (XBLOCK = 1), the row on grid axis `axis`."""
+    pid = f"tl.program_id({axis})" + (".to(tl.int64)" if ctx.int64 else "")
+    out.emit(f"xindex = {pid} + tl.arange(0, XBLOCK)[:, None]")
     out.emit("xmask = tl.full([XBLOCK, 1], True, tl.int1)")
 
 
@@ -124,7 +132,7 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     levels = loop_levels(ctx)
     registers: dict[str, str] = {}
     memo: dict[Expr, str] = {}
-    _row_scope(out)
+    _row_scope(out, ctx, 1)
     out.emit("rbase = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.int64 else ""))
     pid = "tl.program_id(0).to(tl.int64)" if ctx.int64 else "tl.program_id(0)"
     out.emit(f"rstart = {pid} * {split.chunk}")
@@ -142,7 +150,7 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     i = 0
     for b in reds:
         for value in reductions.split_partials(out, _rt(b), accs[b.name], ctx.bodies[b.name].dtype):
-            out.emit(f"tl.store(ws_ptr{i} + tl.program_id(0) + 0 * xindex, {value}, xmask)")
+            out.emit(f"tl.store(ws_ptr{i} + {split.parts} * xindex + tl.program_id(0), {value}, xmask)")
             i += 1
     return out.lines
 
@@ -153,7 +161,7 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
     levels = loop_levels(ctx)
     registers: dict[str, str] = {}
     memo: dict[Expr, str] = {}
-    _row_scope(out)
+    _row_scope(out, ctx, 0)
     out.emit("pindex = tl.arange(0, RBLOCK)[None, :]")
     out.emit(f"pmask = pindex < {split.parts}")
     _outer(ctx, out, 0, levels, registers, memo, store=True)
@@ -163,7 +171,7 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
         out.emit(f"# {b.name}: {rt} of {split.parts} partial results")
         tiles = []
         for other in reductions.split_identities(rt, dt):
-            tiles.append(out.assign(f"tl.load(ws_ptr{i} + pindex + 0 * xindex, pmask, other={other})"))
+            tiles.append(out.assign(f"tl.load(ws_ptr{i} + {split.parts} * xindex + pindex, pmask, other={other})"))
             i += 1
         value = reductions.split_combine(out, rt, tiles, dt)
         finish_node(ctx, out, b, value, reductions.result_dtype(rt, dt), registers)
@@ -182,12 +190,13 @@ def split_source(k: FusedKernel, program: WrapperProgram, split: Split,
 def split_launch(k: FusedKernel, split: Split, args: list[str], device: str) -> list[str]:
     """The wrapper's lines: workspaces, both launches, then the workspaces freed."""
     ws = [f"ws{k.name.rsplit('_', 1)[-1]}_{i}" for i in range(len(split.workspaces))]
-    lines = [f"{w} = empty_strided(({split.parts},), (1,), dtype={dt}, device={device!r})"
+    n = split.rows * split.parts
+    lines = [f"{w} = empty_strided(({n},), (1,), dtype={dt}, device={device!r})"
              for w, (_, dt) in zip(ws, split.workspaces)]
-    call = ", ".join([*args, *ws, "1", str(k.group[1])])
-    lines.append(f"{k.name}[({split.parts},)]({call}, XBLOCK=1, RBLOCK={split.rblock}, "
+    call = ", ".join([*args, *ws, str(split.rows), str(k.group[1])])
+    lines.append(f"{k.name}[({split.parts}, {split.rows})]({call}, XBLOCK=1, RBLOCK={split.rblock}, "
                  f"num_warps={split.num_warps})")
-    lines.append(f"{k.name}_combine[(1,)]({call}, XBLOCK=1, RBLOCK={split.combine_rblock}, "
+    lines.append(f"{k.name}_combine[({split.rows},)]({call}, XBLOCK=1, RBLOCK={split.combine_rblock}, "
                  f"num_warps={split.combine_warps})")
     lines.append(f"del {', '.join(ws)}")
     return lines
