@@ -15,7 +15,7 @@ from typing import Sequence
 
 from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import kernel_source
-from coil.backends.triton.split import split_launch, split_of, split_source
+from coil.backends.triton.split import launched_names, split_launch, split_of, split_source
 from coil.backends.triton.tiling import tiling
 from coil.backends.triton.runtime import heuristic_config
 from coil.ir.fused import FusedKernel
@@ -68,16 +68,15 @@ class TritonBackend:
             out += ["", text, ""]
         if native and not options.autotune:  # later launches skip Triton's binding
             for src in kernels:
-                names = [src.name] + ([f"{src.name}_combine"] if split_of(_kernel(program, src.name), program) else [])
-                out += [f"{n} = fast_launch({n})" for n in names]
+                out += [f"{n} = fast_launch({n})" for n in launched_names(src)]
         if options.autotune:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
             cache = f", cache_dir={options.cache_dir!r}" if options.cache_dir else ""
             for src in kernels:
-                k = _kernel(program, src.name)
-                if split_of(k, program) is not None:  # two fixed launches (split.py)
+                if len(launched_names(src)) > 1:  # a split reduction: two fixed launches (split.py)
                     continue
+                k = _kernel(program, src.name)
                 out.append(f"{k.name} = autotuned({k.name}, {launch_kind(k, tiling(k, program))!r}{cache})")
         return out
 

@@ -107,32 +107,23 @@ def _coil_to_bf16(x):
 def _coil_prod_combine(a, b):
     return a * b
 ''',
-    "_coil_row_max_nan": '''
-@triton.jit
-def _coil_row_max_nan(x):
-    # max along axis 1, NaN where the row has one; two tl reductions, which the
-    # interpreter runs far faster than tl.reduce with a combine function
-    m = tl.max(x, 1)
-    return tl.where(tl.max((x != x).to(tl.int8), 1) > 0, float("nan"), m)
-''',
-    "_coil_max_nan_combine": '''
-@triton.jit
-def _coil_max_nan_combine(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-''',
-    "_coil_row_min_nan": '''
-@triton.jit
-def _coil_row_min_nan(x):
-    # min along axis 1, NaN where the row has one (see _coil_row_max_nan)
-    m = tl.min(x, 1)
-    return tl.where(tl.max((x != x).to(tl.int8), 1) > 0, float("nan"), m)
-''',
-    "_coil_min_nan_combine": '''
-@triton.jit
-def _coil_min_nan_combine(a, b):
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-''',
 }
+
+# NaN-aware row max / min: portably two tl reductions (the interpreter runs them far
+# faster than tl.reduce with a combine function), natively one max.NaN / min.NaN reduce
+for _fn, _elementwise in (("max", "maximum"), ("min", "minimum")):
+    HELPERS[f"_coil_row_{_fn}_nan"] = f'''
+@triton.jit
+def _coil_row_{_fn}_nan(x):
+    # {_fn} along axis 1, NaN where the row has one
+    m = tl.{_fn}(x, 1)
+    return tl.where(tl.max((x != x).to(tl.int8), 1) > 0, float("nan"), m)
+'''
+    HELPERS[f"_coil_{_fn}_nan_combine"] = f'''
+@triton.jit
+def _coil_{_fn}_nan_combine(a, b):
+    return tl.{_elementwise}(a, b, propagate_nan=tl.PropagateNan.ALL)
+'''
 
 # GPU definitions (compiled Triton; libdevice is imported by output_code.py)
 NATIVE: dict[str, str] = {
@@ -156,17 +147,13 @@ def _coil_expm1(x):
 def _coil_log1p(x):
     return libdevice.log1p(x)
 ''',
-    "_coil_row_max_nan": '''
-@triton.jit
-def _coil_row_max_nan(x):
-    return tl.reduce(x, 1, _coil_max_nan_combine)  # one max.NaN per element
-''',
-    "_coil_row_min_nan": '''
-@triton.jit
-def _coil_row_min_nan(x):
-    return tl.reduce(x, 1, _coil_min_nan_combine)  # one min.NaN per element
-''',
 }
+for _fn in ("max", "min"):
+    NATIVE[f"_coil_row_{_fn}_nan"] = f'''
+@triton.jit
+def _coil_row_{_fn}_nan(x):
+    return tl.reduce(x, 1, _coil_{_fn}_nan_combine)  # one {_fn}.NaN per element
+'''
 
 # helpers that call other helpers (portable, native definitions)
 _NEEDS = {"_coil_tanh": ("_coil_expm1",)}

@@ -242,7 +242,7 @@ def split_identities(rt: str, dt: torch.dtype) -> list[str]:
     """What a lane past the last partial holds, per workspace (split_partials' order)."""
     match rt:
         case "sum" | "welford_m2":
-            return [literal(0)] * (3 if rt == "welford_m2" else 1)
+            return [literal(0)] * len(split_dtypes(rt, dt))
         case "prod":
             return [literal(1)]
         case "max" | "min":

@@ -208,6 +208,7 @@ class autotuned:  # noqa: N801 - used like a decorator in output_code.py
 # ---- launching without Triton's per-call binding ------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
 def _fast_launch_supported() -> bool:
     """Triton releases whose CompiledKernel.run takes (grid x3, stream, function,
     packed metadata, launch metadata, enter hook, exit hook, *args), as
@@ -238,6 +239,11 @@ class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
         self.names = tuple(getattr(kernel, "arg_names", ()))
         self.compiled: dict[Any, Any] = {}
         self.enabled = bool(self.names) and _fast_launch_supported()
+        if self.enabled:  # imported here, not on every launch
+            from triton import knobs
+            from triton.runtime import driver
+
+            self.knobs, self.driver = knobs, driver
 
     def __getitem__(self, launch_grid: tuple[int, ...]) -> Any:
         return functools.partial(self._run, launch_grid)
@@ -256,13 +262,11 @@ class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
                 self.compiled[key] = (ck, tuple(meta[n] for n in rest))
             return
         # what JITFunction.run does once it has found the compiled kernel
-        from triton import knobs
-        from triton.runtime import driver
-
         ck, constexprs = hit
-        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        active = self.driver.active
+        stream = active.get_current_stream(active.get_current_device())
         g = (*launch_grid, 1, 1)
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        enter, leave = self.knobs.runtime.launch_enter_hook, self.knobs.runtime.launch_exit_hook
         if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):  # a profiler's hooks: their metadata
             md = ck.launch_metadata(launch_grid, stream, *args, *constexprs)
         else:  # no hook registered (Triton's hook chains are empty, not None)

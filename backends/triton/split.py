@@ -61,7 +61,6 @@ MAX_PARTS = 1024
 
 @attrs.frozen
 class Split:
-    rows: int
     parts: int  # programs of the first stage per row
     chunk: int  # elements each reduces: a multiple of rblock
     rblock: int
@@ -100,7 +99,7 @@ def _split_of_context(ctx: KernelContext) -> Split | None:
     chunk = max(MIN_CHUNK, next_power_of_2(cdiv(rnumel, per_row)))
     rblock = min(chunk, 2048)
     workspaces = tuple((b.name, dt) for b in reds for dt in reductions.split_dtypes(_rt(b), ctx.bodies[b.name].dtype))
-    return Split(rows, cdiv(rnumel, chunk), chunk, rblock, _warps(rblock), workspaces)
+    return Split(cdiv(rnumel, chunk), chunk, rblock, _warps(rblock), workspaces)
 
 
 def _signature(ctx: KernelContext, split: Split, name: str) -> str:
@@ -126,13 +125,17 @@ def _outer(ctx: KernelContext, out: Emitter, level: int, levels: dict[str, int],
                         store)
 
 
-def _partials(ctx: KernelContext, split: Split) -> list[str]:
+def _scope(ctx: KernelContext, row_axis: int) -> tuple[Emitter, dict[str, int], dict[str, str], dict[Expr, str]]:
+    """A body to emit into (one row per program, the row on grid axis `row_axis`),
+    the nodes' loop levels, and empty tables of per-row registers and of CSE."""
     out = Emitter()
     out.indent = 1
-    levels = loop_levels(ctx)
-    registers: dict[str, str] = {}
-    memo: dict[Expr, str] = {}
-    _row_scope(out, ctx, 1)
+    _row_scope(out, ctx, row_axis)
+    return out, loop_levels(ctx), {}, {}
+
+
+def _partials(ctx: KernelContext, split: Split) -> list[str]:
+    out, levels, registers, memo = _scope(ctx, 1)
     out.emit("rbase = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.int64 else ""))
     pid = "tl.program_id(0).to(tl.int64)" if ctx.int64 else "tl.program_id(0)"
     out.emit(f"rstart = {pid} * {split.chunk}")
@@ -156,12 +159,7 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
 
 
 def _combine(ctx: KernelContext, split: Split) -> list[str]:
-    out = Emitter()
-    out.indent = 1
-    levels = loop_levels(ctx)
-    registers: dict[str, str] = {}
-    memo: dict[Expr, str] = {}
-    _row_scope(out, ctx, 0)
+    out, levels, registers, memo = _scope(ctx, 0)
     out.emit("pindex = tl.arange(0, RBLOCK)[None, :]")
     out.emit(f"pmask = pindex < {split.parts}")
     _outer(ctx, out, 0, levels, registers, memo, store=True)
@@ -179,24 +177,34 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
     return out.lines
 
 
+def combine_name(kernel: str) -> str:
+    return f"{kernel}_combine"
+
+
+def launched_names(src: KernelSource) -> list[str]:
+    """The @triton.jit functions of a kernel's source that the wrapper launches."""
+    second = combine_name(src.name)
+    return [src.name, second] if f"def {second}(" in src.source else [src.name]
+
+
 def split_source(k: FusedKernel, program: WrapperProgram, split: Split,
                  emulate_precision_casts: bool = True) -> KernelSource:
     ctx = codegen_context(k, program, emulate_precision_casts)
     first = ["@triton.jit", _signature(ctx, split, k.name), *_partials(ctx, split)]
-    second = ["@triton.jit", _signature(ctx, split, f"{k.name}_combine"), *_combine(ctx, split)]
+    second = ["@triton.jit", _signature(ctx, split, combine_name(k.name)), *_combine(ctx, split)]
     return KernelSource(k.name, "\n".join(first + ["", ""] + second), "triton")
 
 
 def split_launch(k: FusedKernel, split: Split, args: list[str], device: str) -> list[str]:
     """The wrapper's lines: workspaces, both launches, then the workspaces freed."""
     ws = [f"ws{k.name.rsplit('_', 1)[-1]}_{i}" for i in range(len(split.workspaces))]
-    n = split.rows * split.parts
-    lines = [f"{w} = empty_strided(({n},), (1,), dtype={dt}, device={device!r})"
+    rows, rnumel = k.group
+    lines = [f"{w} = empty_strided(({rows * split.parts},), (1,), dtype={dt}, device={device!r})"
              for w, (_, dt) in zip(ws, split.workspaces)]
-    call = ", ".join([*args, *ws, str(split.rows), str(k.group[1])])
-    lines.append(f"{k.name}[({split.parts}, {split.rows})]({call}, XBLOCK=1, RBLOCK={split.rblock}, "
+    call = ", ".join([*args, *ws, str(rows), str(rnumel)])
+    lines.append(f"{k.name}[({split.parts}, {rows})]({call}, XBLOCK=1, RBLOCK={split.rblock}, "
                  f"num_warps={split.num_warps})")
-    lines.append(f"{k.name}_combine[({split.rows},)]({call}, XBLOCK=1, RBLOCK={split.combine_rblock}, "
+    lines.append(f"{combine_name(k.name)}[({rows},)]({call}, XBLOCK=1, RBLOCK={split.combine_rblock}, "
                  f"num_warps={split.combine_warps})")
     lines.append(f"del {', '.join(ws)}")
     return lines
