@@ -116,6 +116,13 @@ def test_log_softmax_dim0() -> None:
     check(lambda x: torch.log_softmax(x, 0), torch.randn(33, 17))
 
 
+def test_gelu_tanh_over_its_whole_range() -> None:
+    """x * sigmoid(2z) for gelu(approximate="tanh"): eager's values within float32
+    rounding from -40 to 40, inf and NaN passed through."""
+    x = torch.cat([torch.linspace(-40, 40, 8001), torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])])
+    check(lambda a: F.gelu(a, approximate="tanh"), x)
+
+
 def test_layer_norm() -> None:
     x, w, b = torch.randn(32, 256), torch.randn(256), torch.randn(256)
     check(lambda x, w, b: F.layer_norm(x, (256,), w, b), x, w, b)

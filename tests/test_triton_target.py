@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -416,6 +417,38 @@ def test_reduction_heuristics() -> None:
     assert runtime.heuristic_config("reduction", 1, 16384) == runtime.LaunchConfig(1, 8192, 16)
     assert runtime.heuristic_config("reduction", 16384, 32000) == runtime.LaunchConfig(1, 1024, 2)
     assert runtime.heuristic_config("persistent", 32768, 4096) == runtime.LaunchConfig(1, 4096, 4)
+    # a chain of row reductions: one row a program, a warp per 1024 elements
+    assert runtime.heuristic_config("persistent", 1024, 1024, reductions=2) == runtime.LaunchConfig(4, 1024, 4)
+    assert runtime.heuristic_config("persistent", 1024, 1024, reductions=8) == runtime.LaunchConfig(1, 1024, 1)
+    assert runtime.heuristic_config("persistent", 64, 4096, reductions=12) == runtime.LaunchConfig(1, 4096, 4)
+    assert runtime.chain_config(1024) in runtime.candidate_configs("persistent", 1024, 1024)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduction_chain_launches_a_row_per_program(device: str) -> None:
+    """graph_2000's shape: each step's max feeds the next; the kernel holding eight
+    or more of them launches one row per program on one warp, and stays exact."""
+    def chain(y: torch.Tensor) -> torch.Tensor:
+        for _ in range(6):
+            y = y - y.amax(-1, keepdim=True) * 0.5
+        return y
+
+    x = torch.randn(16, 1024, generator=torch.Generator().manual_seed(3)).to(device)
+    compiled = check(chain, [x], atol=1e-5, rtol=1e-5)
+    assert "XBLOCK=4, RBLOCK=1024, num_warps=4" in compiled.source  # six reductions: the usual config
+    compiled = check(lambda y: chain(chain(y)), [x], atol=1e-5, rtol=1e-5)
+    assert "XBLOCK=1, RBLOCK=1024, num_warps=1" in compiled.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_tanh_over_its_whole_range(device: str, dtype: torch.dtype) -> None:
+    """gelu(approximate="tanh") is computed as x * sigmoid(2z): the same function
+    as eager's 0.5 x (1 + tanh z), within float32 rounding, out to where it is 0
+    or x, with inf and NaN passed through."""
+    x = torch.cat([torch.linspace(-40, 40, 8001), torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])])
+    x = x.to(device=device, dtype=dtype)
+    check(lambda a: F.gelu(a, approximate="tanh"), [x])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -616,7 +649,7 @@ def test_what_does_not_split(device: str) -> None:
                   (lambda a: torch.nn.functional.layer_norm(a, (SPLIT_MIN,)), torch.randn(SPLIT_MIN, device=device)),
                   (lambda a: a.logsumexp(0), torch.randn(SPLIT_MIN, device=device))):
         compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
-        assert "_combine" not in compiled.source
+        assert "_combine[" not in compiled.source  # no combining launch (the GPU's max helper is a *_combine)
 
 
 @pytest.mark.cuda

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from coil.backends.triton.helpers import helpers_for
-from coil.backends.triton.kernel import kernel_source
+from coil.backends.triton.kernel import kernel_source, row_reductions
 from coil.backends.triton.split import launched_names, split_launch, split_of, split_source
 from coil.backends.triton.tiling import tiling
 from coil.backends.triton.runtime import heuristic_config
@@ -96,7 +96,7 @@ class TritonBackend:
         if split is not None:
             return split_launch(k, split, list(line.args), kernel_device(program, k))
         sizes = [str(xnumel)] + ([] if k.kind == "pointwise" else [str(rnumel)])
-        cfg = heuristic_config(kind, xnumel, rnumel)
+        cfg = heuristic_config(kind, xnumel, rnumel, row_reductions(k, program))
         args = ", ".join([*line.args, *sizes])
         return [f"{k.name}[grid({xnumel}, {cfg.xblock})]({args}, {cfg.as_kwargs()})"]
 

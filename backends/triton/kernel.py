@@ -154,6 +154,12 @@ def signature_of(k: FusedKernel, params: tuple[Param, ...]) -> str:
     return f"def {k.name}({', '.join(args)}):"
 
 
+def row_reductions(k: FusedKernel, program: WrapperProgram) -> int:
+    """How many of k's nodes are reductions (a long chain of them changes the
+    persistent launch config: runtime.CHAIN_REDUCTIONS)."""
+    return sum(1 for b in kernel_buffers(k, program.plan.schedule.graph) if b.reduction_type)
+
+
 def no_tails(ctx: KernelContext) -> tuple[bool, bool]:
     """(outer, inner): whether every block size a launch may use (the heuristic's
     and autotuning's, all powers of two) divides that size, so the range has no
@@ -165,7 +171,8 @@ def no_tails(ctx: KernelContext) -> tuple[bool, bool]:
         return (all(rows % c.yblock == 0 for c in cfgs), all(ctx.cols % c.xblock == 0 for c in cfgs))
     n, r = ctx.kernel.group
     kind = ctx.kernel.kind
-    cfgs = (heuristic_config(kind, n, r), *candidate_configs(kind, n, r))
+    chained = sum(1 for b in ctx.nodes if b.reduction_type)
+    cfgs = (heuristic_config(kind, n, r, chained), *candidate_configs(kind, n, r, chained))
     return (all(n % c.xblock == 0 for c in cfgs), kind != "pointwise" and all(r % c.rblock == 0 for c in cfgs))
 
 

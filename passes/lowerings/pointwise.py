@@ -270,13 +270,17 @@ def clamp_max(ctx: LowerCtx, a: TensorValue, max: Any) -> TensorValue:  # noqa: 
 
 def _gelu_body(approximate: str) -> Callable[..., Expr]:
     def body(x: Expr, dtype: torch.dtype) -> Expr:
-        half = constant(0.5, dtype)
-        one = constant(1.0, dtype)
         if approximate == "tanh":
-            k = constant(0.7978845608028654, dtype)  # sqrt(2 / pi)
+            # 0.5 * x * (1 + tanh(z)) = x * sigmoid(2z), z = sqrt(2/pi) * (x + 0.044715 x^3):
+            # one exp and a division instead of tanh, which made the kernel compute-bound at
+            # the copy rate (H200, gelu(x + b) + r bf16: 191 µs against 202 with tanh), and
+            # no cancellation in 1 + tanh(z) for negative x (float32, x in [-30, 30]: 1.2e-6
+            # relative error against 5e-5 for eager's form, 5e-7 absolute for both)
+            k2 = constant(2 * 0.7978845608028654, dtype)  # 2 sqrt(2 / pi)
             c = constant(0.044715, dtype)
-            inner = op("mul", k, op("add", x, op("mul", c, op("mul", x, op("mul", x, x)))))
-            return op("mul", op("mul", half, x), op("add", one, op("tanh", inner)))
+            inner = op("mul", k2, op("add", x, op("mul", c, op("mul", x, op("mul", x, x)))))
+            return op("mul", x, op("sigmoid", inner))
+        half, one = constant(0.5, dtype), constant(1.0, dtype)
         r = constant(0.7071067811865476, dtype)  # 1 / sqrt(2)
         return op("mul", op("mul", half, x), op("add", one, op("erf", op("mul", x, r))))
 
