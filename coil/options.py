@@ -40,6 +40,9 @@ class Options:
     # ops, as Inductor computes them, and round only where they are stored)
     emulate_precision_casts: bool = False
     autotune: bool = False
+    # triton on CUDA: compile every kernel when output_code.py loads, one thread per
+    # CPU core (Triton releases the GIL while it compiles), not each at its first launch
+    precompile: bool = True
     cache_dir: str | None = None
     # load a graph compiled before (same graph, inputs, options, coil and torch) from
     # cache_dir instead of compiling it again (coil/graph_cache.py)

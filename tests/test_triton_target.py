@@ -652,6 +652,88 @@ def test_what_does_not_split(device: str) -> None:
         assert "_combine[" not in compiled.source  # no combining launch (the GPU's max helper is a *_combine)
 
 
+def test_precompile_specs_match_the_launch_lines() -> None:
+    """Each plain launch line gets a precompile spec with the same sizes, blocks and
+    warps, its tensors given by dtype; a split reduction's two launches get none."""
+    from coil.backends.triton.codegen import precompile_specs
+
+    x, i, y, z = torch.randn(64, 300), torch.randint(0, 300, (64,)), torch.randn(40000), torch.randn(96, 96)
+    fn = lambda a, t, b, c: (a.softmax(-1) * 2, F.cross_entropy(a, t), b.sum(), c + c.t())  # noqa: E731
+    module = module_of(fn, [x, i, y, z])
+    specs = precompile_specs(module.program)
+    launches = re.findall(r"^\s+(triton_\w+)\[(.*?)\]\((.*?)\)$", module.source, re.M)
+    plain = [(name, args) for name, grid_text, args in launches if grid_text.startswith("grid")]
+    assert len(launches) == len(plain) + 2  # the sum is split: no spec for its two launches
+    assert any(grid_text.startswith("grid2(") for _, grid_text, _ in launches)  # a tiled launch has one
+    assert len(specs) == len(plain) >= 3
+    for spec, (name, args) in zip(specs, plain):
+        assert spec.lstrip().startswith(f"({name}, (")
+        parts = [a.strip() for a in args.split(",")]
+        sizes = [a for a in parts if a.isdigit()]
+        tensors = [a for a in parts if not a.isdigit() and "=" not in a]
+        meta = dict(a.split("=") for a in parts if "=" in a)
+        assert spec.count("torch.") == len(tensors)
+        assert f"{', '.join(sizes)},)" in spec
+        for key, v in meta.items():
+            assert f"'{key}': {v}" in spec
+    assert not any("_combine" in s for s in specs)
+
+
+def test_precompile_warms_every_kernel_and_survives_a_failure() -> None:
+    """runtime.precompile calls each kernel's warmup with the spec's arguments on a
+    one-program grid, several at a time; one that raises is left to its launch."""
+    import threading
+
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = []
+
+    class Kernel:
+        def __init__(self, name: str, fails: bool = False) -> None:
+            self.__name__, self.fails = name, fails
+
+        def warmup(self, *args: Any, grid: tuple[int, ...], **meta: Any) -> None:
+            calls.append((self.__name__, args, {"grid": grid, **meta}, threading.current_thread().name))
+            if self.fails:
+                raise RuntimeError("no compiler here")
+
+    class Wrapped:  # as fast_launch holds a JITFunction
+        def __init__(self, kernel: Kernel) -> None:
+            self.kernel = kernel
+
+    specs = [(Kernel("k0"), (torch.float32, 16), {"XBLOCK": 16, "num_warps": 1}, "cpu"),
+             (Wrapped(Kernel("k1", fails=True)), (torch.bfloat16, torch.float32, 8, 4), {"XBLOCK": 1, "RBLOCK": 4, "num_warps": 2}, "cpu"),
+             (Kernel("k2"), (torch.int64, 3), {"XBLOCK": 4, "num_warps": 1}, "cpu")]
+    runtime.precompile(specs)
+    got = {c[0]: c for c in calls}
+    assert sorted(got) == ["k0", "k1", "k2"]
+    assert got["k1"][1] == (torch.bfloat16, torch.float32, 8, 4)
+    assert got["k1"][2] == {"grid": (1,), "XBLOCK": 1, "RBLOCK": 4, "num_warps": 2}
+    if len(os.sched_getaffinity(0)) > 1:
+        assert all(c[3].startswith("coil-precompile") for c in calls)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_precompiled_kernels_are_not_compiled_again() -> None:
+    """On CUDA every plain kernel is compiled when output_code.py loads; the first
+    call finds each in Triton's cache (no new entry) and is right."""
+    from coil.backends.triton.runtime import fast_launch
+
+    def cached(jit: Any) -> int:
+        return sum(len(c[0]) for c in jit.device_caches.values())
+
+    x = torch.randn(512, 700, device="cuda")
+    fn = lambda a: (a.softmax(-1), a.t() * 2, (a * 3).sum(-1))  # noqa: E731
+    compiled = compile_fn(fn, [x], graph_cache=False)
+    assert "precompile([" in compiled.source
+    launchers = [v for v in compiled.namespace.values() if isinstance(v, fast_launch)]
+    before = [cached(f.kernel) for f in launchers]
+    assert before and all(n == 1 for n in before), (before, compiled.source)
+    for got, want in zip(compiled(x), fn(x)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)  # sums of 700 terms in another order
+    after = [cached(f.kernel) for f in launchers]
+    assert after == before, (before, after, compiled.source)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_fast_launch_keys_on_alignment() -> None:

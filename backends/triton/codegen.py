@@ -17,7 +17,7 @@ from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import kernel_source, row_reductions
 from coil.backends.triton.split import launched_names, split_launch, split_of, split_source
 from coil.backends.triton.tiling import tiling
-from coil.backends.triton.runtime import heuristic_config
+from coil.backends.triton.runtime import LaunchConfig, heuristic_config
 from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import KernelCall, WrapperProgram
@@ -41,6 +41,44 @@ def launch_kind(k: FusedKernel, cols: int | None) -> str:
     return "tiled" if cols is not None else k.kind
 
 
+def plain_launch(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int], LaunchConfig] | None:
+    """(grid, size arguments, config) of a kernel launched once on the heuristic
+    config; None for an empty kernel or a split reduction (split.py launches those)."""
+    k = _kernel(program, line.kernel)
+    xnumel, rnumel = k.group
+    if xnumel == 0:
+        return None
+    cols = tiling(k, program)
+    kind = launch_kind(k, cols)
+    if cols is not None:
+        rows = xnumel // cols
+        cfg = heuristic_config(kind, rows, cols)
+        return f"grid2({rows}, {cols}, {cfg.yblock}, {cfg.xblock})", [rows, cols], cfg
+    if split_of(k, program) is not None:
+        return None
+    cfg = heuristic_config(kind, xnumel, rnumel, row_reductions(k, program))
+    return f"grid({xnumel}, {cfg.xblock})", [xnumel] + ([] if k.kind == "pointwise" else [rnumel]), cfg
+
+
+def precompile_specs(program: WrapperProgram) -> list[str]:
+    """One `(kernel, argument dtypes and sizes, launch meta, device)` line per plain
+    launch, for runtime.precompile."""
+    graph = program.plan.schedule.graph.graph
+    out = []
+    for ln in program.lines:
+        if not isinstance(ln, KernelCall):
+            continue
+        plain = plain_launch(ln, program)
+        if plain is None:
+            continue
+        _, sizes, cfg = plain
+        k = _kernel(program, ln.kernel)
+        args = [str(graph.layout(a).dtype) for a in ln.args] + [str(n) for n in sizes]
+        meta = ", ".join(f"{key!r}: {v}" for key, v in (*cfg.meta().items(), ("num_warps", cfg.num_warps)))
+        out.append(f"    ({k.name}, ({', '.join(args)},), {{{meta}}}, {kernel_device(program, k)!r}),")
+    return out
+
+
 class TritonBackend:
     language = "triton"
 
@@ -49,7 +87,7 @@ class TritonBackend:
             "import triton",
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
-            "from coil.backends.triton.runtime import autotuned, fast_launch, grid, grid2, interpreted",
+            "from coil.backends.triton.runtime import autotuned, fast_launch, grid, grid2, interpreted, precompile",
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
@@ -69,6 +107,9 @@ class TritonBackend:
         if native and not options.autotune:  # later launches skip Triton's binding
             for src in kernels:
                 out += [f"{n} = fast_launch({n})" for n in launched_names(src)]
+            specs = precompile_specs(program) if options.precompile else []
+            if specs:  # compiled now, several at a time, instead of one by one at their first launch
+                out += ["", "precompile([", *specs, "])"]
         if options.autotune:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
@@ -82,23 +123,16 @@ class TritonBackend:
 
     def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
         k = _kernel(program, line.kernel)
-        xnumel, rnumel = k.group
-        if xnumel == 0:
+        if k.group[0] == 0:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
-        cols = tiling(k, program)
-        kind = launch_kind(k, cols)
-        if cols is not None:
-            rows = xnumel // cols
-            cfg = heuristic_config(kind, rows, cols)
-            args = ", ".join([*line.args, str(rows), str(cols)])
-            return [f"{k.name}[grid2({rows}, {cols}, {cfg.yblock}, {cfg.xblock})]({args}, {cfg.as_kwargs()})"]
-        split = split_of(k, program)
-        if split is not None:
+        plain = plain_launch(line, program)
+        if plain is None:
+            split = split_of(k, program)
+            assert split is not None
             return split_launch(k, split, list(line.args), kernel_device(program, k))
-        sizes = [str(xnumel)] + ([] if k.kind == "pointwise" else [str(rnumel)])
-        cfg = heuristic_config(kind, xnumel, rnumel, row_reductions(k, program))
-        args = ", ".join([*line.args, *sizes])
-        return [f"{k.name}[grid({xnumel}, {cfg.xblock})]({args}, {cfg.as_kwargs()})"]
+        grid_text, sizes, cfg = plain
+        args = ", ".join([*line.args, *map(str, sizes)])
+        return [f"{k.name}[{grid_text}]({args}, {cfg.as_kwargs()})"]
 
     def device_guard(self, program: WrapperProgram) -> str | None:
         """The `with` line the wrapper puts around the body of `call`."""
