@@ -1,28 +1,16 @@
 """Device probe: coil's own gelu and silu*mul kernels against variants of their
 text (evict_last on broadcast loads, tanh/sigmoid forms) and Inductor, interleaved;
-PTX of coil's and Inductor's kernels to $OUT; a cProfile of the host side of a
-256-step chain (graph_2000's kernels) called directly."""
-import cProfile, gc, os, pstats, re, sys, time
-import attrs, torch, triton, triton.testing
-from torch.fx.experimental.proxy_tensor import make_fx
+PTX of coil's kernels to $OUT; a cProfile of the host side of a 256-step chain
+(graph_2000's kernels) called directly."""
+import cProfile, os, pstats, re, sys, time
 sys.path.insert(0, os.getcwd())
-import coil
-from coil.backends.runtime import load_module
+import torch
 from coil.backends.triton.runtime import fast_launch
 from bench import workloads as W
+from bench.probes.common import OUT, compile_coil, timed_rounds, variant
 
 dev = torch.device("cuda")
-OUT = os.environ.get("OUT", "/tmp")
 ROUNDS = int(os.environ.get("ROUNDS", "7"))
-
-
-def t(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median") * 1e3
-
-
-def compile_coil(inst, **kw):
-    gm = make_fx(inst.fn)(*inst.inputs)
-    return coil.compile_graph(gm, list(inst.inputs), coil.Options(target="triton", graph_cache=False, **kw))
 
 
 def ptx_of_coil(c, name):
@@ -31,19 +19,6 @@ def ptx_of_coil(c, name):
             for ck, _ in v.compiled.values():
                 open(os.path.join(OUT, f"{name}_coil.ptx"), "w").write(ck.asm["ptx"])
                 return
-
-
-def ptx_of_inductor(name):
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    for o in gc.get_objects():
-        try:
-            if isinstance(o, CachingAutotuner) and o.launchers:
-                b = getattr(o.launchers[0], "bin", None)
-                if b is not None:
-                    open(os.path.join(OUT, f"{name}_inductor.ptx"), "w").write(b.asm["ptx"])
-                    return
-        except ReferenceError:
-            pass
 
 
 def evict_last_broadcast(src):
@@ -63,25 +38,20 @@ def run(name, w, variants):
     ref = inst.fn(*inst.inputs)
     ind = torch.compile(inst.fn)
     ind(*inst.inputs)
-    ptx_of_inductor(name)
     c = compile_coil(inst)
-    c(*inst.inputs); c(*inst.inputs)
+    c(*inst.inputs)
+    c(*inst.inputs)
     ptx_of_coil(c, name)
     fns = {"inductor": lambda: ind(*inst.inputs), "coil": lambda: c(*inst.inputs)}
     for vname, patch in variants.items():
         src = patch(c.module.source)
-        assert src != c.module.source, vname
-        v = load_module(attrs.evolve(c.module, source=src))
+        if src == c.module.source:  # e.g. tanh: gelu is x * sigmoid(2z) since this probe's run
+            print(f"  {vname}: nothing to change in coil's kernel", flush=True)
+            continue
+        v = variant(c, src)
         torch.testing.assert_close(v(*inst.inputs)[0], ref, rtol=2e-2, atol=2e-2)
         fns[vname] = lambda v=v: v(*inst.inputs)
-    times = {k: [] for k in fns}
-    for _ in range(ROUNDS):
-        for k, f in fns.items():
-            times[k].append(t(f))
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    print(f"== {name}", flush=True)
-    for k, v in times.items():
-        print(f"  {k:34s} median {med[k]:8.1f} us  ratio {med[k] / med['inductor']:.4f}  min {min(v):.1f} max {max(v):.1f}", flush=True)
+    timed_rounds(name, fns, ROUNDS)
     torch._dynamo.reset()
 
 

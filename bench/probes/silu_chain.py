@@ -3,31 +3,17 @@ variants (launch configs, the cast at the store, Inductor's form of the math) an
 Inductor, interleaved rounds; then a 256-step chain (graph_2000's kernels): compile
 time, GPU time and host time per call for two fusion-size limits."""
 import os, re, sys, time
-import attrs, torch, triton, triton.testing
-from torch.fx.experimental.proxy_tensor import make_fx
 sys.path.insert(0, os.getcwd())
-import coil
-from coil.backends.runtime import load_module
+import torch
 from bench import workloads as W
+from bench.probes.common import bench_us, compile_coil, host_us, timed_rounds, variant, with_config
 
 dev = torch.device("cuda")
 ROUNDS = int(os.environ.get("ROUNDS", "9"))
 
 
-def t(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median") * 1e3
-
-
-def compile_coil(inst, **kw):
-    gm = make_fx(inst.fn)(*inst.inputs)
-    return coil.compile_graph(gm, list(inst.inputs), coil.Options(target="triton", graph_cache=False, **kw))
-
-
 def cfg(xb, w):
-    def patch(src):
-        src = re.sub(r"\[grid\((\d+), \d+\)\]", rf"[grid(\1, {xb})]", src)
-        return re.sub(r"XBLOCK=\d+, num_warps=\d+", f"XBLOCK={xb}, num_warps={w}", src)
-    return patch
+    return lambda src: with_config(src, "pointwise", (xb, w))
 
 
 def store_f32(src):  # the store casts, as in Inductor's kernel
@@ -44,22 +30,15 @@ def run(name, w, variants):
     ind = torch.compile(inst.fn)
     ind(*inst.inputs)
     c = compile_coil(inst)
+    torch.testing.assert_close(c(*inst.inputs)[0], ref, rtol=2e-2, atol=2e-2)
     fns = {"inductor": lambda: ind(*inst.inputs), "coil": lambda: c(*inst.inputs)}
     for vname, patch in variants.items():
         src = patch(c.module.source)
         assert src != c.module.source, vname
-        v = load_module(attrs.evolve(c.module, source=src))
+        v = variant(c, src)
         torch.testing.assert_close(v(*inst.inputs)[0], ref, rtol=2e-2, atol=2e-2)
         fns[vname] = lambda v=v: v(*inst.inputs)
-    torch.testing.assert_close(c(*inst.inputs)[0], ref, rtol=2e-2, atol=2e-2)
-    times = {k: [] for k in fns}
-    for _ in range(ROUNDS):
-        for k, f in fns.items():
-            times[k].append(t(f))
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    print(f"== {name}", flush=True)
-    for k, v in times.items():
-        print(f"  {k:24s} median {med[k]:8.1f} us  ratio {med[k] / med['inductor']:.4f}  min {min(v):.1f} max {max(v):.1f}", flush=True)
+    timed_rounds(name, fns, ROUNDS)
     torch._dynamo.reset()
 
 
@@ -82,17 +61,11 @@ for mfs in (64, 128):
     comp = time.perf_counter() - t1
     torch.testing.assert_close(c(*inst.inputs)[0], ref, rtol=1e-3, atol=1e-3)
     f = lambda: c(*inst.inputs)
-    torch.cuda.synchronize()
-    t1 = time.perf_counter()
-    for _ in range(300):
-        f()
-    host = (time.perf_counter() - t1) / 300 * 1e6
-    torch.cuda.synchronize()
     kernels = c.module.source.count("@triton.jit\ndef triton_")
-    print(f"chain256 max_fusion_size {mfs}: {kernels} kernels, compile+first call {comp:.1f} s, do_bench {t(f):.1f} us, "
-          f"host enqueue {host:.1f} us/call", flush=True)
+    print(f"chain256 max_fusion_size {mfs}: {kernels} kernels, compile+first call {comp:.1f} s, do_bench {bench_us(f):.1f} us, "
+          f"host enqueue {host_us(f, 300):.1f} us/call", flush=True)
 ind = torch.compile(inst.fn)
 t1 = time.perf_counter()
 ind(*inst.inputs)
-print(f"chain256 inductor: compile {time.perf_counter() - t1:.1f} s, do_bench {t(lambda: ind(*inst.inputs)):.1f} us")
+print(f"chain256 inductor: compile {time.perf_counter() - t1:.1f} s, do_bench {bench_us(lambda: ind(*inst.inputs)):.1f} us")
 print(f"probe {time.time() - t0:.0f} s")

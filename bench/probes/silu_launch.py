@@ -2,22 +2,15 @@
 kernel (its source, compiled here with plain triton.jit) and coil's, launched the
 same way into the same preallocated outputs, against both compiled functions; a
 num_stages=1 launch and .cg loads as variants; PTX of both kernels to $OUT."""
-import importlib.util, os, re, sys, time
-import attrs, torch, triton, triton.testing
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch._inductor.utils import run_and_get_code
+import importlib.util, os, re, sys
 sys.path.insert(0, os.getcwd())
-import coil
-from coil.backends.runtime import load_module
+import torch
+from torch._inductor.utils import run_and_get_code
 from bench import workloads as W
+from bench.probes.common import OUT, compile_coil, timed_rounds, variant
 
 dev = torch.device("cuda")
-OUT = os.environ.get("OUT", "/tmp")
 ROUNDS = int(os.environ.get("ROUNDS", "7"))
-
-
-def t(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median") * 1e3
 
 
 inst = W.silu_mul(32768, 8192, torch.bfloat16).build(dev)
@@ -36,12 +29,11 @@ mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 ik = getattr(mod, name)
 
-gm = make_fx(inst.fn)(g, u)
-c = coil.compile_graph(gm, [g, u], coil.Options(target="triton", graph_cache=False))
+c = compile_coil(inst)
 ck = c.namespace["triton_poi_fused_mul_silu_0"].kernel
 cg_src = re.sub(r"tl\.load\(([^\n]*other=0)\)", r"tl.load(\1, cache_modifier='.cg')", c.module.source)
 assert cg_src != c.module.source
-cgv = load_module(attrs.evolve(c.module, source=cg_src))
+cgv = variant(c, cg_src)
 out1, out2 = torch.empty_like(g), torch.empty_like(g)
 grid = (n // 1024,)
 
@@ -71,12 +63,6 @@ for k, kern in (("inductor", ik), ("coil", ck)):
                 open(os.path.join(OUT, f"silu_{k}_{compiled.metadata.num_stages}.ptx"), "w").write(compiled.asm["ptx"])
     except Exception as e:  # the cache's layout is Triton's own
         print("no PTX:", e)
-times = {k: [] for k in fns}
-for _ in range(ROUNDS):
-    for k, f in fns.items():
-        times[k].append(t(f))
-med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-for k, v in times.items():
-    print(f"  {k:30s} median {med[k]:8.2f} us  vs inductor fn {med[k] / med['inductor fn']:.4f}  min {min(v):.2f} max {max(v):.2f}", flush=True)
+timed_rounds("silu", fns, ROUNDS, base="inductor fn")
 print("addresses", hex(g.data_ptr()), hex(u.data_ptr()), hex(out1.data_ptr()), hex(out2.data_ptr()),
       hex(ind(g, u).data_ptr()), hex(c(g, u)[0].data_ptr()))

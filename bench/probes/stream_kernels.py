@@ -2,21 +2,15 @@
 grid-stride loops over a full-occupancy grid) against Inductor, interleaved rounds;
 prints the config Inductor's autotuner picked.  Then a 256-step chain (graph_2000's
 kernels) through coil: GPU time and host time per call, for two persistent configs."""
-import gc, os, re, sys, time
-import attrs, torch, triton, triton.language as tl, triton.testing
-from torch.fx.experimental.proxy_tensor import make_fx
+import gc, os, sys, time
 sys.path.insert(0, os.getcwd())
-import coil
-from coil.backends.runtime import load_module
+import torch, triton, triton.language as tl
 from bench import workloads as W
+from bench.probes.common import bench_us as t, compile_coil, host_us, timed_rounds, variant, with_config
 
 dev = torch.device("cuda")
 ROUNDS = int(os.environ.get("ROUNDS", "7"))
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
-
-
-def t(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median") * 1e3
 
 
 @triton.jit
@@ -69,18 +63,11 @@ def compare(name, inst, fns):
     ref = inst.fn(*inst.inputs)
     ind = torch.compile(inst.fn)
     ind(*inst.inputs)
-    print(f"== {name}: inductor picked {inductor_configs()}", flush=True)
     fns = {"inductor": lambda: ind(*inst.inputs), **fns}
     for k, f in fns.items():
         got = f()
         torch.testing.assert_close(got if isinstance(got, torch.Tensor) else got[0], ref, rtol=2e-2, atol=2e-2)
-    times = {k: [] for k in fns}
-    for _ in range(ROUNDS):
-        for k, f in fns.items():
-            times[k].append(t(f))
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    for k, v in times.items():
-        print(f"  {k:28s} median {med[k]:8.1f} us  ratio {med[k] / med['inductor']:.4f}  min {min(v):.1f}", flush=True)
+    timed_rounds(f"{name}: inductor picked {inductor_configs()}", fns, ROUNDS)
     torch._dynamo.reset()
 
 
@@ -136,23 +123,14 @@ print(f"stream probes {time.time() - t0:.0f} s", flush=True)
 # graph_2000's kernels: a 256-step chain, 8 kernels
 W.CHAIN_STEPS = 256
 inst = W.chain(1024, 1024).build(dev)
-gm = make_fx(inst.fn)(*inst.inputs)
 for mfs in (64, 128):
-    c = coil.compile_graph(gm, list(inst.inputs), coil.Options(target="triton", graph_cache=False, max_fusion_size=mfs))
+    c = compile_coil(inst, max_fusion_size=mfs)
     for xb, w in ((4, 4), (1, 1)):
-        src = re.sub(r"\[grid\((\d+), \d+\)\]", rf"[grid(\1, {xb})]", c.module.source)
-        src = re.sub(r"XBLOCK=\d+, RBLOCK=(\d+), num_warps=\d+", rf"XBLOCK={xb}, RBLOCK=\1, num_warps={w}", src)
-        v = load_module(attrs.evolve(c.module, source=src))
+        v = variant(c, with_config(c.module.source, "persistent", (xb, w)))
         f = lambda: v(*inst.inputs)
-        f()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        for _ in range(200):
-            f()
-        host = (time.perf_counter() - t1) / 200 * 1e6
-        torch.cuda.synchronize()
-        kernels = src.count("@triton.jit\ndef triton_")
-        print(f"chain256 max_fusion_size {mfs} ({kernels} kernels) {xb}/{w}: do_bench {t(f):.1f} us, host enqueue {host:.1f} us/call", flush=True)
+        kernels = v.source.count("@triton.jit\ndef triton_")
+        print(f"chain256 max_fusion_size {mfs} ({kernels} kernels) {xb}/{w}: do_bench {t(f):.1f} us, "
+              f"host enqueue {host_us(f):.1f} us/call", flush=True)
 ind = torch.compile(inst.fn)
 ind(*inst.inputs)
 print(f"chain256 inductor: do_bench {t(lambda: ind(*inst.inputs)):.1f} us; {inductor_configs()[:2]}")

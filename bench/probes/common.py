@@ -1,0 +1,80 @@
+"""What the device probes share: triton's do_bench in microseconds, coil compiled
+straight from a workload, a variant of a compiled module from edited source, edits
+of output_code.py's launch configs, interleaved timing rounds, host time per call.
+Probes run from the repository root on a CUDA machine."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.getcwd())
+
+import attrs  # noqa: E402
+import torch  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+import coil  # noqa: E402
+from coil.backends.runtime import load_module  # noqa: E402
+
+OUT = os.environ.get("OUT", "/tmp")  # where a probe writes files (the device tool's $OUT)
+
+
+def bench_us(fn: Callable[[], Any]) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median") * 1e3
+
+
+def compile_coil(inst: Any, **options: Any) -> Any:
+    """coil's CompiledFn for a bench workload instance (graph cache off)."""
+    gm = make_fx(inst.fn)(*inst.inputs)
+    return coil.compile_graph(gm, list(inst.inputs), coil.Options(target="triton", graph_cache=False, **options))
+
+
+def variant(compiled: Any, source: str) -> Any:
+    """The same compiled module with its output_code.py replaced by `source`."""
+    return load_module(attrs.evolve(compiled.module, source=source))
+
+
+def with_config(source: str, kind: str, cfg: tuple[int, ...]) -> str:
+    """Every launch line of one kind rewritten to another config: pointwise and
+    persistent (XBLOCK, warps), tiled (YBLOCK, XBLOCK, warps)."""
+    if kind == "tiled":
+        yb, xb, w = cfg
+        source = re.sub(r"\[grid2\((\d+), (\d+), \d+, \d+\)\]", rf"[grid2(\1, \2, {yb}, {xb})]", source)
+        return re.sub(r"YBLOCK=\d+, XBLOCK=\d+, num_warps=\d+", f"YBLOCK={yb}, XBLOCK={xb}, num_warps={w}", source)
+    xb, w = cfg
+    source = re.sub(r"\[grid\((\d+), \d+\)\]", rf"[grid(\1, {xb})]", source)
+    if kind == "persistent":
+        return re.sub(r"XBLOCK=\d+, RBLOCK=(\d+), num_warps=\d+", rf"XBLOCK={xb}, RBLOCK=\1, num_warps={w}", source)
+    return re.sub(r"XBLOCK=\d+, num_warps=\d+", f"XBLOCK={xb}, num_warps={w}", source)
+
+
+def timed_rounds(name: str, fns: dict[str, Callable[[], Any]], rounds: int, base: str = "inductor") -> dict[str, float]:
+    """Time every function once per round, round after round (so drift hits all
+    alike); print each one's median, its ratio to `base` and its spread."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            times[k].append(bench_us(f))
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    print(f"== {name}", flush=True)
+    for k, v in times.items():
+        print(f"  {k:30s} median {med[k]:8.2f} us  ratio {med[k] / med[base]:.4f}  min {min(v):.2f} max {max(v):.2f}",
+              flush=True)
+    return med
+
+
+def host_us(fn: Callable[[], Any], n: int = 200) -> float:
+    """Host time per call: how long enqueueing takes, the GPU left to catch up."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    per_call = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return per_call
