@@ -78,3 +78,27 @@ def host_us(fn: Callable[[], Any], n: int = 200) -> float:
     per_call = (time.perf_counter() - t0) / n * 1e6
     torch.cuda.synchronize()
     return per_call
+
+
+def against_variants(name: str, inst: Any, edits: dict[str, Callable[[str], str]], rounds: int,
+                     rtol: float = 2e-2, atol: float = 2e-2) -> Any:
+    """Inductor, coil, and coil's module with each edit of its source applied, all
+    checked against eager and then timed in interleaved rounds; an edit that changes
+    nothing is reported and skipped.  Returns coil's compiled function."""
+    ref = inst.fn(*inst.inputs)
+    ind = torch.compile(inst.fn)
+    ind(*inst.inputs)
+    c = compile_coil(inst)
+    torch.testing.assert_close(c(*inst.inputs)[0], ref, rtol=rtol, atol=atol)
+    fns = {"inductor": lambda: ind(*inst.inputs), "coil": lambda: c(*inst.inputs)}
+    for label, edit in edits.items():
+        source = edit(c.module.source)
+        if source == c.module.source:
+            print(f"  {label}: nothing to change in coil's kernel", flush=True)
+            continue
+        v = variant(c, source)
+        torch.testing.assert_close(v(*inst.inputs)[0], ref, rtol=rtol, atol=atol)
+        fns[label] = lambda v=v: v(*inst.inputs)
+    timed_rounds(name, fns, rounds)
+    torch._dynamo.reset()
+    return c

@@ -7,7 +7,7 @@ sys.path.insert(0, os.getcwd())
 import torch
 from coil.backends.triton.runtime import fast_launch
 from bench import workloads as W
-from bench.probes.common import OUT, compile_coil, timed_rounds, variant
+from bench.probes.common import OUT, against_variants, compile_coil
 
 dev = torch.device("cuda")
 ROUNDS = int(os.environ.get("ROUNDS", "7"))
@@ -34,25 +34,8 @@ def sigmoid_as_div(src):
 
 
 def run(name, w, variants):
-    inst = w.build(dev)
-    ref = inst.fn(*inst.inputs)
-    ind = torch.compile(inst.fn)
-    ind(*inst.inputs)
-    c = compile_coil(inst)
-    c(*inst.inputs)
-    c(*inst.inputs)
+    c = against_variants(name, w.build(dev), variants, ROUNDS)
     ptx_of_coil(c, name)
-    fns = {"inductor": lambda: ind(*inst.inputs), "coil": lambda: c(*inst.inputs)}
-    for vname, patch in variants.items():
-        src = patch(c.module.source)
-        if src == c.module.source:  # e.g. tanh: gelu is x * sigmoid(2z) since this probe's run
-            print(f"  {vname}: nothing to change in coil's kernel", flush=True)
-            continue
-        v = variant(c, src)
-        torch.testing.assert_close(v(*inst.inputs)[0], ref, rtol=2e-2, atol=2e-2)
-        fns[vname] = lambda v=v: v(*inst.inputs)
-    timed_rounds(name, fns, ROUNDS)
-    torch._dynamo.reset()
 
 
 t0 = time.time()

@@ -6,7 +6,7 @@ import os, re, sys, time
 sys.path.insert(0, os.getcwd())
 import torch
 from bench import workloads as W
-from bench.probes.common import bench_us, compile_coil, host_us, timed_rounds, variant, with_config
+from bench.probes.common import against_variants, bench_us, compile_coil, host_us, with_config
 
 dev = torch.device("cuda")
 ROUNDS = int(os.environ.get("ROUNDS", "9"))
@@ -25,21 +25,7 @@ def inductor_math(src):
 
 
 def run(name, w, variants):
-    inst = w.build(dev)
-    ref = inst.fn(*inst.inputs)
-    ind = torch.compile(inst.fn)
-    ind(*inst.inputs)
-    c = compile_coil(inst)
-    torch.testing.assert_close(c(*inst.inputs)[0], ref, rtol=2e-2, atol=2e-2)
-    fns = {"inductor": lambda: ind(*inst.inputs), "coil": lambda: c(*inst.inputs)}
-    for vname, patch in variants.items():
-        src = patch(c.module.source)
-        assert src != c.module.source, vname
-        v = variant(c, src)
-        torch.testing.assert_close(v(*inst.inputs)[0], ref, rtol=2e-2, atol=2e-2)
-        fns[vname] = lambda v=v: v(*inst.inputs)
-    timed_rounds(name, fns, ROUNDS)
-    torch._dynamo.reset()
+    against_variants(name, w.build(dev), variants, ROUNDS)
 
 
 t0 = time.time()
