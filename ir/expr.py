@@ -194,29 +194,21 @@ def evaluate(expr: Expr, handler: OpsHandler[T], memo: dict[Expr, T] | None = No
 
 
 def walk(expr: Expr) -> list[Expr]:
-    """Distinct subtrees, children before parents."""
+    """Distinct subtrees, children before parents (the order `evaluate` visits them)."""
     order: list[Expr] = []
-
-    class _Collect:
-        def load(self, node: Load) -> None:
-            order.append(node)
-
-        def indirect_load(self, node: IndirectLoad, values: tuple[None, ...]) -> None:
-            order.append(node)
-
-        def constant(self, node: Constant) -> None:
-            order.append(node)
-
-        def index_expr(self, node: IndexExpr) -> None:
-            order.append(node)
-
-        def op(self, node: Op, args: tuple[None, ...]) -> None:
-            order.append(node)
-
-        def cast(self, node: Cast, arg: None) -> None:
-            order.append(node)
-
-    evaluate(expr, _Collect())
+    seen: set[Expr] = set()
+    stack: list[tuple[Expr, bool]] = [(expr, False)]
+    while stack:
+        e, expanded = stack.pop()
+        if e in seen:
+            continue
+        kids = children(e)
+        if not expanded and kids:
+            stack.append((e, True))
+            stack.extend((k, False) for k in reversed(kids) if k not in seen)
+            continue
+        seen.add(e)
+        order.append(e)
     return order
 
 
