@@ -38,7 +38,7 @@ kernel parameter (plan.removed buffers never are).
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import attrs
 import sympy
@@ -154,10 +154,14 @@ def signature_of(k: FusedKernel, params: tuple[Param, ...]) -> str:
     return f"def {k.name}({', '.join(args)}):"
 
 
+def count_reductions(nodes: Iterable[ComputedBuffer]) -> int:
+    """How many of a kernel's nodes are reductions (a long chain of them changes
+    the persistent launch config: runtime.CHAIN_REDUCTIONS)."""
+    return sum(1 for b in nodes if b.reduction_type)
+
+
 def row_reductions(k: FusedKernel, program: WrapperProgram) -> int:
-    """How many of k's nodes are reductions (a long chain of them changes the
-    persistent launch config: runtime.CHAIN_REDUCTIONS)."""
-    return sum(1 for b in kernel_buffers(k, program.plan.schedule.graph) if b.reduction_type)
+    return count_reductions(kernel_buffers(k, program.plan.schedule.graph))
 
 
 def no_tails(ctx: KernelContext) -> tuple[bool, bool]:
@@ -171,7 +175,7 @@ def no_tails(ctx: KernelContext) -> tuple[bool, bool]:
         return (all(rows % c.yblock == 0 for c in cfgs), all(ctx.cols % c.xblock == 0 for c in cfgs))
     n, r = ctx.kernel.group
     kind = ctx.kernel.kind
-    chained = sum(1 for b in ctx.nodes if b.reduction_type)
+    chained = count_reductions(ctx.nodes)
     cfgs = (heuristic_config(kind, n, r, chained), *candidate_configs(kind, n, r, chained))
     return (all(n % c.xblock == 0 for c in cfgs), kind != "pointwise" and all(r % c.rblock == 0 for c in cfgs))
 
