@@ -150,6 +150,36 @@ def test_explain_chain_fusion_and_reuse(tmp_path: Path, capsys: pytest.CaptureFi
     check_png(tmp_path / "lifetimes.png")
 
 
+LAUNCH_FILE = """
+import torch
+
+def fn(y, big, sq):
+    for _ in range(6):
+        y = y - y.amax(-1, keepdim=True) * 0.5
+    return y.softmax(-1), big.sum(), sq + sq.t()
+
+example_inputs = (torch.randn(64, 1024), torch.randn(40000), torch.randn(96, 96))
+"""
+
+
+def test_explain_triton_launches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On the triton target the last table gives each launch and the rule behind it;
+    other targets print no such table."""
+    src = write(tmp_path, "launch.py", LAUNCH_FILE)
+    assert main(["explain", f"{src}:fn", "--target", "triton", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    launches = out.split("== launches (kernel_gen, triton): grid, config and why ==", 1)[1]
+    rows = {ln.split()[0]: ln for ln in launches.strip().splitlines()[1:] if ln.startswith("triton_")}
+    by_kind = {ln.split()[1]: ln for ln in rows.values()}
+    assert set(by_kind) == {"persistent", "split", "combine", "tiled"}, rows
+    assert "grid(64, 1) XBLOCK=1, RBLOCK=1024, num_warps=1" in by_kind["persistent"]
+    assert "8 chained row reductions (>= 8): one row a program" in by_kind["persistent"]
+    assert "1 row(s) (<= 128) of 40000 (>= 16384): 157 programs a row" in by_kind["split"]
+    assert "a transposed read: 64x64 tiles" in by_kind["tiled"]
+    assert main(["explain", f"{src}:fn", "--target", "cpp", "--out", str(tmp_path)]) == 0
+    assert "== launches" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("spec, message", [
     ("seed.py:nope", "no function 'nope' in"),
     ("missing.py:fn", "no such file"),

@@ -79,6 +79,51 @@ def precompile_specs(program: WrapperProgram) -> list[str]:
     return out
 
 
+def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]:
+    """(kernel, kind, launch, why) for every kernel launch of the program: the grid
+    and config the wrapper will print, and the rule that chose them."""
+    from coil.backends.triton.runtime import CHAIN_REDUCTIONS
+    from coil.backends.triton.split import SPLIT_MAX_ROWS, SPLIT_MIN, combine_name
+
+    out = []
+    for ln in program.lines:
+        if not isinstance(ln, KernelCall):
+            continue
+        k = _kernel(program, ln.kernel)
+        xnumel, rnumel = k.group
+        if xnumel == 0:
+            out.append((k.name, k.kind, "-", "nothing to compute: no launch"))
+            continue
+        plain = plain_launch(ln, program)
+        if plain is None:
+            split = split_of(k, program)
+            assert split is not None
+            out.append((k.name, "split", f"({split.parts}, {xnumel}) XBLOCK=1, RBLOCK={split.rblock}, "
+                        f"num_warps={split.num_warps}",
+                        f"{xnumel} row(s) (<= {SPLIT_MAX_ROWS}) of {rnumel} (>= {SPLIT_MIN}): {split.parts} "
+                        f"programs a row each reduce {split.chunk} elements into workspaces"))
+            out.append((combine_name(k.name), "combine", f"({xnumel},) XBLOCK=1, RBLOCK={split.combine_rblock}, "
+                        f"num_warps={split.combine_warps}", "one program a row merges its partials in a fixed order"))
+            continue
+        grid_text, _, cfg = plain
+        launch = f"{grid_text} {cfg.as_kwargs()}"
+        if tiling(k, program) is not None:
+            why = f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, read and written along their rows"
+        elif k.kind == "pointwise":
+            why = f"{cfg.xblock} elements a program, {cfg.xblock // (32 * cfg.num_warps)} a thread"
+        elif k.kind == "persistent":
+            chained = row_reductions(k, program)
+            if chained >= CHAIN_REDUCTIONS:
+                why = (f"{chained} chained row reductions (>= {CHAIN_REDUCTIONS}): one row a program, "
+                       f"{cfg.num_warps} warp(s), so each reduction stays within few warps")
+            else:
+                why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
+        else:
+            why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
+        out.append((k.name, launch_kind(k, tiling(k, program)), launch, why))
+    return out
+
+
 class TritonBackend:
     language = "triton"
 

@@ -5,7 +5,8 @@ peak) and the buffer-lifetime chart, written to DIR/lifetimes.png.
 FILE.py defines FN and its example inputs: `FN_inputs` or `example_inputs`, each a
 tuple/list of tensors or a function returning one.  The function is traced with
 make_fx; the pipeline runs through `wrap` (kernel source is `coil demo`'s and
-debug_dir's business, so no kernel backend is needed)."""
+debug_dir's business).  On the triton target a last table gives each launch's grid
+and config and the rule that chose them (split, tiled, chained reductions...)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from coil.ir.memory import MemoryPlan
 from coil.ir.printer import show
 from coil.ir.wrapper import WrapperProgram
 from coil.options import TARGETS, Options
-from coil.passes.pipeline import default_pipeline
-from coil.report import full_report, lifetime_chart, section
+from coil.passes.pipeline import default_pipeline, resolve_target
+from coil.report import full_report, lifetime_chart, section, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kernel target whose names the tables use (default: auto)")
     parser.add_argument("--out", default="coil_explain", metavar="DIR",
                         help="where lifetimes.png goes (default: ./coil_explain/)")
+
+
+def launch_table(program: WrapperProgram) -> str:
+    from coil.backends.triton.codegen import launch_decisions
+
+    rows = launch_decisions(program)
+    return table([("kernel", "kind", "launch", "why"), *rows]) if rows else "no kernel launches"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"coil explain {args.spec}: {name}({describe_inputs(inputs)})\n")
     print(section("FX graph (make_fx)", fx_listing(gm)))
     print(full_report(bg, plan))
-    print(section("wrapper (wrap): allocations, calls, dels", show(ir_of(stages, WrapperProgram))))
+    program = ir_of(stages, WrapperProgram)
+    print(section("wrapper (wrap): allocations, calls, dels", show(program)))
+    if resolve_target(options, inputs).target == "triton":
+        print(section("launches (kernel_gen, triton): grid, config and why", launch_table(program)))
     os.makedirs(args.out, exist_ok=True)
     path = lifetime_chart(plan, os.path.join(args.out, "lifetimes.png"), title=f"{name}: buffer lifetimes")
     print(f"lifetime chart: {path}")
