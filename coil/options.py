@@ -32,6 +32,14 @@ class Options:
     # rows up to this many elements reduce in one tile (the whole row in registers);
     # 0: by target (triton 8192: a GPU has the registers for it; else 1024)
     persistent_reduction_threshold: int = 0
+    # triton: in a kernel of at most 128 rows at least this long, a second pass over
+    # the rows (x - x.mean(), layer_norm of one row, a full softmax or logsumexp) is
+    # not fused with the reduction before it, so the reduction splits over many
+    # programs and the pass runs as its own kernel; 0: never (one program a row).
+    # H200, one row, with against without: 30 vs 151 µs (x - x.mean()) and 89 vs 245
+    # µs (softmax) at 2^20 elements; 70 vs 20 µs (softmax) at 2^16, where launches
+    # dominate (bench/probes/long_rows.py)
+    split_second_pass: int = 1 << 18
     # plan_memory
     reorder_for_peak_memory: bool = True
     # kernels

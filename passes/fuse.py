@@ -21,7 +21,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, FusionDecision, NopStep, Step
 from coil.ir.schedule import ScheduleGraph, WeakDep
 from coil.options import Options
-from coil.passes.kernel_model import node_role, reads_in_registers
+from coil.passes.kernel_model import node_role, reads_in_registers, splits_rows
 
 log = logging.getLogger("coil.trace")
 
@@ -101,6 +101,15 @@ class _Fuser:
             for p in self.producers[c]:
                 if p in inside and not self.in_registers(c, p, grp):
                     return f"index: {c} reads {p} at another position than {p} writes it"
+        if (self.o.target == "triton" and self.o.split_second_pass > 0 and grp[1] > 1
+                and splits_rows(grp, self.o.split_second_pass)):
+            for c in members:
+                if node_role(self.bufs[c], grp) == "outer":
+                    continue  # computed once a row, after the row is reduced
+                for p in self.producers[c]:
+                    if p in inside and self.bufs[p].is_reduction:
+                        return (f"split: {c} reads {p} for each element of {grp[0]} row(s) of {grp[1]}; "
+                                f"fused, that second pass would run one program a row")
         return None
 
     def in_registers(self, consumer: str, producer: str, grp: tuple[int, int]) -> bool:

@@ -41,6 +41,20 @@ def kernel_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:
     return {XINDEX: max(group[0], 1), RINDEX: max(group[1], 1)}
 
 
+# Triton: a reduction kernel of at most SPLIT_MAX_ROWS rows, each at least SPLIT_MIN
+# long, runs split over many programs (backends/triton/split.py) when it reads each
+# row once; one that needs a second pass over its rows runs one program a row
+SPLIT_MIN = 16384
+SPLIT_MAX_ROWS = 128
+
+
+def splits_rows(group: tuple[int, int], row_min: int = SPLIT_MIN) -> bool:
+    """Whether a Triton reduction kernel of this group is one of few rows at least
+    `row_min` long."""
+    rows, rnumel = group
+    return rnumel >= max(row_min, SPLIT_MIN) and rows <= SPLIT_MAX_ROWS
+
+
 def node_role(b: ComputedBuffer, group: tuple[int, int]) -> str | None:
     """reduction | outer | inner, or None when the buffer cannot run in this group."""
     n, r = group

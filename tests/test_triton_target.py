@@ -640,16 +640,35 @@ def test_a_few_long_rows_split_too(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_what_does_not_split(device: str) -> None:
-    """Short rows, many rows, two loops (layer_norm over one row) and the online
-    softmax keep one kernel."""
+    """Short rows and many rows keep one kernel."""
     from coil.backends.triton.split import SPLIT_MAX_ROWS, SPLIT_MIN
 
     for fn, x in ((lambda a: a.sum(), torch.randn(SPLIT_MIN - 1, device=device)),
-                  (lambda a: a.sum(-1), torch.randn(SPLIT_MAX_ROWS + 1, SPLIT_MIN, device=device)),
-                  (lambda a: torch.nn.functional.layer_norm(a, (SPLIT_MIN,)), torch.randn(SPLIT_MIN, device=device)),
-                  (lambda a: a.logsumexp(0), torch.randn(SPLIT_MIN, device=device))):
+                  (lambda a: a.sum(-1), torch.randn(SPLIT_MAX_ROWS + 1, SPLIT_MIN, device=device))):
         compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
         assert "_combine[" not in compiled.source  # no combining launch (the GPU's max helper is a *_combine)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_second_passes_over_long_rows_run_as_split_kernels(device: str) -> None:
+    """A second pass over a few long rows (x - x.mean(), layer_norm of one row, a
+    full softmax or logsumexp) is not fused with the reduction before it: each
+    reduction splits over many programs and the pass runs as its own kernel.  Rows
+    shorter than Options.split_second_pass (or with it 0) keep one kernel."""
+    from coil.backends.triton.split import SPLIT_MIN
+
+    x = torch.randn(2 * SPLIT_MIN, generator=torch.Generator().manual_seed(5)).to(device)
+    for fn, reductions in ((lambda a: a - a.mean(), 1),
+                           (lambda a: torch.nn.functional.layer_norm(a, (a.shape[-1],)), 1),
+                           (lambda a: a.logsumexp(0), 2),
+                           (lambda a: a.softmax(0), 2)):
+        compiled = check(fn, [x], atol=1e-5, rtol=1e-4, split_second_pass=2 * SPLIT_MIN)
+        assert compiled.source.count("_combine[") == reductions, compiled.source
+        assert any(d.reason.startswith("split: ") for d in compiled.module.program.plan.schedule.fusion_log)
+        for limit in (0, 2 * SPLIT_MIN + 1):
+            whole = check(fn, [x], atol=1e-5, rtol=1e-4, split_second_pass=limit)
+            assert "_combine[" not in whole.source
+            assert len(re.findall(r"^\s+triton_\w+\[", whole.source, re.M)) == 1
 
 
 def test_precompile_specs_match_the_launch_lines() -> None:

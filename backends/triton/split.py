@@ -48,10 +48,9 @@ from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import WrapperProgram
 
-# a row at least this long is split; below it one program is quick enough
-SPLIT_MIN = 16384
-# kernels of at most this many rows split: more rows already give every SM programs
-SPLIT_MAX_ROWS = 128
+# a row at least SPLIT_MIN long is split (below it one program is quick enough), in
+# kernels of at most SPLIT_MAX_ROWS rows (more rows already give every SM programs)
+from coil.passes.kernel_model import SPLIT_MAX_ROWS, SPLIT_MIN, splits_rows  # noqa: E402,F401
 # programs of the first stage, all rows together: about PROGRAMS, each reducing at
 # least MIN_CHUNK elements of its row, at most MAX_PARTS per row
 PROGRAMS = 1024
@@ -78,8 +77,7 @@ class Split:
 
 def split_of(k: FusedKernel, program: WrapperProgram) -> Split | None:
     """The split of k, or None when k runs as one kernel."""
-    xnumel, rnumel = k.group
-    if k.kind != "reduction" or xnumel > SPLIT_MAX_ROWS or rnumel < SPLIT_MIN:
+    if k.kind != "reduction" or not splits_rows(k.group):
         return None
     ctx = codegen_context(k, program, True)
     return _split_of_context(ctx)
