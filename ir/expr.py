@@ -29,7 +29,7 @@ state: the same body yields deps, Triton lines, C++ lines or torch tensors.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, TypeVar, Union
+from typing import Callable, Container, Iterable, Iterator, Protocol, TypeVar, Union
 
 import attrs
 import sympy
@@ -162,21 +162,28 @@ def children(e: Expr) -> tuple[Expr, ...]:
     return ()
 
 
+def _post_order(expr: Expr, done: Container[Expr]) -> Iterator[Expr]:
+    """Distinct subtrees not in `done`, children before parents; the caller puts
+    each one it is given into `done` before asking for the next."""
+    stack: list[tuple[Expr, bool]] = [(expr, False)]
+    while stack:
+        e, expanded = stack.pop()
+        if e in done:
+            continue
+        kids = children(e)
+        if not expanded and kids:
+            stack.append((e, True))
+            stack.extend((k, False) for k in reversed(kids) if k not in done)
+            continue
+        yield e
+
+
 def evaluate(expr: Expr, handler: OpsHandler[T], memo: dict[Expr, T] | None = None) -> T:
     """Post-order walk calling `handler` once per distinct subtree.  Pass the same
     `memo` to several calls to share results across bodies (CSE across the nodes of
     one kernel)."""
     memo = {} if memo is None else memo
-    stack: list[tuple[Expr, bool]] = [(expr, False)]
-    while stack:
-        e, expanded = stack.pop()
-        if e in memo:
-            continue
-        kids = children(e)
-        if not expanded and kids:
-            stack.append((e, True))
-            stack.extend((k, False) for k in reversed(kids) if k not in memo)
-            continue
+    for e in _post_order(expr, memo):
         match e:
             case Load():
                 memo[e] = handler.load(e)
@@ -197,16 +204,7 @@ def walk(expr: Expr) -> list[Expr]:
     """Distinct subtrees, children before parents (the order `evaluate` visits them)."""
     order: list[Expr] = []
     seen: set[Expr] = set()
-    stack: list[tuple[Expr, bool]] = [(expr, False)]
-    while stack:
-        e, expanded = stack.pop()
-        if e in seen:
-            continue
-        kids = children(e)
-        if not expanded and kids:
-            stack.append((e, True))
-            stack.extend((k, False) for k in reversed(kids) if k not in seen)
-            continue
+    for e in _post_order(expr, seen):
         seen.add(e)
         order.append(e)
     return order

@@ -47,10 +47,11 @@ from coil.ir.expr import Expr, evaluate
 from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import WrapperProgram
+from coil.passes.kernel_model import SPLIT_MAX_ROWS, SPLIT_MIN, splits_rows  # noqa: F401 - tests import them here
 
 # a row at least SPLIT_MIN long is split (below it one program is quick enough), in
-# kernels of at most SPLIT_MAX_ROWS rows (more rows already give every SM programs)
-from coil.passes.kernel_model import SPLIT_MAX_ROWS, SPLIT_MIN, splits_rows  # noqa: E402,F401
+# kernels of at most SPLIT_MAX_ROWS rows (more rows already give every SM programs):
+# both in passes/kernel_model.py, whose fuse rules know them too
 # programs of the first stage, all rows together: about PROGRAMS, each reducing at
 # least MIN_CHUNK elements of its row, at most MAX_PARTS per row
 PROGRAMS = 1024
