@@ -800,3 +800,33 @@ def test_split_reductions_match_eager(rows: int, n: int, kinds: list[str], speci
     fns = [_FULL[k] for k in kinds]
     compiled = check(lambda a: tuple(f(a) for f in fns), [x], atol=1e-3, rtol=1e-4)
     assert f"_combine[({rows},)](" in compiled.source
+
+
+# second passes over a row, each reading one or two reductions of it element by element
+_SECOND_PASS = {
+    "center": lambda a: a - a.mean(-1, keepdim=True),
+    "softmax": lambda a: a.softmax(-1),
+    "log_softmax": lambda a: a.log_softmax(-1),
+    "layer_norm": lambda a: F.layer_norm(a, (a.shape[-1],)),
+    "two_pass_var": lambda a: ((a - a.mean(-1, keepdim=True)) ** 2).mean(-1),
+    "scale_by_max": lambda a: a / a.abs().amax(-1, keepdim=True) + a.sum(-1, keepdim=True),
+}
+
+
+@settings(max_examples=int(os.environ.get("COIL_PROPERTY_EXAMPLES", "8")), deadline=None, derandomize=True,
+          database=None)
+@given(rows=st.integers(1, 3), n=st.integers(16384, 2 * 16384),
+       kinds=st.lists(st.sampled_from(sorted(_SECOND_PASS)), min_size=1, max_size=3, unique=True))
+def test_split_second_passes_match_eager(rows: int, n: int, kinds: list[str]) -> None:
+    """With split_second_pass at the split minimum, random mixes of second passes
+    over a few rows of random lengths run as split reductions plus separate passes
+    (none fused back into one program a row) and give eager's results."""
+    x = torch.randn(rows, n, generator=torch.Generator().manual_seed(n + rows))
+    fns = [_SECOND_PASS[k] for k in kinds]
+    compiled = check(lambda a: tuple(f(a) for f in fns), [x], atol=1e-4, rtol=1e-4, split_second_pass=16384)
+    from coil.backends.triton.split import split_of
+
+    program = compiled.module.program
+    looped = [k for k in program.plan.schedule.kernels if k.kind == "reduction"]
+    assert looped and all(split_of(k, program) is not None for k in looped), compiled.source
+
