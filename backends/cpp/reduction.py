@@ -430,7 +430,8 @@ class ReductionEmitter:
         chunk += [f"{a.name}_p[c] = {a.name};" for a in accs]
         chunk += [f"{a.name}_pi[c] = {a.name}_i;" for a in accs if a.is_arg]
         out += render_loops([Loop("c", "0", str(chunks), parallel_pragma(1, chunks, self.options))], chunk)
-        out += render_loops([Loop("c", "0", str(chunks))], merge)
+        if merge:  # a second pass over the row (no accumulators) has nothing to merge
+            out += render_loops([Loop("c", "0", str(chunks))], merge)
         return out
 
     def finish(self, accs: Sequence[Accumulator]) -> None:
