@@ -110,7 +110,7 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
         if tiling(k, program) is not None:
             why = f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, read and written along their rows"
         elif k.kind == "pointwise":
-            why = f"{cfg.xblock} elements a program, {cfg.xblock // (32 * cfg.num_warps)} a thread"
+            why = f"{cfg.xblock} elements a program, {cfg.xblock / (32 * cfg.num_warps):g} a thread"
         elif k.kind == "persistent":
             chained = row_reductions(k, program)
             if chained >= CHAIN_REDUCTIONS:
