@@ -61,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
     program = ir_of(stages, WrapperProgram)
     print(section("wrapper (wrap): allocations, calls, dels", show(program)))
     if resolve_target(options, inputs).target == "triton":
-        print(section("launches (kernel_gen, triton): grid, config and why", launch_table(program)))
+        body = launch_table(program)
+        if options.autotune:
+            body += "\n(autotune is on: on CUDA each kernel but a split one launches the fastest of a few configs instead)"
+        print(section("launches (kernel_gen, triton): grid, config and why", body))
     os.makedirs(args.out, exist_ok=True)
     path = lifetime_chart(plan, os.path.join(args.out, "lifetimes.png"), title=f"{name}: buffer lifetimes")
     print(f"lifetime chart: {path}")
