@@ -164,6 +164,25 @@ def cache_dir(configured: str | None = None) -> str:
     return d
 
 
+def write_atomic(path: str, data: bytes) -> None:
+    """Write through a temporary file in the same folder, then rename it into
+    place: a reader sees the old file or the whole new one, never half of it."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def load_module(module: CompiledModule, directory: str | None = None) -> CompiledFn:
     """Write output_code.py to the cache (Triton reads kernel source from files),
     import it as a fresh module, and wrap its `call`."""
@@ -174,10 +193,7 @@ def load_module(module: CompiledModule, directory: str | None = None) -> Compile
     key = hashlib.sha256(module.source.encode()).hexdigest()[:24]
     path = os.path.join(cache_dir(directory), f"c{key}.py")
     if not os.path.exists(path) or open(path).read() != module.source:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(module.source)
-        os.replace(tmp, path)
+        write_atomic(path, module.source.encode())
     spec = importlib.util.spec_from_file_location(f"coil_output_{key}", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import pickle
 import sys
 from pathlib import Path
@@ -101,12 +100,9 @@ def load(key: str, cache_dir: str | None) -> CompiledModule | None:
 
 
 def store(key: str, module: CompiledModule, cache_dir: str | None) -> None:
-    path = _path(key, cache_dir)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    from coil.backends.runtime import write_atomic
+
     try:
-        with open(tmp, "wb") as f:
-            pickle.dump(module, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+        write_atomic(str(_path(key, cache_dir)), pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as e:  # noqa: BLE001 - a graph that does not pickle is simply not cached
         log.debug("coil: graph not cached (%s: %s)", type(e).__name__, e)
-        tmp.unlink(missing_ok=True)

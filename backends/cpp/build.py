@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from coil.backends.runtime import write_atomic
 from coil.errors import CoilError
 
 # No -ffast-math: NaN and Inf must behave as in eager.  -fno-math-errno and
@@ -120,17 +121,6 @@ def is_valid(entry: CacheEntry) -> bool:
         return False
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _remove(tmp)
-        raise
-
-
 def _remove(path: str) -> None:
     try:
         os.remove(path)
@@ -141,7 +131,7 @@ def _remove(path: str) -> None:
 def compile_entry(source: str, entry: CacheEntry) -> None:
     """Compile `source` into entry.so (via a temporary file), then write the sidecar.
     A failed compile raises CoilError with the compiler's message and the source path."""
-    _write_atomic(entry.cpp, source.encode())
+    write_atomic(entry.cpp, source.encode())
     fd, tmp = tempfile.mkstemp(dir=entry.directory, prefix=entry.key + ".", suffix=".so.tmp")
     os.close(fd)
     cmd = [compiler(), *compile_flags(), entry.cpp, "-o", tmp, *link_flags()]
@@ -156,7 +146,7 @@ def compile_entry(source: str, entry: CacheEntry) -> None:
     finally:
         _remove(tmp)
     meta = {"key": entry.key, "so_sha256": _sha256_file(entry.so), "compiler": compiler_version(compiler())}
-    _write_atomic(entry.sidecar, json.dumps(meta).encode())
+    write_atomic(entry.sidecar, json.dumps(meta).encode())
 
 
 def build(source: str, cache_dir: str | None = None) -> str:

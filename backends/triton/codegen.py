@@ -15,7 +15,7 @@ from typing import Sequence
 
 from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import kernel_source, row_reductions
-from coil.backends.triton.split import launched_names, split_launch, split_of, split_source
+from coil.backends.triton.split import Split, launched_names, split_launch, split_of, split_source
 from coil.backends.triton.tiling import tiling
 from coil.backends.triton.runtime import LaunchConfig, heuristic_config
 from coil.ir.fused import FusedKernel
@@ -41,9 +41,10 @@ def launch_kind(k: FusedKernel, cols: int | None) -> str:
     return "tiled" if cols is not None else k.kind
 
 
-def plain_launch(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int], LaunchConfig] | None:
-    """(grid, size arguments, config) of a kernel launched once on the heuristic
-    config; None for an empty kernel or a split reduction (split.py launches those)."""
+def launch_of(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int], LaunchConfig] | Split | None:
+    """How a launch line's kernel runs: (grid, size arguments, config) for one launch
+    on the heuristic config, its Split for a split reduction (split.py launches
+    those), None when there is nothing to compute."""
     k = _kernel(program, line.kernel)
     xnumel, rnumel = k.group
     if xnumel == 0:
@@ -54,8 +55,9 @@ def plain_launch(line: KernelCall, program: WrapperProgram) -> tuple[str, list[i
         rows = xnumel // cols
         cfg = heuristic_config(kind, rows, cols)
         return f"grid2({rows}, {cols}, {cfg.yblock}, {cfg.xblock})", [rows, cols], cfg
-    if split_of(k, program) is not None:
-        return None
+    split = split_of(k, program)
+    if split is not None:
+        return split
     cfg = heuristic_config(kind, xnumel, rnumel, row_reductions(k, program))
     return f"grid({xnumel}, {cfg.xblock})", [xnumel] + ([] if k.kind == "pointwise" else [rnumel]), cfg
 
@@ -68,10 +70,10 @@ def precompile_specs(program: WrapperProgram) -> list[str]:
     for ln in program.lines:
         if not isinstance(ln, KernelCall):
             continue
-        plain = plain_launch(ln, program)
-        if plain is None:
+        plan = launch_of(ln, program)
+        if not isinstance(plan, tuple):
             continue
-        _, sizes, cfg = plain
+        _, sizes, cfg = plan
         k = _kernel(program, ln.kernel)
         args = [str(graph.layout(a).dtype) for a in ln.args] + [str(n) for n in sizes]
         meta = ", ".join(f"{key!r}: {v}" for key, v in (*cfg.meta().items(), ("num_warps", cfg.num_warps)))
@@ -91,13 +93,12 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
             continue
         k = _kernel(program, ln.kernel)
         xnumel, rnumel = k.group
-        if xnumel == 0:
+        plan = launch_of(ln, program)
+        if plan is None:
             out.append((k.name, k.kind, "-", "nothing to compute: no launch"))
             continue
-        plain = plain_launch(ln, program)
-        if plain is None:
-            split = split_of(k, program)
-            assert split is not None
+        if isinstance(plan, Split):
+            split = plan
             out.append((k.name, "split", f"({split.parts}, {xnumel}) XBLOCK=1, RBLOCK={split.rblock}, "
                         f"num_warps={split.num_warps}",
                         f"{xnumel} row(s) (<= {SPLIT_MAX_ROWS}) of {rnumel} (>= {SPLIT_MIN}): {split.parts} "
@@ -105,9 +106,10 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
             out.append((combine_name(k.name), "combine", f"({xnumel},) XBLOCK=1, RBLOCK={split.combine_rblock}, "
                         f"num_warps={split.combine_warps}", "one program a row merges its partials in a fixed order"))
             continue
-        grid_text, _, cfg = plain
+        grid_text, _, cfg = plan
         launch = f"{grid_text} {cfg.as_kwargs()}"
-        if tiling(k, program) is not None:
+        cols = tiling(k, program)
+        if cols is not None:
             why = f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, read and written along their rows"
         elif k.kind == "pointwise":
             why = f"{cfg.xblock} elements a program, {cfg.xblock / (32 * cfg.num_warps):g} a thread"
@@ -120,7 +122,7 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
                 why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
         else:
             why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
-        out.append((k.name, launch_kind(k, tiling(k, program)), launch, why))
+        out.append((k.name, launch_kind(k, cols), launch, why))
     return out
 
 
@@ -168,14 +170,12 @@ class TritonBackend:
 
     def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
         k = _kernel(program, line.kernel)
-        if k.group[0] == 0:
+        plan = launch_of(line, program)
+        if plan is None:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
-        plain = plain_launch(line, program)
-        if plain is None:
-            split = split_of(k, program)
-            assert split is not None
-            return split_launch(k, split, list(line.args), kernel_device(program, k))
-        grid_text, sizes, cfg = plain
+        if isinstance(plan, Split):
+            return split_launch(k, plan, list(line.args), kernel_device(program, k))
+        grid_text, sizes, cfg = plan
         args = ", ".join([*line.args, *map(str, sizes)])
         return [f"{k.name}[{grid_text}]({args}, {cfg.as_kwargs()})"]
 

@@ -1,24 +1,17 @@
 """Device probe: host time per call of a tiny two-kernel graph with fast_launch on and
 off, in one process (run from the repository root on a CUDA machine)."""
 import os, sys, time, torch
-from torch.fx.experimental.proxy_tensor import make_fx
 sys.path.insert(0, os.getcwd())
-import coil
 from triton import knobs
 from coil.backends.triton.runtime import fast_launch
 from bench import workloads as W
+from bench.probes.common import compile_coil, host_us
 dev = torch.device("cuda")
 print("hooks", knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-def cpu_us(fn, n=300):
-    fn(); torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n): fn()
-    el = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return el / n * 1e6
+def cpu_us(fn):
+    return host_us(fn, 300)
 inst = W.cross_entropy(16, 320, torch.bfloat16).build(dev)
-gm = make_fx(inst.fn)(*inst.inputs)
-c = coil.compile_graph(gm, list(inst.inputs), coil.Options(target="triton"))
+c = compile_coil(inst)
 ls = [v for v in c.namespace.values() if isinstance(v, fast_launch)]
 print("launchers", len(ls), [f.enabled for f in ls])
 for rnd in range(2):

@@ -1,12 +1,11 @@
 """Device probe: cross_entropy and softmax called directly and through dynamo under
 do_bench, per-kernel profiler times, and host time per call of a tiny graph (run
 from the repository root on a CUDA machine)."""
-import os, sys, time, torch, triton, triton.testing
-from torch.fx.experimental.proxy_tensor import make_fx
+import os, sys, torch, triton, triton.testing
 from torch.profiler import profile, ProfilerActivity
 sys.path.insert(0, os.getcwd())
-import coil
 from bench import workloads as W
+from bench.probes.common import compile_coil, host_us as cpu_us
 dev = torch.device("cuda")
 def t(fn, rep=100):
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3
@@ -19,36 +18,24 @@ def per_kernel(fn):
     for e in p.key_averages():
         if e.device_type.name == "CUDA" and e.count:
             print(f"   {e.key[:60]:60s} n={e.count} avg {e.device_time_total / e.count:.1f} us")
-def cpu_us(fn, n=200):
-    fn(); torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n): fn()
-    el = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return el / n * 1e6
 for name, w in (("ce", W.cross_entropy(16384, 32000, torch.bfloat16)), ("softmax", W.softmax(32768, 4096, torch.bfloat16))):
     inst = w.build(dev)
-    gm = make_fx(inst.fn)(*inst.inputs)
-    c = coil.compile_graph(gm, list(inst.inputs), coil.Options(target="triton"))
+    c = compile_coil(inst)
     dyn = torch.compile(inst.fn, backend="coil", options={"target": "triton"})
     dyn(*inst.inputs)
     print(f"{name}: direct {t(lambda: c(*inst.inputs)):.1f} us, dynamo {t(lambda: dyn(*inst.inputs)):.1f} us, direct {t(lambda: c(*inst.inputs)):.1f}, dynamo {t(lambda: dyn(*inst.inputs)):.1f}", flush=True)
     per_kernel(lambda: dyn(*inst.inputs))
-    small = w.__class__ if False else None
     torch._dynamo.reset()
     ind = torch.compile(inst.fn); ind(*inst.inputs)
     print(f"{name}: inductor {t(lambda: ind(*inst.inputs)):.1f}")
-    del inst, c, dyn, ind, gm
+    del inst, c, dyn, ind
     torch._dynamo.reset()
 # CPU overhead per call on tiny inputs (GPU work negligible)
 inst = W.cross_entropy(16, 320, torch.bfloat16).build(dev)
-gm = make_fx(inst.fn)(*inst.inputs)
-c = coil.compile_graph(gm, list(inst.inputs), coil.Options(target="triton"))
+c = compile_coil(inst)
 dyn = torch.compile(inst.fn, backend="coil", options={"target": "triton"}); dyn(*inst.inputs)
 print(f"tiny ce cpu/call: coil direct {cpu_us(lambda: c(*inst.inputs)):.1f} us, coil dynamo {cpu_us(lambda: dyn(*inst.inputs)):.1f} us")
 torch._dynamo.reset()
 ind = torch.compile(inst.fn); ind(*inst.inputs)
 print(f"tiny ce cpu/call: inductor {cpu_us(lambda: ind(*inst.inputs)):.1f} us, eager {cpu_us(lambda: inst.fn(*inst.inputs)):.1f} us")
-from coil.backends.triton import runtime
-k = None
 print(c.source[c.source.find("def call("):][:1500])
