@@ -16,6 +16,7 @@ import gc
 import os
 import platform
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +32,7 @@ from bench import check, counting, memory, timing
 from bench.compile_times import CompileJob, allow_children, cold_and_warm, kill_children
 from bench.report import Writer, markdown
 from bench.suites import Suite, get_suite
+from bench.timing import Timing
 from bench.variants import Capture, first_call, make_callable
 from bench.workloads import Instance, Workload
 
@@ -50,6 +52,7 @@ class Config:
     name: str | None
     overlap: bool
     threads: int | None
+    rounds: int | None
 
 
 def parse_args(argv: Sequence[str] | None) -> Config:
@@ -73,11 +76,16 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for every variant (torch.set_num_threads, coil's num_threads); "
                         "default: torch's default")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="timing rounds: every variant is timed once per round, interleaved, and the median "
+                        "round counts (default: CUDA 5, CPU 1)")
     a = p.parse_args(argv)
+    if a.rounds is not None and a.rounds < 1:
+        p.error("--rounds must be at least 1")
     only = tuple(n for item in a.only for n in item.split(",") if n)
     budget = a.budget_s if a.budget_s is not None else (450.0 if a.suite == "gpu" else None)
     return Config(a.suite, only, a.out, a.target, a.compile_times, a.jobs, budget, a.compile_timeout_s, a.name,
-                  a.overlap, a.threads)
+                  a.overlap, a.threads, a.rounds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,11 +221,10 @@ def _launches(variant: str, call: Callable[[], Any], cap: Capture, device: torch
         rec["launches"], rec["launch_method"], rec["ops"] = sum(ops.values()), "profiler: top-level aten ops", dict(ops)
 
 
-def measure_variant(variant: str, wl: Workload, inst: Instance, want: list[torch.Tensor], min_bytes: int,
-                    copy_rate: float, device: torch.device, target: str, quick: bool, threads: int | None,
-                    rec: dict[str, Any]) -> None:
-    """Fill `rec`: first call, correctness, median time, launches, peak, and a
-    second correctness check after the timed calls."""
+def prepare_variant(variant: str, wl: Workload, inst: Instance, want: list[torch.Tensor], device: torch.device,
+                    target: str, threads: int | None, rec: dict[str, Any]) -> Callable[[], Any]:
+    """Compile `variant` and fill `rec` with what needs no timing: the first call,
+    its correctness, the launches and the peak memory.  Returns the call to time."""
     f = make_callable(variant, inst.fn, target, threads)
 
     def call() -> Any:
@@ -234,25 +241,62 @@ def measure_variant(variant: str, wl: Workload, inst: Instance, want: list[torch
     if mismatch:
         rec.update(status="mismatch", mismatch=f"{variant} on {wl.name}: {mismatch}")
     del out
-    if device.type == "cpu":
-        rec["load_average"] = os.getloadavg()[0]
-    measured = timing.measure(call, device, quick)
-    rec["time_s"] = measured.median_s
-    if measured.min_s is not None:
-        rec["time_min_s"] = measured.min_s
-    rec["gb_per_s"] = min_bytes / rec["time_s"] / 1e9
-    rec["copy_fraction"] = min_bytes / rec["time_s"] / copy_rate
     _launches(variant, call, cap, device, rec)
     rec["peak_bytes"] = memory.peak_bytes(call, device)
     rec["peak_method"] = "cuda max_memory_allocated" if device.type == "cuda" else "profiler: CPU allocator"
-    mismatch = mismatch or check.compare(call(), want, wl.rtol, wl.atol)
-    rec["status"] = "mismatch" if mismatch else ("ref" if variant == "eager" else "ok")
-    if mismatch:
-        rec["mismatch"] = f"{variant} on {wl.name}: {mismatch}"
+    return call
+
+
+def timed_rounds(calls: dict[str, Callable[[], Any]], device: torch.device, quick: bool, rounds: int,
+                 deadline: float) -> dict[str, list[Timing]]:
+    """Time every variant once per round, round after round, each round starting one
+    variant later than the last: drift in clocks, temperature or the machine's load
+    then falls on all of them alike instead of on whichever ran last.  A round
+    is not started past the deadline (the first always runs)."""
+    names = list(calls)
+    got: dict[str, list[Timing]] = {n: [] for n in names}
+    for r in range(rounds):
+        if r and time.monotonic() > deadline:
+            break
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            if device.type == "cpu":
+                load = os.getloadavg()[0]
+            try:
+                got[name].append(timing.measure(calls[name], device, quick))
+            except Exception as e:  # noqa: BLE001 - the caller drops this variant and times the rest again
+                raise VariantFailed(name, e) from e
+            if device.type == "cpu":
+                got[name][-1] = dataclasses.replace(got[name][-1], load=load)
+    return got
+
+
+class VariantFailed(Exception):
+    def __init__(self, variant: str, error: BaseException) -> None:
+        super().__init__(variant)
+        self.variant, self.error = variant, error
+
+
+def record_times(rec: dict[str, Any], times: list[Timing], min_bytes: int, copy_rate: float) -> None:
+    """The median over rounds of each round's median, every round's time, and the
+    bytes per second and fraction of the copy rate that the median gives."""
+    rec["time_s"] = statistics.median(t.median_s for t in times)
+    rec["time_rounds_s"] = [t.median_s for t in times]
+    mins = [t.min_s for t in times if t.min_s is not None]
+    if mins:
+        rec["time_min_s"] = min(mins)
+    loads = [t.load for t in times if t.load is not None]
+    if loads:
+        rec["load_average"] = max(loads)
+    rec["gb_per_s"] = min_bytes / rec["time_s"] / 1e9
+    rec["copy_fraction"] = min_bytes / rec["time_s"] / copy_rate
 
 
 def measure_workload(wl: Workload, entry: dict[str, Any], device: torch.device, target: str, copy_rate: float,
-                     quick: bool, threads: int | None, writer: Writer, deadline: float) -> None:
+                     quick: bool, threads: int | None, rounds: int, writer: Writer, deadline: float) -> None:
+    """Compile and check every variant, keeping each compiled function (Dynamo keys
+    its cache by backend, so Inductor's and coil's entries for one function live
+    side by side); time them in interleaved rounds; check each once more after."""
     variants = entry["variants"]
     if time.monotonic() > deadline:
         for variant, rec in variants.items():
@@ -269,21 +313,47 @@ def measure_workload(wl: Workload, entry: dict[str, Any], device: torch.device, 
     entry["min_bytes"] = min_bytes
     if device.type == "cpu":  # the working set may sit in cache: compare with a copy of the same size
         copy_rate = timing.copy_rate_bytes_per_s(device, quick, min_bytes)
-    for variant, rec in variants.items():
-        if time.monotonic() > deadline:
-            rec.update(status="skipped", error=f"{variant} on {wl.name}: time budget spent")
-            continue
-        try:
-            measure_variant(variant, wl, inst, want, min_bytes, copy_rate, device, target, quick, threads, rec)
-        except Exception as e:  # noqa: BLE001 - recorded, never fatal
-            rec.update(status="error", error=f"{variant} on {wl.name}: {_error(e)}")
-        finally:
-            torch._dynamo.reset()
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        print(f"[bench] {wl.name:20s} {variant:9s} {rec.get('status'):9s} {timing_text(rec)}", file=sys.stderr,
-              flush=True)
+    torch._dynamo.reset()
+    calls: dict[str, Callable[[], Any]] = {}
+    try:
+        for variant, rec in variants.items():
+            if time.monotonic() > deadline:
+                rec.update(status="skipped", error=f"{variant} on {wl.name}: time budget spent")
+                continue
+            try:
+                calls[variant] = prepare_variant(variant, wl, inst, want, device, target, threads, rec)
+            except Exception as e:  # noqa: BLE001 - recorded, never fatal
+                rec.update(status="error", error=f"{variant} on {wl.name}: {_error(e)}")
+        while calls:
+            try:
+                times = timed_rounds(calls, device, quick, rounds, deadline)
+                break
+            except VariantFailed as e:
+                variants[e.variant].update(status="error", error=f"{e.variant} on {wl.name}: {_error(e.error)}")
+                del calls[e.variant]
+        else:
+            times = {}
+        for variant, call in calls.items():
+            rec = variants[variant]
+            record_times(rec, times[variant], min_bytes, copy_rate)
+            try:
+                late = check.compare(call(), want, wl.rtol, wl.atol)
+            except Exception as e:  # noqa: BLE001 - recorded, never fatal
+                rec.update(status="error", error=f"{variant} on {wl.name}, after timing: {_error(e)}")
+                continue
+            if rec.get("status") != "mismatch":
+                rec["status"] = "mismatch" if late else ("ref" if variant == "eager" else "ok")
+                if late:
+                    rec["mismatch"] = f"{variant} on {wl.name}, after timing: {late}"
+        for variant, rec in variants.items():
+            print(f"[bench] {wl.name:20s} {variant:9s} {rec.get('status'):9s} {timing_text(rec)}", file=sys.stderr,
+                  flush=True)
+    finally:
+        calls.clear()
+        torch._dynamo.reset()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         writer.write()
     if device.type == "cpu":
         same_size_copy(entry, device, quick, min_bytes, copy_rate)
@@ -363,6 +433,7 @@ def run(cfg: Config) -> dict[str, Any]:
     writer = Writer(cfg.out, name, results)
     with fresh_caches(), torch_threads(cfg.threads):
         results["threads"] = torch.get_num_threads()
+        results["rounds"] = rounds = cfg.rounds or (5 if device.type == "cuda" else 1)
         results["copy_bytes_per_s"] = timing.copy_rate_bytes_per_s(device, suite.quick)
         writer.write()
         jobs = cfg.jobs or default_jobs(device)
@@ -373,7 +444,7 @@ def run(cfg: Config) -> dict[str, Any]:
             pool, futures = start_compile_timings(cfg, suite, workloads, target, results, writer, deadline, jobs)
         for wl, entry in zip(workloads, results["workloads"]):
             measure_workload(wl, entry, device, target, results["copy_bytes_per_s"], suite.quick, cfg.threads,
-                             writer, deadline)
+                             rounds, writer, deadline)
         if cfg.compile_times and suite.compile_times and pool is None:
             pool, futures = start_compile_timings(cfg, suite, workloads, target, results, writer, deadline, jobs)
         try:

@@ -48,6 +48,28 @@ def time_ratios(wl: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def round_ratios(wl: dict[str, Any]) -> list[float]:
+    """coil/Inductor in each timing round (the rounds interleave the variants, so a
+    round's two times were taken minutes apart at most); empty unless both passed
+    and ran the same number of rounds, more than one."""
+    v = wl["variants"]
+    a, b = v.get("coil", {}), v.get("inductor", {})
+    ta, tb = a.get("time_rounds_s") or [], b.get("time_rounds_s") or []
+    if a.get("status") not in OK or b.get("status") not in OK or len(ta) != len(tb) or len(ta) < 2:
+        return []
+    return [x / y for x, y in zip(ta, tb)]
+
+
+def _round_lines(results: dict[str, Any]) -> list[str]:
+    spread = [(wl["name"], time_ratios(wl)["coil/inductor"], round_ratios(wl)) for wl in results["workloads"]
+              if round_ratios(wl) and "coil/inductor" in time_ratios(wl)]
+    if not spread:
+        return []
+    n = len(spread[0][2])
+    return ["", f"coil/Inductor to three places, the median of {n} rounds, and the lowest and highest single round:",
+            ""] + [f"- {name}: {r:.3f} ({min(rs):.3f} to {max(rs):.3f})" for name, r, rs in spread]
+
+
 def geomeans(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     per: dict[str, list[float]] = {}
     for wl in results["workloads"]:
@@ -131,6 +153,7 @@ def markdown(results: dict[str, Any]) -> str:
     g = geomeans(results).get("coil/eager")
     if g:
         lines += ["", f"coil/eager time, geomean over {g['n']}: {g['geomean']:.2f}"]
+    lines += _round_lines(results)
     if notes:
         lines += ["", "Notes:", ""] + [f"{i}. {n}" for i, n in enumerate(notes, 1)]
     return "\n".join(lines) + "\n"
@@ -157,6 +180,7 @@ class Writer:
             self.results["geomean"] = geomeans(self.results)
             for wl in self.results["workloads"]:
                 wl["ratios"] = time_ratios(wl)
+                wl["coil_inductor_rounds"] = round_ratios(wl)
             _atomic(self.json_path, json.dumps(self.results, indent=1, default=str) + "\n")
             _atomic(self.md_path, markdown(self.results))
 

@@ -46,6 +46,7 @@ def _cuda_events_median_s(fn: Callable[[], Any], warmup: int, reps: int) -> floa
 class Timing:
     median_s: float
     min_s: float | None = None  # CPU only: the least-disturbed sample
+    load: float | None = None  # CPU only: the load average when it was timed
 
 
 def cpu_timing(fn: Callable[[], Any], sample_s: float = 0.02, total_s: float = 1.0,

@@ -13,10 +13,11 @@ import torch
 
 def make_callable(variant: str, fn: Callable[..., Any], coil_target: str, threads: int | None = None) -> Callable[..., Any]:
     """eager: fn itself; inductor: torch.compile's default; coil: backend="coil"
-    (with `num_threads` when the run fixes the thread count)."""
+    (with `num_threads` when the run fixes the thread count).  Dynamo is not reset
+    here: its cache keeps one entry per backend, so both compiled variants of one
+    function stay callable side by side."""
     if variant == "eager":
         return fn
-    torch._dynamo.reset()
     if variant == "inductor":
         return torch.compile(fn)
     if variant == "coil":
