@@ -83,8 +83,8 @@ class _Fuser:
 
     def can_fuse(self, a: Group, b: Group) -> str | None:
         """None when legal, else the rule that forbids it."""
-        if len(a.nodes) + len(b.nodes) > self.o.max_fusion_size:
-            return f"size: {len(a.nodes) + len(b.nodes)} nodes > max_fusion_size {self.o.max_fusion_size}"
+        if len(a.nodes) + len(b.nodes) > self.o.fusion_limit():
+            return f"size: {len(a.nodes) + len(b.nodes)} nodes > max_fusion_size {self.o.fusion_limit()}"
         da = {self.bufs[n].layout.device for n in a.nodes}
         db = {self.bufs[n].layout.device for n in b.nodes}
         if da != db:
