@@ -38,7 +38,7 @@ kernel parameter (plan.removed buffers never are).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import attrs
 import sympy
@@ -47,7 +47,7 @@ import torch
 from coil.backends.triton import reductions
 from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index, tl_dtype
 from coil.backends.triton.runtime import candidate_configs, heuristic_config
-from coil.backends.triton.tiling import tiled_map, tiling
+from coil.backends.triton.tiling import contiguous_axis, tiled_map, tiling
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import (
     Cast,
@@ -268,10 +268,30 @@ def hoist_loads(ctx: KernelContext, out: Emitter, nodes: list[ComputedBuffer], r
     computes come from registers and stay where they are)."""
     inside = {b.name for b in ctx.nodes}
     h = _handler(ctx, out, registers)
-    for b in nodes:
-        for ld in loads(ctx.bodies[b.name]):
-            if ld.name not in inside and ld.name not in registers:
-                evaluate(ld, h, memo)
+    found = [ld for b in nodes for ld in loads(ctx.bodies[b.name]) if ld.name not in inside and ld.name not in registers]
+    if ctx.cols is not None:
+        found.sort(key=_tile_load_order(ctx))
+    for ld in found:
+        evaluate(ld, h, memo)
+
+
+def _tile_load_order(ctx: KernelContext) -> Callable[[Load], int]:
+    """A tiled kernel's loads, those contiguous along the other axis than its store
+    first and those along the store's axis last.  Triton computes in the layout of
+    the last load and converts the earlier ones to it: x + y.t() with y's load
+    first converts y once (one shared-memory round trip a tile, one barrier); with
+    x's first it converted x to y's layout and the sum back for the store (two
+    round trips, three barriers)."""
+    stored = {p.name for p in ctx.params if p.role != "in"}
+    axis = next((contiguous_axis(simplify_index(
+        b.layout.offset_of(xsyms(len(b.ranges))).xreplace(tiled_map(b, ctx.cols or 0, ctx.ranges)), ctx.ranges))
+        for b in ctx.nodes if b.name in stored), None) or "x"
+
+    def key(ld: Load) -> int:
+        along = contiguous_axis(ctx.layouts[ld.name].offset_of(ld.index))
+        return 1 if along is None else (2 if along == axis else 0)
+
+    return key
 
 
 def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:

@@ -33,6 +33,20 @@ def _step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     return sympy.expand(off.xreplace({**zero, sym: 1}) - off.xreplace(zero))
 
 
+def _down_columns(dy: sympy.Expr, dx: sympy.Expr) -> bool:
+    return bool(dy == 1 and dx != 1 and dx != 0)
+
+
+def contiguous_axis(off: sympy.Expr) -> str | None:
+    """Along which axis of the tile an access, as an offset over (yindex, xindex),
+    is contiguous: "x" (along the rows), "y" (down the columns: the transposed
+    read of x + y.t()), or None (neither: a broadcast or a strided access)."""
+    dy, dx = _step(off, YINDEX), _step(off, XINDEX)
+    if dx == 1:
+        return "x"
+    return "y" if _down_columns(dy, dx) else None
+
+
 def tiling(k: FusedKernel, program: WrapperProgram) -> int | None:
     """The column count of a 2-D tiling of pointwise kernel k, or None.
 
@@ -71,7 +85,7 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> int | None:
             for off in offs:
                 off = simplify_index(off, rng)
                 steps.append((_step(off, YINDEX), _step(off, XINDEX)))
-        transposed = any(dy == 1 and dx != 1 and dx != 0 for dy, dx in steps)
+        transposed = any(_down_columns(dy, dx) for dy, dx in steps)
         along = any(dx == 1 for _, dx in steps)
         if transposed and along:
             return cols
