@@ -316,6 +316,68 @@ def test_contiguous_and_small_pointwise_stay_1d(device: str) -> None:
         assert "YBLOCK" not in compiled.source
 
 
+def _stores_and_loads(src: str) -> tuple[list[str], list[str]]:
+    lines = [ln.strip() for ln in src.splitlines()]
+    return [ln for ln in lines if ln.startswith("tl.store(")], [ln for ln in lines if "tl.load(" in ln]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shapes", [[(48, 64), (64, 48)], [(37, 53), (53, 37)]])  # the second with tails
+def test_a_column_major_output_lays_its_tile_transposed(device: str, shapes: list[tuple[int, int]]) -> None:
+    """y.t() + x: eager's output is column-major.  The tile's xindex runs down its
+    columns, so the store (and the programs' order) goes along the output in memory;
+    the strides match eager's."""
+    fn = lambda a, b: a.t() + b  # noqa: E731
+    inputs = [torch.randn(s, device=device) for s in shapes]
+    compiled = check(fn, inputs)
+    assert compiled(*inputs)[0].stride() == fn(*inputs).stride() == (1, shapes[0][1])
+    (src,) = kernel_sources(compiled)
+    (store,), _ = _stores_and_loads(src)
+    rows, cols = shapes[1]
+    assert re.search(rf"\(xindex \+ {rows}\*yindex\)", store), store
+    # ynumel is the split's column count, xnumel its row count
+    assert re.search(rf"\[grid2\({cols}, {rows}, \d+, \d+\)\]", compiled.source), compiled.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fn,shapes", [
+    (lambda a, b: a + b.t(), [(64, 48), (48, 64)]),
+    (lambda a, b: b.t() + a, [(64, 48), (48, 64)]),
+    (lambda a, b: a.t() + b, [(48, 64), (64, 48)]),
+    (lambda a, b, c, d: a + b.t() + c * d.t(), [(64, 48), (48, 64), (64, 48), (48, 64)]),
+])
+def test_tiled_loads_along_the_store_come_first(device: str, fn: Callable[..., Any],
+                                                 shapes: list[tuple[int, ...]]) -> None:
+    """Whatever the order in the graph, a tiled kernel loads what runs along its
+    store's axis (xindex + N*yindex) before what runs across it (N*xindex + yindex)."""
+    compiled = check(fn, [torch.randn(s, device=device) for s in shapes])
+    (src,) = kernel_sources(compiled)
+    (store,), lds = _stores_and_loads(src)
+    assert re.search(r"\(xindex \+ \d+\*yindex\)", store), store
+    along = [bool(re.search(r"\(xindex \+ \d+\*yindex\)", ld)) for ld in lds]
+    across = [bool(re.search(r"\(\d+\*xindex \+ yindex\)", ld)) for ld in lds]
+    assert any(along) and any(across)
+    assert along == sorted(along, reverse=True), lds  # every along-load before every across-load
+
+
+def test_a_tile_too_wide_for_grid_axis_1_stays_plain() -> None:
+    """Transposed, the split's columns go on grid axis 1 (at most 65535 blocks of at
+    least 16): an output 2**21 columns wide keeps the plain tile, programs along its
+    rows.  Compiled on meta tensors: nothing runs."""
+    from coil.backends.triton.tiling import MAX_GRID_Y, MIN_TILE_SIDE
+
+    wide = 1 << 21
+    assert wide > MAX_GRID_Y * MIN_TILE_SIDE
+    fn = lambda a, b: a.t() + b  # noqa: E731
+    inputs = [torch.empty(wide, 16, device="meta"), torch.empty(16, wide, device="meta")]
+    gm = make_fx(fn)(*inputs)
+    compiled = coil.compile_graph(gm, inputs, coil.Options(target="triton", graph_cache=False))
+    assert f"[grid2(16, {wide}, " in compiled.module.source
+    narrow = [torch.empty(64, 16, device="meta"), torch.empty(16, 64, device="meta")]
+    compiled = coil.compile_graph(make_fx(fn)(*narrow), narrow, coil.Options(target="triton", graph_cache=False))
+    assert "[grid2(64, 16, " in compiled.module.source
+
+
 def test_tiled_launch_configs() -> None:
     cfg = runtime.heuristic_config("tiled", 8192, 8192)
     assert (cfg.yblock, cfg.xblock) == (64, 64) and cfg.meta() == {"YBLOCK": 64, "XBLOCK": 64}

@@ -16,7 +16,7 @@ from typing import Sequence
 from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import kernel_source, row_reductions
 from coil.backends.triton.split import Split, launched_names, split_launch, split_of, split_source
-from coil.backends.triton.tiling import tiling
+from coil.backends.triton.tiling import Tile, tiling
 from coil.backends.triton.runtime import LaunchConfig, heuristic_config
 from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
@@ -35,10 +35,10 @@ def kernel_device(program: WrapperProgram, k: FusedKernel) -> str:
     return program.plan.schedule.graph.graph.layout(k.nodes[0]).device
 
 
-def launch_kind(k: FusedKernel, cols: int | None) -> str:
+def launch_kind(k: FusedKernel, tile: Tile | None) -> str:
     """pointwise | tiled | persistent | reduction: how the runtime launches k
-    (`cols`: its tiling, from `tiling`)."""
-    return "tiled" if cols is not None else k.kind
+    (`tile`: its tiling, from `tiling`)."""
+    return "tiled" if tile is not None else k.kind
 
 
 def launch_of(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int], LaunchConfig] | Split | None:
@@ -49,12 +49,12 @@ def launch_of(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int]
     xnumel, rnumel = k.group
     if xnumel == 0:
         return None
-    cols = tiling(k, program)
-    kind = launch_kind(k, cols)
-    if cols is not None:
-        rows = xnumel // cols
-        cfg = heuristic_config(kind, rows, cols)
-        return f"grid2({rows}, {cols}, {cfg.yblock}, {cfg.xblock})", [rows, cols], cfg
+    tile = tiling(k, program)
+    kind = launch_kind(k, tile)
+    if tile is not None:
+        ny, nx = tile.ynumel, tile.xnumel
+        cfg = heuristic_config(kind, ny, nx)
+        return f"grid2({ny}, {nx}, {cfg.yblock}, {cfg.xblock})", [ny, nx], cfg
     split = split_of(k, program)
     if split is not None:
         return split
@@ -108,9 +108,11 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
             continue
         grid_text, _, cfg = plan
         launch = f"{grid_text} {cfg.as_kwargs()}"
-        cols = tiling(k, program)
-        if cols is not None:
-            why = f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, read and written along their rows"
+        tile = tiling(k, program)
+        if tile is not None:
+            why = (f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, each access along its contiguous axis; "
+                   + ("programs start down the columns, as the output is written" if tile.transposed
+                      else "programs start along the rows"))
         elif k.kind == "pointwise":
             why = f"{cfg.xblock} elements a program, {cfg.xblock / (32 * cfg.num_warps):g} a thread"
         elif k.kind == "persistent":
@@ -122,7 +124,7 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
                 why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
         else:
             why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
-        out.append((k.name, launch_kind(k, cols), launch, why))
+        out.append((k.name, launch_kind(k, tile), launch, why))
     return out
 
 

@@ -1,10 +1,13 @@
-"""Device probe: the order of a tiled kernel's loads.  Triton computes in the layout
-of the last load and converts the earlier ones to it, so x + y.t() with x's load
-first converts x to y's layout and the sum back for the store (two shared-memory
-round trips, three barriers a tile), and with y's load first converts y alone (one,
-one).  coil now issues the loads against the store's axis first; this times that
-against the same module with its first two loads swapped back, and Inductor, for
-x + y.t() and y.t() + x (f32 8192x8192), in interleaved rounds."""
+"""Device probe: the order of a tiled kernel's loads, and the tile's orientation.
+Triton computes in the layout of the last load and converts the earlier ones to
+it, so x + y.t() with x's load first converts x to y's layout and the sum back for
+the store (two shared-memory round trips a tile), and with y's load first converts
+y alone (one).  This times coil's module against the same module with its first
+two loads swapped, and Inductor, for x + y.t() and y.t() + x (f32 8192x8192; the
+second's output is column-major, so coil lays its tile transposed), in
+interleaved rounds.  First run (y's load first in coil): x + y.t() 192.0 µs
+against 190.6 with x's first; y.t() + x, on a plain tile, 197.4 against 196.5, and
+Inductor 190.4."""
 import os, re, sys
 sys.path.insert(0, os.getcwd())
 import torch
