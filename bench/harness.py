@@ -78,7 +78,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                         "default: torch's default")
     p.add_argument("--rounds", type=int, default=None,
                    help="timing rounds: every variant is timed once per round, interleaved, and the median "
-                        "round counts (default: CUDA 5, CPU 1)")
+                        "round counts (default: CUDA 5, CPU 3, the smoke suite 1)")
     a = p.parse_args(argv)
     if a.rounds is not None and a.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -433,7 +433,7 @@ def run(cfg: Config) -> dict[str, Any]:
     writer = Writer(cfg.out, name, results)
     with fresh_caches(), torch_threads(cfg.threads):
         results["threads"] = torch.get_num_threads()
-        results["rounds"] = rounds = cfg.rounds or (5 if device.type == "cuda" else 1)
+        results["rounds"] = rounds = cfg.rounds or (5 if device.type == "cuda" else 1 if suite.quick else 3)
         results["copy_bytes_per_s"] = timing.copy_rate_bytes_per_s(device, suite.quick)
         writer.write()
         jobs = cfg.jobs or default_jobs(device)

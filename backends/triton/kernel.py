@@ -47,7 +47,7 @@ import torch
 from coil.backends.triton import reductions
 from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index, tl_dtype
 from coil.backends.triton.runtime import candidate_configs, heuristic_config
-from coil.backends.triton.tiling import Tile, contiguous_axis, tiled_map, tiling
+from coil.backends.triton.tiling import Tile, contiguous_axis, store_offset, tiled_map, tiling
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import (
     Cast,
@@ -101,11 +101,7 @@ class KernelContext:
         tile = self.tile
         assert tile is not None
         stored = {p.name for p in self.params if p.role != "in"}
-        for b in self.nodes:
-            if b.name in stored:
-                off = b.layout.offset_of(xsyms(len(b.ranges))).xreplace(tiled_map(b, tile))
-                return contiguous_axis(simplify_index(off, tile.ranges)) or "x"
-        return "x"
+        return next((contiguous_axis(store_offset(b, tile)) or "x" for b in self.nodes if b.name in stored), "x")
 
     @property
     def rnumel(self) -> int:
@@ -248,9 +244,7 @@ def finish_node(ctx: KernelContext, out: Emitter, b: ComputedBuffer, value: str,
     role = ctx.roles[b.name]
     if role == "tiled":
         assert ctx.tile is not None
-        m = tiled_map(b, ctx.tile)
-        pos = simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m), ctx.ranges)
-        pos = sympy.expand(pos - b.layout.offset)
+        pos = sympy.expand(store_offset(b, ctx.tile) - b.layout.offset)
         need: tuple[sympy.Symbol, ...] = (YINDEX, XINDEX)
         mask = "yxmask"
     else:
@@ -292,9 +286,10 @@ def _tile_load_order(ctx: KernelContext) -> Callable[[Load], int]:
     those along the other axis last.  Triton computes in the layout of the last
     load and converts the earlier ones to it, so x + y.t() in this order converts x
     to y's layout and the sum back for its store: two shared-memory round trips a
-    tile against one the other way round.  Yet on the H200 this order ran faster,
-    190.6 against 192.0 µs for x + y.t() and 196.5 against 197.4 µs for y.t() + x,
-    f32 8192x8192 (bench/probes/tile_load_order.py), so it is the one kept."""
+    tile against one the other way round.  Yet on the H200 this order ran faster
+    in both runs of bench/probes/tile_load_order.py (f32 8192x8192): x + y.t() 190.6
+    against 192.0 µs, then 192.2 against 192.8; y.t() + x 196.5 against 197.4 on a
+    plain tile, then 192.1 against 192.7 on a transposed one.  So it is kept."""
     axis = ctx.store_axis
 
     def key(ld: Load) -> int:

@@ -57,6 +57,11 @@ def tiled_map(b: ComputedBuffer, tile: Tile) -> dict[sympy.Symbol, sympy.Expr]:
     return {s: simplify_index(e, rng) for s, e in zip(xsyms(len(b.ranges)), unflatten(tile.flat(), b.ranges))}
 
 
+def store_offset(b: ComputedBuffer, tile: Tile) -> sympy.Expr:
+    """Where b's element (yindex, xindex) lies in its buffer."""
+    return simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(tiled_map(b, tile)), tile.ranges)
+
+
 def _step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     """How far one step of `sym` moves an access (from the origin)."""
     zero = {YINDEX: 0, XINDEX: 0}
@@ -118,7 +123,7 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> Tile | None:
                 off = simplify_index(off, rng)
                 steps.append((_step(off, YINDEX), _step(off, XINDEX)))
             if b.name in stored:
-                off = simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m), rng)
+                off = store_offset(b, tile)
                 store_steps.append((_step(off, YINDEX), _step(off, XINDEX)))
         steps += store_steps
         transposed = any(_down_columns(dy, dx) for dy, dx in steps)
