@@ -1,5 +1,6 @@
 """What the device probes share: triton's do_bench in microseconds, coil compiled
-straight from a workload, a variant of a compiled module from edited source, edits
+straight from a workload, Inductor's and coil's compiled calls side by side and the
+configs Inductor's autotuner picked, a variant of a compiled module from edited source, edits
 of output_code.py's launch configs, interleaved timing rounds, host time per call.
 Probes run from the repository root on a CUDA machine."""
 from __future__ import annotations
@@ -32,6 +33,31 @@ def compile_coil(inst: Any, **options: Any) -> Any:
     """coil's CompiledFn for a bench workload instance (graph cache off)."""
     gm = make_fx(inst.fn)(*inst.inputs)
     return coil.compile_graph(gm, list(inst.inputs), coil.Options(target="triton", graph_cache=False, **options))
+
+
+def inductor_configs() -> list[tuple[str, list[str]]]:
+    """The config each live Inductor autotuner launched with, by kernel name."""
+    import gc
+
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    out = []
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, CachingAutotuner):
+                out.append((o.fn.__name__, [str(launcher.config) for launcher in o.launchers]))
+        except ReferenceError:  # a dead weak proxy
+            pass
+    return out
+
+
+def inductor_and_coil(inst: Any) -> dict[str, Callable[[], Any]]:
+    """A workload instance compiled by Inductor and by coil, each called once, as
+    calls of the instance's inputs giving the first output."""
+    ind = torch.compile(inst.fn)
+    ind(*inst.inputs)
+    c = compile_coil(inst)
+    return {"inductor": lambda: ind(*inst.inputs), "coil": lambda: c(*inst.inputs)[0]}
 
 
 def variant(compiled: Any, source: str) -> Any:

@@ -8,7 +8,7 @@ import os, sys
 sys.path.insert(0, os.getcwd())
 import torch, triton, triton.language as tl
 from bench import workloads as W
-from bench.probes.common import compile_coil, timed_rounds
+from bench.probes.common import inductor_and_coil, timed_rounds
 
 ROUNDS = int(os.environ.get("ROUNDS", "7"))
 ROWS, COLS = int(os.environ.get("ROWS", "32768")), int(os.environ.get("COLS", "8192"))
@@ -63,11 +63,7 @@ def main():
     out = torch.empty_like(g)
     fns = {}
     if dev.type == "cuda":
-        ind = torch.compile(inst.fn)
-        ind(g, u)
-        fns["inductor fn"] = lambda: ind(g, u)
-        c = compile_coil(inst)
-        fns["coil fn"] = lambda: c(g, u)[0]
+        fns.update(inductor_and_coil(inst))
     BN = 256
     flat = lambda t: t.view(n // BN, BN)  # each [BM, 256] tile is one contiguous run of memory
     for bm, w in ((4, 4), (8, 4), (16, 4), (32, 8), (64, 8)):
@@ -97,7 +93,7 @@ def main():
             del fns[k]
     print("variants checked:", len(fns), flush=True)
     if dev.type == "cuda":
-        timed_rounds(f"silu*mul {ROWS}x{COLS} bf16", fns, ROUNDS, base="inductor fn")
+        timed_rounds(f"silu*mul {ROWS}x{COLS} bf16", fns, ROUNDS)
 
 
 if __name__ == "__main__":

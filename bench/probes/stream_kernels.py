@@ -2,11 +2,11 @@
 grid-stride loops over a full-occupancy grid) against Inductor, interleaved rounds;
 prints the config Inductor's autotuner picked.  Then a 256-step chain (graph_2000's
 kernels) through coil: GPU time and host time per call, for two persistent configs."""
-import gc, os, sys, time
+import os, sys, time
 sys.path.insert(0, os.getcwd())
 import torch, triton, triton.language as tl
 from bench import workloads as W
-from bench.probes.common import bench_us as t, compile_coil, host_us, timed_rounds, variant, with_config
+from bench.probes.common import bench_us as t, compile_coil, host_us, inductor_configs, timed_rounds, variant, with_config
 
 dev = torch.device("cuda")
 ROUNDS = int(os.environ.get("ROUNDS", "7"))
@@ -45,18 +45,6 @@ def gelu_stride(x, bias, r, o, nblocks, XBLOCK: tl.constexpr, N: tl.constexpr, N
         v = tl.load(x + idx).to(tl.float32) + tl.load(bias + idx % N).to(tl.float32)
         y = 0.5 * v * (1.0 + tl.extra.cuda.libdevice.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
         tl.store(o + idx, (y + tl.load(r + idx).to(tl.float32)).to(tl.bfloat16))
-
-
-def inductor_configs():
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    out = []
-    for o in gc.get_objects():
-        try:
-            if isinstance(o, CachingAutotuner):
-                out.append((o.fn.__name__, [str(l.config) for l in o.launchers]))
-        except ReferenceError:  # a dead weak proxy
-            pass
-    return out
 
 
 def compare(name, inst, fns):

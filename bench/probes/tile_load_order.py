@@ -8,7 +8,7 @@ second's output is column-major, so coil lays its tile transposed), in
 interleaved rounds.  First run (y's load first in coil): x + y.t() 192.0 µs
 against 190.6 with x's first; y.t() + x, on a plain tile, 197.4 against 196.5, and
 Inductor 190.4."""
-import os, re, sys
+import os, sys
 sys.path.insert(0, os.getcwd())
 import torch
 from bench import workloads as W

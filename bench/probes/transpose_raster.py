@@ -10,7 +10,7 @@ import os, sys
 sys.path.insert(0, os.getcwd())
 import torch, triton, triton.language as tl
 from bench import workloads as W
-from bench.probes.common import compile_coil, timed_rounds
+from bench.probes.common import inductor_and_coil, inductor_configs, timed_rounds
 
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 N = int(os.environ.get("N", "8192"))
@@ -38,19 +38,6 @@ def add_t(x, y, o, N: tl.constexpr, YB: tl.constexpr, XB: tl.constexpr, ORDER: t
     tl.store(o + yi * N + xi, a + b)
 
 
-def inductor_configs():
-    import gc
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    out = []
-    for obj in gc.get_objects():
-        try:
-            if isinstance(obj, CachingAutotuner):
-                out.append((obj.fn.__name__, [str(l.config) for l in obj.launchers]))
-        except ReferenceError:
-            pass
-    return out
-
-
 def main():
     inst = W.add_transpose(N, torch.float32).build(dev)
     x, y = inst.inputs
@@ -58,12 +45,8 @@ def main():
     out = torch.empty_like(x)
     fns = {}
     if dev.type == "cuda":
-        ind = torch.compile(inst.fn)
-        ind(x, y)
+        fns.update(inductor_and_coil(inst))
         print("inductor picked", inductor_configs(), flush=True)
-        fns["inductor"] = lambda: ind(x, y)
-        c = compile_coil(inst)
-        fns["coil"] = lambda: c(x, y)[0]
     shapes = ((64, 64, 8), (64, 64, 4), (32, 32, 4), (128, 64, 8), (64, 128, 8), (128, 128, 8), (32, 128, 4))
     for yb, xb, w in shapes:
         if N % yb or N % xb:
