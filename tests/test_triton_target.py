@@ -378,6 +378,40 @@ def test_a_tile_too_wide_for_grid_axis_1_stays_plain() -> None:
     assert "[grid2(64, 16, " in compiled.module.source
 
 
+_TILE_OPS = {"add": torch.add, "mul": torch.mul, "sub": torch.sub, "max": torch.maximum}
+
+
+@settings(max_examples=int(os.environ.get("COIL_PROPERTY_EXAMPLES", "8")), deadline=None, derandomize=True,
+          database=None)
+@given(rows=st.integers(16, 70), cols=st.integers(16, 70),
+       flips=st.lists(st.booleans(), min_size=2, max_size=4).filter(lambda f: any(f) and not all(f)),
+       ops=st.lists(st.sampled_from(sorted(_TILE_OPS)), min_size=3, max_size=3), sin=st.booleans())
+def test_tiles_match_eager_whatever_the_orientation(rows: int, cols: int, flips: list[bool], ops: list[str],
+                                                     sin: bool) -> None:
+    """Random mixes of plain and transposed operands (the first operand decides
+    whether eager's output is row- or column-major), ragged sizes: the tiled kernel
+    matches eager's values and strides, stores along xindex, and loads along its
+    store before across it."""
+    gen = torch.Generator().manual_seed(rows * 100 + cols)
+    inputs = [torch.randn((cols, rows) if f else (rows, cols), generator=gen) for f in flips]
+
+    def fn(*xs: torch.Tensor) -> torch.Tensor:
+        vals = [x.t() if f else x for x, f in zip(xs, flips)]
+        out = vals[0]
+        for v, op in zip(vals[1:], ops):
+            out = _TILE_OPS[op](out, v)
+        return out.sin() if sin else out
+
+    compiled = check(fn, inputs)
+    assert compiled(*inputs)[0].stride() == fn(*inputs).stride()
+    (src,) = kernel_sources(compiled)
+    assert "YBLOCK: tl.constexpr" in src
+    (store,), lds = _stores_and_loads(src)
+    assert re.search(r"\(xindex \+ \d+\*yindex\)|\+ xindex,", store), store
+    along = [bool(re.search(r"\(xindex \+ \d+\*yindex\)", ld)) for ld in lds]
+    assert along == sorted(along, reverse=True), lds
+
+
 def test_tiled_launch_configs() -> None:
     cfg = runtime.heuristic_config("tiled", 8192, 8192)
     assert (cfg.yblock, cfg.xblock) == (64, 64) and cfg.meta() == {"YBLOCK": 64, "XBLOCK": 64}
