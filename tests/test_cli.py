@@ -153,12 +153,13 @@ def test_explain_chain_fusion_and_reuse(tmp_path: Path, capsys: pytest.CaptureFi
 LAUNCH_FILE = """
 import torch
 
-def fn(y, big, sq):
+def fn(y, big, sq, u, v):
     for _ in range(6):
         y = y - y.amax(-1, keepdim=True) * 0.5
-    return y.softmax(-1), big.sum(), sq + sq.t()
+    return y.softmax(-1), big.sum(), sq + sq.t(), u.t() + v
 
-example_inputs = (torch.randn(64, 1024), torch.randn(40000), torch.randn(96, 96))
+example_inputs = (torch.randn(64, 1024), torch.randn(40000), torch.randn(96, 96), torch.randn(80, 96),
+                  torch.randn(96, 80))
 """
 
 
@@ -172,6 +173,10 @@ def test_explain_triton_launches(tmp_path: Path, capsys: pytest.CaptureFixture[s
     rows = {ln.split()[0]: ln for ln in launches.strip().splitlines()[1:] if ln.startswith("triton_")}
     by_kind = {ln.split()[1]: ln for ln in rows.values()}
     assert set(by_kind) == {"persistent", "split", "combine", "tiled"}, rows
+    tiled = sorted(ln for ln in rows.values() if ln.split()[1] == "tiled")
+    assert len(tiled) == 2, tiled  # sq + sq.t() (row-major out), u.t() + v (column-major out)
+    assert sum("programs start along the rows" in ln for ln in tiled) == 1, tiled
+    assert sum("programs start down the columns, as the output is written" in ln for ln in tiled) == 1, tiled
     assert "grid(64, 1) XBLOCK=1, RBLOCK=1024, num_warps=1" in by_kind["persistent"]
     assert "8 chained row reductions (>= 8): one row a program" in by_kind["persistent"]
     assert "1 row(s) (<= 128) of 40000 (>= 16384): 157 programs a row" in by_kind["split"]
