@@ -61,8 +61,11 @@ def round_ratios(wl: dict[str, Any]) -> list[float]:
 
 
 def _round_lines(results: dict[str, Any]) -> list[str]:
-    spread = [(wl["name"], time_ratios(wl)["coil/inductor"], round_ratios(wl)) for wl in results["workloads"]
-              if round_ratios(wl) and "coil/inductor" in time_ratios(wl)]
+    spread = []
+    for wl in results["workloads"]:
+        median, rounds = time_ratios(wl).get("coil/inductor"), round_ratios(wl)
+        if median is not None and rounds:
+            spread.append((wl["name"], median, rounds))
     if not spread:
         return []
     n = len(spread[0][2])

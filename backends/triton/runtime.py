@@ -80,8 +80,8 @@ def chain_config(rnumel: int) -> LaunchConfig:
 
 def heuristic_config(kind: str, xnumel: int, rnumel: int, reductions: int = 1) -> LaunchConfig:
     """Block sizes and warps from the sizes (and, for persistent kernels, how many
-    row reductions they chain).  Tiled kernels: xnumel is the row count, rnumel
-    the column count."""
+    row reductions they chain).  Tiled kernels: xnumel is the tile's ynumel (the
+    YBLOCK axis), rnumel its xnumel (the XBLOCK axis)."""
     x = next_power_of_2(max(xnumel, 1))
     if kind == "tiled":
         yb, xb = min(64, x), min(64, next_power_of_2(rnumel))

@@ -6,6 +6,8 @@ layout per access and converts between them."""
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import attrs
 import sympy
 
@@ -57,9 +59,11 @@ def tiled_map(b: ComputedBuffer, tile: Tile) -> dict[sympy.Symbol, sympy.Expr]:
     return {s: simplify_index(e, rng) for s, e in zip(xsyms(len(b.ranges)), unflatten(tile.flat(), b.ranges))}
 
 
-def store_offset(b: ComputedBuffer, tile: Tile) -> sympy.Expr:
-    """Where b's element (yindex, xindex) lies in its buffer."""
-    return simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(tiled_map(b, tile)), tile.ranges)
+def store_offset(b: ComputedBuffer, tile: Tile, m: Mapping[sympy.Symbol, sympy.Expr] | None = None) -> sympy.Expr:
+    """Where b's element (yindex, xindex) lies in its buffer (`m`: b's tiled_map,
+    where the caller has it already)."""
+    m = tiled_map(b, tile) if m is None else m
+    return simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m), tile.ranges)
 
 
 def _step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
@@ -123,7 +127,7 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> Tile | None:
                 off = simplify_index(off, rng)
                 steps.append((_step(off, YINDEX), _step(off, XINDEX)))
             if b.name in stored:
-                off = store_offset(b, tile)
+                off = store_offset(b, tile, m)
                 store_steps.append((_step(off, YINDEX), _step(off, XINDEX)))
         steps += store_steps
         transposed = any(_down_columns(dy, dx) for dy, dx in steps)
