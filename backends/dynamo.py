@@ -3,7 +3,12 @@
 Dynamo hands over an FX graph of torch calls; AOTAutograd, with coil's
 decomposition table, turns it into forward (and backward) graphs of aten ops; each
 goes through `coil.compile_graph`.  A graph coil cannot take (symbolic shapes) runs
-eagerly with a logged warning instead of failing the user's model."""
+eagerly with a logged warning instead of failing the user's model.
+
+An inference graph that AOTAutograd passed through unchanged (nothing mutated or
+aliased) leaves a link in the graph cache from the Dynamo graph to its compiled
+graph; the next compile of that Dynamo graph, in any process, loads the compiled
+graph through the link and skips AOTAutograd (coil/graph_cache.py says when)."""
 
 from __future__ import annotations
 
@@ -36,24 +41,76 @@ def _static(inputs: Sequence[Any]) -> bool:
     return True
 
 
-def _graph_compiler(options: Options, kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+def _passed_through(n_inputs: int, example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd's inference graph being compiled now takes the Dynamo
+    graph's inputs as they are and returns its outputs as they are: then its
+    runtime wrappers do nothing, and the compiled graph can stand for the Dynamo
+    graph.  Read from the metadata AOTAutograd leaves in the tracing context."""
+    from torch._functorch._aot_autograd.schemas import MutationType, OutputType, SubclassCreationMeta
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    if meta is None or len(example_inputs) != n_inputs or len(meta.input_info) != n_inputs:
+        return False
+    try:
+        return (meta.num_intermediate_bases == 0 and not meta.tokens
+                and not getattr(meta, "is_rng_op_functionalized", False)
+                and not any(isinstance(m, SubclassCreationMeta)
+                            for m in (*meta.subclass_inp_meta, *meta.subclass_fw_graph_out_meta))
+                and all(i.mutation_type == MutationType.NOT_MUTATED for i in meta.input_info)
+                and all(o.output_type == OutputType.non_alias and isinstance(o.raw_type, type)
+                        and issubclass(o.raw_type, torch.Tensor) for o in meta.output_info))
+    except AttributeError:  # another torch's metadata: no link, nothing lost
+        return False
+
+
+def _graph_compiler(options: Options, kind: str, link: str | None = None,
+                    n_inputs: int = 0) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+    """The compiler AOTAutograd calls with one graph.  `link`: the Dynamo graph's
+    link key, stored when this (inference) graph turns out to stand for it."""
+
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        from coil import compile_graph
+        from coil import compile_graph, graph_cache
 
         if not _static(example_inputs):
             log.warning("coil: %s graph has symbolic shapes; running it eagerly", kind)
             return gm.forward
         compiled = compile_graph(gm, list(example_inputs), options)
         log.debug("coil: compiled %s graph (%d nodes)", kind, len(gm.graph.nodes))
-
-        def run(args: list[Any]) -> Any:
-            return compiled.call_boxed(args)
-
-        run._boxed_call = True  # type: ignore[attr-defined]
-        run.compiled = compiled  # type: ignore[attr-defined]
-        return run
+        if link and compiled.cache_key and _passed_through(n_inputs, example_inputs):
+            graph_cache.store_link(link, compiled.cache_key, options.cache_dir)
+        return _boxed(compiled)
 
     return compile_one
+
+
+def _boxed(compiled: Any) -> Callable[..., Any]:
+    def run(args: list[Any]) -> Any:
+        return compiled.call_boxed(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    run.compiled = compiled  # type: ignore[attr-defined]
+    return run
+
+
+def _linked(key: str, options: Options) -> Callable[..., Any] | None:
+    """The Dynamo graph's compiled graph, loaded through its link, as the callable
+    Dynamo calls with the graph's inputs; None on a miss."""
+    from coil import graph_cache
+    from coil.backends.runtime import load_module
+
+    module = graph_cache.load_link(key, options.cache_dir)
+    if module is None:
+        return None
+    compiled = load_module(module)
+    log.debug("coil: Dynamo graph loaded from the graph cache, AOTAutograd skipped")
+
+    def forward(*args: Any) -> Any:
+        return compiled.call_boxed(list(args))
+
+    forward.compiled = compiled  # type: ignore[attr-defined]
+    return forward
 
 
 def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None,
@@ -61,11 +118,16 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
     """The Dynamo backend (entry point `coil`)."""
     from torch._dynamo.backends.common import aot_autograd
 
+    from coil import graph_cache
+
     opts = Options.from_mapping(options)
+    link = graph_cache.dynamo_key(gm, example_inputs, opts)
+    if link is not None and (hit := _linked(link, opts)) is not None:
+        return hit
     backend = aot_autograd(
         fw_compiler=_graph_compiler(opts, "forward"),
         bw_compiler=_graph_compiler(opts, "backward"),
-        inference_compiler=_graph_compiler(opts, "inference"),
+        inference_compiler=_graph_compiler(opts, "inference", link, len(example_inputs)),
         decompositions=aot_decompositions(),
     )
     return backend(gm, example_inputs)

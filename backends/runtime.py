@@ -85,6 +85,7 @@ class CompiledFn:
         self.source = module.source
         self._call = namespace["call"]
         self.namespace = namespace
+        self.cache_key: str | None = None  # its graph cache entry, where compile_graph stored one
         bg = module.program.plan.schedule.graph.graph
         self.input_layouts = tuple(i.layout for i in bg.inputs)
         self.input_names = tuple(i.name for i in bg.inputs)

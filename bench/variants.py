@@ -40,13 +40,14 @@ class Capture:
 @contextlib.contextmanager
 def record_coil_graphs(cap: Capture) -> Iterator[None]:
     """Wrap coil's per-graph compiler so each compiled graph (forward, backward,
-    inference) is kept; AOTAutograd compiles the backward at the first backward."""
+    inference) is kept; AOTAutograd compiles the backward at the first backward.
+    A Dynamo graph loaded through its graph cache link is kept too."""
     import coil.backends.dynamo as dyn
 
-    real = dyn._graph_compiler
+    real, real_linked = dyn._graph_compiler, dyn._linked
 
-    def spy(options: Any, kind: str) -> Callable[[Any, Any], Any]:
-        inner = real(options, kind)
+    def spy(*args: Any, **kwargs: Any) -> Callable[[Any, Any], Any]:
+        inner = real(*args, **kwargs)
 
         def compile_one(gm: Any, example_inputs: Any) -> Any:
             run = inner(gm, example_inputs)
@@ -55,11 +56,17 @@ def record_coil_graphs(cap: Capture) -> Iterator[None]:
 
         return compile_one
 
-    dyn._graph_compiler = spy
+    def linked(*args: Any, **kwargs: Any) -> Any:
+        hit = real_linked(*args, **kwargs)
+        if hit is not None:
+            cap.coil_graphs.append(hit.compiled)
+        return hit
+
+    dyn._graph_compiler, dyn._linked = spy, linked
     try:
         yield
     finally:
-        dyn._graph_compiler = real
+        dyn._graph_compiler, dyn._linked = real, real_linked
 
 
 def first_call(variant: str, call: Callable[[], Any], cap: Capture) -> Any:

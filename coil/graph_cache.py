@@ -16,6 +16,19 @@ show its stages (debug_dir, trace) or run through a custom pipeline does not use
 the cache, nor does a graph with tensor constants (get_attr: lower refuses them).
 An entry that does not load (truncated, written by another version of a class)
 is compiled again and overwritten, never trusted.
+
+Dynamo graphs get a second kind of entry, a link (`<key>.link`, holding the key of
+the compiled graph's entry), as Inductor's AOTAutogradCache does for it: a Dynamo
+graph whose AOTAutograd inference graph needed none of AOTAutograd's runtime
+wrappers (no input mutated, every output a fresh tensor, no tokens, subclasses or
+functionalized RNG) loads its compiled graph straight from the link, skipping
+AOTAutograd's two traces, which are most of a warm compile of a big graph.  Its key
+adds to the above the global state those traces read (grad and inference mode,
+the default dtype, deterministic algorithms) and each input's requires_grad; a
+graph that calls anything outside torch (a function put in the graph by
+allow_in_graph, whose body gm.code does not show), holds parameters or
+submodules, or runs under autocast or with an input that needs grad while grad is
+on, gets no link.
 """
 
 from __future__ import annotations
@@ -75,12 +88,78 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: 
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-def _path(key: str, cache_dir: str | None) -> Path:
+_SAFE_MODULES = ("_operator", "operator", "math", "builtins")
+
+
+def _torch_call(node: torch.fx.Node) -> bool:
+    """A node whose meaning gm.code spells out: a tensor method, or a function of
+    torch's own (or of operator/math), not a user function kept whole in the graph."""
+    if node.op in ("placeholder", "output", "call_method"):
+        return True
+    if node.op != "call_function":
+        return False  # get_attr, call_module: state the code only names
+    module = getattr(node.target, "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.") or module in _SAFE_MODULES
+
+
+def _plain_tensor(x: Any) -> bool:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return (isinstance(x, torch.Tensor) and x.layout == torch.strided and not is_traceable_wrapper_subclass(x)
+            and not any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())))
+
+
+def _autocast_on() -> bool:
+    return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+
+
+def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> str | None:
+    """The key of a Dynamo graph's link (see the module's docstring), or None when
+    this graph may not skip AOTAutograd."""
+    if not options.graph_cache or options.debug_dir or options.trace:
+        return None
+    if not all(map(_plain_tensor, example_inputs)) or _autocast_on():
+        return None
+    grad = torch.is_grad_enabled()
+    if grad and any(x.requires_grad for x in example_inputs):
+        return None  # a training graph: AOTAutograd builds its backward
+    if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
+        return None
+    if not all(map(_torch_call, gm.graph.nodes)):
+        return None
+    opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
+    state = (f"grad={grad} inference={torch.is_inference_mode_enabled()} dtype={torch.get_default_dtype()} "
+             f"deterministic={torch.are_deterministic_algorithms_enabled()}")
+    parts = ["dynamo", coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", state, gm.code,
+             *(f"{_input_key(x)}:rg={x.requires_grad}" for x in example_inputs), repr(sorted(opts.items()))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def load_link(key: str, cache_dir: str | None) -> CompiledModule | None:
+    """The compiled graph a Dynamo graph's link points to, or None (no link, or a
+    link whose target is gone or does not load)."""
+    path = _path(key, cache_dir, ".link")
+    if not path.exists():
+        return None
+    target = path.read_text().strip()
+    if len(target) != 32 or any(c not in "0123456789abcdef" for c in target):
+        log.warning("coil: graph cache link %s is damaged; compiling again", path)
+        return None
+    return load(target, cache_dir)
+
+
+def store_link(key: str, target: str, cache_dir: str | None) -> None:
+    from coil.backends.runtime import write_atomic
+
+    write_atomic(str(_path(key, cache_dir, ".link")), target.encode())
+
+
+def _path(key: str, cache_dir: str | None, suffix: str = ".pkl") -> Path:
     from coil.backends.runtime import cache_dir as base
 
     d = Path(base(cache_dir)) / "graphs"
     d.mkdir(parents=True, exist_ok=True)
-    return d / f"{key}.pkl"
+    return d / f"{key}{suffix}"
 
 
 def load(key: str, cache_dir: str | None) -> CompiledModule | None:

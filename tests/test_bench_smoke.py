@@ -94,3 +94,24 @@ def test_the_table_gives_each_rounds_ratio_range() -> None:
     assert "- silu_mul: 1.000 (0.990 to 1.010)" in markdown(results)
     wl["variants"]["coil"]["status"] = "mismatch"
     assert round_ratios(wl) == [] and "0.990 to" not in markdown(results)
+
+
+def test_a_graph_loaded_through_its_link_is_recorded(tmp_path: Path, monkeypatch) -> None:
+    """The second compile of an inference graph skips AOTAutograd (the graph
+    cache's link); the kernel counts must still see its compiled graph."""
+    import torch
+
+    from bench.variants import Capture, first_call, make_callable
+
+    monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path))
+    x = torch.randn(8, 16)
+    caps = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        f = make_callable("coil", lambda a: (a * 2).softmax(-1), "cpp")
+        cap = Capture()
+        torch.testing.assert_close(first_call("coil", lambda: f(x), cap), (x * 2).softmax(-1))
+        caps.append(cap)
+    assert list((tmp_path / "graphs").glob("*.link"))
+    assert [len(c.coil_graphs) for c in caps] == [1, 1]
+    assert caps[0].coil_graphs[0].source == caps[1].coil_graphs[0].source

@@ -47,8 +47,8 @@ def test_mlp_forward_backward(target, monkeypatch):
 
     real = dyn._graph_compiler
 
-    def spy(options, kind):
-        inner = real(options, kind)
+    def spy(options, kind, *rest):
+        inner = real(options, kind, *rest)
 
         def compile_one(gm, example_inputs):
             compiled_graphs.append(kind)
@@ -142,3 +142,32 @@ def test_seed_through_torch_compile_cuda():
     inputs = [torch.randn(64, 128, device="cuda") for _ in range(3)]
     f = torch.compile(seed_fn, backend="coil")
     torch.testing.assert_close(f(*inputs), seed_fn(*inputs))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_warm_compile_on_triton_skips_aot_autograd(device, tmp_path, monkeypatch):
+    """A second compile of an inference graph in an empty Dynamo cache loads its
+    Triton kernels through the graph cache's link, without AOTAutograd, and gives
+    eager's values (interpreted on the CPU, compiled on CUDA)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if not _available("triton"):
+        pytest.skip("triton backend not built")
+    import torch._dynamo.backends.common as common
+
+    def fn(x, y):
+        return torch.softmax(x * 2 + y.t(), -1), (x - y.t()).sum(0)
+
+    x, y = torch.randn(48, 40, device=device), torch.randn(40, 48, device=device)
+    options = {"target": "triton", "cache_dir": str(tmp_path)}
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend="coil", options=options)(x, y), fn(x, y))
+    assert len(list((tmp_path / "graphs").glob("*.link"))) == 1
+
+    def no_aot(**_kwargs):
+        raise AssertionError("AOTAutograd ran")
+
+    monkeypatch.setattr(common, "aot_autograd", no_aot)
+    torch._dynamo.reset()
+    x2, y2 = torch.randn(48, 40, device=device), torch.randn(40, 48, device=device)
+    torch.testing.assert_close(torch.compile(fn, backend="coil", options=options)(x2, y2), fn(x2, y2))

@@ -96,3 +96,170 @@ def test_the_key_follows_coil_source_and_options() -> None:
     assert k == graph_cache.graph_key(gm, inputs, coil.Options(target="cpp", cache_dir="/elsewhere"))
     assert k != graph_cache.graph_key(gm, inputs, coil.Options(target="reference"))
     assert len(graph_cache.coil_source_hash()) == 64
+
+
+# Dynamo graphs: the link that lets a warm compile skip AOTAutograd
+
+
+def _through_dynamo(f: Callable[..., Any], inputs: list[torch.Tensor], cache: Path) -> Any:
+    torch._dynamo.reset()
+    return torch.compile(f, backend="coil", options={"target": "cpp", "cache_dir": str(cache)})(*inputs)
+
+
+def _links(cache: Path) -> list[Path]:
+    return sorted((cache / "graphs").glob("*.link"))
+
+
+@pytest.fixture
+def no_aot(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Call to make every later AOTAutograd compile fail: what compiles then came through a link."""
+
+    def forbid() -> None:
+        import torch._dynamo.backends.common as common
+
+        def aot_autograd(**_k: Any) -> Any:
+            raise AssertionError("AOTAutograd ran")
+
+        monkeypatch.setattr(common, "aot_autograd", aot_autograd)
+
+    return forbid
+
+
+def two_outputs(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.nn.functional.gelu(x + y.t(), approximate="tanh").sum(-1), (x * 2).relu()
+
+
+def test_an_inference_graph_loads_through_its_link(tmp_path: Path, no_aot: Callable[[], None]) -> None:
+    x, y = torch.randn(8, 12), torch.randn(12, 8)
+    first = _through_dynamo(two_outputs, [x, y], tmp_path)
+    assert len(_links(tmp_path)) == 1
+    link_target = _links(tmp_path)[0].read_text()
+    assert (tmp_path / "graphs" / f"{link_target}.pkl").exists()
+    no_aot()
+    x2, y2 = torch.randn(8, 12), torch.randn(12, 8)
+    again = _through_dynamo(two_outputs, [x2, y2], tmp_path)
+    torch.testing.assert_close(first, two_outputs(x, y))
+    assert isinstance(again, tuple) and len(again) == 2
+    torch.testing.assert_close(again, two_outputs(x2, y2))
+
+
+def test_a_grad_free_graph_of_inputs_that_need_grad_links(tmp_path: Path, no_aot: Callable[[], None]) -> None:
+    x, y = torch.randn(8, 12, requires_grad=True), torch.randn(12, 8)
+    with torch.no_grad():
+        _through_dynamo(two_outputs, [x, y], tmp_path)
+        assert len(_links(tmp_path)) == 1
+        no_aot()
+        got = _through_dynamo(two_outputs, [x, y], tmp_path)
+        torch.testing.assert_close(got, two_outputs(x, y))
+    assert not got[0].requires_grad
+
+
+def _mutates(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x.add_(1)
+    return x * y
+
+
+def _views_input(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.t(), x + y
+
+
+@torch._dynamo.allow_in_graph
+def _kept_whole(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+def _calls_user_function(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return _kept_whole(x) + y
+
+
+@pytest.mark.parametrize("fn", [_mutates, _views_input, _calls_user_function])
+def test_graphs_that_need_aot_autograd_get_no_link(tmp_path: Path, fn: Callable[..., Any]) -> None:
+    x, y = torch.randn(6, 6), torch.randn(6, 6)
+    want = fn(x.clone(), y)
+    got = _through_dynamo(fn, [x.clone(), y], tmp_path)
+    assert not _links(tmp_path)
+    again_x = x.clone()
+    again = _through_dynamo(fn, [again_x, y], tmp_path)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(again, want)
+    if fn is _mutates:
+        torch.testing.assert_close(again_x, x + 1)
+
+
+def _returns_input(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x, x + y
+
+
+def _views_intermediate(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    z = x + y
+    return z, z.view(-1)
+
+
+@pytest.mark.parametrize("fn", [_returns_input, _views_intermediate])
+def test_aliases_come_back_the_same_through_the_link(tmp_path: Path, no_aot: Callable[[], None],
+                                                      fn: Callable[..., Any]) -> None:
+    """Dynamo returns an input itself outside the graph, and AOTAutograd leaves a
+    view of an intermediate to coil's graph (which returns it as a view), so both
+    graphs link, and through the link the outputs alias as they did before."""
+    x, y = torch.randn(6, 6), torch.randn(6, 6)
+    first = _through_dynamo(fn, [x, y], tmp_path)
+    assert len(_links(tmp_path)) == 1
+    no_aot()
+    got = _through_dynamo(fn, [x, y], tmp_path)
+    torch.testing.assert_close(got, fn(x, y))
+    if fn is _returns_input:
+        assert first[0] is x and got[0] is x
+    else:
+        assert first[1]._base is first[0] and got[1]._base is got[0]
+
+
+def test_training_and_autocast_get_no_link(tmp_path: Path) -> None:
+    x, y = torch.randn(8, 12, requires_grad=True), torch.randn(12, 8)
+    out = _through_dynamo(two_outputs, [x, y], tmp_path)
+    out[0].sum().backward()
+    assert x.grad is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _through_dynamo(two_outputs, [x.detach(), y], tmp_path)
+    assert not _links(tmp_path)
+
+
+def test_the_link_key_follows_global_state() -> None:
+    x, y = torch.randn(4, 6), torch.randn(6, 4)
+    gms: list[torch.fx.GraphModule] = []
+
+    def grab(gm: torch.fx.GraphModule, _inputs: Any) -> Any:
+        gms.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(two_outputs, backend=grab)(x, y)
+    opts = coil.Options(target="cpp")
+    key = graph_cache.dynamo_key(gms[0], [x, y], opts)
+    assert key is not None and key == graph_cache.dynamo_key(gms[0], [x.clone(), y.clone()], opts)
+    with torch.no_grad():
+        assert graph_cache.dynamo_key(gms[0], [x, y], opts) not in (key, None)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert graph_cache.dynamo_key(gms[0], [x, y], opts) not in (key, None)
+    finally:
+        torch.set_default_dtype(default)
+    assert graph_cache.dynamo_key(gms[0], [x, y.t().contiguous().t()], opts) not in (key, None)
+    assert graph_cache.dynamo_key(gms[0], [x, y], coil.Options(target="reference")) not in (key, None)
+    assert graph_cache.dynamo_key(gms[0], [x, y], coil.Options(target="cpp", graph_cache=False)) is None
+
+
+def test_a_damaged_or_dangling_link_compiles_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    x, y = torch.randn(8, 12), torch.randn(12, 8)
+    _through_dynamo(two_outputs, [x, y], tmp_path)
+    (link,) = _links(tmp_path)
+    link.write_text("not a key")
+    with caplog.at_level(logging.WARNING, logger="coil"):
+        got = _through_dynamo(two_outputs, [x, y], tmp_path)
+    assert "damaged" in caplog.text
+    torch.testing.assert_close(got, two_outputs(x, y))
+    target = link.read_text()  # stored again
+    (tmp_path / "graphs" / f"{target}.pkl").unlink()
+    got = _through_dynamo(two_outputs, [x, y], tmp_path)
+    torch.testing.assert_close(got, two_outputs(x, y))
+    assert (tmp_path / "graphs" / f"{target}.pkl").exists()
