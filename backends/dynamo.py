@@ -8,7 +8,9 @@ eagerly with a logged warning instead of failing the user's model.
 An inference graph that AOTAutograd passed through unchanged (nothing mutated or
 aliased) leaves a link in the graph cache from the Dynamo graph to its compiled
 graph; the next compile of that Dynamo graph, in any process, loads the compiled
-graph through the link and skips AOTAutograd (coil/graph_cache.py says when)."""
+graph through the link and skips AOTAutograd (coil/graph_cache.py says when).
+Such a graph, linked or just compiled, is called directly, without AOTAutograd's
+runtime wrappers, which have nothing to do for it (about 2 µs a call)."""
 
 from __future__ import annotations
 
@@ -65,10 +67,12 @@ def _passed_through(n_inputs: int, example_inputs: Sequence[Any]) -> bool:
         return False
 
 
-def _graph_compiler(options: Options, kind: str, link: str | None = None,
-                    n_inputs: int = 0) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
-    """The compiler AOTAutograd calls with one graph.  `link`: the Dynamo graph's
-    link key, stored when this (inference) graph turns out to stand for it."""
+def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inputs: int | None = None,
+                    through: list[Any] | None = None) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+    """The compiler AOTAutograd calls with one graph.  For an inference graph of a
+    Dynamo graph with `n_inputs` inputs that may stand in for it: when AOTAutograd
+    passed it through, the compiled graph goes into `through`, and the Dynamo
+    graph's `link` is stored."""
 
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from coil import compile_graph, graph_cache
@@ -78,8 +82,10 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None,
             return gm.forward
         compiled = compile_graph(gm, list(example_inputs), options)
         log.debug("coil: compiled %s graph (%d nodes)", kind, len(gm.graph.nodes))
-        if link and compiled.cache_key and _passed_through(n_inputs, example_inputs):
-            graph_cache.store_link(link, compiled.cache_key, options.cache_dir)
+        if n_inputs is not None and through is not None and _passed_through(n_inputs, example_inputs):
+            through.append(compiled)
+            if link and compiled.cache_key:
+                graph_cache.store_link(link, compiled.cache_key, options.cache_dir)
         return _boxed(compiled)
 
     return compile_one
@@ -94,23 +100,27 @@ def _boxed(compiled: Any) -> Callable[..., Any]:
     return run
 
 
-def _linked(key: str, options: Options) -> Callable[..., Any] | None:
-    """The Dynamo graph's compiled graph, loaded through its link, as the callable
-    Dynamo calls with the graph's inputs; None on a miss."""
-    from coil import graph_cache
-    from coil.backends.runtime import load_module
-
-    module = graph_cache.load_link(key, options.cache_dir)
-    if module is None:
-        return None
-    compiled = load_module(module)
-    log.debug("coil: Dynamo graph loaded from the graph cache, AOTAutograd skipped")
+def _direct(compiled: Any) -> Callable[..., Any]:
+    """The compiled graph as the callable Dynamo calls with its graph's inputs, in
+    place of AOTAutograd's runtime wrappers (which have nothing to do for it)."""
 
     def forward(*args: Any) -> Any:
         return compiled.call_boxed(list(args))
 
     forward.compiled = compiled  # type: ignore[attr-defined]
     return forward
+
+
+def _linked(key: str, options: Options) -> Callable[..., Any] | None:
+    """The Dynamo graph's compiled graph, loaded through its link; None on a miss."""
+    from coil import graph_cache
+    from coil.backends.runtime import load_module
+
+    module = graph_cache.load_link(key, options.cache_dir)
+    if module is None:
+        return None
+    log.debug("coil: Dynamo graph loaded from the graph cache, AOTAutograd skipped")
+    return _direct(load_module(module))
 
 
 def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None,
@@ -121,13 +131,17 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
     from coil import graph_cache
 
     opts = Options.from_mapping(options)
-    link = graph_cache.dynamo_key(gm, example_inputs, opts)
+    skippable = graph_cache.may_skip_aot(gm, example_inputs)
+    link = graph_cache.dynamo_key(gm, example_inputs, opts) if skippable else None
     if link is not None and (hit := _linked(link, opts)) is not None:
         return hit
+    through: list[Any] = []
     backend = aot_autograd(
         fw_compiler=_graph_compiler(opts, "forward"),
         bw_compiler=_graph_compiler(opts, "backward"),
-        inference_compiler=_graph_compiler(opts, "inference", link, len(example_inputs)),
+        inference_compiler=_graph_compiler(opts, "inference", link, len(example_inputs) if skippable else None,
+                                           through),
         decompositions=aot_decompositions(),
     )
-    return backend(gm, example_inputs)
+    wrapped = backend(gm, example_inputs)
+    return _direct(through[0]) if through else wrapped

@@ -113,23 +113,28 @@ def _autocast_on() -> bool:
     return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
+def may_skip_aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether this Dynamo graph may stand in for its AOTAutograd inference graph
+    (if AOTAutograd passes it through unchanged): plain static tensors in, no
+    autocast, no input that needs grad while grad is on (a training graph), no
+    parameters or submodules, and nothing called that gm.code does not spell out."""
+    if not all(map(_plain_tensor, example_inputs)) or _autocast_on():
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+        return False
+    if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
+        return False
+    return all(map(_torch_call, gm.graph.nodes))
+
+
 def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> str | None:
     """The key of a Dynamo graph's link (see the module's docstring), or None when
-    this graph may not skip AOTAutograd."""
-    if not options.graph_cache or options.debug_dir or options.trace:
-        return None
-    if not all(map(_plain_tensor, example_inputs)) or _autocast_on():
-        return None
-    grad = torch.is_grad_enabled()
-    if grad and any(x.requires_grad for x in example_inputs):
-        return None  # a training graph: AOTAutograd builds its backward
-    if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
-        return None
-    if not all(map(_torch_call, gm.graph.nodes)):
+    this graph may not skip AOTAutograd or this compile does not use the cache."""
+    if not options.graph_cache or options.debug_dir or options.trace or not may_skip_aot(gm, example_inputs):
         return None
     opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
-    state = (f"grad={grad} inference={torch.is_inference_mode_enabled()} dtype={torch.get_default_dtype()} "
-             f"deterministic={torch.are_deterministic_algorithms_enabled()}")
+    state = (f"grad={torch.is_grad_enabled()} inference={torch.is_inference_mode_enabled()} "
+             f"dtype={torch.get_default_dtype()} deterministic={torch.are_deterministic_algorithms_enabled()}")
     parts = ["dynamo", coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", state, gm.code,
              *(f"{_input_key(x)}:rg={x.requires_grad}" for x in example_inputs), repr(sorted(opts.items()))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]

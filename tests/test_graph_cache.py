@@ -263,3 +263,27 @@ def test_a_damaged_or_dangling_link_compiles_again(tmp_path: Path, caplog: pytes
     got = _through_dynamo(two_outputs, [x, y], tmp_path)
     torch.testing.assert_close(got, two_outputs(x, y))
     assert (tmp_path / "graphs" / f"{target}.pkl").exists()
+
+
+@pytest.mark.parametrize("graph_cache_on", [True, False])
+def test_a_passed_through_graph_is_called_without_aot_wrappers(tmp_path: Path, graph_cache_on: bool,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a miss, too (and with the cache off), a graph AOTAutograd passed through
+    is called directly; one it had to wrap keeps its wrappers."""
+    import coil.backends.dynamo as dyn
+
+    direct: list[Any] = []
+    real = dyn._direct
+
+    def spy(compiled: Any) -> Any:
+        direct.append(compiled)
+        return real(compiled)
+
+    monkeypatch.setattr(dyn, "_direct", spy)
+    x, y = torch.randn(8, 12), torch.randn(12, 8)
+    options = {"target": "cpp", "cache_dir": str(tmp_path), "graph_cache": graph_cache_on}
+    for fn, args in ((two_outputs, (x, y)), (_views_input, (x, y.t()))):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend="coil", options=options)(*args), fn(*args))
+    assert len(direct) == 1 and "relu" in direct[0].source
+    assert bool(_links(tmp_path)) == graph_cache_on
