@@ -378,6 +378,46 @@ def test_a_tile_too_wide_for_grid_axis_1_stays_plain() -> None:
     assert "[grid2(64, 16, " in compiled.module.source
 
 
+def test_a_tile_too_tall_for_grid_axis_1_lays_transposed() -> None:
+    """A row-major output of more than 65535 x 16 rows: a plain tile's row blocks
+    would overflow grid axis 1, so the tile lies transposed, rows on axis 0 (it was
+    not tiled at all before, reading b.t() with a stride).  Compiled on meta tensors."""
+    from coil.backends.triton.tiling import MAX_GRID_Y, MIN_TILE_SIDE
+
+    tall = 1 << 21
+    assert tall > MAX_GRID_Y * MIN_TILE_SIDE
+    fn = lambda a, b: a + b.t()  # noqa: E731
+    inputs = [torch.empty(tall, 16, device="meta"), torch.empty(16, tall, device="meta")]
+    compiled = coil.compile_graph(make_fx(fn)(*inputs), inputs, coil.Options(target="triton", graph_cache=False))
+    assert f"[grid2(16, {tall}, " in compiled.module.source
+    both = [torch.empty(tall, tall >> 4, device="meta"), torch.empty(tall >> 4, tall, device="meta")]
+    assert (tall >> 4) * 16 == tall  # 2**17 columns fit axis 1 ...
+    compiled = coil.compile_graph(make_fx(fn)(*both), both, coil.Options(target="triton", graph_cache=False))
+    assert f"[grid2({tall >> 4}, {tall}, " in compiled.module.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_transposed_tall_tile_matches_eager(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same rule at a size the interpreter can run: grid axis 1 cut to 2 blocks,
+    a 96x24 output (more than 2 x 16 rows, at most 2 x 16 columns) lays its tile
+    transposed and matches eager, tails included."""
+    from coil.backends.triton import tiling
+
+    monkeypatch.setattr(tiling, "MAX_GRID_Y", 2)
+    a, b = torch.randn(96, 24, device=device), torch.randn(24, 96, device=device)
+    compiled = check(lambda x, y: x + y.t(), [a, b])
+    assert "[grid2(24, 96, " in compiled.module.source
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_a_tile_too_tall_for_grid_axis_1_runs_on_cuda() -> None:
+    """At the real limit: 2**21 x 16 (128 MiB a tensor), transposed tile, eager's values."""
+    a, b = torch.randn(1 << 21, 16, device="cuda"), torch.randn(16, 1 << 21, device="cuda")
+    compiled = check(lambda x, y: x + y.t(), [a, b])
+    assert f"[grid2(16, {1 << 21}, " in compiled.module.source
+
+
 _TILE_OPS = {"add": torch.add, "mul": torch.mul, "sub": torch.sub, "max": torch.maximum}
 
 

@@ -95,7 +95,9 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> Tile | None:
     one of them with a stride.  Candidate splits are the suffix products of the
     first node's ranges (its dimension boundaries).  The tile is transposed
     (xindex along the rows) when the kernel's first store is contiguous down the
-    columns and the columns' blocks fit on grid axis 1."""
+    columns and the columns' blocks fit on grid axis 1, and when the rows' blocks
+    do not fit there (more than 65535 x 16 rows: axis 0 has no such limit); a
+    split whose rows and columns both overflow axis 1 is not taken."""
     if k.kind != "pointwise" or k.group[0] == 0:
         return None
     g = program.plan.schedule.graph
@@ -113,7 +115,8 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> Tile | None:
         cands.append(acc)
     for cols in cands:
         rows = n // cols
-        if cols < MIN_TILE_SIDE or rows < MIN_TILE_SIDE or n % cols or rows > MAX_GRID_Y * MIN_TILE_SIDE:
+        tall, wide = rows > MAX_GRID_Y * MIN_TILE_SIDE, cols > MAX_GRID_Y * MIN_TILE_SIDE
+        if cols < MIN_TILE_SIDE or rows < MIN_TILE_SIDE or n % cols or (tall and wide):
             continue
         tile = Tile(rows, cols)
         rng = tile.ranges
@@ -134,5 +137,5 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> Tile | None:
         along = any(dx == 1 for _, dx in steps)
         if transposed and along:
             down = bool(store_steps) and _down_columns(*store_steps[0])
-            return Tile(rows, cols, down and cols <= MAX_GRID_Y * MIN_TILE_SIDE)
+            return Tile(rows, cols, tall or (down and not wide))
     return None
