@@ -21,7 +21,14 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, FusionDecision, NopStep, Step
 from coil.ir.schedule import ScheduleGraph, WeakDep
 from coil.options import Options
-from coil.passes.kernel_model import node_role, reads_in_registers, splits_rows
+from coil.passes.kernel_model import (
+    COLUMN_LOOP_MIN,
+    kernel_layouts,
+    node_role,
+    reads_down_columns,
+    reads_in_registers,
+    splits_rows,
+)
 
 log = logging.getLogger("coil.trace")
 
@@ -282,7 +289,12 @@ class _Fuser:
         if node.kind == "nop":
             return NopStep(node.name)
         grp = self.groups[self.group_of[nodes[0]]]
-        return FusedKernel("", nodes, _kind(grp.group, self.o), grp.group)
+        kind = _kind(grp.group, self.o)
+        if kind == "persistent" and self.o.target == "triton" and grp.group[1] >= COLUMN_LOOP_MIN:
+            bufs = tuple(self.bufs[n] for n in nodes)
+            if reads_down_columns(bufs, kernel_layouts(self.g), grp.group):
+                kind = "reduction"  # looped, a block of columns a program (kernel_model.reads_down_columns)
+        return FusedKernel("", nodes, kind, grp.group)
 
 
 def _kind(group: tuple[int, int], o: Options) -> str:

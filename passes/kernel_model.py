@@ -20,7 +20,7 @@ written by the same kernel.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import attrs
 import sympy
@@ -112,6 +112,50 @@ def reads_in_registers(consumer: ComputedBuffer, producer: ComputedBuffer, group
     if pr == "inner" and cr == "outer":
         return False
     return True
+
+
+# Triton: a kernel whose reduction reads run along xindex and across rindex (a
+# column reduction) loops over its rows from this many on, a block of columns a
+# program, instead of holding whole rows in registers one column at a time
+COLUMN_LOOP_MIN = 128
+
+
+def _step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    zero = {XINDEX: 0, RINDEX: 0}
+    return sympy.expand(off.xreplace({**zero, sym: 1}) - off.xreplace(zero))
+
+
+def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout],
+                       group: tuple[int, int]) -> bool:
+    """Whether a reduction kernel reduces down the columns of what it reads: some
+    read from outside the kernel steps 1 along xindex and moves along rindex, and
+    none steps 1 along rindex while moving along xindex (a per-row vector, the same
+    for every column, does not count: layer_norm's mean and rstd in its weight's
+    gradient).  x.sum(0) of a row-major x, a bias's gradient: each
+    kernel row is a column in memory).  Such a kernel reads coalesced only with a
+    block of neighbouring columns a program; one column a program reads one
+    element of every 32-byte sector it fetches."""
+    if group[1] <= 1:
+        return False
+    inside = {b.name for b in nodes}
+    along_x = False
+    for b in nodes:
+        if node_role(b, group) not in ("reduction", "inner"):
+            continue
+        m = var_map(b, group)
+        for ld in loads(b.body):
+            if ld.name in inside or ld.name not in layouts:
+                continue
+            off = load_position(ld, layouts[ld.name], m, group)
+            dx, dr = _step(off, XINDEX), _step(off, RINDEX)
+            if dr == 1 and dx != 0:
+                return False  # along a row (a per-row vector, dx = 0, reads the same for every column)
+            along_x = along_x or (dx == 1 and dr != 0)
+    return along_x
+
+
+def kernel_layouts(g: ScheduleGraph) -> dict[str, Layout]:
+    return {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
 
 
 @attrs.frozen

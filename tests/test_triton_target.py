@@ -785,6 +785,106 @@ def test_what_does_not_split(device: str) -> None:
         assert "_combine[" not in compiled.source  # no combining launch (the GPU's max helper is a *_combine)
 
 
+# ---- reductions down columns: a block of neighbouring columns a program -------------------------
+
+
+def _launches(compiled: Any) -> list[str]:
+    return [ln.strip() for ln in compiled.source.splitlines() if "XBLOCK=" in ln and "](" in ln]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_column_reductions_split_over_blocks_of_columns(device: str) -> None:
+    """x.sum(0) of a row-major 2500 x 70 and its kin: each read steps 1 along the
+    kernel's rows (the columns), so the kernel loops over the rows with 32 columns a
+    program, and, as 3 column blocks cannot fill a GPU, splits the 2500 rows over 20
+    programs a block (128 rows each), then combines a block of columns a program.
+    Every reduction type with split partials, ragged at both ends."""
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(2500, 70, generator=g) * 3).to(device)
+    x[[5, 2400], 3] = 50.0  # a tie for column 3's max across programs: the first index wins
+    x[17, 9] = float("nan")
+    fns = (lambda a: a.sum(0), lambda a: a.mean(0), lambda a: a.amax(0), lambda a: a.amin(0),
+           lambda a: a.argmax(0), lambda a: a.argmin(0), lambda a: a.var(0), lambda a: (a * 1e-3 + 1).prod(0),
+           lambda a: (a > 4).any(0), lambda a: (a > -9).all(0))
+    for fn in fns:
+        compiled = check(fn, [x], atol=1e-3, rtol=1e-4)
+        first, combine = _launches(compiled)
+        assert "[(20, 3)](" in first and "XBLOCK=32, RBLOCK=64" in first, first
+        assert "_combine[(3,)](" in combine and "XBLOCK=32" in combine, combine
+    ints = torch.randint(-5, 5, (2500, 70), generator=g, dtype=torch.int32).to(device)
+    check(lambda a: a.sum(0), [ints])
+    # layer_norm's weight gradient: per-row mean and rstd (the same for every column) do
+    # not make it a row reduction
+    mean, rstd = torch.randn(2500, generator=g).to(device), torch.rand(2500, generator=g).to(device)
+    compiled = check(lambda dy, a, m, r: (dy * (a - m[:, None]) * r[:, None]).sum(0), [x.nan_to_num(), x * 0.5, mean, rstd],
+                     atol=1e-3, rtol=1e-4)
+    assert "[(20, 3)](" in _launches(compiled)[0]
+    check(lambda a: a.sum((0, 1)), [x.view(25, 100, 70)], atol=1e-3, rtol=1e-4)  # two leading dims as rows
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_short_or_wide_column_reductions_loop_without_splitting(device: str) -> None:
+    """Columns shorter than 2048 rows, or more column blocks than the split's 1024
+    programs, run as one looped kernel with 32 columns a program; a second pass
+    over the columns (softmax(0)) keeps its reductions and passes correct."""
+    x = torch.randn(600, 70, device=device)
+    compiled = check(lambda a: a.sum(0), [x], atol=1e-4, rtol=1e-4)
+    (launch,) = _launches(compiled)
+    assert launch.startswith("triton_red_") and "XBLOCK=32, RBLOCK=64" in launch and "_combine" not in launch
+    check(lambda a: a.softmax(0), [torch.randn(2500, 40, device=device)], atol=1e-5, rtol=1e-4)
+    check(lambda a: a - a.mean(0), [torch.randn(700, 33, device=device)], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_reductions_keep_their_kernels(device: str) -> None:
+    """Reductions along a row (contiguous along rindex) are not column reductions:
+    sum(-1) of a row-major matrix, and sum(0) of a column-major one, stay
+    persistent, one or a few rows a program."""
+    x = torch.randn(300, 200, device=device)
+    for fn, inp in ((lambda a: a.sum(-1), x), (lambda a: a.sum(0), x.t().contiguous().t())):
+        (launch,) = _launches(check(fn, [inp], atol=1e-4, rtol=1e-4))
+        assert launch.startswith("triton_per_"), launch
+
+
+def test_reads_down_columns_decides_the_kind_on_triton_only() -> None:
+    """The kernel model's test, and fuse's use of it: looped on triton (from
+    COLUMN_LOOP_MIN rows), persistent on the other targets and for shorter columns."""
+    from coil.passes.kernel_model import COLUMN_LOOP_MIN
+
+    def kinds(x: torch.Tensor, target: str) -> list[str]:
+        gm = make_fx(lambda a: a.sum(0))(x)
+        sched = coil.default_pipeline().run(gm, [x], until="fuse", options=coil.Options(target=target))
+        return [k.kind for k in sched.kernels]
+
+    tall = torch.empty(COLUMN_LOOP_MIN, 64, device="meta")
+    short = torch.empty(COLUMN_LOOP_MIN - 1, 64, device="meta")
+    assert kinds(tall, "triton") == ["reduction"]
+    assert kinds(short, "triton") == ["persistent"]
+    assert kinds(tall, "cpp") == ["persistent"]
+    assert kinds(tall.t().contiguous().t(), "triton") == ["persistent"]  # column-major: a row reduction
+
+
+@settings(max_examples=int(os.environ.get("COIL_PROPERTY_EXAMPLES", "8")), deadline=None, derandomize=True,
+          database=None)
+@given(rows=st.integers(130, 4200), cols=st.integers(2, 100), op=st.sampled_from(["sum", "amax", "mean", "var"]),
+       scale=st.booleans())
+def test_column_reductions_match_eager(rows: int, cols: int, op: str, scale: bool) -> None:
+    """Any height (looped, split or not) and width (one column to several blocks,
+    ragged): the column reduction matches eager, and reads a block of columns a
+    program (XBLOCK 32, or the next power of two of a narrower width)."""
+    gen = torch.Generator().manual_seed(rows * 1000 + cols)
+    x = torch.randn(rows, cols, generator=gen)
+
+    def fn(a: torch.Tensor) -> torch.Tensor:
+        b = a * 2 + 1 if scale else a
+        return getattr(b, op)(0)
+
+    compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
+    want = min(32, 1 << (cols - 1).bit_length())
+    for launch in _launches(compiled):
+        assert f"XBLOCK={want}," in launch, launch
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_second_passes_over_long_rows_run_as_split_kernels(device: str) -> None:
     """A second pass over a few long rows (x - x.mean(), layer_norm of one row, a

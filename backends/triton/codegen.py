@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from coil.backends.triton.helpers import helpers_for
-from coil.backends.triton.kernel import kernel_source, row_reductions
+from coil.backends.triton.kernel import down_columns, kernel_source, row_reductions
 from coil.backends.triton.split import Split, launched_names, split_launch, split_of, split_source
 from coil.backends.triton.tiling import Tile, tiling
 from coil.backends.triton.runtime import LaunchConfig, heuristic_config
@@ -35,10 +35,12 @@ def kernel_device(program: WrapperProgram, k: FusedKernel) -> str:
     return program.plan.schedule.graph.graph.layout(k.nodes[0]).device
 
 
-def launch_kind(k: FusedKernel, tile: Tile | None) -> str:
-    """pointwise | tiled | persistent | reduction: how the runtime launches k
-    (`tile`: its tiling, from `tiling`)."""
-    return "tiled" if tile is not None else k.kind
+def launch_kind(k: FusedKernel, program: WrapperProgram, tile: Tile | None) -> str:
+    """pointwise | tiled | persistent | reduction | columns: how the runtime
+    launches k (`tile`: its tiling, from `tiling`)."""
+    if tile is not None:
+        return "tiled"
+    return "columns" if down_columns(k, program) else k.kind
 
 
 def launch_of(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int], LaunchConfig] | Split | None:
@@ -50,7 +52,7 @@ def launch_of(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int]
     if xnumel == 0:
         return None
     tile = tiling(k, program)
-    kind = launch_kind(k, tile)
+    kind = launch_kind(k, program, tile)
     if tile is not None:
         ny, nx = tile.ynumel, tile.xnumel
         cfg = heuristic_config(kind, ny, nx)
@@ -99,12 +101,19 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
             continue
         if isinstance(plan, Split):
             split = plan
-            out.append((k.name, "split", f"({split.parts}, {xnumel}) XBLOCK=1, RBLOCK={split.rblock}, "
-                        f"num_warps={split.num_warps}",
-                        f"{xnumel} row(s) (<= {SPLIT_MAX_ROWS}) of {rnumel} (>= {SPLIT_MIN}): {split.parts} "
-                        f"programs a row each reduce {split.chunk} elements into workspaces"))
-            out.append((combine_name(k.name), "combine", f"({xnumel},) XBLOCK=1, RBLOCK={split.combine_rblock}, "
-                        f"num_warps={split.combine_warps}", "one program a row merges its partials in a fixed order"))
+            blocks = split.row_blocks(xnumel)
+            if split.xblock > 1:
+                why = (f"{xnumel} columns reduced down {rnumel} rows: {split.parts} programs a block of "
+                       f"{split.xblock} columns each reduce {split.chunk} rows into workspaces")
+                merge = f"one program a block of {split.xblock} columns merges its partials in a fixed order"
+            else:
+                why = (f"{xnumel} row(s) (<= {SPLIT_MAX_ROWS}) of {rnumel} (>= {SPLIT_MIN}): {split.parts} "
+                       f"programs a row each reduce {split.chunk} elements into workspaces")
+                merge = "one program a row merges its partials in a fixed order"
+            out.append((k.name, "split", f"({split.parts}, {blocks}) XBLOCK={split.xblock}, RBLOCK={split.rblock}, "
+                        f"num_warps={split.num_warps}", why))
+            out.append((combine_name(k.name), "combine", f"({blocks},) XBLOCK={split.xblock}, "
+                        f"RBLOCK={split.combine_rblock}, num_warps={split.combine_warps}", merge))
             continue
         grid_text, _, cfg = plan
         launch = f"{grid_text} {cfg.as_kwargs()}"
@@ -122,9 +131,12 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
                        f"{cfg.num_warps} warp(s), so each reduction stays within few warps")
             else:
                 why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
+        elif down_columns(k, program):
+            why = (f"reduced down the columns of what it reads: {cfg.xblock} neighbouring columns a program, "
+                   f"{cfg.rblock} rows a step")
         else:
             why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
-        out.append((k.name, launch_kind(k, tile), launch, why))
+        out.append((k.name, launch_kind(k, program, tile), launch, why))
     return out
 
 
@@ -167,7 +179,7 @@ class TritonBackend:
                 if len(launched_names(src)) > 1:  # a split reduction: two fixed launches (split.py)
                     continue
                 k = _kernel(program, src.name)
-                out.append(f"{k.name} = autotuned({k.name}, {launch_kind(k, tiling(k, program))!r}{cache})")
+                out.append(f"{k.name} = autotuned({k.name}, {launch_kind(k, program, tiling(k, program))!r}{cache})")
         return out
 
     def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:

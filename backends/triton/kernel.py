@@ -72,9 +72,11 @@ from coil.passes.kernel_model import (
     YINDEX,
     Param,
     kernel_buffers,
+    kernel_layouts,
     kernel_params,
     kernel_ranges,
     node_role,
+    reads_down_columns,
     store_position,
     var_map,
 )
@@ -94,6 +96,12 @@ class KernelContext:
     ranges: Mapping[sympy.Symbol, int]
     int64: bool  # index math in int64: some offset or the iteration space reaches 2**31
     tile: Tile | None = None  # tiled kernels: the flat range on (yindex, xindex)
+    columns: bool = False  # a looped reduction down the columns of what it reads
+
+    @property
+    def config_kind(self) -> str:
+        """The kind runtime.heuristic_config picks this kernel's launch by."""
+        return "tiled" if self.tile is not None else "columns" if self.columns else self.kernel.kind
 
     @property
     def store_axis(self) -> str:
@@ -136,8 +144,9 @@ def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:
         if k.kind == "pointwise":  # reductions over <= 1 element: r* = 0
             m = {s: e.xreplace({RINDEX: sympy.Integer(0)}) for s, e in m.items()}
         bodies[b.name] = substitute_symbols(b.body, m)
+    columns = k.kind == "reduction" and reads_down_columns(nodes, layouts, k.group)
     return KernelContext(k, nodes, roles, bodies, params, {p.name: p.arg for p in params}, layouts,
-                         kernel_ranges(k.group), largest >= INT32_LIMIT)
+                         kernel_ranges(k.group), largest >= INT32_LIMIT, None, columns)
 
 
 # ---- pieces every kind shares ----------------------------------------------------------------
@@ -171,6 +180,12 @@ def row_reductions(k: FusedKernel, program: WrapperProgram) -> int:
     return count_reductions(kernel_buffers(k, program.plan.schedule.graph))
 
 
+def down_columns(k: FusedKernel, program: WrapperProgram) -> bool:
+    """Whether k is a looped reduction down the columns of what it reads."""
+    g = program.plan.schedule.graph
+    return k.kind == "reduction" and reads_down_columns(kernel_buffers(k, g), kernel_layouts(g), k.group)
+
+
 def no_tails(ctx: KernelContext) -> tuple[bool, bool]:
     """(outer, inner): whether every block size a launch may use (the heuristic's
     and autotuning's, all powers of two) divides that size, so the range has no
@@ -181,7 +196,7 @@ def no_tails(ctx: KernelContext) -> tuple[bool, bool]:
         cfgs = (heuristic_config("tiled", ny, nx), *candidate_configs("tiled", ny, nx))
         return (all(ny % c.yblock == 0 for c in cfgs), all(nx % c.xblock == 0 for c in cfgs))
     n, r = ctx.kernel.group
-    kind = ctx.kernel.kind
+    kind = ctx.config_kind
     chained = count_reductions(ctx.nodes)
     cfgs = (heuristic_config(kind, n, r, chained), *candidate_configs(kind, n, r, chained))
     return (all(n % c.xblock == 0 for c in cfgs), kind != "pointwise" and all(r % c.rblock == 0 for c in cfgs))

@@ -81,7 +81,8 @@ def chain_config(rnumel: int) -> LaunchConfig:
 def heuristic_config(kind: str, xnumel: int, rnumel: int, reductions: int = 1) -> LaunchConfig:
     """Block sizes and warps from the sizes (and, for persistent kernels, how many
     row reductions they chain).  Tiled kernels: xnumel is the tile's ynumel (the
-    YBLOCK axis), rnumel its xnumel (the XBLOCK axis)."""
+    YBLOCK axis), rnumel its xnumel (the XBLOCK axis).  "columns": a looped
+    reduction down the columns of what it reads (kernel_model.reads_down_columns)."""
     x = next_power_of_2(max(xnumel, 1))
     if kind == "tiled":
         yb, xb = min(64, x), min(64, next_power_of_2(rnumel))
@@ -96,6 +97,10 @@ def heuristic_config(kind: str, xnumel: int, rnumel: int, reductions: int = 1) -
         xblock = max(1, min(x, 64, 4096 // rblock))
         # ~1024 elements per warp (H200: a 4096-wide bf16 row runs best on 4 warps)
         return LaunchConfig(xblock, rblock, _warps(xblock * rblock // 2, 16))
+    if kind == "columns":  # looped down the columns: neighbouring columns side by side, coalesced
+        xblock = min(x, 32)
+        rblock = min(next_power_of_2(rnumel), 2048 // xblock)
+        return LaunchConfig(xblock, rblock, _warps(xblock * rblock))
     if x <= 8:  # a few long rows (a full reduction's last stage): wide steps, many warps
         rblock = min(8192, next_power_of_2(rnumel))
         return LaunchConfig(1, rblock, _warps(rblock, 16))
@@ -118,6 +123,10 @@ def candidate_configs(kind: str, xnumel: int, rnumel: int, reductions: int = 1) 
     elif kind == "pointwise":
         for xb, w in ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)):
             out.append(LaunchConfig(min(xb, max(x, 16)), 0, w))
+    elif kind == "columns":
+        r = next_power_of_2(rnumel)
+        for xb, rb, w in ((32, 64, 4), (64, 32, 4), (32, 128, 8), (64, 64, 8), (16, 128, 4), (128, 16, 4)):
+            out.append(LaunchConfig(min(xb, x), min(rb, r), w))
     elif kind == "persistent":
         rb = next_power_of_2(rnumel)
         for xb in (1, 2, 4, 8, 16, 32, 64):

@@ -14,6 +14,13 @@ elements is emitted as two @triton.jit functions under one KernelSource:
                   reduction, combines them, then computes the per-row nodes that
                   follow and stores the outputs
 
+A reduction down the columns of what it reads (x.sum(0) of a row-major x:
+kernel_model.reads_down_columns) splits the same way, over blocks of XBLOCK
+neighbouring columns instead of single rows, when its rows are long and its column
+blocks too few to fill the GPU: program (p, c) reduces rows [p * CHUNK, (p+1) *
+CHUNK) of columns [c * XBLOCK, (c+1) * XBLOCK), each step a coalesced XBLOCK x
+RBLOCK tile, and the combine takes a block of columns a program.
+
 The wrapper allocates the small workspaces (PARTS elements each: one per
 reduction, three for Welford's mean / M2 / count, two for argmax's value and
 index; `reductions.split_partials`) and launches both kernels; the order of the
@@ -34,6 +41,7 @@ from coil.backends.triton.kernel import (
     _comment,
     _handler,
     _LoopStep,
+    _mask,
     _needed,
     _rt,
     codegen_context,
@@ -57,6 +65,12 @@ from coil.passes.kernel_model import SPLIT_MAX_ROWS, SPLIT_MIN, splits_rows  # n
 PROGRAMS = 1024
 MIN_CHUNK = 256
 MAX_PARTS = 1024
+# column splits: columns at least COLUMN_SPLIT_MIN rows long, in blocks of
+# COLUMN_XBLOCK, COLUMN_RBLOCK rows a step, at least MIN_COLUMN_CHUNK rows a program
+COLUMN_SPLIT_MIN = 2048
+COLUMN_XBLOCK = 32
+COLUMN_RBLOCK = 64
+MIN_COLUMN_CHUNK = 128
 
 
 @attrs.frozen
@@ -66,6 +80,10 @@ class Split:
     rblock: int
     num_warps: int
     workspaces: tuple[tuple[str, torch.dtype], ...]  # (reduction node, dtype) of each partial stored
+    xblock: int = 1  # rows a program (kernel rows: columns in memory, for a column split)
+
+    def row_blocks(self, rows: int) -> int:
+        return cdiv(rows, self.xblock)
 
     @property
     def combine_rblock(self) -> int:
@@ -78,9 +96,11 @@ class Split:
 
 def split_of(k: FusedKernel, program: WrapperProgram) -> Split | None:
     """The split of k, or None when k runs as one kernel."""
-    if k.kind != "reduction" or not splits_rows(k.group):
+    if k.kind != "reduction":
         return None
     ctx = codegen_context(k, program, True)
+    if not ctx.columns and not splits_rows(k.group):
+        return None
     return _split_of_context(ctx)
 
 
@@ -94,10 +114,18 @@ def _split_of_context(ctx: KernelContext) -> Split | None:
     if any(ctx.bodies[b.name].dtype == torch.bool and _rt(b) in ("max", "min") for b in reds):
         return None  # a bool max's partials would be int1 tiles, which tl.max does not take
     rows, rnumel = ctx.kernel.group
+    workspaces = tuple((b.name, dt) for b in reds for dt in reductions.split_dtypes(_rt(b), ctx.bodies[b.name].dtype))
+    if ctx.columns:
+        xblock = min(COLUMN_XBLOCK, next_power_of_2(rows))
+        rblock = COLUMN_XBLOCK * COLUMN_RBLOCK // xblock  # narrow blocks take more rows a step
+        per_block = min(MAX_PARTS, PROGRAMS // cdiv(rows, xblock))
+        if per_block < 2 or rnumel < COLUMN_SPLIT_MIN:
+            return None  # enough column blocks to fill the GPU, or short columns: one loop a block
+        chunk = max(rblock, MIN_COLUMN_CHUNK, next_power_of_2(cdiv(rnumel, per_block)))
+        return Split(cdiv(rnumel, chunk), chunk, rblock, _warps(xblock * rblock), workspaces, xblock)
     per_row = max(1, min(MAX_PARTS, PROGRAMS // rows))
     chunk = max(MIN_CHUNK, next_power_of_2(cdiv(rnumel, per_row)))
     rblock = min(chunk, 2048)
-    workspaces = tuple((b.name, dt) for b in reds for dt in reductions.split_dtypes(_rt(b), ctx.bodies[b.name].dtype))
     return Split(cdiv(rnumel, chunk), chunk, rblock, _warps(rblock), workspaces)
 
 
@@ -107,11 +135,15 @@ def _signature(ctx: KernelContext, split: Split, name: str) -> str:
     return sig.replace(f"def {ctx.kernel.name}(", f"def {name}(").replace(", xnumel,", f", {ws}, xnumel,")
 
 
-def _row_scope(out: Emitter, ctx: KernelContext, axis: int) -> None:
-    """One row per program (XBLOCK = 1), the row on grid axis `axis`."""
+def _row_scope(out: Emitter, ctx: KernelContext, axis: int, xblock: int) -> None:
+    """XBLOCK rows per program (one, or a block of columns), on grid axis `axis`."""
     pid = f"tl.program_id({axis})" + (".to(tl.int64)" if ctx.int64 else "")
-    out.emit(f"xindex = {pid} + tl.arange(0, XBLOCK)[:, None]")
-    out.emit("xmask = tl.full([XBLOCK, 1], True, tl.int1)")
+    if xblock == 1:
+        out.emit(f"xindex = {pid} + tl.arange(0, XBLOCK)[:, None]")
+        out.emit("xmask = tl.full([XBLOCK, 1], True, tl.int1)")
+        return
+    out.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+    _mask(out, "xmask", "xindex < xnumel", "[XBLOCK, 1]", ctx.kernel.group[0] % xblock == 0)
 
 
 def _outer(ctx: KernelContext, out: Emitter, level: int, levels: dict[str, int], registers: dict[str, str],
@@ -124,17 +156,18 @@ def _outer(ctx: KernelContext, out: Emitter, level: int, levels: dict[str, int],
                         store)
 
 
-def _scope(ctx: KernelContext, row_axis: int) -> tuple[Emitter, dict[str, int], dict[str, str], dict[Expr, str]]:
-    """A body to emit into (one row per program, the row on grid axis `row_axis`),
-    the nodes' loop levels, and empty tables of per-row registers and of CSE."""
+def _scope(ctx: KernelContext, row_axis: int,
+           xblock: int) -> tuple[Emitter, dict[str, int], dict[str, str], dict[Expr, str]]:
+    """A body to emit into (XBLOCK rows per program, on grid axis `row_axis`), the
+    nodes' loop levels, and empty tables of per-row registers and of CSE."""
     out = Emitter()
     out.indent = 1
-    _row_scope(out, ctx, row_axis)
+    _row_scope(out, ctx, row_axis, xblock)
     return out, loop_levels(ctx), {}, {}
 
 
 def _partials(ctx: KernelContext, split: Split) -> list[str]:
-    out, levels, registers, memo = _scope(ctx, 1)
+    out, levels, registers, memo = _scope(ctx, 1, split.xblock)
     out.emit("rbase = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.int64 else ""))
     pid = "tl.program_id(0).to(tl.int64)" if ctx.int64 else "tl.program_id(0)"
     out.emit(f"rstart = {pid} * {split.chunk}")
@@ -158,9 +191,9 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
 
 
 def _combine(ctx: KernelContext, split: Split) -> list[str]:
-    out, levels, registers, memo = _scope(ctx, 0)
+    out, levels, registers, memo = _scope(ctx, 0, split.xblock)
     out.emit("pindex = tl.arange(0, RBLOCK)[None, :]")
-    out.emit(f"pmask = pindex < {split.parts}")
+    out.emit(f"pmask = (pindex < {split.parts}) & xmask")
     _outer(ctx, out, 0, levels, registers, memo, store=True)
     i = 0
     for b in (b for b in ctx.nodes if ctx.roles[b.name] == "reduction"):
@@ -198,13 +231,14 @@ def split_launch(k: FusedKernel, split: Split, args: list[str], device: str) -> 
     """The wrapper's lines: workspaces, both launches, then the workspaces freed."""
     ws = [f"ws{k.name.rsplit('_', 1)[-1]}_{i}" for i in range(len(split.workspaces))]
     rows, rnumel = k.group
+    blocks = split.row_blocks(rows)
     lines = [f"{w} = empty_strided(({rows * split.parts},), (1,), dtype={dt}, device={device!r})"
              for w, (_, dt) in zip(ws, split.workspaces)]
     call = ", ".join([*args, *ws, str(rows), str(rnumel)])
-    lines.append(f"{k.name}[({split.parts}, {rows})]({call}, XBLOCK=1, RBLOCK={split.rblock}, "
+    lines.append(f"{k.name}[({split.parts}, {blocks})]({call}, XBLOCK={split.xblock}, RBLOCK={split.rblock}, "
                  f"num_warps={split.num_warps})")
-    lines.append(f"{combine_name(k.name)}[({rows},)]({call}, XBLOCK=1, RBLOCK={split.combine_rblock}, "
-                 f"num_warps={split.combine_warps})")
+    lines.append(f"{combine_name(k.name)}[({blocks},)]({call}, XBLOCK={split.xblock}, "
+                 f"RBLOCK={split.combine_rblock}, num_warps={split.combine_warps})")
     lines.append(f"del {', '.join(ws)}")
     return lines
 

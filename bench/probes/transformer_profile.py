@@ -1,0 +1,54 @@
+"""Device probe: the transformer block's forward+backward step (bf16 b8 s1024 d1024
+h16), coil against Inductor: time per step (do_bench), the GPU's kernel time per
+step from the profiler (so host gaps show as the difference), and each one's
+kernels by total time, with coil's Triton kernels named."""
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+import torch  # noqa: E402
+import triton.testing  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from bench.suites import find_workload  # noqa: E402
+from bench.variants import make_callable  # noqa: E402
+
+STEPS = 10
+
+
+def kernels(step) -> tuple[float, list[tuple[str, int, float]]]:
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count // STEPS, e.device_time_total / STEPS) for e in p.key_averages()
+            if e.device_type.name == "CUDA" and e.count]
+    rows.sort(key=lambda r: -r[2])
+    return sum(r[2] for r in rows), rows
+
+
+def main():
+    wl = find_workload("gpu", "transformer_block")
+    results = {}
+    for variant in ("inductor", "coil", "eager"):
+        torch._dynamo.reset()
+        inst = wl.build(torch.device("cuda"))
+        f = make_callable(variant, inst.fn, "triton")
+        step = lambda f=f, inst=inst: inst.step(f, inst.inputs)  # noqa: E731
+        step()
+        ms = triton.testing.do_bench(step, warmup=25, rep=300, return_mode="median")
+        gpu_us, rows = kernels(step)
+        results[variant] = (ms, gpu_us, rows)
+        print(f"== {variant}: {ms * 1e3:.0f} us a step, kernels {gpu_us:.0f} us a step, "
+              f"{sum(r[1] for r in rows)} launches", flush=True)
+        for name, n, us in rows[:22]:
+            print(f"   {us:8.1f} us  x{n:<3d} {name[:100]}", flush=True)
+        del f, inst
+    torch._dynamo.reset()
+
+
+if __name__ == "__main__":
+    main()
