@@ -154,9 +154,14 @@ def load_link(key: str, cache_dir: str | None) -> CompiledModule | None:
 
 
 def store_link(key: str, target: str, cache_dir: str | None) -> None:
+    """Write the link; one that cannot be written (a read-only cache dir) is logged
+    and skipped: the compile it follows has already succeeded."""
     from coil.backends.runtime import write_atomic
 
-    write_atomic(str(_path(key, cache_dir, ".link")), target.encode())
+    try:
+        write_atomic(str(_path(key, cache_dir, ".link")), target.encode())
+    except OSError as e:
+        log.debug("coil: graph cache link not written (%s: %s)", type(e).__name__, e)
 
 
 def _path(key: str, cache_dir: str | None, suffix: str = ".pkl") -> Path:

@@ -287,3 +287,20 @@ def test_a_passed_through_graph_is_called_without_aot_wrappers(tmp_path: Path, g
         torch.testing.assert_close(torch.compile(fn, backend="coil", options=options)(*args), fn(*args))
     assert len(direct) == 1 and "relu" in direct[0].source
     assert bool(_links(tmp_path)) == graph_cache_on
+
+
+def test_a_link_that_cannot_be_written_does_not_fail_the_compile(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import coil.backends.runtime as runtime
+
+    real = runtime.write_atomic
+
+    def refuse_links(path: str, data: bytes) -> None:
+        if path.endswith(".link"):
+            raise PermissionError(path)
+        real(path, data)
+
+    monkeypatch.setattr(runtime, "write_atomic", refuse_links)
+    x, y = torch.randn(8, 12), torch.randn(12, 8)
+    torch.testing.assert_close(_through_dynamo(two_outputs, [x, y], tmp_path), two_outputs(x, y))
+    assert not _links(tmp_path) and list((tmp_path / "graphs").glob("*.pkl"))
