@@ -153,13 +153,13 @@ def test_explain_chain_fusion_and_reuse(tmp_path: Path, capsys: pytest.CaptureFi
 LAUNCH_FILE = """
 import torch
 
-def fn(y, big, sq, u, v):
+def fn(y, big, sq, u, v, tall, short):
     for _ in range(6):
         y = y - y.amax(-1, keepdim=True) * 0.5
-    return y.softmax(-1), big.sum(), sq + sq.t(), u.t() + v
+    return y.softmax(-1), big.sum(), sq + sq.t(), u.t() + v, tall.sum(0), short.amax(0)
 
 example_inputs = (torch.randn(64, 1024), torch.randn(40000), torch.randn(96, 96), torch.randn(80, 96),
-                  torch.randn(96, 80))
+                  torch.randn(96, 80), torch.randn(3000, 40), torch.randn(600, 70))
 """
 
 
@@ -172,14 +172,19 @@ def test_explain_triton_launches(tmp_path: Path, capsys: pytest.CaptureFixture[s
     launches = out.split("== launches (kernel_gen, triton): grid, config and why ==", 1)[1]
     rows = {ln.split()[0]: ln for ln in launches.strip().splitlines()[1:] if ln.startswith("triton_")}
     by_kind = {ln.split()[1]: ln for ln in rows.values()}
-    assert set(by_kind) == {"persistent", "split", "combine", "tiled"}, rows
+    assert set(by_kind) == {"persistent", "split", "combine", "tiled", "columns"}, rows
+    # tall.sum(0): a column split; short.amax(0): one looped kernel, 32 columns a program
+    assert sum("40 columns reduced down 3000 rows: 24 programs a block of 32 columns" in ln
+               for ln in rows.values()) == 1, rows
+    assert sum("one program a block of 32 columns merges its partials" in ln for ln in rows.values()) == 1, rows
+    assert "reduced down the columns of what it reads: 32 neighbouring columns a program" in by_kind["columns"]
     tiled = sorted(ln for ln in rows.values() if ln.split()[1] == "tiled")
     assert len(tiled) == 2, tiled  # sq + sq.t() (row-major out), u.t() + v (column-major out)
     assert sum("programs start along the rows" in ln for ln in tiled) == 1, tiled
     assert sum("programs start down the columns, as the output is written" in ln for ln in tiled) == 1, tiled
     assert "grid(64, 1) XBLOCK=1, RBLOCK=1024, num_warps=1" in by_kind["persistent"]
     assert "8 chained row reductions (>= 8): one row a program" in by_kind["persistent"]
-    assert "1 row(s) (<= 128) of 40000 (>= 16384): 157 programs a row" in by_kind["split"]
+    assert sum("1 row(s) (<= 128) of 40000 (>= 16384): 157 programs a row" in ln for ln in rows.values()) == 1
     assert "a transposed read: 64x64 tiles" in by_kind["tiled"]
     assert main(["explain", f"{src}:fn", "--target", "cpp", "--out", str(tmp_path)]) == 0
     assert "== launches" not in capsys.readouterr().out

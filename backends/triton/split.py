@@ -71,6 +71,7 @@ COLUMN_SPLIT_MIN = 2048
 COLUMN_XBLOCK = 32
 COLUMN_RBLOCK = 64
 MIN_COLUMN_CHUNK = 128
+MAX_COLUMN_PARTS = 256
 
 
 @attrs.frozen
@@ -91,7 +92,7 @@ class Split:
 
     @property
     def combine_warps(self) -> int:
-        return _warps(self.combine_rblock)
+        return _warps(self.xblock * self.combine_rblock)
 
 
 def split_of(k: FusedKernel, program: WrapperProgram) -> Split | None:
@@ -118,7 +119,8 @@ def _split_of_context(ctx: KernelContext) -> Split | None:
     if ctx.columns:
         xblock = min(COLUMN_XBLOCK, next_power_of_2(rows))
         rblock = COLUMN_XBLOCK * COLUMN_RBLOCK // xblock  # narrow blocks take more rows a step
-        per_block = min(MAX_PARTS, PROGRAMS // cdiv(rows, xblock))
+        # at most MAX_COLUMN_PARTS partials a column: the combine holds XBLOCK x parts of them
+        per_block = min(MAX_COLUMN_PARTS, PROGRAMS // cdiv(rows, xblock))
         if per_block < 2 or rnumel < COLUMN_SPLIT_MIN:
             return None  # enough column blocks to fill the GPU, or short columns: one loop a block
         chunk = max(rblock, MIN_COLUMN_CHUNK, next_power_of_2(cdiv(rnumel, per_block)))
