@@ -132,7 +132,7 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
 
     opts = Options.from_mapping(options)
     skippable = graph_cache.may_skip_aot(gm, example_inputs)
-    link = graph_cache.dynamo_key(gm, example_inputs, opts) if skippable else None
+    link = graph_cache.dynamo_key(gm, example_inputs, opts, skippable)
     if link is not None and (hit := _linked(link, opts)) is not None:
         return hit
     through: list[Any] = []

@@ -16,7 +16,7 @@ from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
-from coil.passes.kernel_model import kernel_buffers, kernel_params
+from coil.passes.kernel_model import kernel_buffers, kernel_layouts, kernel_params
 
 pyindex = IndexPrinter()
 
@@ -69,7 +69,7 @@ def kernel_source(k: FusedKernel, program: WrapperProgram) -> KernelSource:
     g = program.plan.schedule.graph
     params = kernel_params(k, g, program.plan.removed)
     ptr = {p.name: p.arg for p in params}
-    layouts = {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
+    layouts = kernel_layouts(g)
     lines = [f"def {k.name}({', '.join(p.arg for p in params)}):"]
     first = next((p.arg for p in params), None)
     lines.append(f"    _dev = {first}.device" if first else "    _dev = torch.device('cpu')")

@@ -127,10 +127,14 @@ def may_skip_aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> boo
     return all(map(_torch_call, gm.graph.nodes))
 
 
-def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> str | None:
+def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
+               skippable: bool | None = None) -> str | None:
     """The key of a Dynamo graph's link (see the module's docstring), or None when
-    this graph may not skip AOTAutograd or this compile does not use the cache."""
-    if not options.graph_cache or options.debug_dir or options.trace or not may_skip_aot(gm, example_inputs):
+    this graph may not skip AOTAutograd or this compile does not use the cache
+    (`skippable`: may_skip_aot's answer, where the caller has it)."""
+    if not options.graph_cache or options.debug_dir or options.trace:
+        return None
+    if not (may_skip_aot(gm, example_inputs) if skippable is None else skippable):
         return None
     opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
     state = (f"grad={torch.is_grad_enabled()} inference={torch.is_inference_mode_enabled()} "

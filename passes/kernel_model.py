@@ -120,8 +120,10 @@ def reads_in_registers(consumer: ComputedBuffer, producer: ComputedBuffer, group
 COLUMN_LOOP_MIN = 128
 
 
-def _step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
-    zero = {XINDEX: 0, RINDEX: 0}
+def offset_step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
+    """How far one step of index `sym` moves an access, an offset over a kernel's
+    index symbols (from the origin, every index at 0)."""
+    zero = {s: 0 for s in off.free_symbols}
     return sympy.expand(off.xreplace({**zero, sym: 1}) - off.xreplace(zero))
 
 
@@ -147,7 +149,7 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
             if ld.name in inside or ld.name not in layouts:
                 continue
             off = load_position(ld, layouts[ld.name], m, group)
-            dx, dr = _step(off, XINDEX), _step(off, RINDEX)
+            dx, dr = offset_step(off, XINDEX), offset_step(off, RINDEX)
             if dr == 1 and dx != 0:
                 return False  # along a row (a per-row vector, dx = 0, reads the same for every column)
             along_x = along_x or (dx == 1 and dr != 0)
@@ -155,6 +157,7 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
 
 
 def kernel_layouts(g: ScheduleGraph) -> dict[str, Layout]:
+    """Every input's and buffer's layout, by name."""
     return {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
 
 

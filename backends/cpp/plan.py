@@ -27,7 +27,7 @@ from coil.ir.fused import FusedKernel
 from coil.ir.layout import Layout
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
-from coil.passes.kernel_model import Param, kernel_buffers, kernel_params
+from coil.passes.kernel_model import Param, kernel_buffers, kernel_layouts, kernel_params
 
 # Below this many element-iterations a parallel region costs more than it saves.
 PARALLEL_MIN_WORK = 32768
@@ -61,7 +61,7 @@ def plan_kernel(k: FusedKernel, program: WrapperProgram) -> KernelPlan:
     g = program.plan.schedule.graph
     bufs = kernel_buffers(k, g)
     params = kernel_params(k, g, program.plan.removed)
-    layouts = {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
+    layouts = kernel_layouts(g)
     stored = frozenset(b.name for b in bufs if b.name not in program.plan.removed)
     nest = initial_nest(bufs, k.group)
     while True:

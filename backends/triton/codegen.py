@@ -118,6 +118,7 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
         grid_text, _, cfg = plan
         launch = f"{grid_text} {cfg.as_kwargs()}"
         tile = tiling(k, program)
+        kind = launch_kind(k, program, tile)
         if tile is not None:
             why = (f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, each access along its contiguous axis; "
                    + ("programs start down the columns, as the output is written" if tile.transposed
@@ -131,12 +132,12 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
                        f"{cfg.num_warps} warp(s), so each reduction stays within few warps")
             else:
                 why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
-        elif down_columns(k, program):
+        elif kind == "columns":
             why = (f"reduced down the columns of what it reads: {cfg.xblock} neighbouring columns a program, "
                    f"{cfg.rblock} rows a step")
         else:
             why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
-        out.append((k.name, launch_kind(k, program, tile), launch, why))
+        out.append((k.name, kind, launch, why))
     return out
 
 

@@ -125,7 +125,7 @@ def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:
     g = program.plan.schedule.graph
     nodes = kernel_buffers(k, g)
     params = kernel_params(k, g, program.plan.removed)
-    layouts = {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
+    layouts = kernel_layouts(g)
     roles: dict[str, str] = {}
     bodies: dict[str, Expr] = {}
     largest = max([layouts[p.name].storage_size() for p in params] + [k.group[0] * max(k.group[1], 1)])

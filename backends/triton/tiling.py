@@ -16,7 +16,7 @@ from coil.ir.expr import indirect_loads, loads, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.indexing import simplify_index, unflatten
 from coil.ir.wrapper import WrapperProgram
-from coil.passes.kernel_model import XINDEX, YINDEX, kernel_buffers, kernel_params
+from coil.passes.kernel_model import XINDEX, YINDEX, kernel_buffers, kernel_layouts, kernel_params, offset_step
 
 MIN_TILE_SIDE = 16  # narrower rows or columns are not worth a 2-D tile
 MAX_GRID_Y = 65535  # CUDA's limit on grid dimension 1 (row blocks, at least one row each)
@@ -66,12 +66,6 @@ def store_offset(b: ComputedBuffer, tile: Tile, m: Mapping[sympy.Symbol, sympy.E
     return simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m), tile.ranges)
 
 
-def _step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
-    """How far one step of `sym` moves an access (from the origin)."""
-    zero = {YINDEX: 0, XINDEX: 0}
-    return sympy.expand(off.xreplace({**zero, sym: 1}) - off.xreplace(zero))
-
-
 def _down_columns(dy: sympy.Expr, dx: sympy.Expr) -> bool:
     return bool(dy == 1 and dx != 1 and dx != 0)
 
@@ -80,7 +74,7 @@ def contiguous_axis(off: sympy.Expr) -> str | None:
     """Along which axis of the tile an access, as an offset over (yindex, xindex),
     is contiguous: "x" (along the rows), "y" (down the columns: the transposed
     read of x + y.t()), or None (neither: a broadcast or a strided access)."""
-    dy, dx = _step(off, YINDEX), _step(off, XINDEX)
+    dy, dx = offset_step(off, YINDEX), offset_step(off, XINDEX)
     if dx == 1:
         return "x"
     return "y" if _down_columns(dy, dx) else None
@@ -105,7 +99,7 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> Tile | None:
     if any(b.is_reduction or indirect_loads(b.body) for b in nodes):
         return None
     inside = {b.name for b in nodes}
-    layouts = {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
+    layouts = kernel_layouts(g)
     stored = {p.name for p in kernel_params(k, g, program.plan.removed) if p.role != "in"}
     n = k.group[0]
     cands: list[int] = []
@@ -128,10 +122,10 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> Tile | None:
                     if ld.name not in inside and ld.name in layouts]
             for off in offs:
                 off = simplify_index(off, rng)
-                steps.append((_step(off, YINDEX), _step(off, XINDEX)))
+                steps.append((offset_step(off, YINDEX), offset_step(off, XINDEX)))
             if b.name in stored:
                 off = store_offset(b, tile, m)
-                store_steps.append((_step(off, YINDEX), _step(off, XINDEX)))
+                store_steps.append((offset_step(off, YINDEX), offset_step(off, XINDEX)))
         steps += store_steps
         transposed = any(_down_columns(dy, dx) for dy, dx in steps)
         along = any(dx == 1 for _, dx in steps)

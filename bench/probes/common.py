@@ -60,6 +60,24 @@ def inductor_and_coil(inst: Any) -> dict[str, Callable[[], Any]]:
     return {"inductor": lambda: ind(*inst.inputs), "coil": lambda: c(*inst.inputs)[0]}
 
 
+def workload_steps(suite: str, name: str, variants: tuple[str, ...]) -> dict[str, Callable[[], Any]]:
+    """A bench workload's step (its call, or forward+backward) compiled by each
+    variant on CUDA, each called once.  Dynamo is reset once: it keeps one cache
+    entry per backend, so the compiled steps stay callable side by side."""
+    from bench.suites import find_workload
+    from bench.variants import make_callable
+
+    wl = find_workload(suite, name)
+    steps: dict[str, Callable[[], Any]] = {}
+    torch._dynamo.reset()
+    for v in variants:
+        inst = wl.build(torch.device("cuda"))
+        f = make_callable(v, inst.fn, "triton")
+        steps[v] = lambda f=f, inst=inst: inst.step(f, inst.inputs)
+        steps[v]()
+    return steps
+
+
 def variant(compiled: Any, source: str) -> Any:
     """The same compiled module with its output_code.py replaced by `source`."""
     return load_module(attrs.evolve(compiled.module, source=source))

@@ -10,21 +10,13 @@ import sys
 sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 
-from bench.probes.common import host_us  # noqa: E402
-from bench.suites import find_workload  # noqa: E402
-from bench.variants import make_callable  # noqa: E402
+from bench.probes.common import host_us, workload_steps  # noqa: E402
 
 
 def main():
-    wl = find_workload("gpu", "transformer_block")
-    steps = {}
-    for variant in ("eager", "inductor", "coil"):
-        torch._dynamo.reset()
-        inst = wl.build(torch.device("cuda"))
-        f = make_callable(variant, inst.fn, "triton")
-        steps[variant] = lambda f=f, inst=inst: inst.step(f, inst.inputs)  # noqa: E731
-        steps[variant]()
-        print(f"{variant:9s} host {host_us(steps[variant], 50):8.1f} us a step", flush=True)
+    steps = workload_steps("gpu", "transformer_block", ("eager", "inductor", "coil"))
+    for variant, step in steps.items():
+        print(f"{variant:9s} host {host_us(step, 50):8.1f} us a step", flush=True)
     torch.cuda.synchronize()
     pr = cProfile.Profile()
     pr.enable()

@@ -10,8 +10,7 @@ import torch  # noqa: E402
 import triton.testing  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench.suites import find_workload  # noqa: E402
-from bench.variants import make_callable  # noqa: E402
+from bench.probes.common import workload_steps  # noqa: E402
 
 STEPS = 10
 
@@ -31,22 +30,13 @@ def kernels(step) -> tuple[float, list[tuple[str, int, float]]]:
 
 
 def main():
-    wl = find_workload("gpu", "transformer_block")
-    results = {}
-    for variant in ("inductor", "coil", "eager"):
-        torch._dynamo.reset()
-        inst = wl.build(torch.device("cuda"))
-        f = make_callable(variant, inst.fn, "triton")
-        step = lambda f=f, inst=inst: inst.step(f, inst.inputs)  # noqa: E731
-        step()
+    for variant, step in workload_steps("gpu", "transformer_block", ("inductor", "coil", "eager")).items():
         ms = triton.testing.do_bench(step, warmup=25, rep=300, return_mode="median")
         gpu_us, rows = kernels(step)
-        results[variant] = (ms, gpu_us, rows)
         print(f"== {variant}: {ms * 1e3:.0f} us a step, kernels {gpu_us:.0f} us a step, "
               f"{sum(r[1] for r in rows)} launches", flush=True)
         for name, n, us in rows[:22]:
             print(f"   {us:8.1f} us  x{n:<3d} {name[:100]}", flush=True)
-        del f, inst
     torch._dynamo.reset()
 
 
