@@ -120,7 +120,7 @@ def _linked(key: str, options: Options) -> Callable[..., Any] | None:
     if module is None:
         return None
     log.debug("coil: Dynamo graph loaded from the graph cache, AOTAutograd skipped")
-    return _direct(load_module(module))
+    return _direct(load_module(module, options.cache_dir))
 
 
 def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None,

@@ -4,6 +4,8 @@ CompiledModule into the callable `compiled(*inputs) -> tuple`."""
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import time
 from typing import Any, Callable, Sequence
 
@@ -154,21 +156,93 @@ class CompiledFn:
         return tuple(self._call(args))
 
 
-def cache_dir(configured: str | None = None) -> str:
-    """Where generated files live: Options.cache_dir, else $COIL_CACHE_DIR, else a
-    per-user folder under the system temp dir."""
-    import os
+class CacheUnwritable(CoilError):
+    """The cache dir, or a folder or file in it, cannot be created or written (a
+    read-only or full disk).  A cache that only saves time (compiled graphs, links,
+    autotuning results) catches it and goes on uncached; the C++ target, whose
+    shared object must live somewhere, lets it through."""
+
+
+FIX_HINT = "point $COIL_CACHE_DIR (or Options(cache_dir=...)) at a folder only you can write"
+
+# folder -> (st_dev, st_ino) of the folder found safe there: one lstat per use, the
+# whole check again only when the folder is new or was replaced
+_SAFE_DIRS: dict[str, tuple[int, int]] = {}
+
+
+def _unsafe(st: os.stat_result) -> str | None:
+    """Why a folder of this stat may not hold code coil runs, or None."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid != os.getuid():
+        return f"it is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if st.st_mode & 0o022:
+        who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit)
+        return f"it is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def secure_dir(path: str) -> str:
+    """`path`, created with mode 0700 if missing, after making sure nobody else can
+    put files there: anyone who can write in coil's cache can plant a pickle, a
+    shared object or Python that coil would load and run as you.  A folder owned
+    by another user or writable by group or others is refused, as is one in a
+    parent that others may write without the sticky bit (they could swap it)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.lstat(path)
+        except OSError as e:
+            raise CacheUnwritable(f"cannot create the cache dir {path} ({e.strerror or e}); {FIX_HINT}") from e
+    except OSError as e:
+        raise CacheUnwritable(f"cannot read the cache dir {path} ({e.strerror or e}); {FIX_HINT}") from e
+    if _SAFE_DIRS.get(path) == (st.st_dev, st.st_ino) and not stat.S_ISLNK(st.st_mode):
+        return path
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        if st.st_uid not in (os.getuid(), 0):
+            problem = f"it is a symbolic link owned by uid {st.st_uid}"
+        else:
+            try:
+                st = os.stat(path)
+            except OSError as e:
+                problem = f"it is a symbolic link that does not resolve ({e.strerror or e})"
+    problem = problem or _unsafe(st)
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        pst = os.stat(parent)
+    except OSError:
+        pst = None
+    if problem is None and pst is not None and pst.st_mode & 0o002 and not pst.st_mode & stat.S_ISVTX:
+        problem = f"its parent {parent} is writable by others without the sticky bit"
+    if problem is not None:
+        fix = f"`chmod 700 {path}` if it is yours, or " if problem.startswith("it is writable") else ""
+        raise CoilError(f"refusing the cache dir {path}: {problem}; whoever can write there could plant code "
+                        f"that coil would load and run as you. To fix: {fix}{FIX_HINT}")
+    _SAFE_DIRS[path] = (st.st_dev, st.st_ino)
+    return path
+
+
+def configured_dir(configured: str | None = None) -> str:
+    """Options.cache_dir, else $COIL_CACHE_DIR, else a per-user folder under the
+    system temp dir; not created, not checked."""
     import tempfile
 
-    d = configured or os.environ.get("COIL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"coil-{os.getuid()}")
-    os.makedirs(d, exist_ok=True)
-    return d
+    return configured or os.environ.get("COIL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"coil-{os.getuid()}")
+
+
+def cache_dir(configured: str | None = None, sub: str | None = None) -> str:
+    """Where generated files live (configured_dir); with `sub`, that folder in it.
+    Both are created and checked (secure_dir) on every use."""
+    d = secure_dir(configured_dir(configured))
+    return secure_dir(os.path.join(d, sub)) if sub else d
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Write through a temporary file in the same folder, then rename it into
-    place: a reader sees the old file or the whole new one, never half of it."""
-    import os
+    """Write through a temporary file (mode 0600) in the same folder, then rename it
+    into place: a reader sees the old file or the whole new one, never half of it."""
     import tempfile
 
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
@@ -184,19 +258,59 @@ def write_atomic(path: str, data: bytes) -> None:
         raise
 
 
+def read_bytes(path: str) -> bytes | None:
+    """The file's bytes, or None when it is missing or cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+_warned_uncached: set[str] = set()
+
+
+def _source_file(source: str, key: str, directory: str | None) -> str:
+    """The path of output_code.py in the cache, written there unless a file with
+    exactly this text is there already.  Triton reads a kernel's source back with
+    inspect, so the text should be on disk; where the cache cannot be written the
+    module still loads, from the text registered with linecache (load_module)."""
+    try:
+        folder = cache_dir(directory)
+    except CacheUnwritable as e:
+        _warn_uncached(str(e))
+        return os.path.join(configured_dir(directory), f"c{key}.py")
+    path = os.path.join(folder, f"c{key}.py")
+    data = source.encode()
+    if read_bytes(path) != data:  # missing, damaged, or another text: never trusted
+        try:
+            write_atomic(path, data)
+        except OSError as e:
+            _warn_uncached(f"cannot write {path} ({e.strerror or e})")
+    return path
+
+
+def _warn_uncached(why: str) -> None:
+    if why not in _warned_uncached:
+        _warned_uncached.add(why)
+        log.warning("coil: %s; output_code.py runs without a copy in the cache", why)
+
+
 def load_module(module: CompiledModule, directory: str | None = None) -> CompiledFn:
-    """Write output_code.py to the cache (Triton reads kernel source from files),
-    import it as a fresh module, and wrap its `call`."""
+    """Write output_code.py to the cache dir `directory` (Options.cache_dir; Triton
+    reads kernel source from files) and run it as a fresh module, compiled from
+    the text in hand, never from a file or a .pyc someone else could have put
+    there; wrap its `call`."""
     import hashlib
-    import importlib.util
-    import os
+    import linecache
+    import types
 
     key = hashlib.sha256(module.source.encode()).hexdigest()[:24]
-    path = os.path.join(cache_dir(directory), f"c{key}.py")
-    if not os.path.exists(path) or open(path).read() != module.source:
-        write_atomic(path, module.source.encode())
-    spec = importlib.util.spec_from_file_location(f"coil_output_{key}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    path = _source_file(module.source, key, directory)
+    # tracebacks and inspect.getsource (Triton's @jit) read this text, whatever the
+    # file on disk holds later; an mtime of None keeps checkcache from dropping it
+    linecache.cache[path] = (len(module.source), None, module.source.splitlines(True), path)
+    mod = types.ModuleType(f"coil_output_{key}")
+    mod.__file__ = path
+    exec(compile(module.source, path, "exec"), mod.__dict__)  # noqa: S102 - coil's own generated code
     return CompiledFn(module, mod.__dict__)

@@ -30,7 +30,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
         module = (pipeline or default_pipeline()).run(gm, example_inputs, options=opts)
         if key:
             graph_cache.store(key, module, opts.cache_dir)
-    compiled = load_module(module)
+    compiled = load_module(module, opts.cache_dir)
     compiled.cache_key = key
     return compiled
 

@@ -15,7 +15,10 @@ so an edit to coil, a new torch or another layout misses.  A compile asked to
 show its stages (debug_dir, trace) or run through a custom pipeline does not use
 the cache, nor does a graph with tensor constants (get_attr: lower refuses them).
 An entry that does not load (truncated, written by another version of a class)
-is compiled again and overwritten, never trusted.
+is compiled again and overwritten, never trusted.  Since loading a pickle runs
+code, the folder is checked first (backends/runtime.py: secure_dir): one that
+another user owns or may write is refused.  A cache that cannot be written (a
+read-only or full disk) is skipped: the compile goes on uncached.
 
 Dynamo graphs get a second kind of entry, a link (`<key>.link`, holding the key of
 the compiled graph's entry), as Inductor's AOTAutogradCache does for it: a Dynamo
@@ -147,14 +150,17 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
 def load_link(key: str, cache_dir: str | None) -> CompiledModule | None:
     """The compiled graph a Dynamo graph's link points to, or None (no link, or a
     link whose target is gone or does not load)."""
+    from coil.backends.runtime import read_bytes
+
     path = _path(key, cache_dir, ".link")
-    if not path.exists():
+    raw = read_bytes(str(path)) if path is not None else None
+    if raw is None:
         return None
-    target = path.read_text().strip()
-    if len(target) != 32 or any(c not in "0123456789abcdef" for c in target):
+    target = raw.strip()
+    if len(target) != 32 or any(c not in b"0123456789abcdef" for c in target):
         log.warning("coil: graph cache link %s is damaged; compiling again", path)
         return None
-    return load(target, cache_dir)
+    return load(target.decode(), cache_dir)
 
 
 def store_link(key: str, target: str, cache_dir: str | None) -> None:
@@ -162,23 +168,32 @@ def store_link(key: str, target: str, cache_dir: str | None) -> None:
     and skipped: the compile it follows has already succeeded."""
     from coil.backends.runtime import write_atomic
 
+    path = _path(key, cache_dir, ".link")
+    if path is None:
+        return
     try:
-        write_atomic(str(_path(key, cache_dir, ".link")), target.encode())
+        write_atomic(str(path), target.encode())
     except OSError as e:
         log.debug("coil: graph cache link not written (%s: %s)", type(e).__name__, e)
 
 
-def _path(key: str, cache_dir: str | None, suffix: str = ".pkl") -> Path:
-    from coil.backends.runtime import cache_dir as base
+def _path(key: str, cache_dir: str | None, suffix: str = ".pkl") -> Path | None:
+    """The entry's path in `<cache dir>/graphs` (created and checked: pickles run
+    code when loaded, so a folder others can write is refused with a CoilError),
+    or None where the folder cannot be created (a read-only or full disk): then
+    the compile goes on uncached."""
+    from coil.backends.runtime import CacheUnwritable, cache_dir as base
 
-    d = Path(base(cache_dir)) / "graphs"
-    d.mkdir(parents=True, exist_ok=True)
-    return d / f"{key}{suffix}"
+    try:
+        return Path(base(cache_dir, "graphs")) / f"{key}{suffix}"
+    except CacheUnwritable as e:
+        log.debug("coil: graph cache skipped (%s)", e)
+        return None
 
 
 def load(key: str, cache_dir: str | None) -> CompiledModule | None:
     path = _path(key, cache_dir)
-    if not path.exists():
+    if path is None or not path.exists():
         return None
     try:
         with open(path, "rb") as f:
@@ -195,7 +210,10 @@ def load(key: str, cache_dir: str | None) -> CompiledModule | None:
 def store(key: str, module: CompiledModule, cache_dir: str | None) -> None:
     from coil.backends.runtime import write_atomic
 
+    path = _path(key, cache_dir)
+    if path is None:
+        return
     try:
-        write_atomic(str(_path(key, cache_dir)), pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL))
+        write_atomic(str(path), pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as e:  # noqa: BLE001 - a graph that does not pickle is simply not cached
         log.debug("coil: graph not cached (%s: %s)", type(e).__name__, e)

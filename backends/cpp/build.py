@@ -1,8 +1,11 @@
 """Compile a C++ translation unit once, cache the shared object on disk, load it
 with ctypes.
 
-The cache key hashes the source, the compiler flags and the compiler's version,
-so a new compiler or flag never reuses an old binary.  Next to each `<key>.so`
+The cache key hashes the source, the compiler flags, the compiler's version and
+what -march=native means on this CPU (cpu_isa), so a new compiler, flag or CPU
+never reuses an old binary.  The folder, `<cache dir>/cpp`, is created with mode
+0700 and refused when another user owns it or may write it (a planted .so with a
+matching sidecar would run as you).  Next to each `<key>.so`
 lie `<key>.cpp` (the source a compile error points at) and `<key>.json`, a
 sidecar with the key and the SHA-256 of the .so: an entry whose sidecar is
 missing or disagrees (a crashed writer, a corrupted file) is rebuilt, never
@@ -95,15 +98,35 @@ class CacheEntry:
         return self.path("json")
 
 
+@functools.cache
+def cpu_isa(cxx: str) -> str:
+    """What -march=native stands for on this machine: the compiler's resolved target
+    options (`-march=native -Q --help=target`), else the CPU's model name and flags
+    from /proc/cpuinfo.  A .so built for one CPU may use instructions another lacks
+    (a cache dir on a shared home, a container moved between hosts)."""
+    try:
+        out = subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
+                             check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    if out.strip():
+        return out
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    picked = [next((ln for ln in lines if ln.startswith(k)), "") for k in ("model name", "flags", "Features")]
+    return "\n".join([platform.machine(), platform.processor(), *picked])
+
+
 def cache_entry(source: str, cache_dir: str | None = None) -> CacheEntry:
-    from coil.backends.runtime import cache_dir as default_cache_dir
+    from coil.backends.runtime import cache_dir as checked_cache_dir
 
     cxx = compiler()
-    material = "\0".join([source, cxx, " ".join(compile_flags() + link_flags()), compiler_version(cxx)])
+    material = "\0".join([source, cxx, " ".join(compile_flags() + link_flags()), compiler_version(cxx), cpu_isa(cxx)])
     key = "k" + hashlib.sha256(material.encode()).hexdigest()[:40]
-    directory = os.path.join(default_cache_dir(cache_dir), "cpp")
-    os.makedirs(directory, exist_ok=True)
-    return CacheEntry(key, directory)
+    return CacheEntry(key, checked_cache_dir(cache_dir, "cpp"))
 
 
 def _sha256_file(path: str) -> str:
@@ -114,9 +137,10 @@ def _sha256_file(path: str) -> str:
 def is_valid(entry: CacheEntry) -> bool:
     """The .so exists and its sidecar vouches for exactly these bytes."""
     try:
-        with open(entry.sidecar) as f:
-            meta = json.load(f)
-        return bool(meta.get("key") == entry.key and meta.get("so_sha256") == _sha256_file(entry.so))
+        with open(entry.sidecar, "rb") as f:
+            meta = json.loads(f.read())
+        return bool(isinstance(meta, dict) and meta.get("key") == entry.key
+                    and meta.get("so_sha256") == _sha256_file(entry.so))
     except (OSError, ValueError):
         return False
 
@@ -130,7 +154,19 @@ def _remove(path: str) -> None:
 
 def compile_entry(source: str, entry: CacheEntry) -> None:
     """Compile `source` into entry.so (via a temporary file), then write the sidecar.
-    A failed compile raises CoilError with the compiler's message and the source path."""
+    A failed compile raises CoilError with the compiler's message and the source
+    path; a cache dir that cannot be written (read-only, full), CacheUnwritable."""
+    from coil.backends.runtime import FIX_HINT, CacheUnwritable
+
+    try:
+        _compile_entry(source, entry)
+    except OSError as e:
+        raise CacheUnwritable(
+            f"cannot write the C++ kernels' shared object into the cache dir {entry.directory} "
+            f"({e.strerror or e}); the cpp target needs it on disk: {FIX_HINT}", stage="kernel_gen") from e
+
+
+def _compile_entry(source: str, entry: CacheEntry) -> None:
     write_atomic(entry.cpp, source.encode())
     fd, tmp = tempfile.mkstemp(dir=entry.directory, prefix=entry.key + ".", suffix=".so.tmp")
     os.close(fd)

@@ -163,12 +163,38 @@ def _tune_key(kernel: Any, kind: str, xnumel: int, rnumel: int, device: Any) -> 
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-def _cache_path(key: str, cache_dir: str | None) -> str:
-    from coil.backends.runtime import cache_dir as base
+def _cache_path(key: str, cache_dir: str | None) -> str | None:
+    """Where a tuning result is kept (a checked folder, runtime.secure_dir), or None
+    where the cache cannot be written: then it is kept in memory only."""
+    from coil.backends.runtime import CacheUnwritable, cache_dir as base
 
-    d = os.path.join(base(cache_dir), "triton-autotune")
-    os.makedirs(d, exist_ok=True)
-    return os.path.join(d, f"{key}.json")
+    try:
+        return os.path.join(base(cache_dir, "triton-autotune"), f"{key}.json")
+    except CacheUnwritable:
+        return None
+
+
+def _load_config(path: str | None) -> LaunchConfig | None:
+    """A tuning result from the cache; a damaged one is tuned again, never trusted."""
+    from coil.backends.runtime import read_bytes
+
+    raw = read_bytes(path) if path else None
+    if raw is None:
+        return None
+    try:
+        return LaunchConfig(**json.loads(raw))
+    except Exception:  # noqa: BLE001 - not JSON, not a config: tune again
+        return None
+
+
+def _store_config(path: str | None, cfg: LaunchConfig) -> None:
+    from coil.backends.runtime import write_atomic
+
+    if path is not None:
+        try:
+            write_atomic(path, json.dumps(attrs.asdict(cfg)).encode())
+        except OSError:
+            pass  # a read-only or full cache: the result lives in memory only
 
 
 def _time(kernel: Any, kind: str, xnumel: int, rnumel: int, cfg: LaunchConfig, args: tuple[Any, ...]) -> float:
@@ -192,18 +218,13 @@ def autotuned_launch(kernel: Any, kind: str, xnumel: int, rnumel: int, args: tup
     cfg = _BEST.get(mem_key)
     if cfg is None:
         path = _cache_path(_tune_key(kernel, kind, xnumel, rnumel, device), cache_dir)
-        if os.path.exists(path):
-            with open(path) as f:
-                cfg = LaunchConfig(**json.load(f))
-        else:
+        cfg = _load_config(path)
+        if cfg is None:
             scratch = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
             timed = [(_time(kernel, kind, xnumel, rnumel, c, scratch), i, c)
                      for i, c in enumerate(candidate_configs(kind, xnumel, rnumel))]
             cfg = min(timed)[2]
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(attrs.asdict(cfg), f)
-            os.replace(tmp, path)
+            _store_config(path, cfg)
         _BEST[mem_key] = cfg
     launch(kernel, kind, xnumel, rnumel, cfg, args)
 
