@@ -59,6 +59,9 @@ class Options:
     graph_cache: bool = True
     num_threads: int = 0
     sanitize: bool = False
+    # torch.compile: a graph coil cannot compile (CoilError) runs eagerly, with a
+    # warning that names the reason; off: the error reaches the caller
+    eager_fallback: bool = True
 
     def persistent_limit(self) -> int:
         if self.persistent_reduction_threshold > 0:

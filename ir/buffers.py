@@ -37,6 +37,8 @@ def _ints(value: Any) -> tuple[int, ...]:
 class InputBuffer:
     name: str
     layout: Layout
+    value: Any = attrs.field(default=None, eq=False, repr=False)  # a tensor constant (see Input)
+    token: bool = False  # an effect token (see Input)
 
 
 @attrs.frozen(cache_hash=True)

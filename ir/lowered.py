@@ -3,14 +3,18 @@
 Grammar::
 
     LoweredGraph ::= (nodes: LNode*, outputs: (name | None)*)
-    LNode ::= Input(name, layout)                      an FX placeholder
+    LNode ::= Input(name, layout, value, token)        an FX placeholder; or a tensor
+                                                       constant (get_attr): value set;
+                                                       token: an effect token (None
+                                                       at run time)
             | Pointwise(name, ranges, body)            body over x0..x{n-1}
             | Reduction(name, ranges, reduction_ranges, reduction_type, body)
                                                        body over x* and r*
             | View(name, base, ranges, index)          element x of the view is
                                                        element `index` of base
-            | Extern(name, kernel, args, kwargs, layout, mutated)
-                                                       an aten call kept whole
+            | Extern(name, kernel, args, kwargs, layout, mutated, sized_by_data)
+                                                       an aten call kept whole; layout
+                                                       None: a tuple, or no result
             | MultiOutput(name, extern, index, layout) one result of a tuple Extern
 
 A body reads other nodes only through `Load(name, logical index)`.  Each node keeps
@@ -42,6 +46,12 @@ def _exprs(value: Any) -> tuple[sympy.Expr, ...]:
 class Input:
     name: str
     layout: Layout
+    # a tensor constant of the graph (FX get_attr), which the compiled module holds
+    # and passes after the caller's inputs; None for a placeholder
+    value: Any = attrs.field(default=None, eq=False, repr=False)
+    # AOTAutograd's effect token, threaded through `with_effects` calls: the caller
+    # passes None in its place
+    token: bool = False
 
     @property
     def dtype(self) -> torch.dtype:
@@ -121,6 +131,9 @@ class Extern:
     origin: str
     op: str
     mutated: tuple[str, ...] = ()
+    # its result's size depends on the values it reads (nonzero, a boolean mask):
+    # the traced size holds for the example inputs only
+    sized_by_data: bool = False
 
     @property
     def size(self) -> tuple[int, ...]:

@@ -57,7 +57,8 @@ def show_lowered(g: LoweredGraph) -> str:
     for n in g.nodes:
         match n:
             case Input():
-                out.append(f"  {n.name} = Input({n.layout.show()})")
+                kind = "Constant" if n.value is not None else "Token" if n.token else "Input"
+                out.append(f"  {n.name} = {kind}({n.layout.show()})")
             case Pointwise():
                 out.append(f"  {n.name} = Pointwise[{dtype_name(n.dtype)}{fmt_size(n.ranges)}] from {n.origin} ({n.op}):")
                 out += body_lines(n.body)
@@ -74,7 +75,8 @@ def show_lowered(g: LoweredGraph) -> str:
                 args = ", ".join([fmt_arg(a) for a in n.args] + [f"{k}={fmt_arg(v)}" for k, v in n.kwargs])
                 lay = n.layout.show() if n.layout else "tuple"
                 mut = f" mutates {list(n.mutated)}" if n.mutated else ""
-                out.append(f"  {n.name} = Extern {n.kernel}({args}) -> {lay}{mut} from {n.origin}")
+                sized = " sized_by_data" if n.sized_by_data else ""
+                out.append(f"  {n.name} = Extern {n.kernel}({args}) -> {lay}{mut}{sized} from {n.origin}")
             case MultiOutput():
                 out.append(f"  {n.name} = MultiOutput {n.extern}{list(n.index)} -> {n.layout.show()}")
     out.append(f"  return ({', '.join(str(o) for o in g.outputs)},)")
@@ -85,7 +87,7 @@ def show_lowered(g: LoweredGraph) -> str:
 def show_buffers(g: BufferGraph) -> str:
     out = ["BufferGraph"]
     for i in g.inputs:
-        out.append(f"  {i.name}: InputBuffer {i.layout.show()}")
+        out.append(f"  {i.name}: InputBuffer {i.layout.show()}{' constant' if i.value is not None else ' token' if i.token else ''}")
     for b in g.buffers:
         origins = ", ".join(b.origins)
         match b:

@@ -73,7 +73,8 @@ def show_wrapper(w: WrapperProgram) -> str:
             case Reuse():
                 out.append(f"  {ln.new} = {ln.old}; del {ln.old}  # reuse")
             case ReinterpretView():
-                out.append(f"  {ln.name} = reinterpret_tensor({ln.base}) {ln.layout.show()}")
+                at = "" if ln.base_offset is None else f" at {ln.base}+{ln.delta()}"
+                out.append(f"  {ln.name} = reinterpret_tensor({ln.base}{at}) {ln.layout.show()}")
             case KernelCall():
                 out.append(f"  {ln.kernel}({', '.join(ln.args)})")
             case ExternCall():

@@ -8,7 +8,8 @@ Grammar::
     WrapperProgram ::= (inputs: name*, lines: Line*, plan: MemoryPlan)
     Line ::= Alloc(name, layout)                 bufN = empty_strided(...)
            | Reuse(new, old)                     bufB = bufA; del bufA  # reuse
-           | ReinterpretView(name, base, layout) bufN = reinterpret_tensor(base, ...)
+           | ReinterpretView(name, base, layout, base_offset)
+                                                 bufN = reinterpret_tensor(base, ...)
            | KernelCall(kernel, args)            kernel(args..., sizes)
            | ExternCall(name, kernel, args, kwargs)
            | MultiOutputLine(name, extern, index) bufN = bufM[i]
@@ -42,9 +43,21 @@ class Reuse:
 
 @attrs.frozen
 class ReinterpretView:
+    """A view of `base`'s storage.  `base_offset` is None where coil allocated the
+    base (its storage offset is 0, known now); else (a graph input, an extern's
+    result) it is the base's storage offset at compile time, and the view sits at
+    `base.storage_offset() + layout.offset - base_offset`: the same graph may be
+    called with an input at another offset in its storage (q, k, v of one tensor),
+    or an extern may return a tensor its meta function placed elsewhere."""
+
     name: str
     base: str
     layout: Layout
+    base_offset: int | None = None
+
+    def delta(self) -> int:
+        """The view's offset from its base's own (base_offset given)."""
+        return self.layout.offset - (self.base_offset or 0)
 
 
 @attrs.frozen

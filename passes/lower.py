@@ -6,7 +6,12 @@ Walks the FX graph once.  Each call_function node goes, in this order, to:
    and lowered node by node, so softmax or layer_norm arrive as pointwise ops and
    reductions;
 3. an `Extern` fallback that calls the aten op as it is.
-No model fails to compile for want of a lowering.
+No model fails to compile for want of a lowering.  A node that reads or makes a
+tensor of a dtype no target's kernels handle (complex, float8, ...) goes straight
+to 3, node by node, so the rest of the graph still fuses around it.  Tensor
+constants (get_attr) become inputs that the compiled module holds; an effectful
+call (`with_effects`, e.g. the error check after linalg.inv) runs as an Extern in
+graph order and hands its token on.
 """
 
 from __future__ import annotations
@@ -104,10 +109,15 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
     )
     refs = tuple(_to_ref(a) for a in args)
     kw = tuple(sorted((k, _to_ref(v)) for k, v in kwargs.items()))
+    sized = _sized_by_data(target, args)
     if isinstance(val, torch.Tensor):
-        return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device), ctx.origin, ctx.op, mutated))
+        return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device), ctx.origin, ctx.op, mutated,
+                              sized))
+    if val is None and not target._schema.returns:  # called for its effect (a check that raises)
+        ctx.append(Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated))
+        return None
     if isinstance(val, (tuple, list)):
-        ext = Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated)
+        ext = Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated, sized)
         ctx.append(ext)
         outs: list[Any] = []
         for i, v in enumerate(val):
@@ -117,6 +127,39 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
                 outs.append(None)
         return tuple(outs)
     raise CoilError(f"extern {kernel} returns {type(val).__name__}, not a tensor", stage="lower", node=ctx.origin)
+
+
+# every dtype the kernels of every target load, compute and store (the cpp and
+# triton type tables cover it; a test holds them to it)
+KERNEL_DTYPES = frozenset({
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool,
+})
+
+# ops whose result's size depends on the values they read
+SIZED_BY_DATA = frozenset({
+    "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive",
+    "bincount", "repeat_interleave", "argwhere",
+})
+
+
+def _tensor_dtypes(x: Any) -> list[torch.dtype]:
+    return [t.dtype for t in torch.utils._pytree.tree_leaves(x) if isinstance(t, (TensorValue, torch.Tensor))]
+
+
+def kernels_take(args: Any, val: Any) -> bool:
+    """Whether every tensor the node reads and makes has a dtype kernels handle."""
+    return all(d in KERNEL_DTYPES for d in _tensor_dtypes(args) + _tensor_dtypes(val))
+
+
+def _sized_by_data(target: Any, args: Sequence[Any]) -> bool:
+    name = _short(target)
+    if name in SIZED_BY_DATA:
+        return True
+    # x[mask]: a boolean index selects as many elements as the mask holds
+    return name == "index" and any(
+        isinstance(t, TensorValue) and t.dtype in (torch.bool, torch.uint8)
+        for t in torch.utils._pytree.tree_leaves(args[1:] if len(args) > 1 else ()))
 
 
 def _meta_arg(x: Any, vals: dict[str, Any]) -> Any:
@@ -161,6 +204,11 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         return seq[i]
     if isinstance(target, type) and issubclass(target, tuple):  # a decomposition's named tuple
         return tuple(args)
+    if target is torch.ops.higher_order.with_effects:
+        return _lower_with_effects(ctx, node, args, kwargs, vals)
+    if isinstance(target, torch._ops.OpOverload) and not kernels_take((args, kwargs), vals.get(node.name)):
+        log.debug("lower %s: %s -> extern fallback (a dtype kernels do not handle)", node.name, target)
+        return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
     fn = find_lowering(target)
     if fn is not None:
         mark = len(ctx.nodes)
@@ -178,6 +226,25 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         return _lower_graph_into(ctx, sub, flat_args, depth + 1)
     log.debug("lower %s: %s -> extern fallback", node.name, target)
     return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
+
+
+def _lower_with_effects(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals: dict[str, Any]) -> Any:
+    """`with_effects(token, op, *args)`: AOTAutograd threads a token through calls
+    with side effects so they keep their order.  The op runs as an Extern (externs
+    run in graph order); the token it returns is the one it was given (a token
+    carries no data)."""
+    token, op, *rest = args
+    val = vals.get(node.name)
+    inner = tuple(val[1:]) if isinstance(val, (tuple, list)) else ()
+    if not isinstance(op, torch._ops.OpOverload):
+        raise CoilError(f"with_effects of {op!r}: not an aten op", stage="lower", node=ctx.origin)
+    ctx.at(ctx.origin, _short(op), ctx.device)
+    if not inner:
+        lower_extern(ctx, op, rest, kwargs, None)
+        return (token,)
+    if len(inner) == 1:
+        return (token, lower_extern(ctx, op, rest, kwargs, inner[0]))
+    return (token, *lower_extern(ctx, op, rest, kwargs, inner))
 
 
 def _lower_graph_into(ctx: LowerCtx, gm: torch.fx.GraphModule, inputs: Sequence[Any], depth: int) -> Any:
@@ -207,18 +274,24 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     inputs = iter(fx.example_inputs)
     outputs: tuple[str | None, ...] = ()
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
+    seen_constant = False
+    tokens = {n.args[0] for n in fx.gm.graph.nodes if n.target is torch.ops.higher_order.with_effects}
     for n in fx.gm.graph.nodes:
         ctx.reserve(n.name)
     for n in fx.gm.graph.nodes:
         if n.op == "placeholder":
+            if seen_constant:
+                raise CoilError("a placeholder after a get_attr node: constants must follow the graph's inputs",
+                                stage="lower", node=n.name)
             x = next(inputs)
             if isinstance(x, torch.Tensor):
-                env[n] = ctx.add(Input(n.name, Layout.of(x)))
+                env[n] = ctx.add(Input(n.name, Layout.of(x), token=n in tokens))
                 log.debug("lower %s: placeholder -> Input", n.name)
             else:
                 env[n] = x
         elif n.op == "get_attr":
-            raise CoilError("get_attr nodes are not supported: lift parameters to inputs (make_fx / AOTAutograd do)", stage="lower", node=n.name)
+            env[n] = _constant(ctx, fx, n, device)
+            seen_constant = True
         elif n.op == "call_function":
             a, k = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: env[m])
             ctx.at(n.name, _short(n.target), device)
@@ -241,6 +314,25 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     if len(output_strides) != len(outputs):
         output_strides = (None,) * len(outputs)
     return LoweredGraph(tuple(ctx.nodes), outputs, output_strides)
+
+
+def _constant(ctx: LowerCtx, fx: FxGraph, n: torch.fx.Node, device: str) -> Any:
+    """A get_attr node: a tensor constant of the graph becomes an Input holding its
+    value.  A CPU scalar in a graph on another device moves there (eager mixes
+    them; a kernel reads one device)."""
+    value: Any = fx.gm
+    for part in str(n.target).split("."):
+        value = getattr(value, part, None)
+    if not isinstance(value, torch.Tensor):
+        raise CoilError(f"get_attr {n.target} is a {type(value).__name__}, not a tensor (a higher-order op's "
+                        "subgraph?): coil cannot take this graph", stage="lower", node=n.name)
+    if value.dim() == 0 and value.device.type == "cpu" and device != "cpu":
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
+            value = value.to(device)
+    log.debug("lower %s: get_attr -> Input (a constant %s)", n.name, list(value.shape))
+    return ctx.add(Input(n.name, Layout.of(value), value))
 
 
 def _meta_stride(f: Any, vals: dict[str, Any]) -> tuple[int, ...] | None:

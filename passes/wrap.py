@@ -6,7 +6,7 @@ Inputs are freed with FreeLine (`del argN_1`), buffers with FreeIfNotReusedLine
 
 from __future__ import annotations
 
-from coil.ir.buffers import AliasBuffer, ExternBuffer, MultiOutputBuffer
+from coil.ir.buffers import AliasBuffer, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, NopStep
 from coil.ir.memory import MemoryPlan
 from coil.ir.wrapper import (
@@ -49,7 +49,10 @@ def wrap(plan: MemoryPlan, options: Options) -> WrapperProgram:
             case NopStep():
                 b = bg.get(step.name)
                 if isinstance(b, AliasBuffer):
-                    lines.append(ReinterpretView(b.name, b.base, b.layout))
+                    base = bg.get(b.base)
+                    # a buffer coil allocates starts its storage; any other base is placed by its maker
+                    placed = None if isinstance(base, ComputedBuffer) else bg.layout(b.base).offset
+                    lines.append(ReinterpretView(b.name, b.base, b.layout, placed))
                 elif isinstance(b, MultiOutputBuffer):
                     lines.append(MultiOutputLine(b.name, b.extern, b.index))
         for f in ps.frees:

@@ -155,8 +155,12 @@ def test_2000_node_chain_compiles_in_seconds():
 def test_inputs_of_other_shapes_are_rejected(seed_graph):
     gm, inputs = seed_graph
     compiled = coil.compile_graph(gm, inputs, coil.Options(target="reference"))
-    with pytest.raises(coil.CoilError, match="compiled for float32\\[64, 128\\]"):
+    with pytest.raises(coil.CoilError, match="compiled for size \\[64, 128\\], called with size \\[64, 64\\]"):
         compiled(torch.randn(64, 64), *inputs[1:])
+    with pytest.raises(coil.CoilError, match="compiled for dtype torch.float32, called with torch.float64"):
+        compiled(inputs[0].double(), *inputs[1:])
+    with pytest.raises(coil.CoilError, match="compiled for device cpu, called with meta"):
+        compiled(inputs[0].to("meta"), *inputs[1:])
     with pytest.raises(coil.CoilError, match="strides"):
         compiled(torch.randn(128, 64).t(), *inputs[1:])
     with pytest.raises(coil.CoilError, match="3 inputs"):

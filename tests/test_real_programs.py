@@ -1,0 +1,342 @@
+"""Real programs that broke coil (issue 14, items 1-6 and 8), each kept as a test:
+every one ran eagerly and failed or gave a wrong answer through coil."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import coil
+from coil.ir.printer import show
+from tests_helpers import target_available
+
+TARGETS = ["reference", "cpp"]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def compiled(fn, target, **options):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="coil", options={"target": target, "graph_cache": False, **options})
+
+
+def grads_match(module, make_inputs, target, **tol):
+    """One forward and backward of `module` through coil and eagerly, from the same
+    weights and inputs: outputs and every gradient agree."""
+    torch.manual_seed(0)
+    ref = module()
+    ours = module()
+    ours.load_state_dict(ref.state_dict())
+    inputs = make_inputs()
+    inputs_c = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    out = ref(*inputs)
+    out = out[0] if isinstance(out, tuple) else out
+    out_c = compiled(ours, target)(*inputs_c)
+    out_c = out_c[0] if isinstance(out_c, tuple) else out_c
+    torch.testing.assert_close(out_c, out, **tol)
+    out.square().sum().backward()
+    out_c.square().sum().backward()
+    for (name, p), p_c in zip(ref.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(p_c.grad, p.grad, msg=lambda m: f"{name}: {m}", **tol)
+    for x, x_c in zip(inputs, inputs_c):
+        if x.requires_grad:
+            torch.testing.assert_close(x_c.grad, x.grad, **tol)
+
+
+# ---- 1. a view of an input at another storage offset -------------------------------
+
+@pytest.mark.parametrize("target", TARGETS + ["triton"])
+def test_input_views_follow_the_inputs_storage_offset(target):
+    """q, k, v of one tensor: the graph compiled for q is called with k; x.t() feeds
+    an extern through a view, which must start at k's offset, not q's."""
+    if not target_available(target):
+        pytest.skip(f"{target} backend not built")
+    proj = lambda x, w: x.t() @ w  # noqa: E731
+    w = torch.randn(16, 16)
+    q, k, v = torch.randn(3, 16, 16).unbind(0)
+    cf = compiled(proj, target)
+    for x in (q, k, v, q):
+        torch.testing.assert_close(cf(x, w), proj(x, w))
+
+
+@pytest.mark.parametrize("target", TARGETS + ["triton"])
+def test_kernels_read_inputs_at_any_storage_offset(target):
+    """Compiled for a row at offset 16, called with rows at offsets 0 and 32."""
+    if not target_available(target):
+        pytest.skip(f"{target} backend not built")
+    f = lambda x: (x * 2 + 1, x.view(4, 4).t().contiguous())  # noqa: E731
+    base = torch.randn(4, 16)
+    c = coil.compile_graph(make_fx(f)(base[1]), [base[1]], coil.Options(target=target, graph_cache=False))
+    for row in (base[1], base[0], base[3]):
+        for got, want in zip(c(row), f(row)):
+            torch.testing.assert_close(got, want)
+
+
+def test_a_view_of_an_input_is_placed_from_the_inputs_own_offset():
+    """The wrapper's view line says where its storage starts: from its base's own
+    offset (an input), not at an offset fixed at compile time."""
+    proj = lambda x, w: (x.t() @ w,)  # noqa: E731
+    q = torch.randn(3, 16, 16)[1]
+    w = torch.randn(16, 16)
+    program = coil.default_pipeline().run(make_fx(proj)(q, w), [q, w], until="wrap", options=coil.Options(target="cpp"))
+    text = show(program)
+    assert "reinterpret_tensor(x_1 at x_1+0) float32[16, 16] stride=[1, 16], offset=256 cpu" in text, text
+    source = coil.compile_graph(make_fx(proj)(q, w), [q, w], coil.Options(target="cpp", graph_cache=False)).source
+    assert "x_1.storage_offset() + 0)" in source
+
+
+# ---- 2. scalar tensors on the CPU, and messages that name the mismatch -------------
+
+def test_input_mismatch_messages_name_what_differs():
+    f = lambda x: (x + 1,)  # noqa: E731
+    x = torch.randn(4, 3)
+    c = coil.compile_graph(make_fx(f)(x), [x], coil.Options(target="cpp", graph_cache=False))
+    with pytest.raises(coil.CoilError, match=r"compiled for size \[4, 3\], called with size \[4, 4\]"):
+        c(torch.randn(4, 4))
+    with pytest.raises(coil.CoilError, match="compiled for dtype torch.float32, called with torch.float16"):
+        c(x.half())
+    with pytest.raises(coil.CoilError, match=r"compiled for strides \[3, 1\], called with \[1, 4\]"):
+        c(torch.randn(3, 4).t())
+    with pytest.raises(coil.CoilError, match="compiled for device cpu, called with meta"):
+        c(x.to("meta"))
+
+
+class Block(torch.nn.Module):
+    """A transformer block whose attention is F.scaled_dot_product_attention."""
+
+    def __init__(self, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_training_a_block_with_sdpa(target):
+    grads_match(Block, lambda: [torch.randn(2, 16, 64, requires_grad=True)], target, atol=2e-4, rtol=2e-4)
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_a_block_with_sdpa_on_cuda(dtype):
+    """The backward of CUDA attention takes its RNG seed and offset as CPU scalar
+    tensors, where the fake tensors said cuda: eager takes them, and so must coil."""
+    tol = dict(atol=2e-3, rtol=2e-3) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+
+    def block() -> torch.nn.Module:
+        return Block().to("cuda", dtype)
+
+    grads_match(block, lambda: [torch.randn(4, 128, 64, device="cuda", dtype=dtype, requires_grad=True)],
+                "triton", **tol)
+
+
+@cuda
+@pytest.mark.cuda
+def test_a_cpu_scalar_tensor_is_taken_for_a_cuda_one():
+    """compiled for a CUDA scalar read by a kernel, called with a CPU scalar."""
+    f = lambda x, s: (x * s,)  # noqa: E731
+    x, s = torch.randn(8, device="cuda"), torch.tensor(3.0, device="cuda")
+    c = coil.compile_graph(make_fx(f)(x, s), [x, s], coil.Options(target="triton", graph_cache=False))
+    torch.testing.assert_close(c(x, torch.tensor(2.0))[0], x * 2)
+
+
+# ---- 3. the backward of nn.MultiheadAttention and nn.TransformerEncoderLayer -------
+
+class SelfAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x)[0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_multihead_attention_backward(target):
+    grads_match(SelfAttention, lambda: [torch.randn(8, 16, 64, requires_grad=True)], target, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_transformer_encoder_layer_backward(target):
+    grads_match(lambda: torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True),
+                lambda: [torch.randn(8, 16, 64, requires_grad=True)], target, atol=1e-4, rtol=1e-4)
+
+
+# ---- 4. tensor constants --------------------------------------------------------------
+
+@pytest.mark.parametrize("target", TARGETS + ["triton"])
+def test_where_with_a_tensor_constant(target):
+    if not target_available(target):
+        pytest.skip(f"{target} backend not built")
+    f = lambda x: torch.where(x > 0, x, torch.tensor(0.5)) * 2  # noqa: E731
+    x = torch.randn(64)
+    torch.testing.assert_close(compiled(f, target)(x), f(x))
+
+
+def test_a_tensor_constant_is_an_input_the_module_holds():
+    table = torch.arange(6.0).reshape(2, 3)
+    f = lambda x: (x + table,)  # noqa: E731
+    x = torch.randn(2, 3)
+    gm = make_fx(f)(x)
+    assert any(n.op == "get_attr" for n in gm.graph.nodes)
+    lowered = show(coil.default_pipeline().run(gm, [x], until="lower", options=coil.Options(target="cpp")))
+    assert "_tensor_constant0 = Constant(float32[2, 3] stride=[3, 1] cpu)" in lowered, lowered
+    c = coil.compile_graph(gm, [x], coil.Options(target="cpp"))
+    torch.testing.assert_close(c(x)[0], x + table)
+    assert c.cache_key is None  # a constant's value is not in the key: never cached
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_index_put_with_a_tensor_value(target):
+    def f(x, i):
+        y = x.clone()
+        y[i] = torch.tensor(7.0)
+        return y * 2
+
+    x, i = torch.randn(10), torch.tensor([1, 4, 4, 8])
+    torch.testing.assert_close(compiled(f, target)(x, i), f(x, i))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_masked_reductions(target):
+    f = lambda x, m: (torch.masked.sum(x, 1, mask=m), torch.masked.amax(x, 1, mask=m))  # noqa: E731
+    x, m = torch.randn(6, 9), torch.rand(6, 9) > 0.3
+    for got, want in zip(compiled(f, target)(x, m), f(x, m)):
+        torch.testing.assert_close(got, want)
+
+
+# ---- 5. complex, float8 and effectful ops run as externs, the rest still fuses ------
+
+def rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding as Llama's reference code writes it."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs).flatten(-2).type_as(x) * 2 + 1
+
+
+@pytest.mark.parametrize("target", TARGETS + ["triton"])
+def test_rotary_embedding_through_complex(target):
+    if not target_available(target):
+        pytest.skip(f"{target} backend not built")
+    x = torch.randn(2, 8, 4, 16)
+    freqs = torch.polar(torch.ones(8, 1, 8), torch.randn(8, 1, 8))
+    torch.testing.assert_close(compiled(rotary, target)(x, freqs), rotary(x, freqs))
+
+
+def test_complex_nodes_are_externs_and_the_real_ones_still_fuse():
+    x = torch.randn(2, 8, 4, 16)
+    freqs = torch.polar(torch.ones(8, 1, 8), torch.randn(8, 1, 8))
+    gm = make_fx(rotary)(x, freqs)
+    sched = coil.default_pipeline().run(gm, [x, freqs], until="fuse", options=coil.Options(target="cpp"))
+    lowered = show(coil.default_pipeline().run(gm, [x, freqs], until="lower", options=coil.Options(target="cpp")))
+    assert "Extern aten.mul.Tensor" in lowered  # the complex product
+    assert "Extern aten.view_as_real" in lowered
+    assert any("mul" in k.name and "add" in k.name for k in sched.kernels), [k.name for k in sched.kernels]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.fft.rfft(x * 2).abs() + 1,
+    lambda x: torch.fft.irfft(torch.fft.rfft(x), n=x.shape[-1]) - x,
+    lambda x: (x.to(torch.complex64) * 1j).imag.sin(),
+], ids=["rfft", "irfft", "complex_cast"])
+def test_complex_programs(target, fn):
+    x = torch.randn(4, 32)
+    torch.testing.assert_close(compiled(fn, target)(x), fn(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fn", [
+    lambda a, b: torch.linalg.inv(a) @ b + 1,
+    lambda a, b: torch.linalg.solve(a, b) * 2,
+    lambda a, b: torch.linalg.cholesky(a @ a.mT) - 1,
+], ids=["inv", "solve", "cholesky"])
+def test_linalg_with_error_checks(target, fn):
+    a = torch.randn(3, 5, 5) + 5 * torch.eye(5)
+    b = torch.randn(3, 5, 2)
+    torch.testing.assert_close(compiled(fn, target)(a, b), fn(a, b), atol=1e-4, rtol=1e-4)
+
+
+def test_linalg_errors_still_raise():
+    """The effectful check runs: a singular matrix raises as in eager."""
+    f = lambda a: torch.linalg.inv(a) + 1  # noqa: E731
+    c = compiled(f, "cpp")
+    c(torch.eye(3) * 2)
+    with pytest.raises(torch.linalg.LinAlgError):
+        c(torch.zeros(3, 3))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_round_trip(target, dtype):
+    f = lambda x: (x * 3).to(dtype).to(torch.float32) + 1  # noqa: E731
+    x = torch.randn(64)
+    torch.testing.assert_close(compiled(f, target)(x), f(x))
+
+
+# ---- 6. data-dependent output sizes ---------------------------------------------------
+
+def test_a_size_that_depends_on_data_is_refused_at_compile_time():
+    f = lambda x: (x[x > 0] * 2,)  # noqa: E731
+    x = torch.tensor([1.0, -1, 2, -2])
+    with pytest.raises(coil.CoilError, match=r"the size of index's result depends on the values.*mul reads it"):
+        coil.compile_graph(make_fx(f)(x), [x], coil.Options(target="cpp", graph_cache=False))
+
+
+def test_a_size_that_depends_on_data_is_computed_when_nothing_reads_it():
+    """Returned as it is, the extern's result has whatever size the data gives."""
+    f = lambda x: (x[x > 0], torch.nonzero(x), x * 2)  # noqa: E731
+    x = torch.tensor([1.0, -1, 2, -2])
+    c = coil.compile_graph(make_fx(f)(x), [x], coil.Options(target="cpp", graph_cache=False))
+    for y in (torch.tensor([1.0, 3, 2, -2]), torch.tensor([5.0, -3, -2, -2]), -torch.ones(4)):
+        for got, want in zip(c(y), f(y)):
+            torch.testing.assert_close(got, want)
+
+
+# ---- 8. an extern's result in another dtype than its meta function says -------------
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_batch_norm_with_update_in_bfloat16(target):
+    """The functional op's meta function says float32 running stats; the CPU kernel
+    returns bfloat16 ones.  coil converts them, never reads them as float."""
+    def f(x, w, b, rm, rv):
+        return torch.ops.aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)[0] * 2
+
+    args = [torch.randn(4, 3, 5), torch.rand(3) + 0.5, torch.randn(3), torch.randn(3), torch.rand(3) + 0.5]
+    args = [a.bfloat16() for a in args]
+    ours = [a.clone() for a in args]
+    torch.testing.assert_close(compiled(f, target)(*ours), f(*args))
+    torch.testing.assert_close(ours[3], args[3])  # running mean, updated in place
+    torch.testing.assert_close(ours[4], args[4])
+
+
+# ---- whole-graph fallback -----------------------------------------------------------
+
+def test_a_graph_coil_cannot_take_runs_eagerly_with_one_warning(caplog):
+    """A higher-order op's subgraph (torch.cond) is not an aten call: the graph
+    runs eagerly, and the warning names the reason."""
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,)) + 1
+
+    x = torch.randn(8)
+    with caplog.at_level(logging.WARNING, logger="coil"):
+        torch.testing.assert_close(compiled(f, "cpp", eager_fallback=True)(x), f(x))
+    warnings = [r.getMessage() for r in caplog.records if "running it eagerly" in r.getMessage()]
+    assert len(warnings) == 1 and "not a tensor" in warnings[0], warnings
+    with pytest.raises(Exception, match="not a tensor"):
+        compiled(f, "cpp", eager_fallback=False)(x)
