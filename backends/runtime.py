@@ -165,10 +165,6 @@ class CacheUnwritable(CoilError):
 
 FIX_HINT = "point $COIL_CACHE_DIR (or Options(cache_dir=...)) at a folder only you can write"
 
-# folder -> (st_dev, st_ino) of the folder found safe there: one lstat per use, the
-# whole check again only when the folder is new or was replaced
-_SAFE_DIRS: dict[str, tuple[int, int]] = {}
-
 
 def _unsafe(st: os.stat_result) -> str | None:
     """Why a folder of this stat may not hold code coil runs, or None."""
@@ -182,12 +178,24 @@ def _unsafe(st: os.stat_result) -> str | None:
     return None
 
 
+def _unsafe_parent(parent: str) -> str | None:
+    try:
+        st = os.stat(parent)
+    except OSError:
+        return None
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        return f"its parent {parent} is writable by others without the sticky bit"
+    return None
+
+
 def secure_dir(path: str) -> str:
     """`path`, created with mode 0700 if missing, after making sure nobody else can
     put files there: anyone who can write in coil's cache can plant a pickle, a
     shared object or Python that coil would load and run as you.  A folder owned
     by another user or writable by group or others is refused, as is one in a
-    parent that others may write without the sticky bit (they could swap it)."""
+    parent that others may write without the sticky bit (they could swap it).
+    Checked on every use (a few stat calls), so a folder replaced or opened up
+    since is seen."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -198,8 +206,6 @@ def secure_dir(path: str) -> str:
             raise CacheUnwritable(f"cannot create the cache dir {path} ({e.strerror or e}); {FIX_HINT}") from e
     except OSError as e:
         raise CacheUnwritable(f"cannot read the cache dir {path} ({e.strerror or e}); {FIX_HINT}") from e
-    if _SAFE_DIRS.get(path) == (st.st_dev, st.st_ino) and not stat.S_ISLNK(st.st_mode):
-        return path
     problem = None
     if stat.S_ISLNK(st.st_mode):
         if st.st_uid not in (os.getuid(), 0):
@@ -209,19 +215,11 @@ def secure_dir(path: str) -> str:
                 st = os.stat(path)
             except OSError as e:
                 problem = f"it is a symbolic link that does not resolve ({e.strerror or e})"
-    problem = problem or _unsafe(st)
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        pst = os.stat(parent)
-    except OSError:
-        pst = None
-    if problem is None and pst is not None and pst.st_mode & 0o002 and not pst.st_mode & stat.S_ISVTX:
-        problem = f"its parent {parent} is writable by others without the sticky bit"
+    problem = problem or _unsafe(st) or _unsafe_parent(os.path.dirname(os.path.abspath(path)))
     if problem is not None:
         fix = f"`chmod 700 {path}` if it is yours, or " if problem.startswith("it is writable") else ""
         raise CoilError(f"refusing the cache dir {path}: {problem}; whoever can write there could plant code "
                         f"that coil would load and run as you. To fix: {fix}{FIX_HINT}")
-    _SAFE_DIRS[path] = (st.st_dev, st.st_ino)
     return path
 
 
