@@ -16,7 +16,7 @@ import torch
 
 from coil.errors import CoilError
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
-from coil.ir.expr import Cast, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rsyms, xsyms
+from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, Op, check_error, evaluate, indsym, rsyms, xsyms
 from coil.ir.indexing import FloorDiv, ModularIndexing
 from coil.ir.layout import Layout
 from coil.ir.lowered import TensorRef, resolve_kernel
@@ -49,12 +49,21 @@ def eval_index(e: sympy.Expr, env: Mapping[sympy.Symbol, torch.Tensor]) -> Any:
     raise CoilError(f"cannot evaluate index {e}")
 
 
-def indirect_index(v: torch.Tensor, size: int) -> torch.Tensor:
-    """An indirect index value as the position it reads: int64, negatives wrapped
-    once, then clamped into [0, size) as the compiled targets do."""
+def run_check(v: torch.Tensor, error: str, size: int, dim: int, wrap: bool, checked: bool) -> torch.Tensor:
+    """A Check's value: an index as the position it reads (int64, negatives
+    wrapped when `wrap`), a divisor as itself.  When `checked`, a value that fails
+    raises eager's error for it, naming the first one."""
+    if size == 0:  # a divisor
+        if checked and bool((v == 0).any()):
+            raise check_error(error, 0, size, dim)
+        return v
     v = v.to(torch.int64)
-    v = torch.where(v < 0, v + size, v)
-    return v.clamp(0, max(size - 1, 0))
+    w = torch.where(v < 0, v + size, v) if wrap else v
+    if checked:
+        bad = (w < 0) | (w >= size)
+        if bool(bad.any()):
+            raise check_error(error, int(torch.broadcast_to(v, bad.shape)[bad].flatten()[0]), size, dim)
+    return w
 
 
 def flat_storage(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -104,8 +113,8 @@ class ReferenceHandler:
 
     def indirect_load(self, node: IndirectLoad, values: tuple[torch.Tensor, ...]) -> torch.Tensor:
         env = dict(self.env)
-        for k, (v, n) in enumerate(zip(values, node.sizes)):
-            env[indsym(k)] = indirect_index(v, n)
+        for k, v in enumerate(values):  # positions already: each value is an index Check
+            env[indsym(k)] = v
         layout = self.layouts[node.name]
         offset = eval_index(layout.offset_of(node.index), env)
         return flat_storage(self.values[node.name], layout)[offset]
@@ -132,6 +141,9 @@ class ReferenceHandler:
 
     def cast(self, node: Cast, arg: torch.Tensor) -> torch.Tensor:
         return arg.to(node.dtype)
+
+    def check(self, node: Check, arg: torch.Tensor) -> torch.Tensor:
+        return run_check(arg, node.error, node.size, node.dim, node.wrap, node.checked)
 
 
 def loop_env(ranges: Sequence[int], reduction_ranges: Sequence[int], device: torch.device) -> dict[sympy.Symbol, torch.Tensor]:

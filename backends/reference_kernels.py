@@ -10,7 +10,7 @@ import sympy
 
 from coil.backends.common import IndexPrinter
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Cast, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rsyms, xsyms
+from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
@@ -41,8 +41,7 @@ class PythonHandler:
 
     def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
         lay = self.layouts[node.name]
-        bind = {indsym(k): sympy.Symbol(self._emit(f"_rt.indirect_index({v}, {n})"), integer=True)
-                for k, (v, n) in enumerate(zip(values, node.sizes))}
+        bind = {indsym(k): sympy.Symbol(v, integer=True) for k, v in enumerate(values)}  # positions (Checks)
         off = pyindex(lay.offset_of(node.index).xreplace(bind))
         return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off})")
 
@@ -59,6 +58,11 @@ class PythonHandler:
 
     def cast(self, node: Cast, arg: str) -> str:
         return self._emit(f"{arg}.to({node.dtype})")
+
+    def check(self, node: Check, arg: str) -> str:
+        if not node.checked and not node.may_be_negative:
+            return arg if node.kind == "divisor" else self._emit(f"{arg}.to(torch.int64)")
+        return self._emit(f"_rt.run_check({arg}, {node.error!r}, {node.size}, {node.dim}, {node.wrap}, {node.checked})")
 
 
 _INIT = {"sum": 0, "prod": 1, "any": False, "all": True, "welford_m2": float("nan"), "max": None, "min": None,

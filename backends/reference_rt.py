@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from coil.backends.reference import _BINARY, _UNARY, reduce as _reduce
-from coil.backends.reference import indirect_index  # noqa: F401  (kernels call _rt.indirect_index)
+from coil.backends.reference import run_check  # noqa: F401  (kernels call _rt.run_check)
 from coil.errors import CoilError
 
 

@@ -4,11 +4,16 @@ Grammar::
 
     Expr ::= Load(name, index, dtype)        read element `index` (logical, one sympy
                                               expression per dim) of node `name`
-           | IndirectLoad(name, index, dtype, values, sizes)
+           | IndirectLoad(name, index, dtype, values)
                                               read `name` at an index that also uses
-                                              ind0, ind1, ...: ind_k is values[k] (an
-                                              integer Expr, a child), wrapped once if
-                                              negative (v < 0 ? v + sizes[k] : v)
+                                              ind0, ind1, ...: ind_k is values[k], an
+                                              index Check (a child): a position in
+                                              [0, size) of the dim it indexes
+           | Check(arg, error, size, dim, wrap, status, range)
+                                              a run-time check eager makes: arg as an
+                                              index into a dim of `size` (negatives
+                                              wrapped when `wrap`), or (size 0) arg as
+                                              a divisor that must not be 0
            | Constant(value, dtype)
            | IndexExpr(expr, dtype)           an integer computed from loop symbols
            | Op(name, args, dtype)            name in OP_NAMES
@@ -17,8 +22,12 @@ Grammar::
 Loop symbols are `x0, x1, ...` (a node's output index) and `r0, r1, ...` (its
 reduction index).  `ind0, ind1, ...` appear only in an IndirectLoad's index and
 are bound by that node's own values (so equal subtrees still mean equal values).
-Backends clamp a wrapped indirect index into [0, size) so no read leaves the
-buffer; eager would raise on such an index instead.  Every node is a frozen,
+Every indirect index goes through a Check, so an index eager would reject raises
+eager's error (IndexError, RuntimeError) instead of being read, and no read
+leaves its buffer; integer division checks its divisor the same way.  A Check's
+`status` is the decision whether the test is made at run time ("checked") or
+value-range analysis (ir/bounds.py) proved it can never fail ("proven"); its
+`range` is what the analysis found for the argument, the reason.  Every node is a frozen,
 hash-cached value: equal subtrees are equal, so a dict keyed on subtrees is
 common-subexpression elimination.
 
@@ -30,6 +39,7 @@ state: the same body yields deps, Triton lines, C++ lines or torch tensors.
 from __future__ import annotations
 
 from typing import Callable, Container, Iterable, Iterator, Protocol, TypeVar, Union
+from typing import cast as typed
 
 import attrs
 import sympy
@@ -81,25 +91,113 @@ def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
 @attrs.frozen(cache_hash=True)
 class IndirectLoad:
     """A load at a data-dependent index (Inductor's `ops.indirect_indexing` + load):
-    `index` may use `indsym(k)` for k < len(values), standing for values[k]
-    wrapped by sizes[k] (the extent of the dimension it indexes)."""
+    `index` may use `indsym(k)` for k < len(values), standing for values[k], an
+    index Check whose value is a position in [0, values[k].size)."""
 
     name: str
     index: tuple[sympy.Expr, ...] = attrs.field(converter=_index_tuple)
     dtype: torch.dtype
-    values: tuple["Expr", ...] = attrs.field()
-    sizes: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    values: tuple["Check", ...] = attrs.field()
 
     @values.validator
-    def _ints(self, _attr: object, value: tuple["Expr", ...]) -> None:
+    def _checked(self, _attr: object, value: tuple["Expr", ...]) -> None:
         for v in value:
-            if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
-                raise ValueError(f"indirect index of dtype {v.dtype}: must be an integer")
+            if not isinstance(v, Check) or v.kind != "index":
+                raise ValueError(f"indirect index {type(v).__name__}: must be an index Check")
 
-    @sizes.validator
-    def _paired(self, _attr: object, value: tuple[int, ...]) -> None:
-        if len(value) != len(self.values):
-            raise ValueError(f"{len(self.values)} indirect values but {len(value)} sizes")
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The extent of the dim each value indexes."""
+        return tuple(v.size for v in self.values)
+
+
+# eager's error for each kind of failed check: (exception, message); the message
+# may name the bad value, the dim and its size
+CHECK_ERRORS: dict[str, tuple[type[Exception], str]] = {
+    "index": (IndexError, "index {value} is out of bounds for dimension {dim} with size {size}"),
+    "gather": (RuntimeError, "index {value} is out of bounds for dimension {dim} with size {size}"),
+    "index_select": (IndexError, "index out of range in self"),
+    "index_select_dim1": (RuntimeError, "INDICES element is out of DATA bounds, id={value} axis_dim={size}"),
+    "embedding": (IndexError, "index out of range in self"),
+    "nll_loss": (IndexError, "Target {value} is out of bounds."),
+    "division": (RuntimeError, "ZeroDivisionError"),
+}
+# the order fixes each error's number in generated code (0 means no error)
+CHECK_ERROR_CODES: dict[str, int] = {name: i + 1 for i, name in enumerate(CHECK_ERRORS)}
+CHECK_STATUS = ("checked", "proven")
+
+
+def check_error(error: str, value: int | None, size: int, dim: int) -> Exception:
+    """The exception eager raises for a failed check (`value` None: not known,
+    e.g. from a device assert, and left out of the message)."""
+    exc, template = CHECK_ERRORS[error]
+    if value is None:
+        template = template.replace(" {value}", "").replace("{value}", "?")
+    return exc(template.format(value=value, dim=dim, size=size))
+
+
+def _range(value: tuple[int, int] | None) -> tuple[int, int] | None:
+    return None if value is None else (int(value[0]), int(value[1]))
+
+
+@attrs.frozen(cache_hash=True)
+class Check:
+    """A test eager makes before it reads or divides, passing its argument on
+    (Inductor's `ops.indirect_indexing(..., check=True)`; the zero test of integer
+    division).
+
+    An index check (size >= 1): `arg` indexes a dim of `size` elements; with
+    `wrap`, negatives in [-size, 0) count from the end (x[idx]), else they fail
+    too (gather, index_select, embedding).  Its value is the position, int64 in
+    [0, size).  A divisor check (error "division", size 0): `arg`, an integer
+    divisor, must not be 0; its value is `arg`.  When the test fails, the kernel
+    raises `error` (a key of CHECK_ERRORS) for eager's op and dim `dim`, and goes
+    on with a harmless value (position 0, divisor 1): no access leaves its buffer.
+
+    `status` "checked": the test runs; "proven": value-range analysis showed it
+    cannot fail, so no test is emitted.  `range` is the range the analysis found
+    for `arg` (None before it ran, or when nothing is known): the reason."""
+
+    arg: "Expr"
+    error: str = attrs.field()
+    size: int = 0
+    dim: int = 0
+    wrap: bool = False
+    status: str = attrs.field(default="checked")
+    range: tuple[int, int] | None = attrs.field(default=None, converter=_range)
+
+    @error.validator
+    def _known_error(self, _attr: object, value: str) -> None:
+        if value not in CHECK_ERRORS:
+            raise ValueError(f"unknown check error {value!r}")
+        if (value == "division") != (self.size == 0):
+            raise ValueError(f"check {value!r} of size {self.size}: a divisor check has size 0, an index check >= 1")
+        dt = self.arg.dtype
+        if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+            raise ValueError(f"check of a {dt} value: must be an integer")
+
+    @status.validator
+    def _known_status(self, _attr: object, value: str) -> None:
+        if value not in CHECK_STATUS:
+            raise ValueError(f"unknown check status {value!r}")
+
+    @property
+    def kind(self) -> str:
+        return "divisor" if self.size == 0 else "index"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.int64 if self.size else self.arg.dtype
+
+    @property
+    def checked(self) -> bool:
+        return self.status == "checked"
+
+    @property
+    def may_be_negative(self) -> bool:
+        """Whether the argument of a wrapping index check may be below 0 (then
+        the backends emit the wrap)."""
+        return self.wrap and (self.range is None or self.range[0] < 0)
 
 
 @attrs.frozen(cache_hash=True)
@@ -132,7 +230,7 @@ class Cast:
     dtype: torch.dtype
 
 
-Expr = Union[Load, IndirectLoad, Constant, IndexExpr, Op, Cast]
+Expr = Union[Load, IndirectLoad, Check, Constant, IndexExpr, Op, Cast]
 
 
 class OpsHandler(Protocol[T]):
@@ -151,11 +249,13 @@ class OpsHandler(Protocol[T]):
 
     def cast(self, node: Cast, arg: T) -> T: ...
 
+    def check(self, node: Check, arg: T) -> T: ...
+
 
 def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Op):
         return e.args
-    if isinstance(e, Cast):
+    if isinstance(e, (Cast, Check)):
         return (e.arg,)
     if isinstance(e, IndirectLoad):
         return e.values
@@ -197,6 +297,8 @@ def evaluate(expr: Expr, handler: OpsHandler[T], memo: dict[Expr, T] | None = No
                 memo[e] = handler.op(e, tuple(memo[a] for a in e.args))
             case Cast():
                 memo[e] = handler.cast(e, memo[e.arg])
+            case Check():
+                memo[e] = handler.check(e, memo[e.arg])
     return memo[expr]
 
 
@@ -241,7 +343,8 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         load = constant = index_expr = _leaf
 
         def indirect_load(self, node: IndirectLoad, values: tuple[Expr, ...]) -> Expr:
-            new = node if values == node.values else attrs.evolve(node, values=values)
+            # the validator rejects values that are not index Checks
+            new = node if values == node.values else attrs.evolve(node, values=typed(tuple[Check, ...], values))
             out = fn(new)
             return new if out is None else out
 
@@ -255,40 +358,64 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
             out = fn(new)
             return new if out is None else out
 
+        def check(self, node: Check, arg: Expr) -> Expr:
+            new = node if arg is node.arg else attrs.evolve(node, arg=arg)
+            out = fn(new)
+            return new if out is None else out
+
     return evaluate(expr, _Rebuild(), memo)  # type: ignore[arg-type]
 
 
 def substitute_symbols(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr],
-                       bound: tuple[tuple[Expr, ...], tuple[int, ...]] = ((), ())) -> Expr:
+                       bound: tuple[tuple[Check, ...], tuple[int, ...]] = ((), ())) -> Expr:
     """Rename loop symbols inside every index of the body.  With `bound` =
-    (values, sizes), the replacements may use ind0, ind1, ... standing for those
-    values (the index of an IndirectLoad being inlined): every load whose index
-    then uses them becomes an IndirectLoad carrying them, and an IndexExpr that
-    does becomes integer Ops on the values."""
+    (values, sizes) of an IndirectLoad being inlined, the replacements may use
+    ind0, ind1, ... standing for those values: every load whose index then uses
+    them becomes an IndirectLoad carrying them, and an IndexExpr that does becomes
+    integer Ops on the values.  A run-time check of the values that no longer
+    appears (the inlined body ignores that position) is kept (`keep_checks`):
+    eager indexed, so it must still raise."""
     if not mapping:
         return expr
-    values, sizes = bound
+    values = tuple(bound[0])
 
     def fn(node: Expr) -> Expr | None:
         if isinstance(node, Load):
             idx = tuple(i.xreplace(mapping) for i in node.index)
             if values and any(is_indirect(i) for i in idx):
-                return _compact(node.name, idx, node.dtype, values, sizes)
+                return _compact(node.name, idx, node.dtype, values)
             return Load(node.name, idx, node.dtype)
         if isinstance(node, IndirectLoad):
             k = len(node.values)
             m = mapping if not values else {
                 s: e.xreplace({indsym(j): indsym(j + k) for j in range(len(values))}) for s, e in mapping.items()}
             idx = tuple(i.xreplace(m) for i in node.index)
-            return _compact(node.name, idx, node.dtype, node.values + values, node.sizes + sizes)
+            return _compact(node.name, idx, node.dtype, node.values + values)
         if isinstance(node, IndexExpr):
             e = node.expr.xreplace(mapping)
             if values and is_indirect(e):
-                return _index_ops(e, values, sizes, node.dtype)
+                return _index_ops(e, values, node.dtype)
             return IndexExpr(e, node.dtype)
         return None
 
-    return rewrite(expr, fn)
+    out = rewrite(expr, fn)
+    return keep_checks(out, values) if values else out
+
+
+def keep_checks(expr: Expr, checks: Iterable[Expr]) -> Expr:
+    """`expr`, still making those of the run-time `checks` it does not contain:
+    where(c == c and ..., expr, expr).  The condition is always true; what
+    matters is that every backend evaluates it, and with it the checks."""
+    inside = set(walk(expr))
+    missing = [c for c in checks if isinstance(c, Check) and c.checked and c not in inside]
+    if not missing:
+        return expr
+    cond: Expr | None = None
+    for c in missing:
+        test = Op("eq", (c, c), torch.bool)
+        cond = test if cond is None else Op("logical_and", (cond, test), torch.bool)
+    assert cond is not None
+    return Op("where", (cond, expr, expr), expr.dtype)
 
 
 def indsym(k: int) -> sympy.Symbol:
@@ -306,29 +433,20 @@ def is_indirect(e: sympy.Expr) -> bool:
     return any(ind_number(s) is not None for s in e.free_symbols)  # type: ignore[arg-type]
 
 
-def _compact(name: str, index: tuple[sympy.Expr, ...], dtype: torch.dtype, values: tuple[Expr, ...],
-             sizes: tuple[int, ...]) -> Expr:
+def _compact(name: str, index: tuple[sympy.Expr, ...], dtype: torch.dtype, values: tuple[Check, ...]) -> Expr:
     """An IndirectLoad keeping only the values its index uses, renumbered in
     order (a plain Load when it uses none)."""
     used = sorted({k for i in index for s in i.free_symbols if (k := ind_number(s)) is not None})  # type: ignore[arg-type]
     if not used:
         return Load(name, index, dtype)
     ren = {indsym(k): indsym(j) for j, k in enumerate(used)}
-    return IndirectLoad(name, tuple(i.xreplace(ren) for i in index), dtype,
-                        tuple(values[k] for k in used), tuple(sizes[k] for k in used))
+    return IndirectLoad(name, tuple(i.xreplace(ren) for i in index), dtype, tuple(values[k] for k in used))
 
 
-def wrapped_index(value: Expr, size: int) -> Expr:
-    """values[k] as the index it stands for, as integer Ops: int64, negatives
-    wrapped once (what ind_k means)."""
-    v = value if value.dtype == torch.int64 else Cast(value, torch.int64)
-    zero, n = Constant(0, torch.int64), Constant(int(size), torch.int64)
-    return Op("where", (Op("lt", (v, zero), torch.bool), Op("add", (v, n), torch.int64), v), torch.int64)
-
-
-def _index_ops(e: sympy.Expr, values: tuple[Expr, ...], sizes: tuple[int, ...], dtype: torch.dtype) -> Expr:
-    """An index expression over loop and indirect symbols as integer Ops: the
-    parts without indirect symbols stay IndexExprs."""
+def _index_ops(e: sympy.Expr, values: tuple[Expr, ...], dtype: torch.dtype) -> Expr:
+    """An index expression over loop and indirect symbols as integer Ops: ind_k
+    is values[k] (an int64 position), the parts without indirect symbols stay
+    IndexExprs."""
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     def go(x: sympy.Expr) -> Expr:
@@ -337,7 +455,7 @@ def _index_ops(e: sympy.Expr, values: tuple[Expr, ...], sizes: tuple[int, ...], 
         if isinstance(x, sympy.Symbol):
             k = ind_number(x)
             assert k is not None
-            return wrapped_index(values[k], sizes[k])
+            return values[k]
         if isinstance(x, (sympy.Add, sympy.Mul)):
             plain = [a for a in x.args if not is_indirect(a)]
             parts = [go(a) for a in x.args if is_indirect(a)]
@@ -405,8 +523,10 @@ def show_expr(expr: Expr) -> list[str]:
             case Load():
                 rhs = f"load {e.name}[{', '.join(str(i) for i in e.index)}]"
             case IndirectLoad():
-                binds = ", ".join(f"{indsym(k)}={ref(v)} wrap {n}" for k, (v, n) in enumerate(zip(e.values, e.sizes)))
+                binds = ", ".join(f"{indsym(k)}={ref(v)}" for k, v in enumerate(e.values))
                 rhs = f"load {e.name}[{', '.join(str(i) for i in e.index)}] with {binds}"
+            case Check():
+                rhs = show_check(e, ref(e.arg))
             case IndexExpr():
                 rhs = f"index {e.expr}"
             case Op():
@@ -417,6 +537,19 @@ def show_expr(expr: Expr) -> list[str]:
     if isinstance(expr, Constant):
         lines.append(f"{expr.value!r}: {dtype_name(expr.dtype)}")
     return lines
+
+
+def show_check(c: Check, arg: str) -> str:
+    """`check(t2 in [0, 5) wrap, index dim 0): checked, range any int64`."""
+    test = f"{arg} != 0" if c.kind == "divisor" else f"{arg} in [0, {c.size}){' wrap' if c.wrap else ''}"
+    where = c.error if c.kind == "divisor" else f"{c.error} dim {c.dim}"
+    if c.range is None:
+        why = "range unknown"
+    elif c.arg.dtype != torch.bool and c.range == (int(torch.iinfo(c.arg.dtype).min), int(torch.iinfo(c.arg.dtype).max)):
+        why = f"range any {dtype_name(c.arg.dtype)}"
+    else:
+        why = f"range [{c.range[0]}, {c.range[1]}]"
+    return f"check({test}, {where}): {c.status}, {why}"
 
 
 def result_name(expr: Expr) -> str:

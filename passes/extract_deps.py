@@ -17,7 +17,7 @@ from typing import Sequence
 import sympy
 
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
-from coil.ir.expr import Cast, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, rsyms, xsyms
+from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, rsyms, xsyms
 from coil.ir.indexing import numel
 from coil.ir.layout import Layout
 from coil.ir.lowered import extern_tensor_names
@@ -84,6 +84,9 @@ class DepsHandler:
         return None
 
     def cast(self, node: Cast, arg: None) -> None:
+        return None
+
+    def check(self, node: Check, arg: None) -> None:
         return None
 
 

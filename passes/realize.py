@@ -56,6 +56,7 @@ from coil.ir.expr import (
     walk,
     xsyms,
 )
+from coil.ir.bounds import prove_checks
 from coil.ir.indexing import numel, ranges_of, simplify_index
 from coil.ir.layout import Layout
 from coil.ir.lowered import (
@@ -476,7 +477,7 @@ def _simplify_body(body: Expr, rng: dict[sympy.Symbol, int]) -> Expr:
             return None if s == e.expr else IndexExpr(s, e.dtype)
         return None
 
-    return rewrite(body, fn)
+    return prove_checks(rewrite(body, fn), rng)  # the run-time checks its value ranges make needless
 
 
 def realize(g: LoweredGraph, options: Options) -> BufferGraph:

@@ -7,7 +7,8 @@ test_triton_target) with no Extern left.  Then: the IR of a gather (golden text)
 how substitution binds the indirect index when realize inlines a producer, the
 verifier's rules, fusion and plan_memory never serving an indirect read from
 registers, and cross_entropy: its log-softmax is never written, forward and
-backward through torch.compile on every target."""
+backward through torch.compile on every target.  (Out-of-range indices, and the
+checks that catch them: test_bounds.py.)"""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import coil
 from coil.backends.reference import ReferenceHandler, loop_env
 from coil.ir.buffers import BufferGraph, ComputedBuffer, ExternBuffer
 from coil.ir.expr import (
-    Constant,
+    Check,
     IndexExpr,
     IndirectLoad,
     Load,
@@ -100,11 +101,11 @@ def test_log_softmax_is_inlined_into_the_gather() -> None:
 
 def test_substitution_turns_loads_into_indirect_loads() -> None:
     x0, x1 = xsyms(2)
-    t = Load("t", (x0,), torch.int64)
+    t = Check(Load("t", (x0,), torch.int64), "index", 6, 0, wrap=True)
     producer = Op("mul", (Load("a", (x1, x0), torch.float32), IndexExpr(x1 + 1, torch.float32)), torch.float32)
     out = substitute_symbols(producer, {x0: x0, x1: indsym(0)}, ((t,), (6,)))
     (ld,) = indirect_loads(out)
-    assert ld == IndirectLoad("a", (indsym(0), x0), torch.float32, (t,), (6,))
+    assert ld == IndirectLoad("a", (indsym(0), x0), torch.float32, (t,))
     assert not [e for e in walk(out) if isinstance(e, IndexExpr) and e.expr.has(indsym(0))]
     # evaluated: a[wrap(t[i]), i] * (wrap(t[i]) + 1)
     a, tv = torch.randn(6, 3), torch.tensor([5, -1, 2])
@@ -119,19 +120,21 @@ def test_substitution_renumbers_nested_indirect_loads() -> None:
     """A producer that already reads indirectly keeps its own ind0; the reader's
     binding becomes ind1 of the merged load."""
     (x0,) = xsyms(1)
-    inner = IndirectLoad("a", (indsym(0),), torch.float32, (Load("u", (x0,), torch.int64),), (5,))
-    v = Load("v", (x0,), torch.int64)
+    inner = IndirectLoad("a", (indsym(0),), torch.float32, (Check(Load("u", (x0,), torch.int64), "gather", 5),))
+    v = Check(Load("v", (x0,), torch.int64), "gather", 7)
     out = substitute_symbols(inner, {x0: indsym(0)}, ((v,), (7,)))
-    u_at = IndirectLoad("u", (indsym(0),), torch.int64, (v,), (7,))
-    assert out == IndirectLoad("a", (indsym(0),), torch.float32, (u_at,), (5,))
+    u_at = IndirectLoad("u", (indsym(0),), torch.int64, (v,))
+    assert out == IndirectLoad("a", (indsym(0),), torch.float32, (Check(u_at, "gather", 5),))
 
 
-def test_wrapped_index_of_an_index_expression() -> None:
+def test_index_expression_at_an_indirect_index_reads_the_checked_value() -> None:
+    """An iota inlined at an indirect position becomes Ops on the Check (the
+    position it stands for), which stays in the body."""
     (x0,) = xsyms(1)
-    v = Load("v", (x0,), torch.int32)
+    v = Check(Load("v", (x0,), torch.int32), "index", 4, 0, wrap=True)
     out = substitute_symbols(IndexExpr(x0 * 2, torch.int64), {x0: indsym(0)}, ((v,), (4,)))
     assert isinstance(out, Op) and out.name == "mul"
-    assert Constant(4, torch.int64) in walk(out)
+    assert v in out.args
 
 
 # ---- the verifier ----------------------------------------------------------------------------------
@@ -141,7 +144,7 @@ def test_verifier_rejects_an_unbound_indirect_symbol() -> None:
     g = run_until(_log_softmax_gather, _gather_inputs(), "realize")
     out = g.buffers[-1]
     (ld,) = indirect_loads(out.body)
-    bad_ld = IndirectLoad(ld.name, (ld.index[0], indsym(1)), ld.dtype, ld.values, ld.sizes)
+    bad_ld = IndirectLoad(ld.name, (ld.index[0], indsym(1)), ld.dtype, ld.values)
     body = rewrite(out.body, lambda e: bad_ld if e == ld else None)
     bad = attrs.evolve(g, buffers=g.buffers[:-1] + (attrs.evolve(out, body=body),))
     with pytest.raises(VerifyError, match=f"{out.name}: B4 uses symbol ind1 outside its loops"):
@@ -152,15 +155,20 @@ def test_verifier_rejects_an_indirect_load_of_a_later_buffer() -> None:
     g = run_until(_log_softmax_gather, _gather_inputs(), "realize")
     b0 = g.buffers[0]
     (x0,) = xsyms(1)
-    bad_ld = IndirectLoad("buf2", (x0, indsym(0)), torch.float32, (Load(g.inputs[1].name, (x0,), torch.int64),), (1,))
+    bad_ld = IndirectLoad("buf2", (x0, indsym(0)), torch.float32,
+                          (Check(Load(g.inputs[1].name, (x0,), torch.int64), "gather", 1, 1),))
     bad = attrs.evolve(g, buffers=(attrs.evolve(b0, body=Op("add", (b0.body, bad_ld), torch.float32)),) + g.buffers[1:])
     with pytest.raises(VerifyError, match="buf0: B2 loads buf2, not an input or earlier buffer"):
         verify(bad, "realize")
 
 
-def test_indirect_values_must_be_integers() -> None:
+def test_indirect_values_must_be_checked_integers() -> None:
     with pytest.raises(ValueError, match="must be an integer"):
-        IndirectLoad("a", (indsym(0),), torch.float32, (Load("f", (), torch.float32),), (3,))
+        IndirectLoad("a", (indsym(0),), torch.float32, (Check(Load("f", (), torch.float32), "gather", 3),))
+    with pytest.raises(ValueError, match="indirect index Load: must be an index Check"):
+        IndirectLoad("a", (indsym(0),), torch.float32, (Load("i", (), torch.int64),))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="indirect index Check: must be an index Check"):
+        IndirectLoad("a", (indsym(0),), torch.float32, (Check(Load("i", (), torch.int64), "division"),))
 
 
 # ---- fusion and memory: an indirectly read buffer is never in registers ------------------------
@@ -213,13 +221,15 @@ def test_invariant_catches_an_indirectly_read_buffer_in_registers() -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_out_of_range_index_reads_inside_the_buffer(target: str) -> None:
-    """Eager raises on an index out of range; coil never reads outside the buffer
-    (the wrapped index is clamped), so the result is finite."""
+def test_out_of_range_index_raises_as_eager_does(target: str) -> None:
+    """An index out of range raises eager's IndexError (it used to be clamped and
+    read); a negative one in range counts from the end."""
     x = torch.randn(5, 6)
     gm = make_fx(lambda x, i: x[i] * 2)(x, torch.tensor([1, 2]))
     compiled = coil.compile_graph(gm, [x, torch.tensor([1, 2])], coil.Options(target=target))
-    (out,) = compiled(x, torch.tensor([7, -9]))
+    with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 5"):
+        compiled(x, torch.tensor([7, -9]))
+    (out,) = compiled(x, torch.tensor([4, -5]))
     torch.testing.assert_close(out, torch.stack([x[4], x[0]]) * 2)
 
 

@@ -30,6 +30,7 @@ import attrs
 
 from coil.backends.runtime import write_atomic
 from coil.errors import CoilError
+from coil.ir.expr import CHECK_ERROR_CODES, check_error
 
 # No -ffast-math: NaN and Inf must behave as in eager.  -fno-math-errno and
 # -fno-trapping-math only drop errno writes and FP-exception ordering (results are
@@ -206,6 +207,24 @@ def load_library(source: str, cache_dir: str | None = None) -> ctypes.CDLL:
             return ctypes.CDLL(entry.so)
         except OSError as e:
             raise CoilError(f"cannot load {entry.so} (built from {entry.cpp}): {e}", stage="kernel_gen") from e
+
+
+def error_word(lib: ctypes.CDLL) -> Any:
+    """The translation unit's error channel (prelude's coil_error): four int64,
+    {error code, value, size, dim}; a code of 0 means no check failed."""
+    fn = lib.coil_errors
+    fn.argtypes = []
+    fn.restype = ctypes.c_void_p
+    return (ctypes.c_int64 * 4).from_address(fn())
+
+
+def raise_check(word: Any) -> None:
+    """Raise the error a kernel recorded in its error channel (`error_word`),
+    clearing it first so the next call starts clean."""
+    code, value, size, dim = word[0], word[1], word[2], word[3]
+    word[0] = word[1] = word[2] = word[3] = 0
+    error = list(CHECK_ERROR_CODES)[code - 1]
+    raise check_error(error, value, size, dim)
 
 
 def bind(lib: ctypes.CDLL, name: str, pointers: int) -> Any:

@@ -4,6 +4,9 @@ Every fused kernel becomes one `extern "C"` function (backends/cpp/kernel.py);
 all kernels of a graph form ONE translation unit, embedded in output_code.py as a
 string, compiled (once, cached by hash) and loaded with ctypes when the module is
 imported (backends/cpp/build.py).  A launch passes `data_ptr()`s and the sizes.
+A kernel that makes run-time checks is followed by a look at the translation
+unit's error word (`_cpp_err`, prelude.py): when a check failed, eager's error is
+raised there.  Kernels without checks pay nothing.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from collections.abc import Sequence
 
 from coil.backends.cpp.kernel import kernel_source, kernels_of, pointer_count, translation_unit
 from coil.errors import CoilError
+from coil.ir.bounds import runtime_checks
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
+from coil.passes.kernel_model import kernel_buffers
 
 
 class CppBackend:
@@ -39,6 +44,7 @@ class CppBackend:
             f"_cpp_lib = _cpp_build.load_library(_cpp_source, {options.cache_dir!r})",
         ]
         lines += [f"{k.name} = _cpp_build.bind(_cpp_lib, {k.name!r}, {pointer_count(k.source)})" for k in kernels]
+        lines.append("_cpp_err = _cpp_build.error_word(_cpp_lib)")
         return lines
 
     def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
@@ -46,4 +52,8 @@ class CppBackend:
         bound in `call` while the kernel runs."""
         k = kernels_of(program)[line.kernel]
         ptrs = [f"{a}.data_ptr()" for a in line.args]
-        return [f"{line.kernel}({', '.join([*ptrs, str(k.group[0]), str(k.group[1])])})"]
+        out = [f"{line.kernel}({', '.join([*ptrs, str(k.group[0]), str(k.group[1])])})"]
+        g = program.plan.schedule.graph
+        if any(runtime_checks(b.body) for b in kernel_buffers(k, g)):
+            out.append("if _cpp_err[0]: _cpp_build.raise_check(_cpp_err)")
+        return out

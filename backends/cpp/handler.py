@@ -25,7 +25,7 @@ from coil.backends.common import IndexPrinter
 from coil.backends.cpp import prelude
 from coil.errors import CoilError
 from coil.backends.cpp.loops import loop_index
-from coil.ir.expr import Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym
+from coil.ir.expr import CHECK_ERROR_CODES, Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 
@@ -136,16 +136,29 @@ class CppHandler:
         return self.emit(node.dtype, prelude.load_value(lay.dtype, ref))
 
     def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
-        """`ptr[offset]` where the offset uses the wrapped, clamped values (int64)."""
+        """`ptr[offset]` where the offset uses the values: positions, from their Checks."""
         if node.name not in self.ctx.ptrs:
             raise CoilError(f"kernel reads {node.name} indirectly, but it is not a parameter", stage="kernel_gen")
-        bind = {}
-        for k, (v, n) in enumerate(zip(values, node.sizes)):
-            var = self.emit(torch.int64, f"coil_indirect(static_cast<int64_t>({v}), {int(n)})")
-            bind[indsym(k)] = sympy.Symbol(var, integer=True, nonnegative=True)
+        bind = {indsym(k): sympy.Symbol(v, integer=True, nonnegative=True) for k, v in enumerate(values)}
         lay = self.ctx.layouts[node.name]
         offset = cpp_index(simplify_index(lay.offset_of(node.index) - lay.offset, self.ctx.ranges).xreplace(bind))
         return self.emit(node.dtype, prelude.load_value(lay.dtype, f"{self.ctx.ptrs[node.name]}[{offset}]"))
+
+    def check(self, node: Check, arg: str) -> str:
+        """A checked value goes through coil_check_index / coil_check_divisor (the
+        prelude's error channel); a proven one is only converted (and wrapped)."""
+        code = CHECK_ERROR_CODES[node.error]
+        if node.kind == "divisor":
+            if not node.checked:
+                return arg
+            return self.emit(node.dtype, f"coil_check_divisor<{prelude.compute_type(node.dtype)}>({arg}, {code})")
+        v = f"static_cast<int64_t>({arg})"
+        if node.checked:
+            return self.emit(torch.int64, f"coil_check_index({v}, {node.size}, {str(node.wrap).lower()}, {code}, {node.dim})")
+        if node.may_be_negative:
+            v = self.emit(torch.int64, v)
+            return self.emit(torch.int64, f"({v} < 0 ? {v} + {node.size} : {v})")
+        return self.emit(torch.int64, v)
 
     def constant(self, node: Constant) -> str:
         v = node.value

@@ -199,17 +199,48 @@ static inline float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to
 static inline float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_to_bf16(f)); }
 
 static inline int64_t coil_min_index(int64_t a, int64_t b) { return a < b ? a : b; }
-// an indirect index: negatives wrapped once, then clamped so no read leaves the buffer
-static inline int64_t coil_indirect(int64_t v, int64_t n) {
-  v = v < 0 ? v + n : v;
-  return v < 0 ? 0 : (v >= n ? n - 1 : v);
+
+// ---- run-time checks (ir/expr.py's Check).  A kernel cannot throw through ctypes:
+// the first failed check of a call records {error code, value, size, dim} in
+// coil_error (a compare-and-swap on the code: among threads, the first wins) and
+// the kernel goes on with a harmless value, so no access leaves its buffer.  The
+// wrapper reads the code after each kernel that checks (coil_errors gives its
+// address), raises eager's error and clears it.
+static int64_t coil_error[4] = {0, 0, 0, 0};
+extern "C" int64_t* coil_errors() { return coil_error; }
+__attribute__((noinline, cold)) static void coil_fail(int64_t code, int64_t value, int64_t size, int64_t dim) {
+  int64_t none = 0;
+  if (__atomic_compare_exchange_n(&coil_error[0], &none, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    coil_error[1] = value;
+    coil_error[2] = size;
+    coil_error[3] = dim;
+    __atomic_store_n(&coil_error[0], code, __ATOMIC_RELEASE);
+  }
+}
+// an index into a dim of n: negatives wrapped once when `wrap`; out of [0, n): fail, read 0
+static inline int64_t coil_check_index(int64_t v, int64_t n, bool wrap, int64_t code, int64_t dim) {
+  const int64_t w = (wrap && v < 0) ? v + n : v;
+  if (__builtin_expect(w < 0 || w >= n, 0)) {
+    coil_fail(code, v, n, dim);
+    return 0;
+  }
+  return w;
+}
+// an integer divisor: 0 fails (eager raises ZeroDivisionError on the CPU), then divides by 1
+template <typename T> static inline T coil_check_divisor(T b, int64_t code) {
+  if (__builtin_expect(b == 0, 0)) {
+    coil_fail(code, 0, 0, 0);
+    return 1;
+  }
+  return b;
 }
 
 // ---- arithmetic with torch's semantics
 // maximum / minimum / amax / amin propagate NaN (for integers `a != a` is false)
 template <typename T> static inline T coil_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T coil_min(T a, T b) { return (a < b || a != a) ? a : b; }
-// integer division by zero raises in eager; here it gives 0 instead of a SIGFPE
+// integer division by zero: the divisor's Check raises (eager's CPU error); an
+// unchecked zero divisor gives 0 instead of a SIGFPE
 template <typename T> static inline T coil_floordiv_int(T a, T b) {
   if (b == 0) return 0;
   if (b == -1) return static_cast<T>(0 - a);

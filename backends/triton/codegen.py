@@ -7,21 +7,38 @@ wrapper with a grid and block sizes chosen from the static sizes.
 A reduction of one long row launches as two kernels, partial results then their
 combination (split.py).  Kernels on CUDA tensors launch under `torch.cuda.device(...)`; kernels on CPU
 tensors need the Triton interpreter (TRITON_INTERPRET=1), which the call checks.
+
+A kernel with run-time checks (handler.py: tl.device_assert) launches on CUDA with
+`debug=True` (Triton compiles device asserts only then) and `sanitize_overflow=False`
+(which debug would otherwise turn on: asserts on every int32 overflow, where eager
+wraps), as Inductor launches its kernels with indirect indexing; a failed check is
+then a device-side assert, as in eager.  On CPU tensors the launch runs under
+`interpreter_checks`, which turns the interpreter's asserts on and raises eager's
+error for a failed check.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+import re
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import down_columns, kernel_source, row_reductions
 from coil.backends.triton.split import Split, launched_names, split_launch, split_of, split_source
 from coil.backends.triton.tiling import Tile, tiling
 from coil.backends.triton.runtime import LaunchConfig, heuristic_config
+from coil.ir.bounds import runtime_checks
+from coil.ir.expr import check_error
 from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
+from coil.passes.kernel_model import kernel_buffers
+
+# launch options of a CUDA kernel whose device asserts must exist
+CHECKED_LAUNCH = {"debug": True, "sanitize_overflow": False}
 
 
 def _kernel(program: WrapperProgram, name: str) -> FusedKernel:
@@ -33,6 +50,52 @@ def _kernel(program: WrapperProgram, name: str) -> FusedKernel:
 
 def kernel_device(program: WrapperProgram, k: FusedKernel) -> str:
     return program.plan.schedule.graph.graph.layout(k.nodes[0]).device
+
+
+def asserts(k: FusedKernel, program: WrapperProgram) -> bool:
+    """Whether k's source has device asserts: a run-time check of an index (on
+    CUDA) or of any value (interpreted, on CPU tensors; handler.check)."""
+    cuda = kernel_device(program, k).startswith("cuda")
+    bodies = (b.body for b in kernel_buffers(k, program.plan.schedule.graph))
+    return any(c.kind == "index" or not cuda for body in bodies for c in runtime_checks(body))
+
+
+def checked_launch(line: str) -> str:
+    """A CUDA launch line `kernel[grid](..., num_warps=4)` with CHECKED_LAUNCH too."""
+    assert line.endswith(")")
+    return line[:-1] + "".join(f", {k}={v}" for k, v in CHECKED_LAUNCH.items()) + ")"
+
+
+_CHECK_MESSAGE = re.compile(r"coil check: error=(\w+) dim=(-?\d+) size=(\d+)")
+
+
+@contextmanager
+def interpreter_checks() -> Iterator[None]:
+    """Around an interpreted launch of a kernel with device asserts (CPU tensors).
+    Triton's interpreter runs tl.device_assert only when its options have debug on,
+    which a launch cannot ask for: they are turned on for the launch (overflow
+    sanitizing off), and an assert that fails becomes eager's error for the check
+    its message names (without the bad value, which the message cannot carry).  A
+    Triton whose interpreter keeps no such options leaves the asserts off: the
+    clamp after each still keeps reads in bounds."""
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    saved = getattr(builder, "options", None)
+    if builder is None or not dataclasses.is_dataclass(saved) or not hasattr(saved, "debug"):
+        yield
+        return
+    fields = {"debug": True, **({"sanitize_overflow": False} if hasattr(saved, "sanitize_overflow") else {})}
+    builder.options = dataclasses.replace(saved, **fields)  # type: ignore[type-var]
+    try:
+        yield
+    except Exception as e:
+        m = _CHECK_MESSAGE.search(str(e))
+        if m is None:
+            raise
+        raise check_error(m.group(1), None, int(m.group(3)), int(m.group(2))) from e
+    finally:
+        builder.options = saved
 
 
 def launch_kind(k: FusedKernel, program: WrapperProgram, tile: Tile | None) -> str:
@@ -79,6 +142,8 @@ def precompile_specs(program: WrapperProgram) -> list[str]:
         k = _kernel(program, ln.kernel)
         args = [str(graph.layout(a).dtype) for a in ln.args] + [str(n) for n in sizes]
         meta = ", ".join(f"{key!r}: {v}" for key, v in (*cfg.meta().items(), ("num_warps", cfg.num_warps)))
+        if asserts(k, program):
+            meta += "".join(f", {key!r}: {v}" for key, v in CHECKED_LAUNCH.items())
         out.append(f"    ({k.name}, ({', '.join(args)},), {{{meta}}}, {kernel_device(program, k)!r}),")
     return out
 
@@ -150,6 +215,7 @@ class TritonBackend:
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
             "from coil.backends.triton.runtime import autotuned, fast_launch, grid, grid2, interpreted, precompile",
+            "from coil.backends.triton.codegen import interpreter_checks",
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
@@ -189,10 +255,16 @@ class TritonBackend:
         if plan is None:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
         if isinstance(plan, Split):
-            return split_launch(k, plan, list(line.args), kernel_device(program, k))
-        grid_text, sizes, cfg = plan
-        args = ", ".join([*line.args, *map(str, sizes)])
-        return [f"{k.name}[{grid_text}]({args}, {cfg.as_kwargs()})"]
+            lines = split_launch(k, plan, list(line.args), kernel_device(program, k))
+        else:
+            grid_text, sizes, cfg = plan
+            args = ", ".join([*line.args, *map(str, sizes)])
+            lines = [f"{k.name}[{grid_text}]({args}, {cfg.as_kwargs()})"]
+        if not asserts(k, program):
+            return lines
+        if kernel_device(program, k).startswith("cuda"):
+            return [checked_launch(ln) if ln.startswith(f"{k.name}[") else ln for ln in lines]
+        return ["with interpreter_checks():", *("    " + ln for ln in lines)]
 
     def device_guard(self, program: WrapperProgram) -> str | None:
         """The `with` line the wrapper puts around the body of `call`."""

@@ -10,8 +10,16 @@ Loads of a buffer written earlier in the same kernel come from `registers` (fuse
 guarantees the positions match); every other load reads memory at the buffer's
 storage offset, relative to the tensor the wrapper passes (which already points at
 the layout's offset), masked by the tails of the symbols it uses.  An indirect load
-adds the wrapped, clamped int64 values to that offset and is masked by the tails of
-every symbol its values depend on too.
+adds its values (int64 positions, from their Checks) to that offset and is masked
+by the tails of every symbol its values depend on too.
+
+A Check that runs becomes `tl.device_assert` (lanes past the tails excluded) and
+then a clamp, so no lane reads outside its buffer even where asserts are compiled
+out.  On CUDA the kernel must be compiled with debug on for the assert to exist
+(codegen.py launches such kernels with `debug=True, sanitize_overflow=False`);
+integer division is not checked there, as eager does not check it on CUDA either.
+Under the interpreter (CPU tensors) codegen.interpreter_checks turns the asserts on
+and makes a failed one eager's error, divisors included.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import torch
 
 from coil.backends.common import IndexPrinter
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, indsym, walk
+from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, indsym, walk
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 from coil.passes.kernel_model import RINDEX, XINDEX, YINDEX
@@ -127,12 +135,13 @@ class TritonHandler:
     expressions of xindex / rindex) to Triton variables."""
 
     def __init__(self, out: Emitter, ptr: Mapping[str, str], layouts: Mapping[str, Layout],
-                 registers: Mapping[str, str], ranges: Mapping[sympy.Symbol, int]) -> None:
+                 registers: Mapping[str, str], ranges: Mapping[sympy.Symbol, int], cuda: bool = False) -> None:
         self.out = out
         self.ptr = ptr
         self.layouts = layouts
         self.registers = registers
         self.ranges = ranges
+        self.cuda = cuda  # the kernel runs on a GPU (else in the interpreter, on CPU tensors)
 
     # ---- leaves -------------------------------------------------------------------------
 
@@ -154,12 +163,7 @@ class TritonHandler:
     def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
         if node.name not in self.ptr:
             raise CoilError(f"triton target: {node.name} is read indirectly but is not a kernel argument")
-        bind: dict[sympy.Symbol, sympy.Symbol] = {}
-        for k, (v, n) in enumerate(zip(values, node.sizes)):
-            v64 = self.out.assign(f"{v}.to(tl.int64)")
-            w = self.out.assign(f"tl.where({v64} < 0, {v64} + {int(n)}, {v64})")
-            c = self.out.assign(f"tl.where({w} < 0, 0, tl.where({w} >= {int(n)}, {max(int(n) - 1, 0)}, {w}))")
-            bind[indsym(k)] = sympy.Symbol(c, integer=True, nonnegative=True)
+        bind = {indsym(k): sympy.Symbol(v, integer=True, nonnegative=True) for k, v in enumerate(values)}
         lay = self.layouts[node.name]
         offset = sympy.expand(simplify_index(lay.offset_of(node.index), self.ranges) - lay.offset)
         names = {s.name for s in bind.values()}
@@ -173,6 +177,32 @@ class TritonHandler:
         if mask is None:
             return self.out.assign(f"tl.load({where})")
         return self.out.assign(f"tl.load({where}, {mask}, other=0)")
+
+    def check(self, node: Check, arg: str) -> str:
+        """An index as an int64 position (wrapped, asserted, clamped); a divisor
+        asserted nonzero and replaced by 1 where it is 0 (CPU only)."""
+        if node.kind == "divisor":
+            if not node.checked or self.cuda:
+                return arg
+            self._assert(f"{arg} != 0", node)
+            return self.out.assign(f"tl.where({arg} == 0, {self.typed(1, node.dtype)}, {arg})")
+        v = self.out.assign(f"{arg}.to(tl.int64)")
+        if node.may_be_negative:
+            v = self.out.assign(f"tl.where({v} < 0, {v} + {node.size}, {v})")
+        if not node.checked:
+            return v
+        ok = self.out.assign(f"({v} >= 0) & ({v} < {node.size})")
+        self._assert(ok, node)
+        return self.out.assign(f"tl.where({ok}, {v}, 0)")
+
+    def _assert(self, cond: str, node: Check) -> None:
+        """tl.device_assert of `cond` on the lanes the checked value is defined on;
+        the message names the check, for codegen.interpreter_checks to read."""
+        used = _value_symbols((node.arg,)) & {XINDEX, RINDEX, YINDEX}
+        mask = mask_for(sympy.Add(*used))
+        if mask is not None:
+            cond = f"({cond}) | ({mask} == 0)"
+        self.out.emit(f'tl.device_assert({cond}, "{check_message(node)}")')
 
     def constant(self, node: Constant) -> str:
         return self.typed(node.value, node.dtype)
@@ -200,6 +230,12 @@ class TritonHandler:
         if dt == torch.bfloat16:  # exact; Triton 3.6's interpreter has no bf16 tl.full
             return self.out.assign(f"tl.full([1], {literal(value)}, tl.float32).to(tl.bfloat16)")
         return self.out.assign(f"tl.full([1], {literal(value)}, {tl_dtype(dt)})")
+
+
+def check_message(node: Check) -> str:
+    """The device assert's message for a failed check: what codegen's
+    interpreter_checks parses back into eager's error."""
+    return f"coil check: error={node.error} dim={node.dim} size={node.size}"
 
 
 def convert(arg: str, src: torch.dtype, dst: torch.dtype) -> str:

@@ -276,7 +276,8 @@ def _comment(b: ComputedBuffer, role: str) -> str:
 
 
 def _handler(ctx: KernelContext, out: Emitter, registers: Mapping[str, str]) -> TritonHandler:
-    return TritonHandler(out, ctx.ptr, ctx.layouts, registers, ctx.ranges)
+    cuda = ctx.layouts[ctx.nodes[0].name].device.startswith("cuda")
+    return TritonHandler(out, ctx.ptr, ctx.layouts, registers, ctx.ranges, cuda)
 
 
 # ---- pointwise and persistent: one scope ------------------------------------------------------

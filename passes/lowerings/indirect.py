@@ -6,6 +6,13 @@ Inductor lowers them with `ops.indirect_indexing`).  So the source need not be a
 buffer: realize inlines a pointwise source into the read (cross_entropy's
 log_softmax is never written), and the index tensors fuse like any other input.
 
+Each index goes through a Check that raises what eager raises for that op when
+it is out of range: x[idx] wraps negatives in [-size, 0) and raises IndexError
+beyond; gather raises RuntimeError, index_select IndexError (RuntimeError along
+dim 1), embedding IndexError, all for any negative index; nll_loss (and so
+cross_entropy) raises IndexError("Target 5 is out of bounds.").  The checks
+start as "checked"; realize proves the ones it can (ir/bounds.py).
+
 Boolean masks (their result size depends on the data) and empty sources decline:
 they stay Extern calls of the aten op.
 
@@ -18,10 +25,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import attrs
 import sympy
 import torch
 
-from coil.ir.expr import Cast, Expr, IndexExpr, IndirectLoad, indsym, xsyms
+from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, indsym, rewrite, xsyms
+from coil.ir.lowered import Pointwise, Reduction
 from coil.passes.lowerings.registry import (
     LowerCtx,
     TensorValue,
@@ -50,8 +59,8 @@ def gather(ctx: LowerCtx, x: TensorValue, dim: int, index: TensorValue, sparse_g
     xs = xsyms(index.ndim)
     idx: list[sympy.Expr] = list(xs)
     idx[dim] = indsym(0)
-    body = IndirectLoad(x.name, tuple(idx), x.dtype, (index.load(xs),), (x.size[dim],))
-    return ctx.pointwise(index.size, body)
+    check = Check(index.load(xs), "gather", x.size[dim], dim)
+    return ctx.pointwise(index.size, IndirectLoad(x.name, tuple(idx), x.dtype, (check,)))
 
 
 @register_lowering(aten.index_select.default)
@@ -65,16 +74,20 @@ def index_select(ctx: LowerCtx, x: TensorValue, dim: int, index: TensorValue) ->
     idx: list[sympy.Expr] = list(xs)
     idx[dim] = indsym(0)
     value = index.load((xs[dim],) if index.ndim == 1 else ())
-    return ctx.pointwise(size, IndirectLoad(x.name, tuple(idx), x.dtype, (value,), (x.size[dim],)))
+    # eager's CPU kernel along dim 1 has its own message and raises RuntimeError
+    error = "index_select_dim1" if dim == 1 and x.ndim > 1 else "index_select"
+    check = Check(value, error, x.size[dim], dim)
+    return ctx.pointwise(size, IndirectLoad(x.name, tuple(idx), x.dtype, (check,)))
 
 
 @register_lowering(aten.embedding.default)
 def embedding(ctx: LowerCtx, weight: TensorValue, indices: TensorValue, padding_idx: int = -1,
               scale_grad_by_freq: bool = False, sparse: bool = False) -> Any:
-    """A row of `weight` per index: index.Tensor of weight by `indices`."""
+    """A row of `weight` per index: index.Tensor of weight by `indices`, but any
+    negative index is out of range."""
     if weight.ndim != 2:
         return NotImplemented
-    return index(ctx, weight, [indices])
+    return _index(ctx, weight, [indices], "embedding", wrap=False)
 
 
 def _result_layout(x: TensorValue, dims: Sequence[int], bshape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
@@ -90,7 +103,11 @@ def _result_layout(x: TensorValue, dims: Sequence[int], bshape: tuple[int, ...])
 def index(ctx: LowerCtx, x: TensorValue, indices: Sequence[Any]) -> Any:
     """x[i0, :, i2] and friends: integer index tensors (broadcast together) pick
     positions along their dims; None entries and missing trailing dims take
-    whole dims."""
+    whole dims.  Negative indices count from the end."""
+    return _index(ctx, x, indices, "index", wrap=True)
+
+
+def _index(ctx: LowerCtx, x: TensorValue, indices: Sequence[Any], error: str, wrap: bool) -> Any:
     tensors = [(d, t) for d, t in enumerate(indices) if t is not None]
     if (not tensors or len(indices) > x.ndim or x.numel() == 0
             or any(not is_tensor(t) or not _integer(t) for _, t in tensors)):
@@ -108,9 +125,52 @@ def index(ctx: LowerCtx, x: TensorValue, indices: Sequence[Any]) -> Any:
     values = []
     for k, (d, t) in enumerate(tensors):
         idx[d] = indsym(k)
-        values.append(broadcast_load(t, bshape, bsyms))
-    sizes = tuple(x.size[d] for d in dims)
-    return ctx.pointwise(out, IndirectLoad(x.name, tuple(idx), x.dtype, tuple(values), sizes))
+        # eager's message names the k-th index tensor's dimension as k
+        values.append(Check(broadcast_load(t, bshape, bsyms), error, x.size[d], k, wrap))
+    return ctx.pointwise(out, IndirectLoad(x.name, tuple(idx), x.dtype, tuple(values)))
+
+
+@register_lowering(aten.nll_loss_forward.default)
+def nll_loss_forward(ctx: LowerCtx, x: TensorValue, target: TensorValue, weight: TensorValue | None,
+                     reduction: int, ignore_index: int) -> Any:
+    """torch's decomposition of nll_loss (a gather of each row's target class),
+    lowered as it would be without this lowering; then its index checks raise
+    nll_loss's error, as eager does, instead of gather's."""
+    if x.ndim not in (1, 2) or target.ndim > 1 or x.numel() == 0:
+        return NotImplemented
+    mark = len(ctx.nodes)
+    out = _lower_decomposition(ctx, aten.nll_loss_forward.default, (x, target, weight, reduction, ignore_index))
+
+    def retag(e: Expr) -> Expr | None:
+        return attrs.evolve(e, error="nll_loss") if isinstance(e, Check) and e.error == "gather" else None
+
+    for i in range(mark, len(ctx.nodes)):
+        n = ctx.nodes[i]
+        if isinstance(n, (Pointwise, Reduction)):
+            ctx.nodes[i] = attrs.evolve(n, body=rewrite(n.body, retag))
+    return out
+
+
+def _lower_decomposition(ctx: LowerCtx, target: Any, args: tuple[Any, ...]) -> Any:
+    """Trace `target`'s decomposition on meta tensors and lower its ops into ctx
+    (what `lower` does for an op without a lowering)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from coil.passes.lower import _lower_graph_into
+    from coil.passes.lowerings.decompositions import DECOMPOSITIONS
+
+    tensors = [a for a in args if is_tensor(a)]
+    decomp = DECOMPOSITIONS[target]
+
+    def run(*metas: torch.Tensor) -> Any:
+        it = iter(metas)
+        return decomp(*[next(it) if is_tensor(a) else a for a in args])
+
+    gm = make_fx(run)(*[t.meta() for t in tensors])
+    for n in gm.graph.nodes:  # tensors it creates belong on the graph's device
+        if n.kwargs.get("device") == torch.device("meta"):
+            n.kwargs = {**n.kwargs, "device": torch.device(ctx.device)}
+    return _lower_graph_into(ctx, gm, tensors, 1)
 
 
 @register_lowering(aten.scatter.value, aten.scatter.src)

@@ -16,7 +16,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Expr, xsyms
+from coil.ir.expr import Cast, Check, Constant, Expr, xsyms
 from coil.passes.lowerings.registry import (
     Lowering,
     LowerCtx,
@@ -41,8 +41,6 @@ for _aten, _name in [
     (aten.mul, "mul"),
     (aten.maximum, "maximum"),
     (aten.minimum, "minimum"),
-    (aten.fmod, "fmod"),
-    (aten.remainder, "remainder"),
     (aten.neg, "neg"),
     (aten.abs, "abs"),
     (aten.sign, "sign"),
@@ -180,12 +178,37 @@ def div(ctx: LowerCtx, a: Any, b: Any, *, rounding_mode: str | None = None) -> T
     name = {"floor": "floordiv", "trunc": "truncdiv"}.get(rounding_mode)
     if name is None:
         raise CoilError(f"div: unknown rounding_mode {rounding_mode!r}")
-    return _binary(ctx, name, a, b)
+    return _division(ctx, name, a, b)
 
 
 @register_lowering(aten.floor_divide)
 def floor_divide(ctx: LowerCtx, a: Any, b: Any) -> TensorValue:
-    return _binary(ctx, "floordiv", a, b)
+    return _division(ctx, "floordiv", a, b)
+
+
+@register_lowering(aten.fmod)
+def fmod(ctx: LowerCtx, a: Any, b: Any) -> TensorValue:
+    return _division(ctx, "fmod", a, b)
+
+
+@register_lowering(aten.remainder)
+def remainder(ctx: LowerCtx, a: Any, b: Any) -> TensorValue:
+    return _division(ctx, "remainder", a, b)
+
+
+def _division(ctx: LowerCtx, name: str, a: Any, b: Any) -> TensorValue:
+    """An integer division or remainder checks its divisor: eager raises
+    RuntimeError("ZeroDivisionError") on the CPU for a zero one.  Floats divide by
+    zero into inf and nan, without a check."""
+
+    def body(x: Expr, y: Expr, dtype: torch.dtype) -> Expr:
+        integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+        if integer and not (isinstance(y, Constant) and y.value != 0):
+            y = Check(y, "division")
+        return op(name, x, y, dtype=dtype)
+
+    size, b_, dt = make_pointwise_body(body, (a, b))
+    return ctx.pointwise(size, b_, dt)
 
 
 @register_lowering(aten.true_divide)
