@@ -1,0 +1,297 @@
+"""The OpInfo suite (issue 14): every OpInfo of torch's `op_db` through
+`torch.compile(backend="coil")`, compared with eager PyTorch on the same inputs.
+
+One test per op (variant included), dtype and target: CPU float32, bfloat16 and
+int64 where the op supports them, on the reference and cpp targets, plus a
+float32 subset of common ops on the triton target (under TRITON_INTERPRET=1).
+
+Each sample of `op.sample_inputs` runs eagerly and compiled (Dynamo may break the
+graph: a user sees that too), on copies of its tensors, and the outputs and the
+inputs after the call (for ops that mutate them) are compared.  A sample passes
+only when coil compiled a graph and ran it: a sample for which coil logged that it
+ran a graph eagerly fails, and one for which Dynamo handed coil no graph at all is
+counted apart (an op with only such samples is skipped: coil never saw it).  A
+sample on which eager itself raises is skipped.
+
+Modes: by default (CI) each op, dtype and target runs its first CI_SAMPLES[target]
+samples and stops at the first failure; an op of the expected-failures table
+(tests/opinfo_xfail.py) runs until it fails, so the table means the same in
+both modes.  COIL_OPINFO_FULL=1 runs every sample.
+
+Comparisons: values at assert_close's tolerances for the output's dtype (bfloat16
+loosened to atol 1e-2, as Inductor's OpInfo test does); a float output that misses
+eager's value may instead match eager run one precision up (float32 inputs as
+float64, bfloat16 as float32), since coil keeps fused intermediates in float32 as
+Inductor does.  Ops with random or undefined outputs are compared by shape and
+dtype only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+from typing import Any, Callable, Iterator
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+pytest.importorskip("expecttest", reason="torch's OpInfo database imports expecttest: pip install expecttest")
+
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+from torch.testing._internal.opinfo.core import OpInfo  # noqa: E402
+
+from opinfo_xfail import expected_failure  # noqa: E402
+from tests_helpers import target_available  # noqa: E402
+
+F32, BF16, I64 = torch.float32, torch.bfloat16, torch.int64
+DTYPES = (F32, BF16, I64)
+TARGETS = ("reference", "cpp")
+
+FULL = os.environ.get("COIL_OPINFO_FULL", "") not in ("", "0")
+# samples per op, dtype and target in CI mode (the first ones sample_inputs yields)
+CI_SAMPLES = {"reference": 2, "cpp": 1, "triton": 1}
+
+# outputs drawn at random: compared by shape and dtype
+RANDOM_OPS = frozenset({
+    "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal",
+    "normal.in_place", "normal.number_mean", "rand_like", "randint", "randint_like", "randn", "randn_like",
+    "uniform", "nn.functional.alpha_dropout", "nn.functional.dropout", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d", "nn.functional.rrelu",
+    "svd_lowrank", "pca_lowrank",
+})
+# outputs left uninitialised: compared by shape and dtype
+UNDEFINED_OPS = frozenset({
+    "empty", "empty_like", "empty_permuted", "empty_strided", "new_empty", "new_empty_strided",
+    "resize_", "resize_as_",
+})
+
+# the triton subset: common pointwise, reduction and view ops, float32, first sample
+TRITON_OPS = (
+    "abs", "add", "mul", "div.no_rounding_mode", "exp", "log", "sigmoid", "tanh", "sqrt", "rsqrt", "where",
+    "clamp", "maximum", "pow", "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
+    "sum", "mean", "amax", "argmax", "var", "softmax", "log_softmax", "logsumexp", "cumsum",
+    "nn.functional.layer_norm", "transpose", "permute", "reshape", "cat", "expand", "flip", "gather",
+)
+
+TOLERANCES = {F32: {"rtol": 1.3e-6, "atol": 1e-5}, BF16: {"rtol": 1.6e-2, "atol": 1e-2},
+              torch.float16: {"rtol": 1e-3, "atol": 1e-3}, torch.float64: {"rtol": 1e-7, "atol": 1e-7}}
+UPCAST = {F32: torch.float64, BF16: F32}
+
+
+def op_name(op: OpInfo) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ----------------------------------------------------------------------------- one sample
+
+@dataclasses.dataclass
+class OpRun:
+    """What the samples of one op, dtype and target did."""
+
+    passed: int = 0          # coil compiled a graph, ran it, and matched eager
+    not_compiled: int = 0    # matched, but Dynamo handed coil no graph
+    eager_fallback: int = 0  # coil logged that it ran a graph eagerly
+    skipped: int = 0         # eager raises on the sample
+    failures: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (sample index, why)
+
+    @property
+    def ran(self) -> int:
+        return self.passed + self.not_compiled + self.eager_fallback + len(self.failures)
+
+
+class _EagerLog(logging.Handler):
+    """Counts coil's warnings that it ran a graph eagerly."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if "eagerly" in msg:
+            self.messages.append(msg)
+
+
+def _copy(x: Any) -> Any:
+    """A tensor with its own storage and the same sizes, strides and offset."""
+    if not isinstance(x, torch.Tensor) or x.layout != torch.strided or type(x) is not torch.Tensor:
+        return x.clone() if isinstance(x, torch.Tensor) else x
+    storage = x.untyped_storage().clone() if x.device.type != "meta" else x.untyped_storage()
+    out = torch.empty(0, dtype=x.dtype, device=x.device)
+    out.set_(storage, x.storage_offset(), x.size(), x.stride())
+    return out
+
+
+def _upcast(x: Any, dtype: torch.dtype) -> Any:
+    if isinstance(x, torch.Tensor) and x.dtype == dtype and x.layout == torch.strided:
+        return _copy(x).to(UPCAST[dtype])
+    return _copy(x)
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    torch.manual_seed(0)
+    return fn(*args, **kwargs)
+
+
+def _compare(actual: Any, expected: Any, shape_only: bool) -> None:
+    got, want = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
+    if len(got) != len(want):
+        raise AssertionError(f"{len(got)} outputs, eager gives {len(want)}")
+    for i, (a, e) in enumerate(zip(got, want)):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise AssertionError(f"output {i}: {type(a).__name__}, eager gives a tensor")
+            if shape_only:
+                if a.shape != e.shape or a.dtype != e.dtype:
+                    raise AssertionError(f"output {i}: {a.dtype}{list(a.shape)}, eager {e.dtype}{list(e.shape)}")
+                continue
+            tol = TOLERANCES.get(e.dtype, {"rtol": 0, "atol": 0} if not e.is_floating_point() else {})
+            torch.testing.assert_close(a, e, equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}", **tol)
+        elif not shape_only and not (a == e or (isinstance(e, float) and e != e and a != a)):
+            raise AssertionError(f"output {i}: {a!r}, eager gives {e!r}")
+
+
+def _check(fn: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+           dtype: torch.dtype, shape_only: bool, first: Any) -> None:
+    """Run `fn` eagerly and `compiled` on copies of the sample; raise on a mismatch.
+    `first` is an earlier eager run's output: where this run's differs, the op's
+    output is not determined by its inputs and the seed, and only shapes count."""
+    e_args, e_kwargs = pytree.tree_map(_copy, (args, kwargs))
+    c_args, c_kwargs = pytree.tree_map(_copy, (args, kwargs))
+    expected = _call(fn, e_args, e_kwargs)
+    if not shape_only:
+        try:
+            _compare(first, expected, False)
+        except AssertionError:
+            shape_only = True
+    actual = _call(compiled, c_args, c_kwargs)
+    try:
+        _compare((actual, c_args, c_kwargs), (expected, e_args, e_kwargs), shape_only)
+    except AssertionError as mismatch:
+        if dtype not in UPCAST:
+            raise
+        # eager one precision up, rounded to the compiled outputs' dtypes
+        try:
+            u_args, u_kwargs = pytree.tree_map(lambda x: _upcast(x, dtype), (args, kwargs))
+            ref = _call(fn, u_args, u_kwargs)
+            ref = pytree.tree_map(lambda r, a: r.to(a.dtype) if isinstance(r, torch.Tensor) and isinstance(a, torch.Tensor)
+                                  and r.is_floating_point() else r, ref, actual)
+            _compare(actual, ref, shape_only)
+        except Exception:
+            raise mismatch from None
+
+
+def _first_line(e: BaseException) -> str:
+    """The exception's type and message, its first lines joined (at most 400 characters)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {' | '.join(lines[:4])}"[:400]
+
+
+def run_op(op: OpInfo, dtype: torch.dtype, target: str, limit: int | None, stop_at_failure: bool = True) -> OpRun:
+    """Run `op`'s first `limit` samples (all when None) of `dtype` through coil's
+    `target`, stopping at the first failure when asked."""
+    import torch._dynamo.utils
+
+    name = op_name(op)
+    shape_only = name in RANDOM_OPS or name in UNDEFINED_OPS
+    run = OpRun()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+    fn = op.op
+    compiled = torch.compile(lambda *a, **k: fn(*a, **k), backend="coil", dynamic=False,
+                             options={"target": target, "graph_cache": False})
+    handler = _EagerLog()
+    compiled_any = False
+    log = logging.getLogger("coil")
+    log.addHandler(handler)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=10_000, accumulated_recompile_limit=100_000,
+                                        fail_on_recompile_limit_hit=True):
+            for i, sample in enumerate(itertools.islice(samples, limit)):
+                args, kwargs = (sample.input, *sample.args), dict(sample.kwargs)
+                try:
+                    first = _call(fn, *pytree.tree_map(_copy, (args, kwargs)))
+                except Exception:
+                    run.skipped += 1
+                    continue
+                graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+                eager_before = len(handler.messages)
+                try:
+                    _check(fn, compiled, args, kwargs, dtype, shape_only, first)
+                except Exception as e:  # noqa: BLE001 - every failure is recorded with its message
+                    run.failures.append((i, _first_line(e)))
+                    if stop_at_failure:
+                        break
+                    continue
+                if len(handler.messages) > eager_before:
+                    run.eager_fallback += 1
+                    run.failures.append((i, f"coil ran a graph eagerly: {handler.messages[-1]}"))
+                    if stop_at_failure:
+                        break
+                else:
+                    # a sample whose shapes an earlier one had runs that sample's graph
+                    compiled_any = compiled_any or torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+                    if compiled_any:
+                        run.passed += 1
+                    else:
+                        run.not_compiled += 1
+    finally:
+        log.removeHandler(handler)
+        torch._dynamo.reset()
+    return run
+
+
+# ----------------------------------------------------------------------------- the tests
+
+def _cases(targets: tuple[str, ...], dtypes: tuple[torch.dtype, ...], names: tuple[str, ...] | None = None
+           ) -> Iterator[Any]:
+    for op in op_db:
+        if names is not None and op_name(op) not in names:
+            continue
+        supported = op.supported_dtypes("cpu")
+        for dtype in dtypes:
+            if dtype not in supported:
+                continue
+            for target in targets:
+                yield pytest.param(op, dtype, target, id=f"{op_name(op)}-{_dtype_name(dtype)}-{target}")
+
+
+def _verdict(op: OpInfo, dtype: torch.dtype, target: str, limit: int | None) -> None:
+    if not target_available(target):
+        pytest.skip(f"{target} backend not built")
+    name = op_name(op)
+    reason = expected_failure(op.name, op.variant_test_name, dtype, target)
+    run = run_op(op, dtype, target, None if (FULL or reason) else limit)
+    if reason is not None:
+        if run.failures:
+            pytest.xfail(reason)
+        pytest.fail(f"{name} {dtype} {target} unexpectedly passed ({run.passed} samples): "
+                    f"remove its entry from tests/opinfo_xfail.py ({reason})")
+    if run.failures:
+        i, why = run.failures[0]
+        pytest.fail(f"{name} {dtype} {target}, sample {i}: {why}", pytrace=False)
+    if run.passed == 0:
+        if run.not_compiled:
+            pytest.skip("Dynamo hands coil no graph for this op (it graph-breaks on it)")
+        pytest.skip("eager raises on every sample" if run.skipped else "no samples")
+
+
+@pytest.mark.parametrize("op, dtype, target", list(_cases(TARGETS, DTYPES)))
+def test_opinfo(op: OpInfo, dtype: torch.dtype, target: str) -> None:
+    _verdict(op, dtype, target, CI_SAMPLES[target])
+
+
+@pytest.mark.parametrize("op, dtype, target", list(_cases(("triton",), (F32,), TRITON_OPS)))
+def test_opinfo_triton(op: OpInfo, dtype: torch.dtype, target: str) -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the triton subset runs under TRITON_INTERPRET=1")
+    _verdict(op, dtype, target, CI_SAMPLES[target])
