@@ -1,0 +1,131 @@
+"""Real `transformers` models through `torch.compile(backend="coil")`, checked in
+inference and one training step against eager at Inductor's dashboard tolerance
+(bench/hf_models.py builds the models from tiny configs with random weights,
+nothing downloaded, and compares).
+
+On the CPU the target is cpp.  The `cuda` cases run the same models with target
+triton on a GPU; run them without the interpreter:
+    TRITON_INTERPRET=0 python -m pytest -q -m cuda tests/test_hf_models.py
+
+A case passes only when coil compiled its graphs: a graph that coil "ran eagerly"
+fails the case unless EXPECTED_FAILURES says why.  Expected failures are strict: once
+the defect is fixed the case passes, pytest reports XPASS as a failure, and the entry
+must go.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.hf_models import MODELS, MODES, Counts, Verdict, compare, counting, run_case  # noqa: E402
+
+# (model, mode) -> (the exception it raises, why), e.g. (CoilError, "..."): known
+# coil defects, the same on every device.  Empty now: T5 and BART training raised CoilError "[lower] (node
+# _tensor_constant0) get_attr nodes are not supported" until 2652b43 made tensor
+# constants inputs of the compiled module.
+EXPECTED_FAILURES: dict[tuple[str, str], tuple[type[BaseException], str]] = {}
+
+# attention written out in torch ops (matmul, softmax, masks) rather than one
+# scaled_dot_product_attention call, which coil runs as an Extern: models whose
+# attention code differs (GPT-2's Conv1D and causal where, BERT's bidirectional
+# mask, Llama's rotary embedding and grouped KV heads)
+EAGER_ATTENTION = ("gpt2", "bert", "llama")
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device"),
+        pytest.mark.skipif(INTERPRET, reason="real Triton kernels on CUDA need TRITON_INTERPRET=0"),
+    ]),
+]
+TARGETS = {"cpu": "cpp", "cuda": "triton"}
+
+
+def _cases() -> list[object]:
+    params = []
+    variants = [(name, None) for name in MODELS] + [(name, "eager") for name in EAGER_ATTENTION]
+    for name, attn in variants:
+        for mode in MODES:
+            marks = []
+            if (name, mode) in EXPECTED_FAILURES:
+                exc, reason = EXPECTED_FAILURES[(name, mode)]
+                marks.append(pytest.mark.xfail(strict=True, raises=exc, reason=reason))
+            ident = f"{name}-{mode}" + (f"-{attn}_attn" if attn else "")
+            params.append(pytest.param(name, mode, attn, id=ident, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name, mode, attn", _cases())
+def test_model(name: str, mode: str, attn: str | None, device: str) -> None:
+    result = run_case(name, mode, device, TARGETS[device], attn=attn)
+    print(result.line())
+    c = result.counts
+    assert not c.eager_fallbacks, f"coil ran a graph eagerly: {c.eager_fallbacks}"
+    assert c.compiled + c.cached > 0, "coil compiled no graph"
+    if mode == "train":  # a backward graph for each forward
+        assert c.compiled >= 2 * c.dynamo_graphs
+    assert result.verdict.passed, result.verdict.reason
+
+
+# --- the checker itself ------------------------------------------------------------
+
+def test_compare_passes_through_the_fp64_reference_when_eager_is_as_far_off() -> None:
+    """coil and eager both off the fp64 reference by noise of the same size (as
+    sums in another order are): not allclose, but as good as eager."""
+    ref = torch.randn(1000, dtype=torch.float64)
+    eager = (ref + 0.01 * torch.randn(1000, dtype=torch.float64)).float()
+    got = (ref + 0.01 * torch.randn(1000, dtype=torch.float64)).float()
+    assert not torch.allclose(got, eager, rtol=1e-3, atol=1e-3)
+    v = Verdict()
+    compare("t", got, eager, lambda: ref, v)
+    assert v.passed and v.rmse_ratio is not None and 0.5 < v.rmse_ratio < 2
+
+
+def test_compare_fails_a_wrong_tensor() -> None:
+    eager = torch.randn(64, 64)
+    got = eager.clone()
+    got[3, 5] += 0.1
+    v = Verdict()
+    compare("t", got, eager, lambda: eager.double(), v)
+    assert not v.passed and v.reason.startswith("t: RMSE against fp64")
+    assert abs(v.max_abs - 0.1) < 1e-6
+
+
+def test_compare_fails_on_shape_dtype_and_missing_grad() -> None:
+    for got, eager in ((torch.zeros(2, 3), torch.zeros(3, 2)), (torch.zeros(2), torch.zeros(2, dtype=torch.float64)),
+                       (None, torch.zeros(2))):
+        v = Verdict()
+        compare("t", got, eager, lambda: None, v)
+        assert not v.passed
+
+
+def test_counting_sees_a_graph_coil_ran_eagerly() -> None:
+    """A graph with symbolic shapes is one coil runs eagerly (with a warning): the
+    count must see it, so a model that only passes that way does not pass."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: (x * 2).sum(), backend="coil", options={"target": "cpp"}, dynamic=True)
+    counts = Counts()
+    level = logging.getLogger("coil").level
+    with counting(counts):
+        fn(torch.randn(5))
+    torch._dynamo.reset()
+    assert len(counts.eager_fallbacks) == 1 and counts.compiled == 0 and counts.dynamo_graphs == 1
+    assert logging.getLogger("coil").level == level
