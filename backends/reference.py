@@ -67,8 +67,10 @@ def run_check(v: torch.Tensor, error: str, size: int, dim: int, wrap: bool, chec
 
 
 def flat_storage(t: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """A 1-d view of the storage the layout addresses."""
-    return t.as_strided((layout.storage_size(),), (1,), t.storage_offset() - layout.offset)
+    """A 1-d view of the storage the layout addresses, from t's own first element:
+    index it by `layout.offset_of(index) - layout.offset` (t may sit at another
+    storage offset than the layout was compiled for)."""
+    return t.as_strided((layout.storage_size() - layout.offset,), (1,), t.storage_offset())
 
 
 _UNARY = {
@@ -105,7 +107,7 @@ class ReferenceHandler:
 
     def load(self, node: Load) -> torch.Tensor:
         layout = self.layouts[node.name]
-        offset = eval_index(layout.offset_of(node.index), self.env)
+        offset = eval_index(layout.offset_of(node.index) - layout.offset, self.env)
         flat = flat_storage(self.values[node.name], layout)
         if isinstance(offset, int):
             return flat[offset]
@@ -116,7 +118,7 @@ class ReferenceHandler:
         for k, v in enumerate(values):  # positions already: each value is an index Check
             env[indsym(k)] = v
         layout = self.layouts[node.name]
-        offset = eval_index(layout.offset_of(node.index), env)
+        offset = eval_index(layout.offset_of(node.index) - layout.offset, env)
         return flat_storage(self.values[node.name], layout)[offset]
 
     def constant(self, node: Constant) -> torch.Tensor:

@@ -19,8 +19,8 @@ def iota(n: int, dim: int, ndim: int, device: torch.device) -> torch.Tensor:
 
 def load(t: torch.Tensor, storage: int, base_offset: int, offset: Any) -> torch.Tensor:
     """Gather `t`'s storage (as its layout addresses it) at the element offsets."""
-    flat = t.as_strided((storage,), (1,), t.storage_offset() - base_offset)
-    return flat[offset]
+    flat = t.as_strided((storage - base_offset,), (1,), t.storage_offset())  # offsets count from t's own
+    return flat[offset - base_offset]
 
 
 def const(v: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

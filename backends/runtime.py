@@ -27,15 +27,30 @@ def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[in
     return t.as_strided(tuple(size), tuple(stride), offset)
 
 
-def ensure_layout(t: Any, size: Sequence[int], stride: Sequence[int]) -> Any:
+def ensure_layout(t: Any, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, name: str = "") -> Any:
     """An extern's result in the layout its fake tensor promised.  Kernels index
     extern outputs by that layout; an aten kernel whose meta function disagrees
-    with it (seen: CPU attention backward) gets its result copied, not misread."""
-    if not isinstance(t, torch.Tensor) or all(s == 1 or a == b for s, a, b in zip(size, t.stride(), stride)):
+    with it gets its result converted or copied, not misread: other strides (seen:
+    CPU attention backward) are copied, another dtype (seen: bfloat16 running
+    stats of _batch_norm_with_update, whose meta function says float32) is
+    converted, and another size raises."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if t.shape != size:
+        raise CoilError(f"extern result {name} has size {list(t.shape)}, planned {list(size)}", stage="run")
+    if all(s == 1 or a == b for s, a, b in zip(size, t.stride(), stride)):
         return t
     fixed = torch.empty_strided(tuple(size), tuple(stride), dtype=t.dtype, device=t.device)
     fixed.copy_(t)
     return fixed
+
+
+def ensure_dtype(t: Any, dtype: torch.dtype) -> Any:
+    """An extern's result that no kernel indexes, in the dtype coil planned for it
+    (its meta function's): eager code after it sees the dtype it was traced with."""
+    return t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype != dtype else t
 
 
 def poison(t: torch.Tensor) -> None:
@@ -89,8 +104,11 @@ class CompiledFn:
         self.namespace = namespace
         self.cache_key: str | None = None  # its graph cache entry, where compile_graph stored one
         bg = module.program.plan.schedule.graph.graph
-        self.input_layouts = tuple(i.layout for i in bg.inputs)
-        self.input_names = tuple(i.name for i in bg.inputs)
+        # the caller's inputs; the graph's tensor constants follow them in `call`'s args
+        self.input_layouts = tuple(i.layout for i in bg.inputs if i.value is None)
+        self.input_names = tuple(i.name for i in bg.inputs if i.value is None)
+        self.constants = tuple(i.value for i in bg.inputs if i.value is not None)
+        self._tokens = frozenset(i.name for i in bg.inputs if i.token)
         self._restrided: set[str] = set()
         from coil.backends.wrapper import indexed_by_layout
 
@@ -114,38 +132,53 @@ class CompiledFn:
                 return False
         return True
 
-    def check(self, inputs: Sequence[Any], restride: bool = False) -> None:
-        """Raise on inputs of another count, size, dtype or device.  Other strides
-        raise too, unless `restride`: then the input is copied, in place in the
-        list, into the layout the kernels were compiled for."""
+    def check(self, inputs: list[Any], restride: bool = False) -> None:
+        """Raise on inputs of another count, size, dtype or device, naming what
+        differs.  A CPU scalar tensor is taken where a scalar tensor of another
+        device was compiled for, as eager takes one (the RNG seed and offset of
+        CUDA attention arrive so): passed on as it is to externs, moved to the
+        device for kernels.  Other strides raise too, unless `restride`: then the
+        input is copied, in place in the list, into the layout the kernels were
+        compiled for.  Storage offsets may differ: every kernel and view indexes
+        an input from its own first element."""
         if self._matches(inputs):
             return
         if len(inputs) != len(self.input_layouts):
             raise CoilError(f"compiled for {len(self.input_layouts)} inputs, called with {len(inputs)}")
         for k, (name, lay, t) in enumerate(zip(self.input_names, self.input_layouts, inputs)):
+            if name in self._tokens and t is None:
+                continue  # AOTAutograd passes None for an effect token
             if not isinstance(t, torch.Tensor):
                 raise CoilError(f"input {name}: expected a tensor, got {type(t).__name__}")
-            got = Layout.of(t)
-            if (got.size, got.dtype) != (lay.size, lay.dtype) or torch.device(got.device) != torch.device(lay.device):
-                raise CoilError(
-                    f"input {name}: compiled for {lay.show()}, called with {got.show()}; recompile for new shapes"
-                )
-            if any(s != 1 and a != b for s, a, b in zip(lay.size, lay.stride, got.stride)):
+            if tuple(t.shape) != lay.size:
+                raise CoilError(f"input {name}: compiled for size {list(lay.size)}, called with size {list(t.shape)}; "
+                                "recompile for new shapes")
+            if t.dtype != lay.dtype:
+                raise CoilError(f"input {name}: compiled for dtype {lay.dtype}, called with {t.dtype}")
+            if t.device != torch.device(lay.device):
+                if t.dim() != 0 or t.device.type != "cpu":
+                    raise CoilError(f"input {name}: compiled for device {lay.device}, called with {t.device}")
+                if name in self._indexed:
+                    inputs[k] = t.to(lay.device)
+                continue
+            if any(s != 1 and a != b for s, a, b in zip(lay.size, lay.stride, t.stride())):
                 if restride and name not in self._indexed:
                     continue  # only externs see it: they take any strides, as in eager
                 if not restride:
-                    raise CoilError(f"input {name}: compiled for strides {list(lay.stride)}, called with {list(got.stride)}")
+                    raise CoilError(f"input {name}: compiled for strides {list(lay.stride)}, called with {list(t.stride())}")
                 if name not in self._restrided:
                     self._restrided.add(name)
                     log.warning("coil: input %s arrives with strides %s, compiled for %s: copying it",
-                                name, list(got.stride), list(lay.stride))
+                                name, list(t.stride()), list(lay.stride))
                 fixed = torch.empty_strided(lay.size, lay.stride, dtype=lay.dtype, device=t.device)
                 fixed.copy_(t)
-                inputs[k] = fixed  # type: ignore[index]
+                inputs[k] = fixed
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
-        self.check(inputs)
-        return tuple(self._call(list(inputs)))
+        args = list(inputs)
+        self.check(args)
+        args.extend(self.constants)
+        return tuple(self._call(args))
 
     def call_boxed(self, args: list[Any]) -> tuple[Any, ...]:
         """AOTAutograd's boxed convention: `call` clears the list, so inputs die as
@@ -153,6 +186,8 @@ class CompiledFn:
         tensor's the graph was compiled with (an aten kernel whose meta function
         disagrees with it) is copied into the compiled layout instead of failing."""
         self.check(args, restride=True)
+        if self.constants:
+            args.extend(self.constants)
         return tuple(self._call(args))
 
 

@@ -72,12 +72,15 @@ def indexed_by_layout(program: WrapperProgram) -> frozenset[str]:
 
 
 def _ensure_layout(program: WrapperProgram, name: str, indexed: frozenset[str]) -> list[str]:
-    """After an extern: hold its result to the layout the kernels will index it by
-    (a no-op unless the aten kernel's strides differ from its meta function's)."""
+    """After an extern: hold its result to the layout coil planned for it (a no-op
+    unless the aten kernel disagrees with its meta function).  Kernels and views
+    index it by size, strides and dtype; anything else needs its dtype only."""
     b = program.plan.schedule.graph.graph.get(name)
-    if b.layout is None or (isinstance(b, ExternBuffer) and b.mutated) or name not in indexed:
+    if b.layout is None or (isinstance(b, ExternBuffer) and b.mutated):
         return []
-    return [f"    {name} = ensure_layout({name}, {layout_args(b.layout)})"]
+    if name not in indexed:
+        return [f"    {name} = ensure_dtype({name}, {b.layout.dtype})"]
+    return [f"    {name} = ensure_layout({name}, {layout_args(b.layout)}, {b.layout.dtype}, {name!r})"]
 
 
 def layout_args(lay: Layout) -> str:
@@ -115,7 +118,11 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 else:
                     out.append(f"    {ln.new} = reinterpret_tensor({ln.old}, {layout_args(ln.layout)}, 0); del {ln.old}  # reuse")
             case ReinterpretView():
-                out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, {ln.layout.offset})")
+                if ln.base_offset is None:
+                    out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, {ln.layout.offset})")
+                else:
+                    out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, "
+                               f"{ln.base}.storage_offset() + {ln.delta()})")
             case KernelCall():
                 out += ["    " + s for s in backend.call(ln, program)]
             case ExternCall():
@@ -167,7 +174,7 @@ def render_module(program: WrapperProgram, backend: KernelBackend, kernels: tupl
     head = [
         f"# output_code.py written by coil (target={options.target})",
         "import torch",
-        "from coil.backends.runtime import empty_strided, ensure_layout, reinterpret_tensor, poison",
+        "from coil.backends.runtime import empty_strided, ensure_dtype, ensure_layout, reinterpret_tensor, poison",
         "",
     ]
     head += backend.header(options)

@@ -315,7 +315,7 @@ class _Realizer:
     def visit(self, n: LNode) -> None:
         match n:
             case Input():
-                self.inputs.append(InputBuffer(n.name, n.layout))
+                self.inputs.append(InputBuffer(n.name, n.layout, n.value, n.token))
                 self.layouts[n.name] = n.layout
                 self.env[n.name] = _Realized(n.name)
                 self.rows[n.name] = RealizeRow(n.name, "Input", True, n.name, "graph_input")
@@ -357,6 +357,15 @@ class _Realizer:
                 )
 
     def visit_extern(self, n: Extern) -> None:
+        items = [m.name for m in self.g.nodes if isinstance(m, MultiOutput) and m.extern == n.name] if n.sized_by_data else []
+        readers = [r for m in (n.name, *items) for r in self.readers.get(m, [])]
+        if n.sized_by_data and readers:
+            raise CoilError(
+                f"the size of {n.op}'s result depends on the values of its inputs (traced as "
+                f"{list(n.layout.size) if n.layout else 'a tuple'}), and {readers[0]} reads it: coil compiles static "
+                "shapes only, so this graph cannot be compiled (torch.compile breaks the graph before such ops, "
+                "or traces them with unbacked sizes, which run eagerly)", stage="realize", node=n.origin)
+
         def arg(a: Any) -> Any:
             if isinstance(a, TensorRef):
                 return TensorRef(self.materialize(a.name, "extern_input"))
