@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from coil.errors import CoilError
 from coil.options import Options
 
 log = logging.getLogger("coil")
@@ -80,7 +82,14 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         if not _static(example_inputs):
             log.warning("coil: %s graph has symbolic shapes; running it eagerly", kind)
             return gm.forward
-        compiled = compile_graph(gm, list(example_inputs), options)
+        try:
+            compiled = compile_graph(gm, list(example_inputs), options, kind=kind)
+        except CoilError as e:
+            if not options.eager_fallback:
+                raise
+            # as Inductor's fallbacks do: the user's program runs, and the log says why not compiled
+            log.warning("coil: %s graph cannot be compiled, running it eagerly: %s", kind, e)
+            return gm.forward
         log.debug("coil: compiled %s graph (%d nodes)", kind, len(gm.graph.nodes))
         if n_inputs is not None and through is not None and _passed_through(n_inputs, example_inputs):
             through.append(compiled)
@@ -123,14 +132,41 @@ def _linked(key: str, options: Options) -> Callable[..., Any] | None:
     return _direct(load_module(module, options.cache_dir))
 
 
+# torch.compile's `mode=`, which it hands a backend named by string as a keyword
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_warned: set[str] = set()
+
+
+def options_for_mode(mode: str | None, opts: Options) -> Options:
+    """What torch.compile's `mode` means for coil: the max-autotune modes turn on
+    Options.autotune; reduce-overhead asks for CUDA graphs, which coil does not
+    have yet (said once per process); an unknown mode is an error."""
+    if mode is None or mode == "default":
+        return opts
+    if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+        log.info("coil: mode=%r turns on Options.autotune (Triton kernels on CUDA launch the fastest of a few "
+                 "configs)%s", mode, "; CUDA graphs are not implemented in coil yet" if mode == "max-autotune" else "")
+        return opts.replace(autotune=True)
+    if mode == "reduce-overhead":
+        if mode not in _warned:
+            _warned.add(mode)
+            warnings.warn("coil: mode='reduce-overhead' asks for CUDA graphs: CUDA graphs are not implemented in "
+                          "coil yet; the graph runs without them", stacklevel=2)
+        return opts
+    from coil.errors import CoilError
+
+    raise CoilError(f"unknown torch.compile mode {mode!r} for backend 'coil'; known modes: {', '.join(MODES)}")
+
+
 def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None,
-                 **_: Any) -> Callable[..., Any]:
-    """The Dynamo backend (entry point `coil`)."""
+                 mode: str | None = None, **_: Any) -> Callable[..., Any]:
+    """The Dynamo backend (entry point `coil`); `options` are coil's Options by name,
+    `mode` is torch.compile's (options_for_mode)."""
     from torch._dynamo.backends.common import aot_autograd
 
     from coil import graph_cache
 
-    opts = Options.from_mapping(options)
+    opts = options_for_mode(mode, Options.from_mapping(options))
     skippable = graph_cache.may_skip_aot(gm, example_inputs)
     link = graph_cache.dynamo_key(gm, example_inputs, opts, skippable)
     if link is not None and (hit := _linked(link, opts)) is not None:

@@ -17,9 +17,10 @@ __all__ = ["CoilError", "Options", "Pipeline", "backend", "compile_graph", "defa
 
 
 def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | None = None,
-                  pipeline: Pipeline | None = None) -> Any:
+                  pipeline: Pipeline | None = None, *, kind: str = "graph") -> Any:
     """Compile an FX graph of aten ops; returns `compiled(*inputs) -> tuple` with
-    `compiled.source` (the whole output_code.py)."""
+    `compiled.source` (the whole output_code.py).  `kind` names the graph's
+    debug_dir folder (`<n>_<kind>`: forward, backward, inference...)."""
     from coil import graph_cache
     from coil.backends.runtime import load_module
 
@@ -27,7 +28,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
     key = graph_cache.graph_key(gm, example_inputs, opts) if pipeline is None else None
     module = graph_cache.load(key, opts.cache_dir) if key else None
     if module is None:
-        module = (pipeline or default_pipeline()).run(gm, example_inputs, options=opts)
+        module = (pipeline or default_pipeline()).run(gm, example_inputs, options=opts, kind=kind)
         if key:
             graph_cache.store(key, module, opts.cache_dir)
     compiled = load_module(module, opts.cache_dir)
@@ -35,9 +36,18 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
     return compiled
 
 
+# loaded on first use (coil.ir brings sympy, coil.properties hypothesis), so that
+# `import coil; coil.ir.printer.show(ir)` works without importing them by hand
+_SUBPACKAGES = ("ir", "passes", "backends", "properties")
+
+
 def __getattr__(name: str) -> Any:
     if name == "backend":
         from coil.backends.dynamo import coil_backend
 
         return coil_backend
-    raise AttributeError(name)
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"coil.{name}")
+    raise AttributeError(f"module 'coil' has no attribute {name!r}")

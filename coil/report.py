@@ -348,10 +348,28 @@ DEBUG_EXTRAS: dict[type, Callable[[Any, str], None]] = {
 }
 
 
+def new_graph_dir(debug_dir: str, kind: str = "graph") -> str:
+    """A new folder `<debug_dir>/<n>_<kind>` for one compiled graph's files: n counts
+    up from one more than the largest number there, so no graph overwrites
+    another's (an inference graph and a training step's forward and backward, or
+    graphs of earlier runs), even with two processes writing at once."""
+    os.makedirs(debug_dir, exist_ok=True)
+    taken = [int(m.group(1)) for e in os.listdir(debug_dir) if (m := re.match(r"(\d+)_", e))]
+    n = max(taken, default=-1) + 1
+    while True:
+        path = os.path.join(debug_dir, f"{n}_{kind}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            n += 1
+
+
 def write_debug_dir(index: int, stage: str, ir: Any, directory: str) -> None:
-    """Options.debug_dir: the printed IR of stage `index` (`NN_stage.txt`), plus the
-    language's extra files (realize_table.txt, read_writes.txt, fusion_log.txt,
-    memory_plan.txt, lifetimes.png, output_code.py)."""
+    """Options.debug_dir (one graph's folder in it, new_graph_dir): the printed IR
+    of stage `index` (`NN_stage.txt`), plus the language's extra files
+    (realize_table.txt, read_writes.txt, fusion_log.txt, memory_plan.txt,
+    lifetimes.png, output_code.py)."""
     os.makedirs(directory, exist_ok=True)
     try:
         text = show(ir)

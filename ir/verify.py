@@ -47,14 +47,25 @@ def verifier(cls: type) -> Callable[[Callable[[Any, str], None]], Callable[[Any,
     return deco
 
 
-def verify(ir: Any, stage: str = "?") -> None:
+class UnknownLanguage(TypeError):
+    """`verify` was given a value of no language coil knows (a user's stage may
+    return one); kept apart from the TypeErrors a verifier itself may raise."""
+
+
+def verifier_of(ir: Any) -> Callable[[Any, str], None] | None:
+    """The verifier of ir's language, or None when coil knows no such language."""
     fn = VERIFIERS.get(type(ir))
     if fn is None:
         import coil.ir.verify_back  # noqa: F401
 
         fn = VERIFIERS.get(type(ir))
+    return fn
+
+
+def verify(ir: Any, stage: str = "?") -> None:
+    fn = verifier_of(ir)
     if fn is None:
-        raise TypeError(f"no verifier for {type(ir).__name__}")
+        raise UnknownLanguage(f"no verifier for {type(ir).__name__}")
     fn(ir, stage)
 
 

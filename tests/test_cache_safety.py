@@ -388,3 +388,24 @@ def test_the_key_of_output_code_is_its_text(tmp_path: Path) -> None:
     key = hashlib.sha256(compiled.source.encode()).hexdigest()[:24]
     assert (cache / f"c{key}.py").read_text() == compiled.source
     assert sys.modules.get(f"coil_output_{key}") is None  # a fresh namespace, not an import
+
+
+def test_autotuning_results_live_in_a_checked_folder_and_damage_is_retuned(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from coil.backends.triton import runtime as triton_runtime
+
+    cache = _cache(tmp_path)
+    path = triton_runtime._cache_path("k" * 32, str(cache))
+    assert path is not None and Path(path).parent == cache / "triton-autotune"
+    assert (cache / "triton-autotune").stat().st_mode & 0o777 == 0o700
+    cfg = triton_runtime.LaunchConfig(64, 0, 2)
+    triton_runtime._store_config(path, cfg)
+    assert triton_runtime._load_config(path) == cfg
+    for damage in (b"\xff\xfe", b"{}", b"[]", b'{"xblock": "x", "bogus": 1}'):
+        Path(path).write_bytes(damage)
+        assert triton_runtime._load_config(path) is None
+    _refuse_writes(monkeypatch, errno.ENOSPC)
+    triton_runtime._store_config(path, cfg)  # a full disk: kept in memory only, no error
+    (cache / "triton-autotune").chmod(0o777)
+    with pytest.raises(coil.CoilError, match="refusing the cache dir"):
+        triton_runtime._cache_path("k" * 32, str(cache))

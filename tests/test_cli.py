@@ -232,8 +232,8 @@ def test_short_names_and_bytes() -> None:
 def test_debug_dir_files_and_standalone_output_code(
         tmp_path: Path, seed_graph: tuple[torch.fx.GraphModule, list[torch.Tensor]], target: str) -> None:
     gm, inputs = seed_graph
-    debug = tmp_path / "debug"
-    compiled = coil.compile_graph(gm, inputs, options=coil.Options(target=target, debug_dir=str(debug)))
+    compiled = coil.compile_graph(gm, inputs, options=coil.Options(target=target, debug_dir=str(tmp_path / "debug")))
+    debug = tmp_path / "debug" / "0_graph"  # each graph's files in a folder of their own
     stages = coil.default_pipeline().stages
     for i, name in enumerate(stages):
         assert (debug / f"{i:02d}_{name}.txt").read_text().strip()

@@ -4,7 +4,7 @@
 
 on three float32 tensors and show every stage: the stage trace, each IR as printed,
 the realize table, the read_writes, output_code.py (wrapper and kernels); then run
-it and check the result against eager PyTorch."""
+it and check the result against eager PyTorch (both against a float64 reference)."""
 
 from __future__ import annotations
 
@@ -102,19 +102,37 @@ def show_stages(stages: dict[str, Any]) -> None:
             print(section("last_usage, frees and peak", last_usage_report(ir) + "\n\n" + peak_report(ir)))
 
 
-def check_against_eager(module: CompiledModule, inputs: tuple[torch.Tensor, ...]) -> bool:
+def within_eager_error(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> tuple[bool, float, float]:
+    """Whether coil's result is as close to the exact one (computed in float64) as
+    eager's is: at most 4x eager's largest error, plus assert_close's tolerances for
+    the dtype.  Comparing coil with eager directly fails on long reductions, where
+    both round differently (a sum of 1024 terms adds in another order) yet neither
+    is wrong.  Returns (ok, coil's error, eager's error)."""
+    exact = exact.to(torch.float64)
+    err_eager = float((eager.to(torch.float64) - exact).abs().max()) if exact.numel() else 0.0
+    if got.shape != eager.shape or got.dtype != eager.dtype:
+        return False, float("inf"), err_eager
+    err = (got.to(torch.float64) - exact).abs()
+    rtol, atol = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+                  torch.float64: (1e-7, 1e-7)}.get(eager.dtype, (1.3e-6, 1e-5))
+    bound = 4 * err_eager + atol + rtol * exact.abs()
+    same = (got == eager) | (torch.isnan(got) & torch.isnan(eager))  # infinities and NaNs where eager has them
+    ok = bool(((err <= bound) | same).all())
+    return ok, float(err.max()) if err.numel() else 0.0, err_eager
+
+
+def check_against_eager(module: CompiledModule, inputs: tuple[torch.Tensor, ...], cache_dir: str | None = None) -> bool:
     from coil.backends.runtime import load_module
 
-    compiled = load_module(module)
+    compiled = load_module(module, cache_dir)
     # the wrapper's call(args) frees its inputs; hand it clones so eager sees the originals
     (got,) = compiled(*(t.clone() for t in inputs))
-    expected = fn(*inputs)
-    try:
-        torch.testing.assert_close(got, expected)
-    except AssertionError as e:
-        print(f"result DIFFERS from eager:\n{e}")
+    ok, err, err_eager = within_eager_error(got, fn(*inputs), fn(*(t.double() for t in inputs)))
+    versus = f"largest error against float64: coil {err:.3g}, eager {err_eager:.3g}"
+    if not ok:
+        print(f"result DIFFERS from eager ({versus})")
         return False
-    print(f"result matches eager (max abs diff {(got - expected).abs().max().item():.3g})")
+    print(f"result matches eager ({versus})")
     return True
 
 
@@ -145,4 +163,4 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(section("stage trace (coil.trace)", "\n".join(f"[coil] {ln}" for ln in lines)))
     show_stages(stages)
-    return 0 if check_against_eager(ir_of(stages, CompiledModule), inputs) else 1
+    return 0 if check_against_eager(ir_of(stages, CompiledModule), inputs, options.cache_dir) else 1

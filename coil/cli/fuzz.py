@@ -14,14 +14,19 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from coil.options import TARGETS, Options
-from coil.properties.fuzzing import Failure, FuzzRun, fuzz, shrink
-from coil.properties.strategies import DEFAULT_DTYPES, DrawnGraph, graphs
 
-DTYPE_NAMES = {str(d).removeprefix("torch."): d for d in DEFAULT_DTYPES}
+if TYPE_CHECKING:  # coil.properties imports hypothesis: only `coil fuzz` itself needs it
+    from coil.properties.fuzzing import Failure
+    from coil.properties.strategies import DrawnGraph
+
+# the generator's DEFAULT_DTYPES by name, so `coil --help` needs no hypothesis
+# (tests/test_newcomer.py holds the two equal)
+DTYPE_NAMES = {name: getattr(torch, name) for name in ("float32", "float64", "float16", "bfloat16", "int32", "int64")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +87,13 @@ def _printer(quiet: bool, total: int) -> Callable[[int, DrawnGraph, Failure | No
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        from coil.properties.fuzzing import FuzzRun, fuzz, shrink
+        from coil.properties.strategies import graphs
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "hypothesis":
+            raise
+        raise SystemExit("coil fuzz: needs hypothesis, which is missing here: pip install hypothesis") from e
     if args.target == "triton" and args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton runs CPU tensors in its interpreter
     if args.device == "cuda" and not torch.cuda.is_available():
