@@ -96,6 +96,16 @@ def _audio(gen: torch.Generator, train: bool) -> dict[str, torch.Tensor]:
     return out
 
 
+def _classes() -> dict[str, Any]:
+    # every config takes it, though not every config's signature names it
+    return {"num_labels": CLASSES}
+
+
+def _tokens_in_vocab() -> dict[str, Any]:
+    """Special tokens inside the tiny vocabulary (the defaults are the real models')."""
+    return {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "decoder_start_token_id": 0}
+
+
 def _gpt2(attn: str) -> torch.nn.Module:
     from transformers import GPT2Config
 
@@ -141,7 +151,7 @@ def _t5(attn: str) -> torch.nn.Module:
 
     cfg = T5Config(vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=2 * HIDDEN, num_layers=LAYERS,
                    num_decoder_layers=LAYERS, num_heads=HEADS, relative_attention_num_buckets=8,
-                   dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, pad_token_id=0)
+                   dropout_rate=0.0, use_cache=False, **_tokens_in_vocab())
     return _auto("AutoModelForSeq2SeqLM", cfg, attn)
 
 
@@ -167,7 +177,7 @@ def _vit(attn: str) -> torch.nn.Module:
 
     cfg = ViTConfig(image_size=IMAGE, patch_size=8, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                     num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, hidden_dropout_prob=0.0,
-                    attention_probs_dropout_prob=0.0, num_labels=CLASSES)
+                    attention_probs_dropout_prob=0.0, **_classes())
     return _auto("AutoModelForImageClassification", cfg, attn)
 
 
@@ -181,7 +191,7 @@ def _whisper_encoder(attn: str) -> torch.nn.Module:
                         encoder_ffn_dim=2 * HIDDEN, decoder_ffn_dim=2 * HIDDEN,
                         max_source_positions=AUDIO_POSITIONS, max_target_positions=SEQ, dropout=0.0,
                         attention_dropout=0.0, activation_dropout=0.0, classifier_proj_size=HIDDEN,
-                        num_labels=CLASSES, use_cache=False)
+                        use_cache=False, **_classes(), **_tokens_in_vocab())
     return _auto("AutoModelForAudioClassification", cfg, attn)
 
 
@@ -189,7 +199,7 @@ def _resnet(attn: str) -> torch.nn.Module:
     from transformers import ResNetConfig
 
     cfg = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
-                       layer_type="basic", num_labels=CLASSES)
+                       layer_type="basic", **_classes())
     return _auto("AutoModelForImageClassification", cfg, attn)
 
 

@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -56,8 +57,8 @@ DEVICES = [
 TARGETS = {"cpu": "cpp", "cuda": "triton"}
 
 
-def _cases() -> list[object]:
-    params = []
+def _cases() -> list[Any]:
+    params: list[Any] = []
     variants = [(name, None) for name in MODELS] + [(name, "eager") for name in EAGER_ATTENTION]
     for name, attn in variants:
         for mode in MODES:
