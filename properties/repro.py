@@ -28,9 +28,10 @@ def tensor_literal(t: torch.Tensor) -> str:
 
 def _options_literal(options: Options) -> str:
     """`coil.Options(...)` with the fields that differ from the defaults; the local
-    folders (cache, debug dumps) stay out: they mean nothing on another machine."""
+    folders (cache, debug dumps) stay out: they mean nothing on another machine; so
+    does eager_fallback, which only torch.compile reads."""
     changed = [f"{f.name}={getattr(options, f.name)!r}" for f in attrs.fields(Options)
-               if getattr(options, f.name) != f.default and f.name not in ("cache_dir", "debug_dir")]
+               if getattr(options, f.name) != f.default and f.name not in ("cache_dir", "debug_dir", "eager_fallback")]
     return f"coil.Options({', '.join(changed)})"
 
 
