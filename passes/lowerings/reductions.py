@@ -76,6 +76,10 @@ def reduce_over(
         acc = torch.int32  # max.dim of a mask: compare as 0/1, which every backend can
     if body.dtype != acc:
         body = Cast(body, acc)
+    if math.prod(out_ranges) == 0:
+        # no output element: nothing to reduce (max of an empty dim into an empty
+        # output is no error in aten, and a backend need not know the identity)
+        return ctx.pointwise(out_ranges, Constant(False if out_dtype == torch.bool else 0, out_dtype), out_dtype)
     if math.prod(red_ranges) == 0 and reduction_type in _NEEDS_ELEMENTS:
         raise CoilError(f"{reduction_type} of an empty dimension")
     return ctx.reduction(out_ranges, red_ranges, reduction_type, body, out_dtype)
