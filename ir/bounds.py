@@ -89,18 +89,24 @@ def index_range(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> Range | No
         b = e.args[1]
         if a is None or not b.is_Integer or int(b) <= 0:
             return None
-        return (a[0] // int(b), a[1] // int(b))
+        # floor division, or C's truncating one (cpp prints `/`) if a is ever
+        # negative: both lie between floor(lo / b) and trunc(hi / b)
+        hi = a[1] // int(b) if a[1] >= 0 else -(-a[1] // int(b))
+        return (a[0] // int(b), hi)
     if isinstance(e, ModularIndexing):
+        a = index_range(e.args[0], ranges)
         c = e.args[2]
-        return (0, int(c) - 1) if c.is_Integer and int(c) > 0 else None
+        if not c.is_Integer or int(c) <= 0:
+            return None
+        return (0, int(c) - 1) if a is not None and a[0] >= 0 else (1 - int(c), int(c) - 1)
     return None
 
 
-def _divide(name: str, a: Range, b: Range) -> Range | None:
-    """floordiv / truncdiv of a by a divisor in b; None where b holds 0."""
+def _divide(name: str, a: Range, b: Range) -> Range:
+    """floordiv / truncdiv of a by a divisor in b."""
     if b[0] <= 0 <= b[1]:
-        # the divisor may be anything nonzero (or 0, which every backend turns
-        # into 0 or an error): |a / b| <= |a|
+        # the divisor may be anything nonzero (or 0, which the backends turn
+        # into a 0 quotient or an error): |a / b| <= |a|
         m = max(abs(a[0]), abs(a[1]))
         return (-m, m)
 
@@ -116,7 +122,9 @@ def _divide(name: str, a: Range, b: Range) -> Range | None:
 
 
 def _remainder(name: str, a: Range, b: Range) -> Range:
-    m = max(abs(b[0]), abs(b[1])) - 1  # |a % b| < |b|
+    """remainder (Python's %) / fmod (C's) of a by a divisor in b (a zero
+    divisor gives 0 or an error)."""
+    m = max(abs(b[0]), abs(b[1]), 1) - 1  # |a % b| < |b|
     if name == "fmod":  # C's %: the sign of a, and |a % b| <= |a|
         m = min(m, max(abs(a[0]), abs(a[1])))
         return (0 if a[0] >= 0 else -m, 0 if a[1] <= 0 else m)
@@ -151,7 +159,8 @@ def _op_range(node: Op, args: tuple[Range | None, ...]) -> Range | None:
         case "relu":
             return (max(rs[0][0], 0), max(rs[0][1], 0))
         case "sign":
-            return (-1 if rs[0][0] < 0 else 0 if rs[0][0] == 0 else 1, 1 if rs[0][1] > 0 else 0 if rs[0][1] == 0 else -1)
+            lo, hi = rs[0]
+            return ((lo > 0) - (lo < 0), (hi > 0) - (hi < 0))
         case "where":
             return _hull(rs[-2], rs[-1])
         case "floordiv" | "truncdiv":

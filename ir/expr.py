@@ -27,9 +27,10 @@ eager's error (IndexError, RuntimeError) instead of being read, and no read
 leaves its buffer; integer division checks its divisor the same way.  A Check's
 `status` is the decision whether the test is made at run time ("checked") or
 value-range analysis (ir/bounds.py) proved it can never fail ("proven"); its
-`range` is what the analysis found for the argument, the reason.  Every node is a frozen,
-hash-cached value: equal subtrees are equal, so a dict keyed on subtrees is
-common-subexpression elimination.
+`range` is what the analysis found for the argument, the reason.
+
+Every node is a frozen, hash-cached value: equal subtrees are equal, so a dict
+keyed on subtrees is common-subexpression elimination.
 
 `evaluate(expr, handler)` visits each distinct subtree once, children first, and
 calls one handler method per node kind.  The handler is an argument, never global
@@ -82,10 +83,6 @@ class Load:
     name: str
     index: tuple[sympy.Expr, ...] = attrs.field(converter=_index_tuple)
     dtype: torch.dtype
-
-
-def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
 
 
 @attrs.frozen(cache_hash=True)
@@ -545,8 +542,8 @@ def show_check(c: Check, arg: str) -> str:
     where = c.error if c.kind == "divisor" else f"{c.error} dim {c.dim}"
     if c.range is None:
         why = "range unknown"
-    elif c.arg.dtype != torch.bool and c.range == (int(torch.iinfo(c.arg.dtype).min), int(torch.iinfo(c.arg.dtype).max)):
-        why = f"range any {dtype_name(c.arg.dtype)}"
+    elif c.range == (int(torch.iinfo(c.arg.dtype).min), int(torch.iinfo(c.arg.dtype).max)):
+        why = f"range any {dtype_name(c.arg.dtype)}"  # all the dtype holds: nothing known
     else:
         why = f"range [{c.range[0]}, {c.range[1]}]"
     return f"check({test}, {where}): {c.status}, {why}"

@@ -365,7 +365,8 @@ def _int_expr(draw: st.DrawFn, depth: int = 0) -> Expr:
         if kind == "load":
             return Load(draw(st.sampled_from(["a", "b"])), (x0, x1), dt)
         if kind == "index":
-            return IndexExpr(draw(st.integers(-3, 3)) * x0 + draw(st.integers(-3, 3)) * x1 + draw(st.integers(-5, 5)), dt)
+            a, b, c = (draw(st.integers(-n, n)) for n in (3, 3, 5))
+            return IndexExpr(a * x0 + b * x1 + c, dt)
         return Constant(draw(st.integers(-7, 7)), dt)
     name = draw(st.sampled_from(["add", "sub", "mul", "maximum", "minimum", "neg", "abs", "where", "floordiv",
                                  "truncdiv", "remainder", "fmod", "bitwise_and", "relu", "sign"]))

@@ -25,7 +25,19 @@ from coil.backends.common import IndexPrinter
 from coil.backends.cpp import prelude
 from coil.errors import CoilError
 from coil.backends.cpp.loops import loop_index
-from coil.ir.expr import CHECK_ERROR_CODES, Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym
+from coil.ir.expr import (
+    CHECK_ERROR_CODES,
+    Cast,
+    Check,
+    Constant,
+    Expr,
+    IndexExpr,
+    IndirectLoad,
+    Load,
+    Op,
+    evaluate,
+    indsym,
+)
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 
@@ -154,7 +166,8 @@ class CppHandler:
             return self.emit(node.dtype, f"coil_check_divisor<{prelude.compute_type(node.dtype)}>({arg}, {code})")
         v = f"static_cast<int64_t>({arg})"
         if node.checked:
-            return self.emit(torch.int64, f"coil_check_index({v}, {node.size}, {str(node.wrap).lower()}, {code}, {node.dim})")
+            wrap = "true" if node.wrap else "false"
+            return self.emit(torch.int64, f"coil_check_index({v}, {node.size}, {wrap}, {code}, {node.dim})")
         if node.may_be_negative:
             v = self.emit(torch.int64, v)
             return self.emit(torch.int64, f"({v} < 0 ? {v} + {node.size} : {v})")
