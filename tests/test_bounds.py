@@ -498,3 +498,19 @@ def test_cuda_source_compiles_the_asserts_in() -> None:
     assert "'debug': True, 'sanitize_overflow': False}" in gather  # precompiled as launched
     division = source(lambda a, b: a // b, lambda: [torch.empty(8, dtype=torch.int64, device="cuda")] * 2)
     assert "tl.device_assert(" not in division and "debug=True" not in division
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scatter_of_one_index_a_row_raises_as_eager(target: str) -> None:
+    """scatter is lowered as a compare with the row's index (no indirect read):
+    the index is checked all the same."""
+    fn = lambda x, i: x.scatter(1, i, 2.0)  # noqa: E731
+    x = torch.zeros(3, 4)
+    f = compiled(fn, target)
+    good = torch.tensor([[3], [0], [2]])
+    torch.testing.assert_close(f(x, good), fn(x, good), rtol=0, atol=0)
+    for bad in (torch.tensor([[4], [0], [2]]), torch.tensor([[1], [-1], [2]])):
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            fn(x, bad)
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            f(x, bad)

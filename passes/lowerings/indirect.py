@@ -18,7 +18,8 @@ they stay Extern calls of the aten op.
 
 scatter with one position per row along its dim (nll_loss's backward writes -1 at
 each target) is a write turned into a read: each output element compares its own
-position with the row's index, so it needs no IndirectLoad at all.
+position with the row's index (checked as gather's), so it needs no IndirectLoad
+at all.
 """
 
 from __future__ import annotations
@@ -185,8 +186,9 @@ def scatter(ctx: LowerCtx, x: TensorValue, dim: int, index: TensorValue, src: An
         return NotImplemented
     xs = xsyms(x.ndim)
     row = tuple(sympy.Integer(0) if d == dim else s for d, s in enumerate(xs))
-    target = index.load(row)
-    hit = op("eq", target, IndexExpr(xs[dim], target.dtype))
+    # eager raises for an index out of range (any negative one too) as gather does
+    target = Check(index.load(row), "gather", x.size[dim], dim)
+    hit = op("eq", target, IndexExpr(xs[dim], torch.int64))
     value: Expr
     if is_tensor(src):
         if src.ndim != x.ndim:
