@@ -1,0 +1,196 @@
+"""Ops that assemble a tensor from regions of others: constant_pad_nd, cat,
+slice_scatter and select_scatter.  Each is one Pointwise node (so it fuses with
+its producers and readers) instead of an Extern call of the aten op.
+
+Every output element takes its value from exactly one source, chosen by where
+its index falls: `where(in_region, load(src, shifted index), other)`.  No
+backend evaluates a `where` lazily (Triton's tl.where, the C++ temporaries and
+torch.where all compute both arms), so a load in the arm that is not taken must
+still stay inside its buffer.  The shifted index is therefore *wrapped*: along
+the one dim where the region lies, source position p = (x - offset) / step
+becomes
+
+    ModularIndexing(x + d, step, n)  =  ((x + d) // step) % n,
+    d = step * n * M - offset  (M the least making d >= 0)
+
+which equals p whenever x is in the region and is in [0, n) for every x >= 0.
+ModularIndexing is already part of every backend's index language (views of
+reshapes use it), so no new expression kind is needed; and when the region
+covers the whole loop (a crop, the last input of a cat) `simplify_index` proves
+the modulus away and the load is a plain affine one.
+
+Sizes and dtypes come from running the aten op on meta tensors, so the result
+is eager's by construction (cat's promotion counts the (0,)-shaped inputs it
+otherwise skips); an argument eager rejects declines to the Extern, which then
+raises eager's error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from coil.ir.expr import Cast, Constant, Expr, IndexExpr, Op, xsyms
+from coil.ir.indexing import ModularIndexing, simplify_index
+from coil.passes.lowerings.registry import (
+    LowerCtx,
+    TensorValue,
+    constant,
+    is_tensor,
+    normalize_dim,
+    op,
+    register_lowering,
+)
+
+aten = torch.ops.aten
+
+
+def _meta(target: Any, *args: Any) -> torch.Tensor | None:
+    """The op on meta tensors (eager's size and dtype), or None where eager refuses."""
+    metas = [[t.meta() for t in a] if isinstance(a, (list, tuple)) and a and is_tensor(a[0])
+             else a.meta() if is_tensor(a) else a for a in args]
+    try:
+        out = target(*metas)
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        return None
+    return out if isinstance(out, torch.Tensor) else None
+
+
+def wrapped(x: sympy.Symbol, offset: int, step: int, n: int, extent: int) -> sympy.Expr:
+    """A position in [0, n) for every x in [0, extent), equal to (x - offset) / step
+    wherever that is an integer in [0, n)."""
+    m = 0 if offset <= 0 else -(-offset // (step * n))
+    e = ModularIndexing(x + (step * n * m - offset), step, n)
+    return simplify_index(e, {x: extent})
+
+
+def _index_test(name: str, e: sympy.Expr, bound: int) -> Expr:
+    return op(name, IndexExpr(e, torch.int64), Constant(bound, torch.int64))
+
+
+def _all(tests: Sequence[Expr]) -> Expr | None:
+    out: Expr | None = None
+    for t in tests:
+        out = t if out is None else op("logical_and", out, t)
+    return out
+
+
+def _in_slice(x: sympy.Symbol, start: int, length: int, step: int, extent: int) -> Expr | None:
+    """x in {start, start + step, ..., start + step * (length - 1)}, for x in
+    [0, extent); None when every x is."""
+    stop = start + step * (length - 1) + 1
+    tests = []
+    if start > 0:
+        tests.append(_index_test("ge", x, start))
+    if stop < extent:
+        tests.append(_index_test("lt", x, stop))
+    if step > 1 and length > 1:
+        tests.append(_index_test("eq", ModularIndexing(x + (step - start % step) % step, 1, step), 0))
+    return _all(tests)
+
+
+def _as(e: Expr, dtype: torch.dtype) -> Expr:
+    return e if e.dtype == dtype else Cast(e, dtype)
+
+
+def _select(cond: Expr | None, a: Expr, b: Expr) -> Expr:
+    return a if cond is None else op("where", cond, a, b, dtype=a.dtype)
+
+
+# ---- constant_pad_nd --------------------------------------------------------------------------
+
+
+@register_lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(ctx: LowerCtx, x: TensorValue, pad: Sequence[int], value: Any = 0) -> Any:
+    """out[.., i_d, ..] = x[.., i_d - lo_d, ..] where that is inside x, else
+    `value`.  pad = (lo, hi) of the last dim, then of the one before, ...; a
+    negative lo or hi crops."""
+    meta = _meta(aten.constant_pad_nd.default, x, list(pad), value)
+    if meta is None or not isinstance(value, (bool, int, float)):
+        return NotImplemented
+    size = tuple(meta.shape)
+    xs = xsyms(len(size))
+    fill = constant(value, x.dtype)
+    if x.numel() == 0:
+        return ctx.pointwise(size, fill, x.dtype)
+    lows = [0] * x.ndim
+    for k in range(len(pad) // 2):
+        lows[x.ndim - 1 - k] = int(pad[2 * k])
+    index = []
+    tests: list[Expr] = []
+    for d, (lo, n, extent) in enumerate(zip(lows, x.size, size)):
+        index.append(wrapped(xs[d], lo, 1, n, extent))
+        if lo > 0:
+            tests.append(_index_test("ge", xs[d], lo))
+        if lo + n < extent:
+            tests.append(_index_test("lt", xs[d], lo + n))
+    return ctx.pointwise(size, _select(_all(tests), x.load(index), fill), x.dtype)
+
+
+# ---- cat ---------------------------------------------------------------------------------------
+
+
+@register_lowering(aten.cat.default)
+def cat(ctx: LowerCtx, tensors: Sequence[Any], dim: int = 0) -> Any:
+    """A nested where over the position along `dim`: input k serves positions
+    [offset_k, offset_k + n_k), each read cast to the promoted dtype.  Inputs
+    eager skips (1-d and empty) take part in the promotion only."""
+    if not tensors or not all(is_tensor(t) for t in tensors):
+        return NotImplemented
+    meta = _meta(aten.cat.default, list(tensors), dim)
+    if meta is None:
+        return NotImplemented
+    size, dtype = tuple(meta.shape), meta.dtype
+    xs = xsyms(len(size))
+    if meta.numel() == 0:
+        return ctx.pointwise(size, constant(0, dtype), dtype)
+    d = normalize_dim(dim, len(size))
+    parts = [t for t in tensors if not (t.ndim == 1 and t.size[0] == 0) and t.size[d] > 0]
+    body: Expr | None = None
+    offset = size[d]
+    for t in reversed(parts):  # innermost arm: the last input
+        offset -= t.size[d]
+        index = list(xs)
+        index[d] = wrapped(xs[d], offset, 1, t.size[d], size[d])
+        value = _as(t.load(index), dtype)
+        body = value if body is None else _select(_index_test("lt", xs[d], offset + t.size[d]), value, body)
+    assert body is not None
+    return ctx.pointwise(size, body, dtype)
+
+
+# ---- slice_scatter, select_scatter -------------------------------------------------------------
+
+
+@register_lowering(aten.slice_scatter.default)
+def slice_scatter(ctx: LowerCtx, x: TensorValue, src: TensorValue, dim: int = 0, start: Any = None,
+                  end: Any = None, step: int = 1) -> Any:
+    """x with x[.., start:end:step, ..] (along `dim`) replaced by src."""
+    if _meta(aten.slice_scatter.default, x, src, dim, start, end, step) is None or x.ndim == 0:
+        return NotImplemented
+    d = normalize_dim(dim, x.ndim)
+    xs = xsyms(x.ndim)
+    begin, _, stride = slice(start, end, step).indices(x.size[d])
+    length = src.size[d]
+    if length == 0 or x.numel() == 0:
+        return ctx.pointwise(x.size, x.load(xs), x.dtype)
+    index = list(xs)
+    index[d] = wrapped(xs[d], begin, stride, length, x.size[d])
+    cond = _in_slice(xs[d], begin, length, stride, x.size[d])
+    return ctx.pointwise(x.size, _select(cond, _as(src.load(index), x.dtype), x.load(xs)), x.dtype)
+
+
+@register_lowering(aten.select_scatter.default)
+def select_scatter(ctx: LowerCtx, x: TensorValue, src: TensorValue, dim: int, index: int) -> Any:
+    """x with x.select(dim, index) replaced by src (which lacks that dim)."""
+    if _meta(aten.select_scatter.default, x, src, dim, index) is None or x.ndim == 0:
+        return NotImplemented
+    d = normalize_dim(dim, x.ndim)
+    pos = index % x.size[d]
+    xs = xsyms(x.ndim)
+    if x.numel() == 0:
+        return ctx.pointwise(x.size, x.load(xs), x.dtype)
+    value = _as(src.load([s for i, s in enumerate(xs) if i != d]), x.dtype)
+    cond = None if x.size[d] == 1 else _index_test("eq", xs[d], pos)
+    return ctx.pointwise(x.size, _select(cond, value, x.load(xs)), x.dtype)
