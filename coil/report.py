@@ -8,6 +8,8 @@
     last_usage, frees  per step of the chosen order, with allocations and live bytes
     reuse              which buffer took whose storage
     peak               bytes, MiB, the order strategy chosen and the candidates
+    externs            (explain) the aten calls kept whole that split fusion: all
+                       but matmul, convolution and attention
 
 Every function here reads an IR and returns text (or writes one file); none changes
 what it is given.
@@ -81,10 +83,7 @@ def section(title: str, body: str) -> str:
 def extern_kernel(plan: MemoryPlan, name: str) -> str:
     """The aten op an extern step calls, shortened: `aten.mm.default` -> `mm`."""
     b = plan.schedule.graph.graph.get(name)
-    if isinstance(b, ExternBuffer):
-        parts = b.kernel.split(".")
-        return parts[1] if len(parts) >= 2 and parts[0] == "aten" else b.kernel
-    return "extern"
+    return aten_op_name(b.kernel) if isinstance(b, ExternBuffer) else "extern"
 
 
 def step_label(plan: MemoryPlan, step: Step) -> str:
@@ -213,6 +212,42 @@ def peak_report(plan: MemoryPlan) -> str:
         f"peak {plan.peak_bytes} bytes ({fmt_mib(plan.peak_bytes)}) {where}\n"
         f"order strategy: {plan.strategy}; candidates: {cands}"
     )
+
+
+# Externs kept on purpose: the vendor kernels of matrix products, convolutions and
+# attention (decompositions.py's _KEEP_EXTERN and their backward kernels).
+_MATMUL_OPS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
+                         "linear", "int_mm", "scaled_mm", "addmm_activation"})
+_CONVOLUTION = re.compile(r"convolution|^conv(\dd|_transpose\dd|_tbc|_depthwise)|^slow_conv|^thnn_conv")
+
+
+def aten_op_name(kernel: str) -> str:
+    """`aten.constant_pad_nd.default` -> `constant_pad_nd`; another namespace's
+    kernel (prims, a custom op) keeps its full name."""
+    parts = kernel.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else kernel
+
+
+def is_vendor_extern(kernel: str) -> bool:
+    """Whether an extern calls a matmul, convolution or attention kernel: those stay
+    externs by design; any other one is an op coil has no lowering for."""
+    name = aten_op_name(kernel).lstrip("_")
+    return name in _MATMUL_OPS or bool(_CONVOLUTION.search(name)) or "attention" in name
+
+
+def fusion_splitting_externs(g: BufferGraph) -> tuple[ExternBuffer, ...]:
+    """The externs that are not matmul, convolution or attention, in graph order."""
+    return tuple(b for b in g.buffers if isinstance(b, ExternBuffer) and not is_vendor_extern(b.kernel))
+
+
+def extern_report(g: BufferGraph) -> str:
+    """A table of the externs that split fusion: an aten call kept whole writes its
+    inputs out and reads its result back, and no kernel fuses across it."""
+    rows = [("extern", "aten op", "origin")]
+    rows += [(b.name, b.kernel, ", ".join(b.origins)) for b in fusion_splitting_externs(g)]
+    if len(rows) == 1:
+        return "none: every op but matmul, convolution and attention was lowered to kernels"
+    return table(rows)
 
 
 def full_report(bg: BufferGraph, plan: MemoryPlan) -> str:

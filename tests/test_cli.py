@@ -15,7 +15,7 @@ import torch
 import coil
 from coil.__main__ import main
 from coil.passes import kernel_gen
-from coil.report import fmt_bytes, lifetimes, short_kernel_name
+from coil.report import fmt_bytes, is_vendor_extern, lifetimes, short_kernel_name
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -148,6 +148,51 @@ def test_explain_chain_fusion_and_reuse(tmp_path: Path, capsys: pytest.CaptureFi
     assert "buf2 = buf0; del buf0  # reuse, saves 4 KiB" in out
     assert "kernel-internal buffers (kept in registers, never allocated): {" in out
     check_png(tmp_path / "lifetimes.png")
+
+
+EXTERNS_FILE = """
+import torch
+import torch.nn.functional as F
+
+def fn(x, w, k):
+    y = F.conv2d(x, k, padding=1)                      # convolution: kept on purpose
+    z = torch.cat((-y[..., 4:], y[..., :4]), -1)        # lowered: no extern
+    s = torch.cumsum(z, -1)                             # no lowering: splits fusion
+    return (s.flatten(1) @ w).relu(), torch.sort(s, -1).values
+
+example_inputs = (torch.randn(2, 3, 8, 8), torch.randn(256, 16), torch.randn(4, 3, 3, 3))
+"""
+
+
+def test_explain_lists_externs_that_split_fusion(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The externs table names every aten call kept whole but matmul, convolution
+    and attention, with its buffer and FX origin; a graph with none says so."""
+    src = write(tmp_path, "externs.py", EXTERNS_FILE)
+    assert main(["explain", f"{src}:fn", "--target", "cpp", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    body = out.split("== externs that split fusion (not matmul, convolution or attention) ==\n", 1)[1]
+    rows = [ln.split() for ln in body.split("\n\n", 1)[0].splitlines()]
+    assert rows[0] == ["extern", "aten", "op", "origin"]
+    ops = {r[1]: r for r in rows[1:]}
+    assert set(ops) == {"aten.cumsum.default", "aten.sort.default"}, rows
+    assert ops["aten.cumsum.default"][2] == "cumsum" and re.fullmatch(r"buf\d+", ops["aten.cumsum.default"][0])
+    assert "extern convolution -> buf0" in out and "extern mm -> " in out  # run, but not listed
+    src = write(tmp_path, "seed.py", SEED_FILE)
+    assert main(["explain", f"{src}:fn", "--target", "reference", "--out", str(tmp_path)]) == 0
+    assert ("externs that split fusion (not matmul, convolution or attention) ==\n"
+            "none: every op but matmul, convolution and attention was lowered to kernels") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kernel, vendor", [
+    ("aten.mm.default", True), ("aten.addmm.default", True), ("aten._int_mm.default", True),
+    ("aten.convolution.default", True), ("aten.convolution_backward.default", True),
+    ("aten._scaled_dot_product_flash_attention_for_cpu.default", True),
+    ("aten._efficient_attention_backward.default", True),
+    ("aten.cumsum.default", False), ("aten.constant_pad_nd.default", False),
+    ("prims.convert_element_type.default", False), ("aten.mmm_like.default", False),
+])
+def test_vendor_externs(kernel: str, vendor: bool) -> None:
+    assert is_vendor_extern(kernel) is vendor
 
 
 LAUNCH_FILE = """

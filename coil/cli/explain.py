@@ -1,6 +1,8 @@
 """`coil explain FILE.py:FN [--target T] [--out DIR]`: the seed's tables for a user's
 function (realize and why, read_writes, fusion decisions, last_usage, frees, reuse,
-peak) and the buffer-lifetime chart, written to DIR/lifetimes.png.
+peak), the externs that split fusion (aten calls kept whole other than matmul,
+convolution and attention) and the buffer-lifetime chart, written to
+DIR/lifetimes.png.
 
 FILE.py defines FN and its example inputs: `FN_inputs` or `example_inputs`, each a
 tuple/list of tensors or a function returning one.  The function is traced with
@@ -22,7 +24,7 @@ from coil.ir.printer import show
 from coil.ir.wrapper import WrapperProgram
 from coil.options import TARGETS, Options
 from coil.passes.pipeline import default_pipeline, resolve_target
-from coil.report import full_report, lifetime_chart, section, table
+from coil.report import extern_report, full_report, lifetime_chart, section, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"coil explain {args.spec}: {name}({describe_inputs(inputs)})\n")
     print(section("FX graph (make_fx)", fx_listing(gm)))
     print(full_report(bg, plan))
+    print(section("externs that split fusion (not matmul, convolution or attention)", extern_report(bg)))
     program = ir_of(stages, WrapperProgram)
     print(section("wrapper (wrap): allocations, calls, dels", show(program)))
     if resolve_target(options, inputs).target == "triton":
