@@ -1,0 +1,278 @@
+"""constant_pad_nd, cat, slice_scatter and select_scatter lower to one Pointwise
+node each (passes/lowerings/regions.py) instead of an Extern call that splits
+fusion (issue 15).
+
+Each family runs as one graph of many cases (shapes, dims, negative pads, steps,
+promotions, empty inputs) against eager on the reference, cpp and triton targets
+(the interpreter) in float32, bfloat16, int64 and bool, with no Extern left for
+the op.  Then: the wrapped index that keeps every load inside its buffer, over
+drawn offsets, steps and sizes; the printed IR of a pad and a cat (golden); a
+rotary embedding's cat fusing into one kernel with its neighbours; and, through
+torch.compile, a MobileNet-like block (conv -> pad -> depthwise conv) and a
+rotary embedding forward and backward (where slice_scatter appears), grads
+compared with eager."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import sympy
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import coil
+from coil.ir.expr import xsym
+from coil.ir.indexing import FloorDiv, ModularIndexing
+from coil.ir.lowered import Extern, LoweredGraph, Pointwise
+from coil.ir.printer import show
+from coil.passes.lowerings.regions import wrapped
+from golden_util import assert_golden
+from tests_helpers import target_available
+
+aten = torch.ops.aten
+TARGETS = ["reference", "cpp", "triton"]
+DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's masked-off lanes
+
+
+def make(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape).bool()
+    if not dtype.is_floating_point:
+        return torch.randint(-9, 10, shape, dtype=dtype)
+    return torch.randn(shape).to(dtype)
+
+
+def other_dtype(dtype: torch.dtype) -> torch.dtype:
+    """A partner dtype that promotes with `dtype` to something else (or the same)."""
+    return {torch.float32: torch.bfloat16, torch.bfloat16: torch.float32, torch.int64: torch.bool,
+            torch.bool: torch.int64}[dtype]
+
+
+# ---- the families: each a function of its inputs returning every case ------------------------
+
+
+def pads(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """a (5,), b (3, 5), c (2, 3, 4), e (0, 3)."""
+    return (
+        aten.constant_pad_nd(a, [2, 3], 1.5),            # last dim, a fill value (1 for ints, True for bool)
+        aten.constant_pad_nd(c, [1, 2, 0, 1, 2, 0]),     # every dim
+        aten.constant_pad_nd(b, [-1, -2, -1, 0]),        # negative pads only: a crop
+        aten.constant_pad_nd(b, [2, -3, -1, 2], -2),     # crop one side, pad the other
+        aten.constant_pad_nd(b, [-2, 4]),                # the shift takes the whole input past the end
+        aten.constant_pad_nd(b, [-3, -2]),               # down to nothing
+        aten.constant_pad_nd(e, [1, 1, 2, 0], 3),        # from nothing: all fill
+        aten.constant_pad_nd(c, []),                     # no pad: a copy
+    )
+
+
+def cats(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """a (2, 3), b (4, 3), c (2, 5); o (2, 3) of other_dtype(a.dtype)."""
+    return (
+        torch.cat([a, b], 0),
+        torch.cat([a, c], -1),
+        torch.cat([a, b, a], 0),                                        # three along dim 0
+        torch.cat([c, a, c], -1),                                       # three along the last dim
+        torch.cat([a.unsqueeze(1), c[:, :3].unsqueeze(1)], 1),          # a middle dim
+        torch.cat([a, o], 0),                                           # promoted as eager does
+        torch.cat([a, torch.empty(0, dtype=torch.int64), b], 0),        # a (0,) input: skipped, still promotes
+        torch.cat([a, a[:, :0], c], 1),                                 # an input empty along dim
+        torch.cat([o], 0),                                              # one input: a copy
+        torch.cat([a.t(), b.t()], 1),                                   # transposed inputs
+    )
+
+
+def scatters(x: torch.Tensor, s: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """x (6, 7), s (6, 2), w (2, 7), y (2, 3, 5)."""
+    return (
+        aten.slice_scatter(x, w, 0, 1, 3),                  # step 1 along dim 0
+        aten.slice_scatter(x, s, 1, 1, 5, 2),               # step 2: positions 1, 3
+        aten.slice_scatter(x, s, -1, -6, None, 3),          # negative start, step 3: positions 1, 4
+        aten.slice_scatter(x, w, 0, None, None, 3),        # from the start, step 3 down dim 0: 0, 3
+        aten.slice_scatter(x, x * 0 if x.dtype != torch.bool else ~x, 1),  # the whole tensor
+        aten.slice_scatter(x, s[:, :0], 1, 3, 3),           # an empty slice: x itself
+        aten.select_scatter(x, w[0, :], 0, 2),
+        aten.select_scatter(y, y[..., 0], -1, -1),          # last dim, a negative index
+        aten.select_scatter(y[:, :1], y[:, 0], 1, 0),       # a dim of size 1
+    )
+
+
+FAMILIES: dict[str, tuple[Callable[..., Any], Callable[[torch.dtype], list[torch.Tensor]], tuple[Any, ...]]] = {
+    "pad": (pads, lambda dt: [make((5,), dt), make((3, 5), dt), make((2, 3, 4), dt), make((0, 3), dt)],
+            (aten.constant_pad_nd.default,)),
+    "cat": (cats, lambda dt: [make((2, 3), dt), make((4, 3), dt), make((2, 5), dt), make((2, 3), other_dtype(dt))],
+            (aten.cat.default,)),
+    "scatter": (scatters, lambda dt: [make((6, 7), dt), make((6, 2), dt), make((2, 7), dt), make((2, 3, 5), dt)],
+                (aten.slice_scatter.default, aten.select_scatter.default)),
+}
+
+
+def lowered(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], target: str = "reference") -> LoweredGraph:
+    out = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target=target))
+    assert isinstance(out, LoweredGraph)
+    return out
+
+
+def externs(g: LoweredGraph) -> list[str]:
+    return [n.kernel for n in g.nodes if isinstance(n, Extern)]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_matches_eager_without_externs(family: str, dtype: torch.dtype, target: str) -> None:
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    fn, make_inputs, ops = FAMILIES[family]
+    inputs = make_inputs(dtype)
+    gm = make_fx(fn)(*inputs)
+    assert {n.target for n in gm.graph.nodes if n.op == "call_function"} >= set(ops)
+    g = lowered(gm, inputs, target)
+    assert externs(g) == [], show(g)
+    made = {n.op for n in g.nodes if isinstance(n, Pointwise)}
+    assert {op._opname for op in ops} <= made, show(g)
+    compiled = coil.compile_graph(gm, inputs, coil.Options(target=target))
+    expected = fn(*inputs)
+    got = compiled(*inputs)
+    assert len(got) == len(expected)
+    for k, (g_, e) in enumerate(zip(got, expected)):
+        assert g_.dtype == e.dtype and g_.shape == e.shape, (k, g_.dtype, e.dtype, g_.shape, e.shape)
+        torch.testing.assert_close(g_, e, rtol=0, atol=0, msg=lambda m: f"case {k} of {family}: {m}")
+
+
+# ---- the wrapped index: every load stays inside its buffer --------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(offset=st.integers(-20, 40), step=st.integers(1, 4), n=st.integers(1, 9), extent=st.integers(1, 60))
+def test_wrapped_index_is_in_range_and_exact_inside_the_region(offset: int, step: int, n: int, extent: int) -> None:
+    x = xsym(0)
+    e = wrapped(x, offset, step, n, extent)
+    for v in range(extent):
+        got = e.xreplace({x: sympy.Integer(v)})
+        assert got.is_Integer and 0 <= int(got) < n, (e, v, got)
+        if (v - offset) % step == 0 and 0 <= (v - offset) // step < n:
+            assert int(got) == (v - offset) // step, (e, v, got)
+
+
+def test_wrap_disappears_when_the_region_covers_the_loop() -> None:
+    """A crop, or the last input of a cat, reads at a plain affine index."""
+    x = xsym(0)
+    assert wrapped(x, -2, 1, 10, 8) == x + 2
+    assert wrapped(x, 0, 1, 4, 4) == x
+    assert wrapped(x, 0, 2, 4, 8) == FloorDiv(x, 2)
+    assert wrapped(x, 3, 1, 4, 7) == ModularIndexing(x + 1, 1, 4)  # x < 3 must not read below 0
+
+
+# ---- golden IR -----------------------------------------------------------------------------------
+
+
+def pad_and_cat(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    p = aten.constant_pad_nd(x.relu(), [1, 2, -1, 0], 0.5)
+    return torch.cat([p, y], 0)
+
+
+@pytest.mark.parametrize("stage", ["lower", "realize"])
+def test_pad_cat_golden(stage: str) -> None:
+    inputs = [torch.randn(3, 4), torch.randn(2, 7)]
+    ir = coil.default_pipeline().run(make_fx(pad_and_cat)(*inputs), inputs, until=stage,
+                                     options=coil.Options(target="reference"))
+    assert_golden(f"fusable_pad_cat_{stage}.txt", show(ir))
+
+
+# ---- fusion: a rotary embedding is one kernel -----------------------------------------------------
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return torch.cat((-x[..., 16:], x[..., :16]), -1) * cos + x * sin
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rotary_cat_fuses_into_one_kernel(target: str) -> None:
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    inputs = [torch.randn(2, 4, 8, 32), torch.randn(8, 32), torch.randn(8, 32)]
+    gm = make_fx(rotary)(*inputs)
+    assert aten.cat.default in {n.target for n in gm.graph.nodes}
+    fused = coil.default_pipeline().run(gm, inputs, until="fuse", options=coil.Options(target=target))
+    assert len(fused.kernels) == 1 and not externs(lowered(gm, inputs, target)), show(fused)
+    assert "cat" in fused.kernels[0].name
+    (got,) = coil.compile_graph(gm, inputs, coil.Options(target=target))(*inputs)
+    torch.testing.assert_close(got, rotary(*inputs))
+
+
+# ---- through torch.compile, forward and backward --------------------------------------------------
+
+
+class MobileBlock(nn.Module):
+    """conv 1x1 -> batch norm -> relu6 -> pad (TF 'SAME' for stride 2) -> depthwise
+    3x3 stride 2 -> relu -> conv 1x1, as MobileNetV2's HF port pads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(4, 8, 1)
+        self.bn = nn.BatchNorm2d(8)
+        self.dw = nn.Conv2d(8, 8, 3, stride=2, groups=8)
+        self.project = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu6(self.bn(self.expand(x)))
+        y = F.pad(y, (0, 1, 0, 1))
+        return self.project(torch.relu(self.dw(y)))
+
+
+def lowered_texts(debug: Path) -> dict[str, str]:
+    return {p.name: (p / "00_lower.txt").read_text() for p in sorted(debug.iterdir()) if (p / "00_lower.txt").exists()}
+
+
+def run_training(model: Callable[..., torch.Tensor], args: list[torch.Tensor], params: list[torch.Tensor],
+                 target: str, tmp_path: Path) -> dict[str, str]:
+    """One forward and backward compiled and eager; outputs and every grad compared.
+    Returns each graph's printed LoweredGraph."""
+    leaves = [a for a in args if a.requires_grad] + params
+    expected = model(*args)
+    expected.square().sum().backward()
+    want = [t.grad.clone() for t in leaves]  # type: ignore[union-attr]
+    for t in leaves:
+        t.grad = None
+    options = {"target": target, "debug_dir": str(tmp_path / "debug"), "cache_dir": str(tmp_path / "cache"),
+               "graph_cache": False}
+    torch._dynamo.reset()
+    got = torch.compile(model, backend="coil", options=options)(*args)
+    torch.testing.assert_close(got, expected)
+    got.square().sum().backward()
+    for t, w in zip(leaves, want):
+        torch.testing.assert_close(t.grad, w, rtol=1e-4, atol=1e-4)
+    return lowered_texts(tmp_path / "debug")
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_mobilenet_block_training(target: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MobileBlock()
+    x = torch.randn(2, 4, 9, 9, requires_grad=True)
+    texts = run_training(model, [x], list(model.parameters()), target, tmp_path)
+    assert set(texts) == {"0_forward", "1_backward"}
+    assert "(constant_pad_nd):" in texts["0_forward"]
+    for text in texts.values():
+        assert "Extern aten.constant_pad_nd" not in text and "Extern aten.slice_scatter" not in text
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rotary_training_slice_scatter(target: str, tmp_path: Path) -> None:
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    x = torch.randn(2, 4, 8, 32, requires_grad=True)
+    cos, sin = torch.randn(8, 32, requires_grad=True), torch.randn(8, 32)
+    texts = run_training(rotary, [x, cos, sin], [], target, tmp_path)
+    assert set(texts) == {"0_forward", "1_backward"}
+    # the backward of x[..., 16:] and x[..., :16]: slice_scatter into zeros, now a Pointwise
+    assert "(slice_scatter):" in texts["1_backward"]
+    assert "(cat):" in texts["0_forward"]
+    assert not any("= Extern" in text for text in texts.values()), texts
