@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,15 +35,34 @@ def _does_work(event: Any) -> bool:
     return True
 
 
-def cuda_launches(call: Callable[[], Any], reps: int = 3) -> float:
-    """Device-side events per call while `call` runs `reps` times."""
+@dataclass(frozen=True)
+class CudaProfile:
+    """Per call: device-side events (kernels, memsets, memcpys), their summed
+    durations, and CUDA graph launches (host-side cudaGraphLaunch calls; the
+    kernels a graph replays are counted among the events)."""
+
+    launches: float
+    kernel_s: float
+    graph_launches: float
+
+
+def cuda_profile(call: Callable[[], Any], reps: int = 3) -> CudaProfile:
+    """What torch.profiler sees on the device while `call` runs `reps` times."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             call()
         torch.cuda.synchronize()
-    device_events = [e for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA"]
-    return len(device_events) / reps
+    events = prof.events()
+    device_events = [e for e in events if getattr(e.device_type, "name", "") == "CUDA"]
+    kernel_us = sum(e.time_range.elapsed_us() for e in device_events)
+    graphs = sum(1 for e in events if "GraphLaunch" in e.name and getattr(e.device_type, "name", "") != "CUDA")
+    return CudaProfile(len(device_events) / reps, kernel_us / 1e6 / reps, graphs / reps)
+
+
+def cuda_launches(call: Callable[[], Any], reps: int = 3) -> float:
+    """Device-side events per call while `call` runs `reps` times."""
+    return cuda_profile(call, reps).launches
 
 
 def _has_aten_ancestor(event: Any) -> bool:

@@ -1,5 +1,6 @@
 """`python -m bench --suite gpu|cpu|smoke [--only NAME] [--out DIR]`: runs a suite and
-measures eager PyTorch, Inductor and coil in one process and one run.
+measures eager PyTorch, Inductor and coil in one process and one run.  (`--suite
+models`, real `transformers` models, has its own options: bench/models.py.)
 
 Per workload and variant: correctness against eager, median time, bytes moved
 against the copy rate, kernel launches, peak memory; then cold and warm compile
@@ -57,7 +58,8 @@ class Config:
 
 def parse_args(argv: Sequence[str] | None) -> Config:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", default="smoke", choices=("gpu", "cpu", "smoke"))
+    p.add_argument("--suite", default="smoke", choices=("gpu", "cpu", "smoke", "models"),
+                   help="models: real transformers models, with its own options (python -m bench --suite models -h)")
     p.add_argument("--only", action="append", default=[], help="workload name (repeatable, or comma-separated)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--target", default="auto",
@@ -88,7 +90,17 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                   a.overlap, a.threads, a.rounds)
 
 
+def _wants_models(argv: Sequence[str]) -> bool:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--suite")
+    return p.parse_known_args(list(argv))[0].suite == "models"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if _wants_models(sys.argv[1:] if argv is None else argv):
+        from bench.models import main as models_main
+
+        return models_main(argv)
     try:
         results = run(parse_args(argv))
     except BaseException:

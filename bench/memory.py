@@ -28,6 +28,19 @@ def cuda_peak_bytes(call: Callable[[], Any]) -> int:
     return int(peak)
 
 
+def cuda_peak_over(run: Callable[[], Any]) -> int:
+    """CUDA: the most allocated while `run` runs, above what was allocated before
+    (over several calls: a CUDA graph's recording allocates its memory pool)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = run()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return int(peak)
+
+
 def _memory_events(prof: Any) -> list[dict[str, Any]]:
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)

@@ -1,0 +1,452 @@
+"""`python -m bench --suite models`: real `transformers` models (bench/hf_models.py,
+built from configs with random weights, nothing downloaded) in inference and for one
+training step, through eager PyTorch, Inductor and coil in one process and one run.
+
+Each model and step (`infer`, `train`) is one case.  A case builds the model once,
+runs eager and a float64 copy for the reference, then compiles a copy of the model
+per variant: Inductor and coil in torch.compile's default mode and, on CUDA, in
+`mode="reduce-overhead"` (CUDA graphs; the CPU has none, so that mode is skipped
+there).  Every compiled variant's first step is checked against eager the way
+bench/hf_models.py checks (allclose, else RMSE against float64 within 2x eager's,
+3x for bfloat16); then every variant is timed in interleaved rounds (bench.harness's
+timed_rounds), its kernels counted and its peak memory taken, and it is checked once
+more.  A variant that fails is a record with its status and message; it never stops
+the run.
+
+The training step: gradients set to None, forward with labels, the model's own loss,
+backward.  No optimizer step (it would run eagerly and the same for every variant).
+
+The results are a list of records, one a model, size, step, compile mode and
+variant, written to `<out>/<device>-models.json` and `.md` after every case (see
+bench/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import gc
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench import counting, memory, timing
+from bench.harness import DEFAULT_OUT, VariantFailed, device_file_name, fresh_caches, resolve_target, timed_rounds
+from bench.harness import torch_threads
+from bench.hf_models import (ALL_MODELS, CHECK_STEPS, MODES, RMSE_MULTIPLIER, RMSE_MULTIPLIER_BF16, SIZES, Counts,
+                             Expected, Size, counting as coil_counting, expected, judge, make_case)
+from bench.hf_models import _loss as model_loss
+from bench.models_report import Writer
+from bench.variants import Capture, first_call, make_callable
+
+COMPILE_MODES = ("default", "reduce-overhead")
+# (variant, compile mode) in the order they are compiled; eager has no compile
+# mode and is recorded once, as "default"
+VARIANTS: tuple[tuple[str, str], ...] = (
+    ("eager", "default"), ("inductor", "default"), ("coil", "default"),
+    ("inductor", "reduce-overhead"), ("coil", "reduce-overhead"),
+)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Config:
+    sizes: tuple[str, ...]
+    only: tuple[str, ...]
+    modes: tuple[str, ...]
+    compile_modes: tuple[str, ...]
+    variants: tuple[str, ...]
+    device: str
+    dtype: str
+    target: str
+    rounds: int
+    budget_s: float | None
+    threads: int | None
+    out: Path
+    name: str | None
+    merge: bool
+
+
+def _names(items: Sequence[str]) -> tuple[str, ...]:
+    return tuple(n for item in items for n in item.split(",") if n)
+
+
+def parse_args(argv: Sequence[str] | None) -> Config:
+    p = argparse.ArgumentParser(prog="python -m bench --suite models", description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", default="models", choices=("models",))
+    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda when there is one")
+    p.add_argument("--size", default=None, choices=(*SIZES, "both"),
+                   help="model sizes (bench/hf_models.py SIZES); both: small and large (default: CUDA both, CPU cpu)")
+    p.add_argument("--only", action="append", default=[], help="model names (repeatable, or comma-separated): "
+                   + ",".join(ALL_MODELS))
+    p.add_argument("--mode", action="append", default=[], help="infer, train (default both)")
+    p.add_argument("--compile-mode", action="append", default=[],
+                   help="default, reduce-overhead (default: both on CUDA; the CPU runs default only)")
+    p.add_argument("--variants", action="append", default=[],
+                   help="eager, inductor, coil (default all; eager is always run, as the reference)")
+    p.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: CUDA bfloat16, CPU float32")
+    p.add_argument("--target", default="auto", help="coil's target (auto: triton on CUDA, cpp on the CPU)")
+    p.add_argument("--rounds", type=int, default=None, help="timing rounds, interleaved (default: CUDA 5, CPU 3)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no new case, and no new variant's compile, after this many seconds")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for every variant (as the other suites)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--name", default=None, help="result file name (default: <device>-models)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the records of the existing result file that this run does not measure again "
+                        "(to run the suite in parts)")
+    a = p.parse_args(argv)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    size = a.size or ("both" if device == "cuda" else "cpu")
+    sizes = ("small", "large") if size == "both" else (size,)
+    only = _names(a.only)
+    unknown = set(only) - set(ALL_MODELS)
+    if unknown:
+        p.error(f"unknown models {sorted(unknown)}; known: {', '.join(ALL_MODELS)}")
+    modes = _names(a.mode) or MODES
+    if set(modes) - set(MODES):
+        p.error(f"--mode takes {', '.join(MODES)}")
+    compile_modes = _names(a.compile_mode) or COMPILE_MODES
+    if set(compile_modes) - set(COMPILE_MODES):
+        p.error(f"--compile-mode takes {', '.join(COMPILE_MODES)}")
+    variants = _names(a.variants) or ("eager", "inductor", "coil")
+    if set(variants) - {"eager", "inductor", "coil"}:
+        p.error("--variants takes eager, inductor, coil")
+    if a.rounds is not None and a.rounds < 1:
+        p.error("--rounds must be at least 1")
+    rounds = a.rounds or (5 if device == "cuda" else 3)
+    dtype = a.dtype or ("bfloat16" if device == "cuda" else "float32")
+    return Config(sizes, only, modes, compile_modes, ("eager", *(v for v in variants if v != "eager")), device, dtype, a.target, rounds, a.budget_s, a.threads, a.out,
+                  a.name, a.merge)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    writer = run(cfg)
+    print(writer.markdown())
+    return 0
+
+
+# ---- compiling and calling one variant ------------------------------------------------
+
+
+def compile_model(variant: str, compile_mode: str, model: torch.nn.Module, target: str,
+                  threads: int | None) -> Callable[..., Any]:
+    """eager: the model; default mode: bench.variants.make_callable (coil with its
+    target and thread count); reduce-overhead: torch.compile's mode, the same for
+    both compilers (torch.compile takes a mode or options, not both, so coil picks
+    its target itself: triton for CUDA tensors)."""
+    if compile_mode == "default" or variant == "eager":
+        return make_callable(variant, model, target, threads)
+    if variant == "inductor":
+        return torch.compile(model, mode=compile_mode)
+    return torch.compile(model, backend="coil", mode=compile_mode)
+
+
+def _mark_step() -> None:
+    """A new step for Inductor's CUDA graph trees: the last step's outputs may be
+    overwritten (nothing here keeps them)."""
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    if mark is not None:
+        mark()
+
+
+def step_call(f: Callable[..., Any], model: torch.nn.Module, inputs: dict[str, torch.Tensor], mode: str,
+              cuda_graphs: bool) -> Callable[[], Any]:
+    """The timed call: inference under no_grad, or a training step (gradients set
+    to None, forward with labels, the model's loss, backward)."""
+    params = list(model.parameters())
+
+    def infer() -> Any:
+        if cuda_graphs:
+            _mark_step()
+        with torch.no_grad():
+            return f(**inputs)
+
+    def train() -> Any:
+        if cuda_graphs:
+            _mark_step()
+        for p in params:
+            p.grad = None
+        loss = model_loss(f(**inputs))
+        loss.backward()
+        return loss.detach()
+
+    return infer if mode == "infer" else train
+
+
+def check_call(f: Callable[..., Any], inputs: dict[str, torch.Tensor], mode: str, cuda_graphs: bool
+               ) -> dict[str, Any]:
+    """One checked step: what bench/hf_models.py compares (outputs; or the loss,
+    every gradient and buffer after a training step)."""
+    if cuda_graphs:
+        _mark_step()
+    return CHECK_STEPS[mode](f, inputs)
+
+
+# ---- one case -----------------------------------------------------------------------
+
+
+def _error(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
+
+
+def _mib(b: float | None) -> float | None:
+    return None if b is None else round(b / 2**20, 2)
+
+
+@dataclass
+class Case:
+    """One model at one size and step, and where its records go."""
+
+    name: str
+    size: Size
+    mode: str
+    records: dict[tuple[str, str], dict[str, Any]]
+
+
+def _status(rec: dict[str, Any], status: str, message: str | None = None) -> None:
+    rec["status"] = status
+    if message:
+        rec["error" if status in ("error", "skipped") else "mismatch"] = message
+
+
+@dataclass(frozen=True)
+class Prepared:
+    call: Callable[[], Any]  # the timed step
+    check: Callable[[], dict[str, Any]]  # the checked step, on the same compiled model
+
+
+def prepare(variant: str, compile_mode: str, case: Case, model: torch.nn.Module, inputs: dict[str, torch.Tensor],
+            want: Expected, device: torch.device, target: str, cfg: Config, rec: dict[str, Any]) -> Prepared:
+    """Compile a copy of the model, run and check its first step, warm it up,
+    count its kernels and take its peak memory."""
+    own = copy.deepcopy(model)  # its own parameters: a training step writes .grad, BatchNorm its statistics
+    f = compile_model(variant, compile_mode, own, target, cfg.threads)
+    graphs = compile_mode == "reduce-overhead"
+    cap, counts = Capture(), Counts()
+    timing.sync(device)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught, coil_counting(counts):
+        warnings.simplefilter("always")
+        got = first_call(variant, lambda: check_call(f, inputs, case.mode, graphs), cap)
+        timing.sync(device)
+    rec["first_call_s"] = round(time.perf_counter() - t0, 3)
+    rec["warnings"] = sorted({" ".join(str(w.message).split())[:200] for w in caught})[:5]
+    rec["dynamo_graphs"], rec["graph_breaks"] = counts.dynamo_graphs, counts.graph_breaks
+    if variant == "coil":
+        rec["coil_graphs"] = counts.compiled + counts.cached
+        rec["eager_fallbacks"] = len(counts.eager_fallbacks)
+    if variant == "eager":
+        _status(rec, "ref")
+    else:
+        multiplier = RMSE_MULTIPLIER_BF16 if DTYPES[cfg.dtype] == torch.bfloat16 else RMSE_MULTIPLIER
+        verdict = judge(got, want, multiplier)
+        rec["max_abs_err"] = verdict.max_abs
+        rec["rmse_ratio"] = verdict.rmse_ratio
+        if not verdict.passed:
+            _status(rec, "mismatch", f"{variant} ({compile_mode}) on {case.name} {case.mode}: {verdict.reason}")
+        elif variant == "coil" and counts.eager_fallbacks:
+            _status(rec, "fallback", f"coil ran {len(counts.eager_fallbacks)} graph(s) eagerly: "
+                    + " ".join(counts.eager_fallbacks[0].split())[:300])
+        else:
+            _status(rec, "ok")
+    del got
+    call = step_call(f, own, inputs, case.mode, graphs)
+    warm = memory.cuda_peak_over(lambda: [call() for _ in range(3)]) if device.type == "cuda" else None
+    if warm is None:
+        for _ in range(2):
+            call()
+    else:
+        rec["peak_warmup_mib"] = _mib(warm)
+    _kernels(variant, call, cap, device, rec)
+    rec["peak_mib"] = _mib(memory.peak_bytes(call, device))
+    return Prepared(call, lambda: check_call(f, inputs, case.mode, graphs))
+
+
+def _kernels(variant: str, call: Callable[[], Any], cap: Capture, device: torch.device, rec: dict[str, Any]) -> None:
+    """Kernels per call: on CUDA every variant from the profiler (with their summed
+    time and CUDA graph launches); on the CPU as bench/harness.py counts them."""
+    if variant == "coil":
+        rec["planned_kernels"] = counting.coil_launches(cap.coil_graphs)
+        rec["plan_peak_mib"] = _mib(counting.coil_plan_peak(cap.coil_graphs))
+    if variant == "inductor":
+        rec["kernels_generated"] = cap.inductor_kernels_generated
+    if device.type == "cuda":
+        prof = counting.cuda_profile(call)
+        rec["kernels"], rec["kernel_method"] = prof.launches, "profiler: device events per call"
+        rec["gpu_kernel_ms"] = round(prof.kernel_s * 1e3, 4)
+        rec["cuda_graph_launches"] = prof.graph_launches
+    elif variant == "coil":
+        rec["kernels"], rec["kernel_method"] = rec["planned_kernels"], "wrapper KernelCall + ExternCall lines"
+    elif variant == "inductor":
+        rec["kernels"] = counting.inductor_launches(cap.inductor_code)
+        rec["kernel_method"] = "kernel + extern calls in output code"
+    else:
+        ops = counting.eager_cpu_ops(call)
+        rec["kernels"], rec["kernel_method"] = sum(ops.values()), "profiler: top-level aten ops"
+
+
+def _late_check(call_check: Callable[[], dict[str, Any]], want: Expected, cfg: Config) -> str | None:
+    """The check once more after timing, buffers left out (BatchNorm's running
+    statistics moved with every timed step; gradients did not, as no optimizer ran)."""
+    got = call_check()
+    keep = {k: v for k, v in want.eager.items() if not k.startswith("buffer ")}
+    multiplier = RMSE_MULTIPLIER_BF16 if DTYPES[cfg.dtype] == torch.bfloat16 else RMSE_MULTIPLIER
+    verdict = judge({k: v for k, v in got.items() if k in keep}, Expected(keep, want.reference, want.fp64_error),
+                    multiplier)
+    return None if verdict.passed else verdict.reason
+
+
+def measure_case(case: Case, cfg: Config, device: torch.device, target: str, deadline: float,
+                 writer: Writer) -> None:
+    recs = case.records
+    if time.monotonic() > deadline:
+        for rec in recs.values():
+            _status(rec, "skipped", "time budget spent")
+        return
+    dtype = DTYPES[cfg.dtype]
+    calls: dict[str, Callable[[], Any]] = {}
+    checks: dict[str, Callable[[], dict[str, Any]]] = {}
+    keys: dict[str, tuple[str, str]] = {}
+    try:
+        model, inputs = make_case(case.name, case.mode, str(device), size=case.size, dtype=dtype)
+        want = expected(model, inputs, case.mode)
+    except Exception as e:  # noqa: BLE001 - recorded, never fatal
+        for rec in recs.values():
+            _status(rec, "error", f"eager reference: {_error(e)}")
+        _cleanup(device)
+        writer.write()
+        return
+    torch._dynamo.reset()
+    try:
+        for (variant, cmode), rec in recs.items():
+            key = variant if cmode == "default" else f"{variant}/{cmode}"
+            if time.monotonic() > deadline:
+                _status(rec, "skipped", "time budget spent")
+                continue
+            try:
+                prepared = prepare(variant, cmode, case, model, inputs, want, device, target, cfg, rec)
+            except Exception as e:  # noqa: BLE001 - recorded, never fatal
+                _status(rec, "error", f"{variant} ({cmode}): {_error(e)}")
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            keys[key] = (variant, cmode)
+            calls[key], checks[key] = prepared.call, prepared.check
+        while calls:
+            try:
+                times = timed_rounds(calls, device, False, cfg.rounds, deadline)
+                break
+            except VariantFailed as e:
+                _status(recs[keys[e.variant]], "error", f"{e.variant} while timed: {_error(e.error)}")
+                del calls[e.variant]
+        else:
+            times = {}
+        for key in calls:
+            rec = recs[keys[key]]
+            ms = [t.median_s * 1e3 for t in times[key]]
+            rec["ms"] = round(statistics.median(ms), 4)
+            rec["ms_rounds"] = [round(x, 4) for x in ms]
+            mins = [t.min_s for t in times[key] if t.min_s is not None]
+            if mins:
+                rec["ms_min"] = round(min(mins) * 1e3, 4)
+            loads = [t.load for t in times[key] if t.load is not None]
+            if loads:
+                rec["load_average"] = round(max(loads), 2)
+            if rec["status"] == "ref":
+                continue
+            try:
+                late = _late_check(checks[key], want, cfg)
+            except Exception as e:  # noqa: BLE001 - recorded, never fatal
+                _status(rec, "error", f"{key} after timing: {_error(e)}")
+                continue
+            if late and rec["status"] == "ok":
+                _status(rec, "mismatch", f"{key} on {case.name} {case.mode}, after timing: {late}")
+    finally:
+        calls.clear()
+        checks.clear()
+        _cleanup(device)
+        writer.write()
+    for (variant, cmode), rec in recs.items():
+        shown = f"{rec['ms']:.3f} ms" if rec.get("ms") is not None else (rec.get("error") or "")[:120]
+        print(f"[models] {case.size.name:5s} {case.name:16s} {case.mode:5s} {variant:8s} {cmode:15s} "
+              f"{rec['status']:8s} {shown}", file=sys.stderr, flush=True)
+
+
+def _cleanup(device: torch.device) -> None:
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---- the run ------------------------------------------------------------------------
+
+
+def _versions() -> dict[str, str]:
+    out = {"torch": torch.__version__, "python": platform.python_version()}
+    for mod in ("triton", "transformers"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            out[mod] = "none"
+    return out
+
+
+def run(cfg: Config) -> Writer:
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    target, notes = resolve_target(cfg.target, device)
+    compile_modes = cfg.compile_modes
+    if device.type != "cuda" and "reduce-overhead" in compile_modes:
+        compile_modes = tuple(m for m in compile_modes if m != "reduce-overhead")
+        notes.append("reduce-overhead skipped: it asks for CUDA graphs, which the CPU does not have; "
+                     "the CPU runs the default compile mode only")
+    notes.append("train: gradients set to None, forward with labels (the model's own loss), backward; "
+                 "no optimizer step")
+    names = cfg.only or tuple(ALL_MODELS)
+    start = time.monotonic()
+    deadline = start + (cfg.budget_s if cfg.budget_s is not None else math.inf)
+    device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cpus)")
+    tiny = cfg.sizes == ("tiny",)
+    file_name = cfg.name or (device_file_name(device) + "-models" + ("-tiny" if tiny else "")
+                             + ("-" + "-".join(cfg.only) if cfg.only and not cfg.merge else ""))
+    with fresh_caches(), torch_threads(cfg.threads):
+        run_info = {
+            "device": device.type, "device_name": device_name, **_versions(), "coil_target": target,
+            "dtype": cfg.dtype, "threads": torch.get_num_threads(), "rounds": cfg.rounds,
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        }
+        writer = Writer(cfg.out, file_name, run_info, notes, compile_modes, merge=cfg.merge)
+        cases: list[Case] = []
+        for size_name in cfg.sizes:
+            size = SIZES[size_name]
+            for name in names:
+                for mode in cfg.modes:
+                    recs = {}
+                    for variant, cmode in VARIANTS:
+                        if variant not in cfg.variants or (variant != "eager" and cmode not in compile_modes):
+                            continue
+                        recs[(variant, cmode)] = writer.new_record(
+                            model=name, size=size_name, mode=mode, compile_mode=cmode, variant=variant,
+                            batch=size.batch, seq=size.seq, hidden=size.hidden, layers=size.layers)
+                    cases.append(Case(name, size, mode, recs))
+        writer.write()
+        load0 = os.getloadavg()
+        for case in cases:
+            measure_case(case, cfg, device, target, deadline, writer)
+        writer.finish(time.monotonic() - start, load0, os.getloadavg())
+    return writer

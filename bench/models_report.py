@@ -1,0 +1,210 @@
+"""The models suite's records as JSON (a list of records) and as markdown tables: one
+table a size and compile mode, a row a model and step, the geomeans of
+coil/Inductor and eager/Inductor under it for infer and train.  Both files are
+rewritten after every case, so an interrupted run keeps what it measured."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from bench.hf_models import ALL_MODELS, MODES, SIZES
+from bench.report import _atomic
+
+OK = ("ok", "ref")
+VARIANT_ORDER = ("eager", "inductor", "coil")
+COMPILE_ORDER = ("default", "reduce-overhead")
+# every record has these, None where nothing was measured
+REQUIRED = ("model", "size", "mode", "compile_mode", "variant", "status", "ms", "kernels")
+
+
+def record_key(rec: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    return rec["model"], rec["size"], rec["mode"], rec["compile_mode"], rec["variant"]
+
+
+def _order(rec: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    def index(seq: Any, x: Any) -> int:
+        seq = list(seq)
+        return seq.index(x) if x in seq else len(seq)
+
+    return (index(SIZES, rec["size"]), index(ALL_MODELS, rec["model"]), index(MODES, rec["mode"]),
+            index(COMPILE_ORDER, rec["compile_mode"]), index(VARIANT_ORDER, rec["variant"]))
+
+
+def geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+class Table:
+    """The records of one size and compile mode, by model and step; eager's
+    records (compile mode "default") serve the reduce-overhead table too."""
+
+    def __init__(self, records: list[dict[str, Any]], size: str, compile_mode: str) -> None:
+        self.size, self.compile_mode = size, compile_mode
+        self.rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        for rec in records:
+            if rec["size"] != size:
+                continue
+            if rec["compile_mode"] == compile_mode or (rec["variant"] == "eager" and rec["compile_mode"] == "default"):
+                self.rows.setdefault((rec["model"], rec["mode"]), {})[rec["variant"]] = rec
+        self.rows = {k: v for k, v in self.rows.items() if set(v) - {"eager"}}
+
+    def ratio(self, row: dict[str, dict[str, Any]], a: str, b: str) -> float | None:
+        ra, rb = row.get(a, {}), row.get(b, {})
+        if ra.get("status") in OK and rb.get("status") in OK and ra.get("ms") and rb.get("ms"):
+            return float(ra["ms"]) / float(rb["ms"])
+        return None
+
+    def geomeans(self) -> dict[str, dict[str, Any]]:
+        """Per step: coil/inductor and eager/inductor geomeans and their counts."""
+        out: dict[str, dict[str, Any]] = {}
+        for mode in MODES:
+            for a in ("coil", "eager"):
+                rs = [r for (_, m), row in self.rows.items() if m == mode
+                      if (r := self.ratio(row, a, "inductor")) is not None]
+                if rs:
+                    out.setdefault(mode, {})[f"{a}/inductor"] = {"geomean": geomean(rs), "n": len(rs)}
+        return out
+
+
+def _ms(rec: dict[str, Any] | None) -> str:
+    if not rec or rec.get("ms") is None:
+        return ""
+    ms = float(rec["ms"])
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def _num(x: Any, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _triple(row: dict[str, dict[str, Any]], field: str, spec: str) -> str:
+    return " / ".join(_num(row.get(v, {}).get(field), spec) for v in VARIANT_ORDER)
+
+
+def _check(row: dict[str, dict[str, Any]], notes: list[str]) -> str:
+    bad = []
+    for v in VARIANT_ORDER:
+        rec = row.get(v)
+        if rec is None or rec.get("status") in OK:
+            continue
+        msg = rec.get("error") or rec.get("mismatch")
+        if msg:
+            notes.append(f"{v}: {msg}")
+            bad.append(f"{v} {rec['status']} [{len(notes)}]")
+        else:
+            bad.append(f"{v} {rec.get('status')}")
+    return ", ".join(bad) or "ok"
+
+
+def table_markdown(t: Table, cuda: bool, notes: list[str]) -> list[str]:
+    head = ["model", "step", "eager ms", "Inductor ms", "coil ms", "coil/Ind", "eager/Ind", "kernels e / I / c"]
+    if cuda:
+        head += ["GPU kernel ms e / I / c", "CUDA graphs I / c"]
+    head += ["peak MiB e / I / c", "first call s I / c", "check"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "--:|" * (len(head) - 3) + "---|"]
+    for (model, mode), row in t.rows.items():
+        cells = [f"**{model}**", mode, _ms(row.get("eager")), _ms(row.get("inductor")), _ms(row.get("coil")),
+                 _num(t.ratio(row, "coil", "inductor"), ".2f"), _num(t.ratio(row, "eager", "inductor"), ".2f"),
+                 _triple(row, "kernels", "g")]
+        if cuda:
+            cells += [_triple(row, "gpu_kernel_ms", ".3g"),
+                      " / ".join(_num(row.get(v, {}).get("cuda_graph_launches"), "g") for v in ("inductor", "coil"))]
+        cells += [_triple(row, "peak_mib", ".1f"),
+                  " / ".join(_num(row.get(v, {}).get("first_call_s"), ".1f") for v in ("inductor", "coil")),
+                  _check(row, notes)]
+        lines.append("| " + " | ".join(cells) + " |")
+    width = len(head)
+    for mode, g in t.geomeans().items():
+        c, e = g.get("coil/inductor"), g.get("eager/inductor")
+        cells = [f"**geomean {mode}**", f"({c['n'] if c else 0})", "", "", "", _num(c and c["geomean"], ".2f"),
+                 _num(e and e["geomean"], ".2f")] + [""] * (width - 7)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+class Writer:
+    """Holds this run's records (and, with `merge`, the existing file's records of
+    what this run does not measure) and writes `<name>.json` and `<name>.md`."""
+
+    def __init__(self, out: Path, name: str, run_info: dict[str, Any], notes: list[str],
+                 compile_modes: tuple[str, ...], merge: bool = False) -> None:
+        self.out, self.name, self.run_info, self.notes = out, name, run_info, notes
+        self.compile_modes = compile_modes
+        self.records: list[dict[str, Any]] = []
+        self.kept: list[dict[str, Any]] = []
+        out.mkdir(parents=True, exist_ok=True)
+        if merge and self.json_path.exists():
+            self.kept = [r for r in json.loads(self.json_path.read_text()) if isinstance(r, dict) and "model" in r]
+
+    @property
+    def json_path(self) -> Path:
+        return self.out / f"{self.name}.json"
+
+    @property
+    def md_path(self) -> Path:
+        return self.out / f"{self.name}.md"
+
+    def new_record(self, **fields: Any) -> dict[str, Any]:
+        rec: dict[str, Any] = {**fields, "status": "pending", "ms": None, "kernels": None, **self.run_info}
+        self.records.append(rec)
+        return rec
+
+    def all_records(self) -> list[dict[str, Any]]:
+        mine = {record_key(r) for r in self.records}
+        return sorted([r for r in self.kept if record_key(r) not in mine] + self.records, key=_order)
+
+    def finish(self, elapsed_s: float, load_start: tuple[float, ...], load_end: tuple[float, ...]) -> None:
+        self.run_info.update(elapsed_s=round(elapsed_s, 1), load_average_start=load_start[0],
+                             load_average_end=load_end[0])
+        self.write()
+
+    def write(self) -> None:
+        _atomic(self.json_path, json.dumps(self.all_records(), indent=1, default=str) + "\n")
+        _atomic(self.md_path, self.markdown())
+
+    def markdown(self) -> str:
+        records = self.all_records()
+        info = self.run_info
+        cuda = info["device"] == "cuda"
+        lines = [f"# coil benchmarks: {info['device_name']} (models suite)", "",
+                 (f"torch {info['torch']}, triton {info['triton']}, transformers {info['transformers']}, "
+                  f"Python {info['python']}; coil target `{info['coil_target']}`; {info['dtype']}; "
+                  f"{info['rounds']} rounds" + (f"; threads {info['threads']}" if not cuda else "")
+                  + (f"; load average {info['load_average_start']:.1f} at the start, "
+                     f"{info['load_average_end']:.1f} at the end" if "load_average_end" in info and not cuda else "")
+                  + f"; {info['started']}" + (f", {info['elapsed_s']:.0f} s." if "elapsed_s" in info else ".")),
+                 ""]
+        starts = {r.get("started") for r in records}
+        notes = list(self.notes)
+        if len(starts) > 1:
+            notes.append(f"the records come from {len(starts)} runs (--merge): each record's `started` says which")
+        lines += [f"- {n}" for n in notes] + [""]
+        lines += ["Times are the median over the rounds of each round's median (interleaved); ratios and "
+                  "geomeans count only rows where both sides passed the check. Columns e / I / c: eager, Inductor, "
+                  "coil. See bench/README.md for how kernels, GPU kernel time and peak memory are measured.", ""]
+        footnotes: list[str] = []
+        summary: list[str] = []
+        for size in SIZES:
+            shape = next((r for r in records if r["size"] == size), None)
+            if shape is None:
+                continue
+            for cmode in COMPILE_ORDER:
+                t = Table(records, size, cmode)
+                if not t.rows:
+                    continue
+                lines += [f"## {size}: hidden {shape['hidden']}, {shape['layers']} layers, batch {shape['batch']}, "
+                          f"sequence {shape['seq']}; compile mode {cmode}", ""]
+                lines += table_markdown(t, cuda, footnotes) + [""]
+                for mode, g in t.geomeans().items():
+                    c = g.get("coil/inductor")
+                    if c:
+                        summary.append(f"- {size}, {cmode}, {mode}: coil/Inductor {c['geomean']:.2f} "
+                                       f"over {c['n']} models")
+        if summary:
+            lines += ["Geomeans of coil/Inductor:", "", *summary, ""]
+        if footnotes:
+            lines += ["Notes:", ""] + [f"{i}. {n}" for i, n in enumerate(footnotes, 1)] + [""]
+        return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""The models suite (bench/models.py) end to end on one tiny model on the CPU,
+eager and coil, one round: the JSON is a list of records with the fields the
+issue names and values that make sense.  Nothing here is a timing claim."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.harness import main  # noqa: E402
+
+FIELDS = {"model", "mode", "compile_mode", "variant", "ms", "kernels", "status", "size", "peak_mib",
+          "first_call_s", "device", "torch"}
+
+
+def test_models_suite_on_one_tiny_model(tmp_path: Path) -> None:
+    argv = ["--suite", "models", "--device", "cpu", "--size", "tiny", "--only", "gpt2", "--variants", "eager,coil",
+            "--rounds", "1", "--threads", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    records = json.loads((tmp_path / "cpu-models-tiny-gpt2.json").read_text())
+    assert isinstance(records, list)
+    assert {(r["mode"], r["variant"]) for r in records} == {(m, v) for m in ("infer", "train")
+                                                          for v in ("eager", "coil")}
+    for r in records:
+        assert FIELDS <= set(r), FIELDS - set(r)
+        assert r["model"] == "gpt2" and r["size"] == "tiny" and r["compile_mode"] == "default"
+        assert r["status"] == ("ref" if r["variant"] == "eager" else "ok"), r.get("mismatch") or r.get("error")
+        assert 0 < r["ms"] < 10_000 and len(r["ms_rounds"]) == 1
+        assert r["kernels"] >= 1 and r["peak_mib"] >= 0
+    coil_train = next(r for r in records if r["variant"] == "coil" and r["mode"] == "train")
+    assert coil_train["coil_graphs"] >= 2 and coil_train["eager_fallbacks"] == 0  # forward and backward
+    md = (tmp_path / "cpu-models-tiny-gpt2.md").read_text()
+    assert md.startswith("# coil benchmarks") and "reduce-overhead skipped" in md and "| **gpt2** | train |" in md
+
+
+def test_merge_keeps_what_a_run_does_not_measure_again(tmp_path: Path) -> None:
+    from bench.models_report import Writer
+
+    info = {"device": "cpu", "device_name": "x", "torch": "t", "triton": "t", "transformers": "t", "python": "p",
+            "coil_target": "cpp", "dtype": "float32", "threads": 1, "rounds": 1, "started": "a"}
+
+    def rec(w: Writer, model: str, variant: str, ms: float) -> None:
+        r = w.new_record(model=model, size="cpu", mode="infer", compile_mode="default", variant=variant, batch=2,
+                         seq=64, hidden=128, layers=2)
+        r.update(status="ref" if variant == "eager" else "ok", ms=ms, kernels=3)
+
+    first = Writer(tmp_path, "m", dict(info), [], ("default",))
+    for model in ("gpt2", "bert"):
+        for variant, ms in (("eager", 2.0), ("inductor", 1.0), ("coil", 0.5)):
+            rec(first, model, variant, ms)
+    first.write()
+    second = Writer(tmp_path, "m", dict(info, started="b"), [], ("default",), merge=True)
+    rec(second, "bert", "coil", 2.0)
+    second.write()
+    records = json.loads((tmp_path / "m.json").read_text())
+    assert len(records) == 6
+    assert [r["ms"] for r in records if r["model"] == "bert" and r["variant"] == "coil"] == [2.0]
+    md = (tmp_path / "m.md").read_text()
+    assert "from 2 runs" in md and "| **geomean infer** | (2) |  |  |  | 1.00 | 2.00 |" in md
