@@ -46,7 +46,7 @@ from bench.harness import torch_threads
 from bench.hf_models import (ALL_MODELS, CHECK_STEPS, MODES, RMSE_MULTIPLIER, RMSE_MULTIPLIER_BF16, SIZES, Counts,
                              Expected, Size, counting as coil_counting, expected, judge, make_case)
 from bench.hf_models import _loss as model_loss
-from bench.models_report import Writer
+from bench.models_report import Writer, record_key
 from bench.variants import Capture, first_call, make_callable
 
 COMPILE_MODES = ("default", "reduce-overhead")
@@ -75,6 +75,7 @@ class Config:
     out: Path
     name: str | None
     merge: bool
+    resume: bool
 
 
 def _names(items: Sequence[str]) -> tuple[str, ...]:
@@ -105,6 +106,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--merge", action="store_true",
                    help="keep the records of the existing result file that this run does not measure again "
                         "(to run the suite in parts)")
+    p.add_argument("--resume", action="store_true",
+                   help="--merge, and skip the cases the existing file holds measured already (not skipped, not "
+                        "left pending by a killed run): repeat one command with --budget-s until all is done")
     a = p.parse_args(argv)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     size = a.size or ("both" if device == "cuda" else "cpu")
@@ -127,7 +131,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     rounds = a.rounds or (5 if device == "cuda" else 3)
     dtype = a.dtype or ("bfloat16" if device == "cuda" else "float32")
     return Config(sizes, only, modes, compile_modes, ("eager", *(v for v in variants if v != "eager")), device, dtype, a.target, rounds, a.budget_s, a.threads, a.out,
-                  a.name, a.merge)
+                  a.name, a.merge or a.resume, a.resume)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -431,19 +435,22 @@ def run(cfg: Config) -> Writer:
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
         }
         writer = Writer(cfg.out, file_name, run_info, notes, compile_modes, merge=cfg.merge)
+        done = {record_key(r) for r in writer.kept if r.get("status") not in ("pending", "skipped")}
         cases: list[Case] = []
         for size_name in cfg.sizes:
             size = SIZES[size_name]
             for name in names:
                 for mode in cfg.modes:
-                    recs = {}
-                    for variant, cmode in VARIANTS:
-                        if variant not in cfg.variants or (variant != "eager" and cmode not in compile_modes):
-                            continue
-                        recs[(variant, cmode)] = writer.new_record(
-                            model=name, size=size_name, mode=mode, compile_mode=cmode, variant=variant,
-                            batch=size.batch, seq=size.seq, hidden=size.hidden, layers=size.layers)
+                    planned = [(v, c) for v, c in VARIANTS
+                               if v in cfg.variants and (v == "eager" or c in compile_modes)]
+                    if cfg.resume and all((name, size_name, mode, c, v) in done for v, c in planned):
+                        continue
+                    recs = {(v, c): writer.new_record(model=name, size=size_name, mode=mode, compile_mode=c,
+                                                      variant=v, batch=size.batch, seq=size.seq, hidden=size.hidden,
+                                                      layers=size.layers)
+                            for v, c in planned}
                     cases.append(Case(name, size, mode, recs))
+        print(f"[models] {len(cases)} cases to run", file=sys.stderr, flush=True)
         writer.write()
         load0 = os.getloadavg()
         for case in cases:

@@ -66,3 +66,16 @@ def test_merge_keeps_what_a_run_does_not_measure_again(tmp_path: Path) -> None:
     assert [r["ms"] for r in records if r["model"] == "bert" and r["variant"] == "coil"] == [2.0]
     md = (tmp_path / "m.md").read_text()
     assert "from 2 runs" in md and "| **geomean infer** | (2) |  |  |  | 1.00 | 2.00 |" in md
+
+
+def test_resume_runs_only_what_is_missing(tmp_path: Path) -> None:
+    """Eager alone compiles nothing, so this is quick: a first run measures
+    inference; a resumed run with both steps measures training only."""
+    base = ["--suite", "models", "--device", "cpu", "--size", "tiny", "--only", "bert", "--variants", "eager",
+            "--rounds", "1", "--threads", "1", "--out", str(tmp_path), "--name", "r"]
+    assert main([*base, "--mode", "infer"]) == 0
+    (first,) = json.loads((tmp_path / "r.json").read_text())
+    assert main([*base, "--resume"]) == 0
+    records = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["mode"], r["status"]) for r in records] == [("infer", "ref"), ("train", "ref")]
+    assert records[0] == first
