@@ -157,7 +157,7 @@ import torch.nn.functional as F
 def fn(x, w, k):
     y = F.conv2d(x, k, padding=1)                      # convolution: kept on purpose
     z = torch.cat((-y[..., 4:], y[..., :4]), -1)        # lowered: no extern
-    s = torch.cumsum(z, -1)                             # no lowering: splits fusion
+    s = torch.cumprod(z, -1)                            # no lowering: splits fusion
     return (s.flatten(1) @ w).relu(), torch.sort(s, -1).values
 
 example_inputs = (torch.randn(2, 3, 8, 8), torch.randn(256, 16), torch.randn(4, 3, 3, 3))
@@ -174,8 +174,8 @@ def test_explain_lists_externs_that_split_fusion(tmp_path: Path, capsys: pytest.
     rows = [ln.split() for ln in body.split("\n\n", 1)[0].splitlines()]
     assert rows[0] == ["extern", "aten", "op", "origin"]
     ops = {r[1]: r for r in rows[1:]}
-    assert set(ops) == {"aten.cumsum.default", "aten.sort.default"}, rows
-    assert ops["aten.cumsum.default"][2] == "cumsum" and re.fullmatch(r"buf\d+", ops["aten.cumsum.default"][0])
+    assert set(ops) == {"aten.cumprod.default", "aten.sort.default"}, rows
+    assert ops["aten.cumprod.default"][2] == "cumprod" and re.fullmatch(r"buf\d+", ops["aten.cumprod.default"][0])
     assert "extern convolution -> buf0" in out and "extern mm -> " in out  # run, but not listed
     src = write(tmp_path, "seed.py", SEED_FILE)
     assert main(["explain", f"{src}:fn", "--target", "reference", "--out", str(tmp_path)]) == 0
@@ -188,7 +188,7 @@ def test_explain_lists_externs_that_split_fusion(tmp_path: Path, capsys: pytest.
     ("aten.convolution.default", True), ("aten.convolution_backward.default", True),
     ("aten._scaled_dot_product_flash_attention_for_cpu.default", True),
     ("aten._efficient_attention_backward.default", True),
-    ("aten.cumsum.default", False), ("aten.constant_pad_nd.default", False),
+    ("aten.cumprod.default", False), ("aten.constant_pad_nd.default", False),
     ("prims.convert_element_type.default", False), ("aten.mmm_like.default", False),
 ])
 def test_vendor_externs(kernel: str, vendor: bool) -> None:
