@@ -32,7 +32,7 @@ from coil.ir.expr import xsym
 from coil.ir.indexing import FloorDiv, ModularIndexing
 from coil.ir.lowered import Extern, LoweredGraph, Pointwise, Reduction
 from coil.ir.printer import show
-from coil.passes.lowerings.regions import wrapped
+from coil.passes.lowerings.regions import MAX_CAT_INPUTS, wrapped
 from coil.passes.lowerings.scans import SCAN_LIMIT
 from golden_util import assert_golden
 from tests_helpers import target_available
@@ -187,6 +187,17 @@ def test_wrap_disappears_when_the_region_covers_the_loop() -> None:
     assert wrapped(x, 0, 1, 4, 4) == x
     assert wrapped(x, 0, 2, 4, 8) == FloorDiv(x, 2)
     assert wrapped(x, 3, 1, 4, 7) == ModularIndexing(x + 1, 1, 4)  # x < 3 must not read below 0
+
+
+def test_cat_of_many_inputs_stays_extern() -> None:
+    """Each element of a pointwise cat loads every input: past MAX_CAT_INPUTS the
+    aten call is kept (empty inputs do not count)."""
+    few = [torch.randn(2, k + 1) for k in range(MAX_CAT_INPUTS)] + [torch.randn(2, 0)]
+    gm = make_fx(lambda *xs: torch.cat(xs, 1))(*few)
+    assert externs(lowered(gm, few)) == []
+    many = few + [torch.randn(2, 3)]
+    gm = make_fx(lambda *xs: torch.cat(xs, 1))(*many)
+    assert externs(lowered(gm, many)) == ["aten.cat.default"]
 
 
 def test_cumsum_past_the_limit_stays_extern_and_fuses_its_producer_below() -> None:

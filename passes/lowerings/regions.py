@@ -19,6 +19,11 @@ reshapes use it), so no new expression kind is needed; and when the region
 covers the whole loop (a crop, the last input of a cat) `simplify_index` proves
 the modulus away and the load is a plain affine one.
 
+The price of loads that are never masked: every output element of a cat reads
+every input (the arms not taken read a wrapped neighbour, mostly from cache).
+Past MAX_CAT_INPUTS inputs that traffic outweighs the write and read a fused
+kernel saves, and cat stays an Extern.
+
 Sizes and dtypes come from running the aten op on meta tensors, so the result
 is eager's by construction (cat's promotion counts the (0,)-shaped inputs it
 otherwise skips); an argument eager rejects declines to the Extern, which then
@@ -32,7 +37,7 @@ from typing import Any, Sequence
 import sympy
 import torch
 
-from coil.ir.expr import Cast, Constant, Expr, IndexExpr, Op, xsyms
+from coil.ir.expr import Cast, Constant, Expr, IndexExpr, xsyms
 from coil.ir.indexing import ModularIndexing, simplify_index
 from coil.passes.lowerings.registry import (
     LowerCtx,
@@ -45,6 +50,9 @@ from coil.passes.lowerings.registry import (
 )
 
 aten = torch.ops.aten
+
+# the most (non-empty) inputs a cat reads in one Pointwise: each element loads them all
+MAX_CAT_INPUTS = 8
 
 
 def _meta(target: Any, *args: Any) -> torch.Tensor | None:
@@ -136,7 +144,8 @@ def constant_pad_nd(ctx: LowerCtx, x: TensorValue, pad: Sequence[int], value: An
 def cat(ctx: LowerCtx, tensors: Sequence[Any], dim: int = 0) -> Any:
     """A nested where over the position along `dim`: input k serves positions
     [offset_k, offset_k + n_k), each read cast to the promoted dtype.  Inputs
-    eager skips (1-d and empty) take part in the promotion only."""
+    eager skips (1-d and empty) take part in the promotion only.  More than
+    MAX_CAT_INPUTS inputs decline (module docstring)."""
     if not tensors or not all(is_tensor(t) for t in tensors):
         return NotImplemented
     meta = _meta(aten.cat.default, list(tensors), dim)
@@ -148,6 +157,8 @@ def cat(ctx: LowerCtx, tensors: Sequence[Any], dim: int = 0) -> Any:
         return ctx.pointwise(size, constant(0, dtype), dtype)
     d = normalize_dim(dim, len(size))
     parts = [t for t in tensors if not (t.ndim == 1 and t.size[0] == 0) and t.size[d] > 0]
+    if len(parts) > MAX_CAT_INPUTS:
+        return NotImplemented
     body: Expr | None = None
     offset = size[d]
     for t in reversed(parts):  # innermost arm: the last input
