@@ -16,7 +16,20 @@ F32, BF16, I64 = torch.float32, torch.bfloat16, torch.int64
 
 Key = tuple[str, str, "torch.dtype | None", "str | None"]
 
-XFAIL: dict[Key, str] = {}
+XFAIL: dict[Key, str] = {
+    # repeat_interleave(repeats) without output_size: the output's size is read from
+    # the repeats' values, so Dynamo traces an unbacked size and coil runs the graph
+    # eagerly (sample 4 on: a tensor of repeats)
+    ("repeat_interleave", "", None, None):
+        "coil: data-dependent output size (repeat_interleave of a tensor of repeats) runs the graph eagerly "
+        "(issue 14: data-dependent output sizes)",
+    # Dynamo rewrites addcdiv(x, a, b, value=v) as x + v * (a / b), three bfloat16 ops
+    # that each round; backend="aot_eager" gives the same result (0.25 for eager's
+    # 0.2129 where x + v * a / b cancels)
+    ("addcdiv", "", BF16, None):
+        "outside coil: Dynamo rewrites addcdiv(value=) into div, mul and add that each round to bfloat16 "
+        "(aot_eager gives the same mismatch)",
+}
 
 
 def expected_failure(name: str, variant: str, dtype: torch.dtype, target: str) -> str | None:
