@@ -414,12 +414,12 @@ def compare(name: str, got: torch.Tensor | None, eager: torch.Tensor | None, ref
     `multiplier` times eager's RMSE against `ref`."""
     if got is None or eager is None:
         if (got is None) != (eager is None):
-            verdict.fail(f"{name}: coil gives {'None' if got is None else 'a tensor'}, eager "
+            verdict.fail(f"{name}: compiled gives {'None' if got is None else 'a tensor'}, eager "
                          f"{'None' if eager is None else 'a tensor'}")
         return
     got, eager = got.detach(), eager.detach()
     if got.shape != eager.shape or got.dtype != eager.dtype:
-        verdict.fail(f"{name}: coil gives {got.dtype}{list(got.shape)}, eager {eager.dtype}{list(eager.shape)}")
+        verdict.fail(f"{name}: compiled gives {got.dtype}{list(got.shape)}, eager {eager.dtype}{list(eager.shape)}")
         return
     if not got.is_floating_point():
         if not torch.equal(got, eager):
@@ -439,7 +439,7 @@ def compare(name: str, got: torch.Tensor | None, eager: torch.Tensor | None, ref
     coil_err, eager_err = _rmse(got, ref), _rmse(eager, ref)
     if not coil_err <= multiplier * eager_err + ATOL / 10:
         verdict.fail(f"{name}: RMSE against fp64 {coil_err:.3g}, eager's {eager_err:.3g} "
-                     f"(max |coil - eager| {float((got - eager).abs().max()):.3g})")
+                     f"(max |compiled - eager| {float((got - eager).abs().max()):.3g})")
 
 
 # --- counting what coil did --------------------------------------------------------
@@ -659,7 +659,7 @@ def judge(got: dict[str, Any], want: Expected, multiplier: float = RMSE_MULTIPLI
     """Every tensor of a compiled run against eager's and the reference's."""
     verdict = Verdict(fp64_error=want.fp64_error)
     if set(got) != set(want.eager):
-        verdict.fail(f"coil's outputs {sorted(got)} differ from eager's {sorted(want.eager)}")
+        verdict.fail(f"compiled outputs {sorted(got)} differ from eager's {sorted(want.eager)}")
     for key in want.eager:
         compare(key, got.get(key), want.eager[key], want.reference.get(key), verdict, multiplier)
     return verdict
