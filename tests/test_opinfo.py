@@ -29,7 +29,6 @@ dtype only.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -194,7 +193,9 @@ def _check(fn: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any
 
 def _unseeded(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """OpInfo's wrapper_set_seed without its freeze_rng_state, which Dynamo does not
-    trace (it would hand coil no graph for any random op)."""
+    trace: it would hand coil no graph for the ops OpInfo calls through it (the
+    random ones, empty_strided, scaled_dot_product_attention, ...).  Each call is
+    seeded by `_call` instead."""
     return op(*args, **kwargs)
 
 
@@ -222,10 +223,10 @@ def run_op(op: OpInfo, dtype: torch.dtype, target: str, limit: int | None, stop_
     compiled_any = False
     log = logging.getLogger("coil")
     log.addHandler(handler)
-    unseeded = mock.patch.object(common_methods, "wrapper_set_seed", _unseeded) if name in RANDOM_OPS else None
     try:
         with torch._dynamo.config.patch(recompile_limit=10_000, accumulated_recompile_limit=100_000,
-                                        fail_on_recompile_limit_hit=True), unseeded or contextlib.nullcontext():
+                                        fail_on_recompile_limit_hit=True), \
+                mock.patch.object(common_methods, "wrapper_set_seed", _unseeded):
             for i, sample in enumerate(itertools.islice(samples, limit)):
                 args, kwargs = (sample.input, *sample.args), dict(sample.kwargs)
                 try:
