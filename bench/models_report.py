@@ -174,18 +174,20 @@ class Writer:
         records = self.all_records()
         info = self.run_info
         cuda = info["device"] == "cuda"
+        starts = {r.get("started") for r in records}
+        last = "the last run: " if len(starts) > 1 else ""
         lines = [f"# coil benchmarks: {info['device_name']} (models suite)", "",
                  (f"torch {info['torch']}, triton {info['triton']}, transformers {info['transformers']}, "
                   f"Python {info['python']}; coil target `{info['coil_target']}`; {info['dtype']}; "
-                  f"{info['rounds']} rounds" + (f"; threads {info['threads']}" if not cuda else "")
-                  + (f"; load average {info['load_average_start']:.1f} at the start, "
-                     f"{info['load_average_end']:.1f} at the end" if "load_average_end" in info and not cuda else "")
-                  + f"; {info['started']}" + (f", {info['elapsed_s']:.0f} s." if "elapsed_s" in info else ".")),
+                  f"{info['rounds']} rounds" + (f"; threads {info['threads']}" if not cuda else "") + f"; {last}"
+                  + (f"load average {info['load_average_start']:.1f} at the start, "
+                     f"{info['load_average_end']:.1f} at the end, " if "load_average_end" in info and not cuda else "")
+                  + f"{info['started']}" + (f", {info['elapsed_s']:.0f} s." if "elapsed_s" in info else ".")),
                  ""]
-        starts = {r.get("started") for r in records}
         notes = list(self.notes)
         if len(starts) > 1:
-            notes.append(f"the records come from {len(starts)} runs (--merge): each record's `started` says which")
+            notes.append(f"the records come from {len(starts)} runs (--merge): each record's `started` says which"
+                         + (" and `load_average` how busy the machine was" if not cuda else ""))
         lines += [f"- {n}" for n in notes] + [""]
         lines += ["Times are the median over the rounds of each round's median (interleaved); ratios and "
                   "geomeans count only rows where both sides passed the check. Columns e / I / c: eager, Inductor, "
