@@ -109,7 +109,7 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
     )
     refs = tuple(_to_ref(a) for a in args)
     kw = tuple(sorted((k, _to_ref(v)) for k, v in kwargs.items()))
-    sized = _sized_by_data(target, args)
+    sized = _sized_by_data(target, args, kwargs)
     if isinstance(val, torch.Tensor):
         return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device), ctx.origin, ctx.op, mutated,
                               sized))
@@ -152,10 +152,11 @@ def kernels_take(args: Any, val: Any) -> bool:
     return all(d in KERNEL_DTYPES for d in _tensor_dtypes(args) + _tensor_dtypes(val))
 
 
-def _sized_by_data(target: Any, args: Sequence[Any]) -> bool:
+def _sized_by_data(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     name = _short(target)
     if name in SIZED_BY_DATA:
-        return True
+        # repeat_interleave given its output_size has that size, whatever the repeats
+        return not (name == "repeat_interleave" and kwargs.get("output_size") is not None)
     # x[mask]: a boolean index selects as many elements as the mask holds
     return name == "index" and any(
         isinstance(t, TensorValue) and t.dtype in (torch.bool, torch.uint8)

@@ -17,13 +17,6 @@ F32, BF16, I64 = torch.float32, torch.bfloat16, torch.int64
 Key = tuple[str, str, "torch.dtype | None", "str | None"]
 
 XFAIL: dict[Key, str] = {
-    # repeat_interleave(x, repeats_tensor, dim=0, output_size=6) (sample 4 on): the
-    # output's size is given, yet passes/lower.py's _sized_by_data marks every
-    # repeat_interleave as sized by data (it ignores output_size), so realize
-    # refuses the graph and coil runs it eagerly
-    ("repeat_interleave", "", None, None):
-        "coil: repeat_interleave with output_size given is treated as sized by data and the graph runs "
-        "eagerly (issue 14: data-dependent output sizes; passes/lower.py _sized_by_data)",
     # Dynamo rewrites addcdiv(x, a, b, value=v) as x + v * (a / b), three bfloat16 ops
     # that each round; backend="aot_eager" gives the same result (0.25 for eager's
     # 0.2129 where x + v * a / b cancels)

@@ -340,3 +340,12 @@ def test_a_graph_coil_cannot_take_runs_eagerly_with_one_warning(caplog):
     assert len(warnings) == 1 and "not a tensor" in warnings[0], warnings
     with pytest.raises(Exception, match="not a tensor"):
         compiled(f, "cpp", eager_fallback=False)(x)
+
+
+def test_repeat_interleave_given_its_output_size_is_not_sized_by_data():
+    """Found by the OpInfo suite: with output_size, the result's size is known."""
+    f = lambda x, r: (x.repeat_interleave(r, dim=0, output_size=6) * 2,)  # noqa: E731
+    x, r = torch.randn(3, 4), torch.tensor([1, 2, 3])
+    c = coil.compile_graph(make_fx(f)(x, r), [x, r], coil.Options(target="cpp", graph_cache=False))
+    for reps in (r, torch.tensor([3, 3, 0])):
+        torch.testing.assert_close(c(x, reps)[0], f(x, reps)[0])
