@@ -445,7 +445,8 @@ def _softmax(draw: st.DrawFn, b: GraphBuilder) -> None:
 
 
 def _cumsum_sort(draw: st.DrawFn, b: GraphBuilder) -> None:
-    """Not lowered: Extern calls, sort with two outputs (MultiOutput)."""
+    """cumsum (a masked sum Reduction up to 512 elements a row, else an Extern) and
+    sort, an Extern with two outputs (MultiOutput)."""
     x = pick_operand(draw, b, "number", exact=draw(st.booleans()))
     if x is None:
         return
@@ -629,7 +630,8 @@ def creation(draw: st.DrawFn, b: GraphBuilder, cfg: Config) -> None:
 
 
 def concat(draw: st.DrawFn, b: GraphBuilder, cfg: Config) -> None:
-    """aten.cat (an Extern) of two values that agree everywhere but along `dim`."""
+    """aten.cat (a Pointwise that picks its input by index) of two values that agree
+    everywhere but along `dim`."""
     a = pick(draw, b, lambda v: v.ndim >= 1)
     if a is None:
         return
