@@ -349,3 +349,17 @@ def test_repeat_interleave_given_its_output_size_is_not_sized_by_data():
     c = coil.compile_graph(make_fx(f)(x, r), [x, r], coil.Options(target="cpp", graph_cache=False))
     for reps in (r, torch.tensor([3, 3, 0])):
         torch.testing.assert_close(c(x, reps)[0], f(x, reps)[0])
+
+
+def test_every_target_spells_the_dtypes_lower_gives_kernels():
+    """lower sends a node to a kernel only when all its dtypes are in KERNEL_DTYPES:
+    each target's type table must cover them, or a kernel would fail to build."""
+    from coil.backends.cpp.prelude import STORAGE_TYPES
+    from coil.backends.triton.handler import TL_DTYPES
+    from coil.passes.lower import KERNEL_DTYPES
+
+    assert KERNEL_DTYPES <= set(STORAGE_TYPES)
+    assert KERNEL_DTYPES <= set(TL_DTYPES)
+    for dtype in KERNEL_DTYPES:  # and the reference target computes in each
+        x = torch.arange(3).to(dtype)
+        torch.testing.assert_close(compiled(lambda t: t.flip(0), "reference")(x), x.flip(0))
