@@ -173,25 +173,31 @@ def _meta_arg(x: Any, vals: dict[str, Any]) -> Any:
 
 
 def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = None) -> torch.fx.GraphModule:
-    """Trace the decomposition of one node on meta tensors into a small FX graph.
+    """Trace the decomposition of one node on meta tensors into a small FX graph."""
+    args, kwargs = torch.utils._pytree.tree_map(lambda a: _meta_arg(a, vals), (node.args, node.kwargs))
+    return trace_decomposition(node.target, args, kwargs, device)
+
+
+def trace_decomposition(target: Any, args: Any, kwargs: Any, device: str | None = None) -> torch.fx.GraphModule:
+    """Trace `target`'s decomposition into a small FX graph, its tensor arguments
+    (meta tensors in `args` and `kwargs`) as placeholders in the order they come.
     Tensors the decomposition creates (`scalar_tensor(..., device=x.device)`) would
     land on the meta device: they are moved to `device`, the graph's."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    flat, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
-    metas = [_meta_arg(a, vals) for a in flat]
-    tensor_pos = [i for i, a in enumerate(metas) if isinstance(a, torch.Tensor)]
-    decomp = DECOMPOSITIONS[node.target]
+    flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    decomp = DECOMPOSITIONS[target]
 
     def run(*tensors: torch.Tensor) -> Any:
-        full = list(metas)
+        full = list(flat)
         for i, t in zip(tensor_pos, tensors):
             full[i] = t
         a, k = torch.utils._pytree.tree_unflatten(full, spec)
         return decomp(*a, **k)
 
     # no table: nested ops come back at aten level and go through `_lower_node` again
-    gm = make_fx(run)(*[metas[i] for i in tensor_pos])
+    gm = make_fx(run)(*[flat[i] for i in tensor_pos])
     for n in gm.graph.nodes:
         if device is not None and n.kwargs.get("device") == torch.device("meta"):
             n.kwargs = {**n.kwargs, "device": torch.device(device)}

@@ -153,25 +153,13 @@ def nll_loss_forward(ctx: LowerCtx, x: TensorValue, target: TensorValue, weight:
 
 
 def _lower_decomposition(ctx: LowerCtx, target: Any, args: tuple[Any, ...]) -> Any:
-    """Trace `target`'s decomposition on meta tensors and lower its ops into ctx
-    (what `lower` does for an op without a lowering)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
+    """Lower `target`'s decomposition into ctx (what `lower` does for an op without
+    a lowering)."""
+    from coil.passes.lower import _lower_graph_into, trace_decomposition
 
-    from coil.passes.lower import _lower_graph_into
-    from coil.passes.lowerings.decompositions import DECOMPOSITIONS
-
-    tensors = [a for a in args if is_tensor(a)]
-    decomp = DECOMPOSITIONS[target]
-
-    def run(*metas: torch.Tensor) -> Any:
-        it = iter(metas)
-        return decomp(*[next(it) if is_tensor(a) else a for a in args])
-
-    gm = make_fx(run)(*[t.meta() for t in tensors])
-    for n in gm.graph.nodes:  # tensors it creates belong on the graph's device
-        if n.kwargs.get("device") == torch.device("meta"):
-            n.kwargs = {**n.kwargs, "device": torch.device(ctx.device)}
-    return _lower_graph_into(ctx, gm, tensors, 1)
+    metas = tuple(a.meta() if is_tensor(a) else a for a in args)
+    gm = trace_decomposition(target, metas, {}, ctx.device)
+    return _lower_graph_into(ctx, gm, [a for a in args if is_tensor(a)], 1)
 
 
 @register_lowering(aten.scatter.value, aten.scatter.src)
