@@ -115,16 +115,23 @@ class CompiledFn:
         self._indexed = indexed_by_layout(module.program)
         # what a matching input looks like, compared field by field on each call
         # (building a Layout per input per call cost more than a small kernel)
+        # `taken`: what else `check` takes as it is, so it need not run on every call:
+        # None for an effect token, a CPU scalar for a scalar no kernel indexes
         self._expected = tuple(
-            (lay.size, lay.dtype, torch.device(lay.device), tuple(i for i, n in enumerate(lay.size) if n != 1), lay.stride)
-            for lay in self.input_layouts
+            (lay.size, lay.dtype, torch.device(lay.device), tuple(i for i, n in enumerate(lay.size) if n != 1),
+             lay.stride, "token" if name in self._tokens else "cpu" if not lay.size and name not in self._indexed else "")
+            for name, lay in zip(self.input_names, self.input_layouts)
         )
 
     def _matches(self, inputs: Sequence[Any]) -> bool:
         if len(inputs) != len(self._expected):
             return False
-        for t, (size, dtype, device, dims, stride) in zip(inputs, self._expected):
-            if not isinstance(t, torch.Tensor) or t.shape != size or t.dtype != dtype or t.device != device:
+        for t, (size, dtype, device, dims, stride, taken) in zip(inputs, self._expected):
+            if t is None and taken == "token":
+                continue
+            if not isinstance(t, torch.Tensor) or t.shape != size or t.dtype != dtype:
+                return False
+            if t.device != device and not (taken == "cpu" and t.device.type == "cpu"):
                 return False
             got = t.stride()
             # equal strides (the usual case) compare as one tuple; else only dims of size > 1 count
