@@ -10,6 +10,7 @@ rotating through its shape kinds; COIL_CPP_FULL_MATRIX=1 runs every
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -121,6 +122,70 @@ def test_gelu_tanh_over_its_whole_range() -> None:
     rounding from -40 to 40, inf and NaN passed through."""
     x = torch.cat([torch.linspace(-40, 40, 8001), torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])])
     check(lambda a: F.gelu(a, approximate="tanh"), x)
+
+
+def kernel_text(source: str) -> str:
+    """The C++ kernels of an output_code.py, without the prelude and the wrapper."""
+    return source[source.index("// cpp_fused"):source.index("\'\'\'\n")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_pow_small_integer_exponents_are_products(dtype: torch.dtype) -> None:
+    """x ** n for a constant integer |n| <= 4 multiplies (GELU's x ** 3 as x * x * x,
+    as eager computes it) instead of calling pow; other exponents still call pow.
+    Zeros of both signs, infinities and NaN give eager's values."""
+    x = torch.cat([torch.randn(500) * 3, torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"),
+                                                       float("nan")])]).to(dtype)
+    for n in (-4, -3, -2, 0, 3, 4, 2.5, 5, -5):
+        kernel = kernel_text(check(lambda x: torch.pow(x, n), x).source)
+        assert ("coil_pow(" in kernel) == (n in (2.5, 5, -5)), (n, kernel)
+    kernel = kernel_text(check(lambda x: F.gelu(x, approximate="tanh") + 0.044715 * torch.pow(x, 3.0), x).source)
+    assert "coil_pow(" not in kernel
+
+
+def r_loop_bodies(source: str, having: str = "") -> list[str]:
+    """The text of every r-loop (`for (int64_t ir0 ...`), by indentation, of the
+    kernels whose text contains `having`."""
+    kernels = ["// cpp_fused" + k for k in kernel_text(source).split("// cpp_fused")[1:]]
+    lines = [ln for k in kernels if having in k for ln in k.splitlines()]
+    out = []
+    for i, ln in enumerate(lines):
+        if ln.lstrip().startswith("for (int64_t ir0"):
+            pad = len(ln) - len(ln.lstrip())
+            body = [b for b in itertools.takewhile(lambda b: len(b) - len(b.lstrip()) > pad, lines[i + 1:])]
+            out.append("\n".join(body))
+    return out
+
+
+def cross_entropy_grad(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    x = x.detach().requires_grad_()
+    with torch.enable_grad():
+        loss = F.cross_entropy(x, t)
+    return torch.autograd.grad(loss, x)[0]
+
+
+def test_row_invariant_values_computed_before_the_r_loop() -> None:
+    """What an r-loop computes from the xindex alone (cross_entropy's backward: the
+    target's index Check; log_softmax: log of the row's sum) runs once per row,
+    before the loop, not once per element: a Check in the loop keeps it from
+    vectorising.  An out-of-range target still raises eager's error; ignored
+    targets (-100) still count for nothing."""
+    x, t = torch.randn(16, 300), torch.randint(0, 300, (16,))
+    t[3] = -100
+    compiled = check(cross_entropy_grad, x, t)
+    bodies = r_loop_bodies(compiled.source, having="coil_exp(")  # the gradient's kernel
+    assert bodies and "coil_check_index(" in kernel_text(compiled.source)
+    assert not any("coil_check_index(" in b or "coil_log(" in b for b in bodies), bodies
+    bad = t.clone()
+    bad[5] = 300
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):  # the gradient's scatter fails first
+        compiled(x, bad)
+    compiled = check(lambda x: torch.log_softmax(x, -1), torch.randn(7, 1029))
+    assert "coil_log(" in kernel_text(compiled.source)
+    assert not any("coil_log(" in b for b in r_loop_bodies(compiled.source))
+    w, idx = torch.randn(10), torch.tensor([3, 0, 9, -1])
+    check(lambda x, w, idx: (x * w[idx][:, None]).sum(-1) / w[idx].exp(), torch.randn(4, 50), w, idx,
+          sum_tolerance=True)
 
 
 def test_layer_norm() -> None:

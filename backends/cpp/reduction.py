@@ -51,7 +51,7 @@ from coil.backends.cpp.plan import (
     render_loops,
     store_line,
 )
-from coil.ir.expr import Expr, Op, read_names
+from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, Load, Op, read_names
 from coil.options import Options
 
 # A reduction kernel with fewer rows than this and a long reduction splits each row
@@ -239,21 +239,52 @@ _RECIPROCAL_RANGE = {
 
 
 class RowHandler(CppHandler):
-    """An r-loop's handler in rows mode: a division by a value fixed for the row
-    (a reduction's result, or anything computed from such values alone)
-    multiplies by its reciprocal, computed once per row as eager's softmax does,
-    instead of dividing every element.  A divisor outside _RECIPROCAL_RANGE
-    (zero, subnormal, huge, inf, NaN) still divides: the choice is
-    loop-invariant, so the compiler unswitches the loop on it."""
+    """An r-loop's handler in rows mode.
+
+    Whatever is fixed for the row (reads no rindex: a load at the xindex, an
+    index Check of a target, log of a row sum) is computed once per row, before
+    the loop, by the `row` handler (loop-invariant code motion): a Check inside
+    the loop is a call `omp simd` cannot vectorise, and GCC does not hoist a
+    libm call out of a vectorised loop.  Not when the row is empty (rnumel 0),
+    where the loop body never runs and a hoisted Check could fail.
+
+    A division by a value fixed for the row (a reduction's result, or anything
+    computed from such values alone) multiplies by its reciprocal, computed once
+    per row as eager's softmax does, instead of dividing every element.  A
+    divisor outside _RECIPROCAL_RANGE (zero, subnormal, huge, inf, NaN) still
+    divides: the choice is loop-invariant, so the compiler unswitches the loop
+    on it."""
 
     def __init__(self, ctx: KernelContext, registers: dict[str, str], inner: Mapping[str, InnerValue],
-                 lines: list[str], subtrees: scratch.Subtrees, row: CppHandler) -> None:
+                 lines: list[str], subtrees: scratch.Subtrees, row: CppHandler, hoist: bool) -> None:
         super().__init__(ctx, registers, inner, lines)
         self.subtrees = subtrees
         self.row = row  # a handler whose lines run once per row, before the loop
+        self.hoist = hoist
         self.reciprocals: dict[Expr, str] = {}
 
+    def fixed(self, node: Expr) -> bool:
+        """Computed once per row, by the row handler."""
+        return self.hoist and not self.subtrees.varies(node)
+
+    def load(self, node: Load) -> str:
+        return self.row.value(node) if self.fixed(node) else super().load(node)
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
+        return self.row.value(node) if self.fixed(node) else super().indirect_load(node, values)
+
+    def check(self, node: Check, arg: str) -> str:
+        return self.row.value(node) if self.fixed(node) else super().check(node, arg)
+
+    def index_expr(self, node: IndexExpr) -> str:
+        return self.row.value(node) if self.fixed(node) else super().index_expr(node)
+
+    def cast(self, node: Cast, arg: str) -> str:
+        return self.row.value(node) if self.fixed(node) else super().cast(node, arg)
+
     def op(self, node: Op, args: tuple[str, ...]) -> str:
+        if self.fixed(node):
+            return self.row.value(node)
         T = prelude.compute_type(node.dtype)
         num, den = node.args[0], node.args[-1]
         if (node.name != "truediv" or T not in _RECIPROCAL_RANGE or self.subtrees.varies(den)
@@ -310,7 +341,8 @@ class ReductionEmitter:
             return CppHandler(self.ctx, dict(self.registers), self.inner, lines)
         h = CppHandler(self.ctx, dict(self.registers), self.inner, lines)
         if before_loop is not None:
-            h = RowHandler(self.ctx, h.registers, self.inner, lines, self.subtrees, self.handler(before_loop))
+            h = RowHandler(self.ctx, h.registers, self.inner, lines, self.subtrees, self.handler(before_loop),
+                           self.rnumel > 0)
         h.memo.update(self.stage_memo)
         return h
 
@@ -374,6 +406,8 @@ class ReductionEmitter:
             if nd.role == "inner" and nd.buf.name in self.plan.stored and self.ph.at[nd.buf.name] == loop:
                 emit_node(self.plan, self.ctx, h, nd)
         self.loop_memos.append({e: v for e, v in h.memo.items() if e not in before})
+        if isinstance(h, RowHandler):  # what it hoisted is defined for the rest of the row
+            self.stage_memo.update(h.row.memo)
         if self.rows is not None:
             self.lines += [scratch.declare(name, self.rows) for name in self.rows.declared_in(loop)]
             body += [f"{scratch.element(a, rindex)} = {h.memo[a.expr]};" for a in self.rows.stored_in(loop)]

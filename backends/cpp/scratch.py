@@ -25,7 +25,7 @@ import attrs
 from coil.backends.cpp import prelude
 from coil.backends.cpp.handler import InnerValue
 from coil.backends.cpp.plan import OP_COST
-from coil.ir.expr import Constant, Expr, IndexExpr, Load, Op, children
+from coil.ir.expr import Constant, Expr, IndexExpr, IndirectLoad, Load, Op, children
 
 # All scratch arrays of one kernel together stay below this many bytes: they live
 # on each thread's stack and should stay in L1/L2 next to the row they came from.
@@ -80,6 +80,7 @@ class Subtrees:
         self.rsyms = rsyms
         self.kept = kept  # buffers that are registers in every r-loop (reductions, outer nodes)
         self._below: dict[Expr, frozenset[Expr]] = {}
+        self._varies: dict[Expr, bool] = {}
 
     def kids(self, e: Expr) -> tuple[Expr, ...]:
         if isinstance(e, Load) and e.name in self.inner:
@@ -114,15 +115,28 @@ class Subtrees:
         return total
 
     def varies(self, e: Expr) -> bool:
-        """Whether `e` changes along the row (reads rindex)."""
-        for s in self.below(e):
-            if isinstance(s, Load) and s.name in self.inner:
-                return True
-            if isinstance(s, Load) and s.name not in self.kept and any(i.free_symbols & self.rsyms for i in s.index):
-                return True
-            if isinstance(s, IndexExpr) and s.expr.free_symbols & self.rsyms:
-                return True
-        return False
+        """Whether `e` changes along the row (reads rindex): memoised per subtree,
+        children first, so asking about every node of a long chain stays linear."""
+        stack: list[tuple[Expr, bool]] = [(e, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if n in self._varies:
+                continue
+            kids = self.kids(n)
+            if not expanded:
+                stack.append((n, True))
+                stack.extend((k, False) for k in kids if k not in self._varies)
+                continue
+            self._varies[n] = self._reads_rindex(n) or any(self._varies[k] for k in kids)
+        return self._varies[e]
+
+    def _reads_rindex(self, s: Expr) -> bool:
+        """The node itself (not its children) changes along the row."""
+        if isinstance(s, Load) and s.name in self.inner:
+            return True
+        if isinstance(s, (Load, IndirectLoad)) and s.name not in self.kept:
+            return any(i.free_symbols & self.rsyms for i in s.index)
+        return isinstance(s, IndexExpr) and bool(s.expr.free_symbols & self.rsyms)
 
 
 def row_scratch(loop_memos: Sequence[Mapping[Expr, str]], t: Subtrees, rnumel: int) -> RowScratch:
