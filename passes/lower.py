@@ -172,9 +172,21 @@ def _meta_arg(x: Any, vals: dict[str, Any]) -> Any:
     return x
 
 
+def _mutable(x: Any) -> Any:
+    """FX's immutable lists and dicts (of a node's arguments) as plain ones."""
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        items = [_mutable(a) for a in x]
+        return items if isinstance(x, list) else tuple(items)
+    if isinstance(x, dict):
+        return {k: _mutable(v) for k, v in x.items()}
+    return x
+
+
 def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = None) -> torch.fx.GraphModule:
-    """Trace the decomposition of one node on meta tensors into a small FX graph."""
-    args, kwargs = torch.utils._pytree.tree_map(lambda a: _meta_arg(a, vals), (node.args, node.kwargs))
+    """Trace the decomposition of one node on meta tensors into a small FX graph.
+    The node's lists reach it as plain lists: some decompositions write into
+    theirs (`_unsafe_masked_index_put_accumulate` clamps its indices in place)."""
+    args, kwargs = torch.utils._pytree.tree_map(lambda a: _meta_arg(a, vals), (_mutable(node.args), _mutable(node.kwargs)))
     return trace_decomposition(node.target, args, kwargs, device)
 
 
