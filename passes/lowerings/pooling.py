@@ -1,0 +1,179 @@
+"""max_pool2d_with_indices and its backward as Pointwise nodes with the window
+unrolled (as Inductor lowers them), so pooling fuses with the convolution's
+epilogue before it and with what reads it.
+
+Forward: each output element visits the kernel's kh * kw positions in eager's
+order (rows, then columns) and keeps eager's running rule
+
+    take = inside and (val > max or isnan(val) or nothing taken yet)
+
+so ties keep the first maximum, a NaN wins and the last NaN is the one whose
+index is kept, and a window of -inf points at its first position inside the
+input, exactly as eager's CPU and CUDA kernels do.  Padding is skipped, never
+compared.  The index output is h * W + w in the input plane.
+
+Backward: grad_in[h, w] sums grad_out over the outputs whose window may hold
+(h, w) and whose saved index is h * W + w: ceil(((k - 1) * d + 1) / s) rows
+and as many columns of candidates, each compared with its saved index, visited
+in eager's order (so float32 sums are eager's sums).  An index can only equal
+(h, w) when its window holds (h, w), so the candidates may be a superset.
+Indices that no forward produced (out of any window) add nothing, where eager
+would write wherever they point.
+
+Every load stays inside its buffer: positions in padding, and candidates
+outside the output, read at an index wrapped into range (ModularIndexing) and
+are masked off.  Windows of more than MAX_WINDOW positions decline, and stay
+Externs; so do non-float dtypes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from coil.ir.expr import Cast, Expr, IndexExpr, xsyms
+from coil.ir.indexing import FloorDiv, ModularIndexing, simplify_index
+from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, op, register_lowering, upcast
+
+aten = torch.ops.aten
+
+# the most kernel positions unrolled into one element's body (Inductor's limit too)
+MAX_WINDOW = 25
+
+
+def _pair(v: Sequence[int] | int, default: Sequence[int] | None = None) -> tuple[int, int] | None:
+    v = default if (v is None or (isinstance(v, (list, tuple)) and len(v) == 0)) and default is not None else v
+    if isinstance(v, int):
+        return (v, v)
+    if v is None or len(v) not in (1, 2):
+        return None
+    return (int(v[0]), int(v[-1]))
+
+
+def _params(x: TensorValue, kernel: Any, stride: Any, padding: Any, dilation: Any
+            ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]] | None:
+    k = _pair(kernel)
+    if k is None:
+        return None
+    s, p, d = _pair(stride, k), _pair(padding), _pair(dilation)
+    if s is None or p is None or d is None or x.ndim not in (3, 4) or not x.dtype.is_floating_point:
+        return None
+    if k[0] * k[1] > MAX_WINDOW:
+        return None
+    return k, s, p, d
+
+
+def _test(name: str, e: sympy.Expr, bound: int) -> Expr:
+    return op(name, IndexExpr(e, torch.int64), constant(bound, torch.int64))
+
+
+def _inside(e: sympy.Expr, n: int, ranges: dict[sympy.Symbol, int]) -> tuple[sympy.Expr, list[Expr]]:
+    """An index that equals `e` where 0 <= e < n and stays in [0, n) everywhere,
+    and the tests of 0 <= e < n that the ranges do not prove."""
+    lo = e.subs({s: 0 for s in ranges})
+    hi = e.subs({s: r - 1 for s, r in ranges.items()}) if all(e.coeff(s) >= 0 for s in ranges) else None
+    tests = []
+    if lo < 0:
+        tests.append(_test("ge", e, 0))
+    if hi is None or hi >= n:
+        tests.append(_test("lt", e, n))
+    shift = n * (-(-max(0, -int(lo)) // n))
+    return simplify_index(ModularIndexing(e + shift, 1, n), ranges), tests
+
+
+def _all(tests: Sequence[Expr]) -> Expr | None:
+    out: Expr | None = None
+    for t in tests:
+        out = t if out is None else op("logical_and", out, t)
+    return out
+
+
+def _meta(target: Any, *args: Any) -> Any:
+    metas = [a.meta() if isinstance(a, TensorValue) else a for a in args]
+    try:
+        return target(*metas)
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        return None
+
+
+@register_lowering(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(ctx: LowerCtx, x: TensorValue, kernel_size: Any, stride: Any = (),
+                            padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+    params = _params(x, kernel_size, stride, padding, dilation)
+    meta = _meta(aten.max_pool2d_with_indices.default, x, kernel_size, stride, padding, dilation, ceil_mode)
+    if params is None or meta is None or meta[0].numel() == 0:
+        return NotImplemented
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = params
+    size = tuple(meta[0].shape)
+    H, W = x.size[-2:]
+    xs = xsyms(len(size))
+    lead, oh, ow = list(xs[:-2]), xs[-2], xs[-1]
+    acc = upcast(x.dtype)
+    best: Expr = constant(float("-inf"), acc)
+    where: Expr = constant(-1, torch.int64)
+    for i in range(kh):
+        h, h_tests = _inside(oh * sh - ph + i * dh, H, {oh: size[-2]})
+        for j in range(kw):
+            w, w_tests = _inside(ow * sw - pw + j * dw, W, {ow: size[-1]})
+            val: Expr = x.load([*lead, h, w])
+            if val.dtype != acc:
+                val = Cast(val, acc)
+            pos = IndexExpr((oh * sh - ph + i * dh) * W + ow * sw - pw + j * dw, torch.int64)
+            better = op("logical_or", op("logical_or", op("gt", val, best), op("isnan", val)),
+                        op("lt", where, constant(0, torch.int64)))
+            inside = _all([*h_tests, *w_tests])
+            take = better if inside is None else op("logical_and", inside, better)
+            best = op("where", take, val, best, dtype=acc)
+            where = op("where", take, pos, where, dtype=torch.int64)
+    values = ctx.pointwise(size, best, x.dtype)
+    indices = ctx.pointwise(size, where, torch.int64)
+    return values, indices
+
+
+@register_lowering(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(ctx: LowerCtx, grad: TensorValue, x: TensorValue, kernel_size: Any,
+                                     stride: Any, padding: Any, dilation: Any, ceil_mode: bool,
+                                     indices: TensorValue) -> Any:
+    params = _params(x, kernel_size, stride, padding, dilation)
+    if (params is None or grad.ndim != x.ndim or indices.size != grad.size or grad.dtype != x.dtype
+            or indices.dtype != torch.int64 or x.numel() == 0):
+        return NotImplemented
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = params
+    H, W = x.size[-2:]
+    OH, OW = grad.size[-2:]
+    xs = xsyms(x.ndim)
+    lead, h, w = list(xs[:-2]), xs[-2], xs[-1]
+    acc = upcast(x.dtype)
+    me = IndexExpr(h * W + w, torch.int64)
+    total: Expr = constant(0, acc)
+
+    def candidates(e: sympy.Symbol, n_in: int, n_out: int, k: int, s: int, p: int, d: int
+                   ) -> list[tuple[sympy.Expr, list[Expr]]]:
+        """The outputs along one dim whose window may hold input position e: from
+        the first with o * s >= e + p - (k - 1) * d, each wrapped into [0, n_out)
+        with the tests that it is an output and its window starts at or before e."""
+        reach = (k - 1) * d
+        m = -(-reach // s) + 1  # keeps the division's numerator >= 0
+        first = FloorDiv(e + p - reach + s - 1 + s * m, s) - m
+        out = []
+        for j in range(-(-(reach + 1) // s)):
+            o = first + j
+            idx, tests = _inside(o, n_out, {e: n_in})
+            if j * s + s - 1 > reach:  # else o * s <= first * s + reach - (s - 1) <= e + p always
+                tests.append(op("le", IndexExpr(o * s, torch.int64), IndexExpr(e + p, torch.int64)))
+            out.append((idx, tests))
+        return out
+
+    for oh, h_tests in candidates(h, H, OH, kh, sh, ph, dh):
+        for ow, w_tests in candidates(w, W, OW, kw, sw, pw, dw):
+            at = [*lead, oh, ow]
+            hit = op("eq", indices.load(at), me)
+            cond = _all([*h_tests, *w_tests, hit])
+            assert cond is not None
+            g: Expr = grad.load(at)
+            if g.dtype != acc:
+                g = Cast(g, acc)
+            total = op("add", total, op("where", cond, g, constant(0, acc), dtype=acc))
+    return ctx.pointwise(x.size, total, x.dtype)
