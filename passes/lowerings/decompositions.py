@@ -108,6 +108,21 @@ def copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     return aten.clone.default(aten.expand.default(out, list(self.shape)))
 
 
+def weight_norm_interface_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,
+                                   saved_norms: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward of w = g * v / ||v|| (the norm over every dim but `dim`), as
+    eager's kernel computes it: grad_g = sum(grad_w * v) / norm and grad_v =
+    (g / norm) * (grad_w - v * grad_g / norm), half types in float32.  torch has
+    no decomposition for it."""
+    acc = torch.float32 if saved_v.dtype in (torch.float16, torch.bfloat16) else saved_v.dtype
+    gw, v, g, norm = (t.to(acc) for t in (grad_w, saved_v, saved_g, saved_norms))
+    keep = dim % saved_v.dim()
+    dot = aten.sum.dim_IntList(gw * v, [d for d in range(saved_v.dim()) if d != keep], True)
+    grad_g = dot / norm
+    grad_v = (g / norm) * (gw - v * (grad_g / norm))
+    return grad_v.to(saved_v.dtype), grad_g.to(saved_g.dtype)
+
+
 def _core() -> dict[Any, Callable[..., Any]]:
     """Core ATen's decompositions.  CompositeImplicitAutograd ops decompose while
     AOTAutograd traces anyway, so only the post-autograd part is taken where torch
@@ -121,6 +136,7 @@ def _table() -> dict[Any, Callable[..., Any]]:
     table: dict[Any, Callable[..., Any]] = _core()
     table.update(get_decompositions(_FUSION_FRIENDLY))
     table[aten.copy.default] = copy
+    table[aten._weight_norm_interface_backward.default] = weight_norm_interface_backward
     for packet in _KEEP_EXTERN:
         for name in packet.overloads():
             table.pop(getattr(packet, name), None)
