@@ -77,6 +77,10 @@ class KernelBackend(Protocol):
         """How the kernel sources appear in output_code.py."""
         ...
 
-    def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
+    def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
         """The wrapper line(s) that launch one kernel."""
         ...
+
+    # optional: prologue(program, options) -> list[str], lines at the top of `call`
+    # (inside the device guard), and device_guard(program) -> str | None, a `with`
+    # line around the rest of `call`

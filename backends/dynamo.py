@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -70,11 +69,13 @@ def _passed_through(n_inputs: int, example_inputs: Sequence[Any]) -> bool:
 
 
 def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inputs: int | None = None,
-                    through: list[Any] | None = None) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
+                    through: list[Any] | None = None, pools: Any = None
+                    ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]:
     """The compiler AOTAutograd calls with one graph.  For an inference graph of a
     Dynamo graph with `n_inputs` inputs that may stand in for it: when AOTAutograd
-    passed it through, the compiled graph goes into `through`, and the Dynamo
-    graph's `link` is stored."""
+    passed it through, its call goes into `through`, and the Dynamo graph's `link`
+    is stored.  With Options.cuda_graphs, the call replays CUDA graphs recorded in
+    `pools` (backends/cudagraphs.py)."""
 
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from coil import compile_graph, graph_cache
@@ -91,36 +92,46 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
             log.warning("coil: %s graph cannot be compiled, running it eagerly: %s", kind, e)
             return gm.forward
         log.debug("coil: compiled %s graph (%d nodes)", kind, len(gm.graph.nodes))
+        # a forward or inference graph takes the Dynamo graph's inputs, which Dynamo's
+        # guards have just checked (CompiledFn.call_guarded); a backward graph's are checked
+        call = compiled.call_guarded if kind != "backward" else compiled.call_boxed
+        if options.cuda_graphs:
+            from coil.backends import cudagraphs
+
+            call = cudagraphs.wrap(call, gm, example_inputs, kind, pools if pools is not None else cudagraphs.PoolSet())
         if n_inputs is not None and through is not None and _passed_through(n_inputs, example_inputs):
-            through.append(compiled)
+            through.append((compiled, call))
             if link and compiled.cache_key:
                 graph_cache.store_link(link, compiled.cache_key, options.cache_dir)
-        return _boxed(compiled)
+        return _boxed(compiled, call)
 
     return compile_one
 
 
-def _boxed(compiled: Any) -> Callable[..., Any]:
+def _boxed(compiled: Any, call: Callable[[list[Any]], Any]) -> Callable[..., Any]:
+    """AOTAutograd's boxed callable of a compiled graph."""
+
     def run(args: list[Any]) -> Any:
-        return compiled.call_boxed(args)
+        return call(args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     run.compiled = compiled  # type: ignore[attr-defined]
     return run
 
 
-def _direct(compiled: Any) -> Callable[..., Any]:
+def _direct(compiled: Any, call: Callable[[list[Any]], Any]) -> Callable[..., Any]:
     """The compiled graph as the callable Dynamo calls with its graph's inputs, in
     place of AOTAutograd's runtime wrappers (which have nothing to do for it)."""
 
     def forward(*args: Any) -> Any:
-        return compiled.call_boxed(list(args))
+        return call(list(args))
 
     forward.compiled = compiled  # type: ignore[attr-defined]
     return forward
 
 
-def _linked(key: str, options: Options) -> Callable[..., Any] | None:
+def _linked(key: str, options: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+            ) -> Callable[..., Any] | None:
     """The Dynamo graph's compiled graph, loaded through its link; None on a miss."""
     from coil import graph_cache
     from coil.backends.runtime import load_module
@@ -129,30 +140,31 @@ def _linked(key: str, options: Options) -> Callable[..., Any] | None:
     if module is None:
         return None
     log.debug("coil: Dynamo graph loaded from the graph cache, AOTAutograd skipped")
-    return _direct(load_module(module, options.cache_dir))
+    compiled = load_module(module, options.cache_dir)
+    call = compiled.call_guarded
+    if options.cuda_graphs:
+        from coil.backends import cudagraphs
+
+        call = cudagraphs.wrap(call, gm, example_inputs, "inference", cudagraphs.PoolSet())
+    return _direct(compiled, call)
 
 
 # torch.compile's `mode=`, which it hands a backend named by string as a keyword
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_warned: set[str] = set()
 
 
 def options_for_mode(mode: str | None, opts: Options) -> Options:
-    """What torch.compile's `mode` means for coil: the max-autotune modes turn on
-    Options.autotune; reduce-overhead asks for CUDA graphs, which coil does not
-    have yet (said once per process); an unknown mode is an error."""
+    """What torch.compile's `mode` means for coil, as for Inductor: reduce-overhead
+    turns on Options.cuda_graphs; max-autotune turns on Options.autotune and CUDA
+    graphs, max-autotune-no-cudagraphs autotune only; an unknown mode is an error."""
     if mode is None or mode == "default":
         return opts
     if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
         log.info("coil: mode=%r turns on Options.autotune (Triton kernels on CUDA launch the fastest of a few "
-                 "configs)%s", mode, "; CUDA graphs are not implemented in coil yet" if mode == "max-autotune" else "")
-        return opts.replace(autotune=True)
+                 "configs)%s", mode, " and CUDA graphs" if mode == "max-autotune" else "")
+        return opts.replace(autotune=True, cuda_graphs=mode == "max-autotune")
     if mode == "reduce-overhead":
-        if mode not in _warned:
-            _warned.add(mode)
-            warnings.warn("coil: mode='reduce-overhead' asks for CUDA graphs: CUDA graphs are not implemented in "
-                          "coil yet; the graph runs without them", stacklevel=2)
-        return opts
+        return opts.replace(cuda_graphs=True)
     from coil.errors import CoilError
 
     raise CoilError(f"unknown torch.compile mode {mode!r} for backend 'coil'; known modes: {', '.join(MODES)}")
@@ -169,15 +181,20 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
     opts = options_for_mode(mode, Options.from_mapping(options))
     skippable = graph_cache.may_skip_aot(gm, example_inputs)
     link = graph_cache.dynamo_key(gm, example_inputs, opts, skippable)
-    if link is not None and (hit := _linked(link, opts)) is not None:
+    if link is not None and (hit := _linked(link, opts, gm, example_inputs)) is not None:
         return hit
     through: list[Any] = []
+    pools = None
+    if opts.cuda_graphs:  # one set of pools per Dynamo graph: its backward records into its forward's pool
+        from coil.backends.cudagraphs import PoolSet
+
+        pools = PoolSet()
     backend = aot_autograd(
-        fw_compiler=_graph_compiler(opts, "forward"),
-        bw_compiler=_graph_compiler(opts, "backward"),
+        fw_compiler=_graph_compiler(opts, "forward", pools=pools),
+        bw_compiler=_graph_compiler(opts, "backward", pools=pools),
         inference_compiler=_graph_compiler(opts, "inference", link, len(example_inputs) if skippable else None,
-                                           through),
+                                           through, pools),
         decompositions=aot_decompositions(),
     )
     wrapped = backend(gm, example_inputs)
-    return _direct(through[0]) if through else wrapped
+    return _direct(*through[0]) if through else wrapped

@@ -16,6 +16,7 @@ from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
+from coil.options import Options
 from coil.passes.kernel_model import kernel_buffers, kernel_layouts, kernel_params
 
 pyindex = IndexPrinter()
@@ -121,7 +122,7 @@ class ReferenceBackend:
             out += ["", k.source, ""]
         return out
 
-    def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
+    def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
         return [f"{line.kernel}({', '.join(line.args)})"]
 
 

@@ -21,6 +21,10 @@ log = logging.getLogger("coil")
 # output_code.py allocates with size and stride tuples: torch's own function, no
 # Python frame in between (a graph's call allocates every buffer it plans)
 empty_strided = torch.empty_strided
+# on the current CUDA device, (size, stride, dtype): torch's allocation without the
+# dispatcher (what Inductor's wrappers call); torch.empty_strided where it is missing
+empty_strided_cuda = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None) or (
+    lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device="cuda"))
 
 
 def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
@@ -122,6 +126,10 @@ class CompiledFn:
              lay.stride, "token" if name in self._tokens else "cpu" if not lay.size and name not in self._indexed else "")
             for name, lay in zip(self.input_names, self.input_layouts)
         )
+        self._indexed_expected = tuple(
+            (k, lay.stride, tuple(i for i, n in enumerate(lay.size) if n != 1), torch.device(lay.device))
+            for k, (name, lay) in enumerate(zip(self.input_names, self.input_layouts)) if name in self._indexed
+        )
 
     def _matches(self, inputs: Sequence[Any]) -> bool:
         if len(inputs) != len(self._expected):
@@ -187,12 +195,37 @@ class CompiledFn:
         args.extend(self.constants)
         return tuple(self._call(args))
 
+    def _indexed_match(self, inputs: Sequence[Any]) -> bool:
+        """Whether the inputs that kernels and views index have the strides and
+        device compiled for (the fast path of a backward graph's check)."""
+        for k, stride, dims, device in self._indexed_expected:
+            t = inputs[k]
+            got = t.stride()
+            if got != stride and any(got[i] != stride[i] for i in dims):
+                return False
+            if t.device != device:
+                return False
+        return True
+
     def call_boxed(self, args: list[Any]) -> tuple[Any, ...]:
         """AOTAutograd's boxed convention: `call` clears the list, so inputs die as
-        soon as their last reader ran.  A tensor whose strides differ from the fake
-        tensor's the graph was compiled with (an aten kernel whose meta function
-        disagrees with it) is copied into the compiled layout instead of failing."""
-        self.check(args, restride=True)
+        soon as their last reader ran.  This is how a backward graph is called: its
+        inputs (saved tensors, gradients) are not Dynamo's, so the layouts coil
+        indexes are checked (only those: autograd holds sizes and dtypes).  A tensor
+        whose strides differ from the fake tensor's the graph was compiled with (an
+        aten kernel whose meta function disagrees with it) is copied into the
+        compiled layout instead of failing."""
+        if len(args) != len(self._expected) or not self._indexed_match(args):
+            self.check(args, restride=True)
+        if self.constants:
+            args.extend(self.constants)
+        return tuple(self._call(args))
+
+    def call_guarded(self, args: list[Any]) -> tuple[Any, ...]:
+        """The boxed call of a forward or inference graph under torch.compile: its
+        inputs are the Dynamo graph's (parameters, buffers, the caller's tensors),
+        whose sizes, strides, dtypes and devices Dynamo's guards have checked just
+        before this call, so nothing is checked again."""
         if self.constants:
             args.extend(self.constants)
         return tuple(self._call(args))

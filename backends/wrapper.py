@@ -78,9 +78,14 @@ def _ensure_layout(program: WrapperProgram, name: str, indexed: frozenset[str]) 
     b = program.plan.schedule.graph.graph.get(name)
     if b.layout is None or (isinstance(b, ExternBuffer) and b.mutated):
         return []
+    dtype = b.layout.dtype
     if name not in indexed:
-        return [f"    {name} = ensure_dtype({name}, {b.layout.dtype})"]
-    return [f"    {name} = ensure_layout({name}, {layout_args(b.layout)}, {b.layout.dtype}, {name!r})"]
+        return [f"    if isinstance({name}, torch.Tensor) and {name}.dtype != {dtype}: {name} = {name}.to({dtype})"]
+    # the usual case, the layout planned, costs a few attribute reads; ensure_layout sorts out the rest
+    size, stride = (f"({', '.join(map(str, t))}{',' if len(t) == 1 else ''})" for t in (b.layout.size, b.layout.stride))
+    return [f"    if not (isinstance({name}, torch.Tensor) and {name}.stride() == {stride} and {name}.dtype == {dtype} "
+            f"and {name}.shape == {size}):",
+            f"        {name} = ensure_layout({name}, {layout_args(b.layout)}, {dtype}, {name!r})"]
 
 
 def layout_args(lay: Layout) -> str:
@@ -95,7 +100,11 @@ def render_call(program: WrapperProgram, backend: KernelBackend, options: Option
         out.append(f"    {', '.join(ins)}{',' if len(ins) == 1 else ''} = args")
     out.append("    args.clear()")
     body = _call_body(program, backend, options)
-    # optional backend hook: a `with` line (a device guard) around the rest of call
+    # optional backend hooks: lines at the top of call, and a `with` line (a device
+    # guard) around the rest of it
+    prologue = getattr(backend, "prologue", None)
+    if prologue is not None:
+        body = ["    " + ln for ln in prologue(program, options)] + body
     guard = getattr(backend, "device_guard", None)
     head = guard(program) if guard is not None else None
     if head is None:
@@ -107,10 +116,16 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
     """call's lines after `args.clear()`, each indented one level."""
     out: list[str] = []
     indexed = indexed_by_layout(program)
+    # optional backend hook: the CUDA device current while `call` runs (its device guard's)
+    guard_device = getattr(backend, "guard_device", None)
+    cuda_guard = guard_device(program) if guard_device is not None else None
     for ln in program.lines:
         match ln:
             case Alloc():
-                out.append(f"    {ln.name} = empty_strided({layout_args(ln.layout)}, dtype={ln.layout.dtype}, device={ln.layout.device!r})")
+                if ln.layout.device == cuda_guard:  # torch's allocation without the dispatcher, on the guard's device
+                    out.append(f"    {ln.name} = empty_strided_cuda({layout_args(ln.layout)}, {ln.layout.dtype})")
+                else:
+                    out.append(f"    {ln.name} = empty_strided({layout_args(ln.layout)}, dtype={ln.layout.dtype}, device={ln.layout.device!r})")
             case Reuse():
                 old = program.plan.schedule.graph.graph.layout(ln.old)
                 if (old.size, old.stride) == (ln.layout.size, ln.layout.stride):
@@ -124,7 +139,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                     out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, "
                                f"{ln.base}.storage_offset() + {ln.delta()})")
             case KernelCall():
-                out += ["    " + s for s in backend.call(ln, program)]
+                out += ["    " + s for s in backend.call(ln, program, options)]
             case ExternCall():
                 args = [py_value(a) for a in ln.args] + [f"{k}={py_value(v)}" for k, v in ln.kwargs]
                 out.append(f"    {ln.name} = torch.ops.{ln.kernel}({', '.join(args)})")
@@ -174,7 +189,7 @@ def render_module(program: WrapperProgram, backend: KernelBackend, kernels: tupl
     head = [
         f"# output_code.py written by coil (target={options.target})",
         "import torch",
-        "from coil.backends.runtime import empty_strided, ensure_dtype, ensure_layout, reinterpret_tensor, poison",
+        "from coil.backends.runtime import empty_strided, empty_strided_cuda, ensure_dtype, ensure_layout, reinterpret_tensor, poison",
         "",
     ]
     head += backend.header(options)

@@ -62,6 +62,10 @@ class Options:
     # torch.compile: a graph coil cannot compile (CoilError) runs eagerly, with a
     # warning that names the reason; off: the error reaches the caller
     eager_fallback: bool = True
+    # torch.compile on CUDA: record each compiled graph into a CUDA graph and replay
+    # it (mode="reduce-overhead" turns it on; backends/cudagraphs.py says when a
+    # graph is not recorded, and why)
+    cuda_graphs: bool = False
 
     def persistent_limit(self) -> int:
         if self.persistent_reduction_threshold > 0:

@@ -494,7 +494,7 @@ def test_cuda_source_compiles_the_asserts_in() -> None:
     gather = source(lambda x, i: x.gather(1, i) + 1,
                     lambda: [torch.empty(4, 6, device="cuda"), torch.empty(4, 2, dtype=torch.int64, device="cuda")])
     assert "tl.device_assert(" in gather
-    assert "XBLOCK=16, num_warps=1, debug=True, sanitize_overflow=False)" in gather
+    assert "{'XBLOCK': 16, 'num_warps': 1, 'debug': True, 'sanitize_overflow': False})" in gather  # its Launcher
     assert "'debug': True, 'sanitize_overflow': False}" in gather  # precompiled as launched
     division = source(lambda a, b: a // b, lambda: [torch.empty(8, dtype=torch.int64, device="cuda")] * 2)
     assert "tl.device_assert(" not in division and "debug=True" not in division

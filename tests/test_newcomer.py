@@ -205,17 +205,15 @@ def test_max_autotune_turns_on_autotune(mode: str, tmp_path: Path, monkeypatch: 
     assert f"mode='{mode}' turns on Options.autotune" in caplog.text
 
 
-def test_reduce_overhead_warns_once_that_cuda_graphs_are_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 seen_options: list[coil.Options]) -> None:
-    import coil.backends.dynamo as dyn
-
-    monkeypatch.setattr(dyn, "_warned", set())
-    with pytest.warns(UserWarning, match="CUDA graphs are not implemented in coil yet; the graph runs without them"):
+def test_reduce_overhead_turns_on_cuda_graphs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              seen_options: list[coil.Options],
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """reduce-overhead asks for CUDA graphs; a graph on CPU tensors runs without
+    them, and the log says why."""
+    with caplog.at_level(logging.INFO, logger="coil"):
         _compile_with_mode("reduce-overhead", tmp_path, monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _compile_with_mode("reduce-overhead", tmp_path, monkeypatch)  # once per process
-    assert seen_options and not any(o.autotune for o in seen_options)
+    assert seen_options and all(o.cuda_graphs and not o.autotune for o in seen_options)
+    assert "graph runs without CUDA graphs: input 0 is a CPU tensor" in caplog.text
 
 
 def test_an_unknown_mode_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

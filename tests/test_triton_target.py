@@ -789,7 +789,9 @@ def test_what_does_not_split(device: str) -> None:
 
 
 def _launches(compiled: Any) -> list[str]:
-    return [ln.strip() for ln in compiled.source.splitlines() if "XBLOCK=" in ln and "](" in ln]
+    """The launch lines, as Triton's own would read (on CUDA, the comment after
+    each Launcher call)."""
+    return [ln.split("  # ")[-1].strip() for ln in compiled.source.splitlines() if "XBLOCK=" in ln and "](" in ln]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -904,7 +906,7 @@ def test_second_passes_over_long_rows_run_as_split_kernels(device: str) -> None:
         for limit in (0, 2 * SPLIT_MIN + 1):
             whole = check(fn, [x], atol=1e-5, rtol=1e-4, split_second_pass=limit)
             assert "_combine[" not in whole.source
-            assert len(re.findall(r"^\s+triton_\w+\[", whole.source, re.M)) == 1
+            assert len(_launches(whole)) == 1
 
 
 def test_precompile_specs_match_the_launch_lines() -> None:
@@ -971,7 +973,7 @@ def test_precompile_warms_every_kernel_and_survives_a_failure() -> None:
 def test_precompiled_kernels_are_not_compiled_again() -> None:
     """On CUDA every plain kernel is compiled when output_code.py loads; the first
     call finds each in Triton's cache (no new entry) and is right."""
-    from coil.backends.triton.runtime import fast_launch
+    from coil.backends.triton.runtime import Launcher
 
     def cached(jit: Any) -> int:
         return sum(len(c[0]) for c in jit.device_caches.values())
@@ -980,7 +982,7 @@ def test_precompiled_kernels_are_not_compiled_again() -> None:
     fn = lambda a: (a.softmax(-1), a.t() * 2, (a * 3).sum(-1))  # noqa: E731
     compiled = compile_fn(fn, [x], graph_cache=False)
     assert "precompile([" in compiled.source
-    launchers = [v for v in compiled.namespace.values() if isinstance(v, fast_launch)]
+    launchers = [v for v in compiled.namespace.values() if isinstance(v, Launcher)]
     before = [cached(f.kernel) for f in launchers]
     assert before and all(n == 1 for n in before), (before, compiled.source)
     for got, want in zip(compiled(x), fn(x)):
@@ -991,24 +993,45 @@ def test_precompiled_kernels_are_not_compiled_again() -> None:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_fast_launch_keys_on_alignment() -> None:
-    """On CUDA the wrapper launches through fast_launch: Triton's path once per
-    specialization, the compiled launcher after.  A misaligned view of the input
-    is another specialization and still gives the right result."""
-    from coil.backends.triton.runtime import fast_launch
+def test_launchers_bind_and_key_on_alignment() -> None:
+    """On CUDA the wrapper launches through Launchers: Triton's path at the first
+    call, its compiled launcher bound with the arguments prepared after that.  A
+    misaligned view of the input goes through the keyed path (another
+    specialization) and still gives the right result; aligned calls after it
+    take the bound path again."""
+    from coil.backends.triton.runtime import Launcher
 
     base = torch.randn(4097 * 64 + 1, device="cuda")
     aligned, shifted = base[: 4096 * 64].view(4096, 64), base[1: 4096 * 64 + 1].view(4096, 64)
     fn = lambda a: (a.softmax(-1), a.sum())  # noqa: E731 - a persistent and a split kernel
     compiled = compile_fn(fn, [aligned])
-    assert "= fast_launch(" in compiled.source
-    launchers = [v for v in compiled.namespace.values() if isinstance(v, fast_launch)]
-    assert len(launchers) == 3 and all(f.enabled for f in launchers)  # softmax, split sum and its combine
-    for x in (aligned, aligned, shifted, shifted, aligned):
+    assert "stream0 = None if (a_1.data_ptr()) & 15 else raw_stream(0)" in compiled.source, compiled.source
+    launchers = [v for v in compiled.namespace.values() if isinstance(v, Launcher)]
+    assert len(launchers) == 3  # softmax, split sum and its combine
+    for x in (aligned, aligned, shifted, shifted, aligned, aligned):
         got = compiled(x)
         torch.testing.assert_close(got[0], x.softmax(-1))
         torch.testing.assert_close(got[1], x.sum(), rtol=1e-5, atol=1e-3)
-    assert all(len(f.compiled) == 2 for f in launchers)  # one entry per alignment
+    assert all(f.run is not None for f in launchers), [f.rule for f in launchers]
+    assert all(f.rule.startswith("bound") for f in launchers)
+    assert all(len(f.keyed.compiled) == 1 for f in launchers)  # the misaligned specialization, keyed
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_bound_launches_follow_the_current_stream() -> None:
+    """A bound launch takes the stream current when `call` starts, so work on a
+    side stream (as CUDA graph capture runs) stays on it and is right."""
+    x = torch.randn(1024, 512, device="cuda")
+    fn = lambda a: (a.softmax(-1) * 2,)  # noqa: E731
+    compiled = compile_fn(fn, [x])
+    compiled(x)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = compiled(x)[0]
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(got, fn(x)[0])
 
 
 _FULL = {

@@ -47,7 +47,7 @@ class CppBackend:
         lines.append("_cpp_err = _cpp_build.error_word(_cpp_lib)")
         return lines
 
-    def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
+    def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
         """`kernel(buf.data_ptr(), ..., xnumel, rnumel)`; every named tensor stays
         bound in `call` while the kernel runs."""
         k = kernels_of(program)[line.kernel]

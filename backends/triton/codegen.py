@@ -24,16 +24,21 @@ import re
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
+import torch
+
 from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import down_columns, kernel_source, row_reductions
 from coil.backends.triton.split import Split, launched_names, split_launch, split_of, split_source
 from coil.backends.triton.tiling import Tile, tiling
-from coil.backends.triton.runtime import LaunchConfig, heuristic_config
+from coil.backends.triton.runtime import Launch, LaunchConfig, cdiv, heuristic_config
+from coil.backends.wrapper import owns_storage
 from coil.ir.bounds import runtime_checks
+from coil.ir.buffers import ExternBuffer
 from coil.ir.expr import check_error
 from coil.ir.fused import FusedKernel
+from coil.ir.lowered import resolve_kernel
 from coil.ir.module import KernelSource
-from coil.ir.wrapper import KernelCall, WrapperProgram
+from coil.ir.wrapper import ExternCall, KernelCall, MultiOutputLine, ReinterpretView, WrapperProgram
 from coil.options import Options
 from coil.passes.kernel_model import kernel_buffers
 
@@ -58,12 +63,6 @@ def asserts(k: FusedKernel, program: WrapperProgram) -> bool:
     cuda = kernel_device(program, k).startswith("cuda")
     bodies = (b.body for b in kernel_buffers(k, program.plan.schedule.graph))
     return any(c.kind == "index" or not cuda for body in bodies for c in runtime_checks(body))
-
-
-def checked_launch(line: str) -> str:
-    """A CUDA launch line `kernel[grid](..., num_warps=4)` with CHECKED_LAUNCH too."""
-    assert line.endswith(")")
-    return line[:-1] + "".join(f", {k}={v}" for k, v in CHECKED_LAUNCH.items()) + ")"
 
 
 _CHECK_MESSAGE = re.compile(r"coil check: error=(\w+) dim=(-?\d+) size=(\d+)")
@@ -125,6 +124,62 @@ def launch_of(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int]
         return split
     cfg = heuristic_config(kind, xnumel, rnumel, row_reductions(k, program))
     return f"grid({xnumel}, {cfg.xblock})", [xnumel] + ([] if k.kind == "pointwise" else [rnumel]), cfg
+
+
+def launches(line: KernelCall, program: WrapperProgram) -> tuple[list[str], list[Launch], list[str]] | None:
+    """A launch line's kernel launches, with the lines before them (workspaces) and
+    after them (their frees); None when there is nothing to compute.  A kernel with
+    device asserts launches on CUDA with CHECKED_LAUNCH."""
+    k = _kernel(program, line.kernel)
+    plan = launch_of(line, program)
+    if plan is None:
+        return None
+    if isinstance(plan, Split):
+        before, out, after = split_launch(k, plan, list(line.args), kernel_device(program, k))
+    else:
+        grid_text, sizes, cfg = plan
+        if cfg.yblock:
+            ny, nx = sizes
+            g = (cdiv(nx, cfg.xblock), cdiv(ny, cfg.yblock), 1)
+        else:
+            g = (cdiv(sizes[0], cfg.xblock), 1, 1)
+        meta = (*cfg.meta().items(), ("num_warps", cfg.num_warps))
+        before, out, after = [], [Launch(k.name, g, grid_text, tuple(line.args), tuple(sizes), meta)], []
+    if asserts(k, program) and kernel_device(program, k).startswith("cuda"):
+        out = [ln.with_meta(CHECKED_LAUNCH) for ln in out]
+    return before, out, after
+
+
+def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], frozenset[str]]:
+    """(inputs, unknown): the graph inputs whose storage the kernels launch on
+    (directly or through views), whose 16-byte alignment the call checks; and the
+    kernel arguments whose alignment is not fixed ahead (an alias an extern
+    returns).  Everything else a kernel takes was allocated by coil or returned
+    fresh by an aten kernel: aligned on every call alike."""
+    graph = program.plan.schedule.graph.graph
+    inputs = set(program.inputs)
+    base: dict[str, str] = {}
+    fresh: dict[str, bool] = {}
+    for ln in program.lines:
+        if isinstance(ln, ReinterpretView):
+            base[ln.name] = base.get(ln.base, ln.base)
+        elif isinstance(ln, ExternCall):
+            fresh[ln.name] = owns_storage(program, ln.name)
+        elif isinstance(ln, MultiOutputLine):
+            parent = graph.get(ln.extern)
+            returns = resolve_kernel(parent.kernel)._schema.returns if isinstance(parent, ExternBuffer) else ()
+            fresh[ln.name] = not any(r.alias_info is not None for r in returns)
+    read: set[str] = set()
+    unknown: set[str] = set()
+    for ln in program.lines:
+        if isinstance(ln, KernelCall):
+            for a in ln.args:
+                root = base.get(a, a)
+                if root in inputs:
+                    read.add(root)
+                elif not fresh.get(root, True):
+                    unknown.add(a)
+    return frozenset(read), frozenset(unknown)
 
 
 def precompile_specs(program: WrapperProgram) -> list[str]:
@@ -214,7 +269,7 @@ class TritonBackend:
             "import triton",
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
-            "from coil.backends.triton.runtime import autotuned, fast_launch, grid, grid2, interpreted, precompile",
+            "from coil.backends.triton.runtime import Launcher, autotuned, fast_launch, grid, grid2, interpreted, precompile, raw_stream",
             "from coil.backends.triton.codegen import interpreter_checks",
         ]
 
@@ -232,9 +287,16 @@ class TritonBackend:
         native = any(kernel_device(program, k).startswith("cuda") for k in program.plan.schedule.kernels)
         for text in helpers_for((k.source for k in kernels), native) + [k.source for k in kernels]:
             out += ["", text, ""]
-        if native and not options.autotune:  # later launches skip Triton's binding
-            for src in kernels:
-                out += [f"{n} = fast_launch({n})" for n in launched_names(src)]
+        if native and not options.autotune:  # bound launches: Triton's binding runs once (runtime.Launcher)
+            guard = _guard_device(program)
+            _, unknown = aligned_by_allocation(program)
+            out.append("")
+            for ln in program.lines:
+                if not isinstance(ln, KernelCall) or (planned := launches(ln, program)) is None:
+                    continue
+                device = kernel_device(program, _kernel(program, ln.kernel))
+                bind = device == guard and not unknown.intersection(ln.args)
+                out += [launch.definition(bind) for launch in planned[1]]
             specs = precompile_specs(program) if options.precompile else []
             if specs:  # compiled now, several at a time, instead of one by one at their first launch
                 out += ["", "precompile([", *specs, "])"]
@@ -249,30 +311,51 @@ class TritonBackend:
                 out.append(f"{k.name} = autotuned({k.name}, {launch_kind(k, program, tiling(k, program))!r}{cache})")
         return out
 
-    def call(self, line: KernelCall, program: WrapperProgram) -> list[str]:
+    def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
         k = _kernel(program, line.kernel)
-        plan = launch_of(line, program)
-        if plan is None:
+        planned = launches(line, program)
+        if planned is None:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
-        if isinstance(plan, Split):
-            lines = split_launch(k, plan, list(line.args), kernel_device(program, k))
-        else:
-            grid_text, sizes, cfg = plan
-            args = ", ".join([*line.args, *map(str, sizes)])
-            lines = [f"{k.name}[{grid_text}]({args}, {cfg.as_kwargs()})"]
-        if not asserts(k, program):
-            return lines
+        before, out, after = planned
         if kernel_device(program, k).startswith("cuda"):
-            return [checked_launch(ln) if ln.startswith(f"{k.name}[") else ln for ln in lines]
-        return ["with interpreter_checks():", *("    " + ln for ln in lines)]
+            if options.autotune:
+                return [*before, *(ln.line() for ln in out), *after]
+            return [*before, *(ln.bound_line("stream0") for ln in out), *after]
+        body = [ln.line() for ln in out]
+        if asserts(k, program):
+            body = ["with interpreter_checks():", *("    " + ln for ln in body)]
+        return [*before, *body, *after]
+
+    def prologue(self, program: WrapperProgram, options: Options) -> list[str]:
+        """The lines at the top of `call`, inside the device guard: on CUDA the
+        current stream that the bound launches take, or None when a graph input
+        they launch on is not 16-byte aligned (then they launch through Triton's
+        path, which specializes on alignment)."""
+        guard = _guard_device(program)
+        if guard is None or options.autotune:
+            return []
+        index = torch.device(guard).index or 0
+        inputs, _ = aligned_by_allocation(program)
+        if not inputs:
+            return [f"stream0 = raw_stream({index})"]
+        ptrs = " | ".join(f"{n}.data_ptr()" for n in sorted(inputs, key=program.inputs.index))
+        return [f"stream0 = None if ({ptrs}) & 15 else raw_stream({index})"]
+
+    def guard_device(self, program: WrapperProgram) -> str | None:
+        """The CUDA device current while `call` runs (device_guard's), if any."""
+        return _guard_device(program)
 
     def device_guard(self, program: WrapperProgram) -> str | None:
         """The `with` line the wrapper puts around the body of `call`."""
-        kernels = program.plan.schedule.kernels
-        if not kernels:
+        if not program.plan.schedule.kernels:
             return None
-        devices = [kernel_device(program, k) for k in kernels]
-        cuda = next((d for d in devices if d.startswith("cuda")), None)
+        cuda = _guard_device(program)
         if cuda is not None:
             return f"with torch.cuda.device({cuda!r}):"
         return "with interpreted():"
+
+
+def _guard_device(program: WrapperProgram) -> str | None:
+    """The CUDA device of the call's device guard: its first CUDA kernel's."""
+    return next((d for d in (kernel_device(program, k) for k in program.plan.schedule.kernels)
+                 if d.startswith("cuda")), None)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import attrs
+import torch
 
 from coil.errors import CoilError
 
@@ -58,6 +59,45 @@ class LaunchConfig:
     def as_kwargs(self) -> str:
         parts = [f"{k}={v}" for k, v in self.meta().items()] + [f"num_warps={self.num_warps}"]
         return ", ".join(parts)
+
+
+@attrs.frozen
+class Launch:
+    """One kernel launch as the wrapper makes it, every number fixed at compile
+    time: the grid (programs along x, y, z) and how it reads in a launch line, the
+    tensor arguments (buffer names), the size arguments, and the constexprs and
+    launch options."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    grid_text: str
+    tensors: tuple[str, ...]
+    sizes: tuple[int, ...]
+    meta: tuple[tuple[str, Any], ...]
+
+    def with_meta(self, extra: dict[str, Any]) -> "Launch":
+        return attrs.evolve(self, meta=(*self.meta, *extra.items()))
+
+    def line(self) -> str:
+        """`kernel[grid](tensors, sizes, XBLOCK=..., num_warps=...)`: Triton's own launch."""
+        args = ", ".join([*self.tensors, *map(str, self.sizes), *(f"{k}={v}" for k, v in self.meta)])
+        return f"{self.kernel}[{self.grid_text}]({args})"
+
+    @property
+    def launcher(self) -> str:
+        return f"launch_{self.kernel}"
+
+    def definition(self, bind: bool) -> str:
+        """output_code.py's module-level Launcher of this launch."""
+        meta = ", ".join(f"{k!r}: {v}" for k, v in self.meta)
+        sizes = ", ".join(map(str, self.sizes)) + ("," if len(self.sizes) == 1 else "")
+        return (f"{self.launcher} = Launcher({self.kernel}, {self.grid}, ({sizes}), {{{meta}}}"
+                f"{'' if bind else ', bind=False'})")
+
+    def bound_line(self, stream: str) -> str:
+        """The call of its Launcher, and as a comment the launch as Triton's own
+        line would read."""
+        return f"{self.launcher}({stream}, {', '.join(self.tensors)})  # {self.line()}"
 
 
 def _warps(elements: int, most: int = 8) -> int:
@@ -324,6 +364,96 @@ class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
         else:  # no hook registered (Triton's hook chains are empty, not None)
             md, enter, leave = None, None, None
         ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, md, enter, leave, *args, *constexprs)
+
+
+class Launcher:
+    """One kernel launch of output_code.py on CUDA, with everything about it fixed
+    at compile time: the kernel, its grid, its size arguments, its constexprs and
+    launch options.  The wrapper calls it with the call's stream and the tensors,
+    `launch_k(stream0, buf0, buf1)`.
+
+    The first call goes through Triton's JITFunction, which compiles the kernel or
+    finds it in its cache; the Launcher then binds Triton's compiled C launcher
+    with what does not change between calls (function handle, packed metadata,
+    grid, sizes, constexprs), and every later call is one call of it: no argument
+    binding, no specialization key, no Python work per argument.  `rule` says
+    which of the two paths it is on, and why.
+
+    Triton specializes a pointer on its 16-byte alignment.  Buffers coil or an
+    aten kernel allocates are always so aligned; graph inputs may not be, so the
+    wrapper passes stream None when one it launches on is not, and such a call (and
+    every call of a launcher with `bind` False: one reading an alias an extern
+    returned, whose alignment is not known ahead) goes through fast_launch's path,
+    keyed on each tensor's alignment."""
+
+    __slots__ = ("kernel", "grid", "sizes", "meta", "bind", "keyed", "run", "head", "tail", "packed", "rule")
+
+    def __init__(self, kernel: Any, launch_grid: tuple[int, ...], sizes: tuple[Any, ...], meta: dict[str, Any],
+                 bind: bool = True) -> None:
+        self.kernel, self.grid, self.sizes, self.meta, self.bind = kernel, launch_grid, sizes, meta, bind
+        self.keyed = fast_launch(kernel)
+        self.run: Any = None
+        self.head: tuple[Any, ...] = ()
+        self.tail: tuple[Any, ...] = ()
+        self.packed = False
+        self.rule = ("not bound: it reads an alias an extern returned (its alignment is known only at run time)"
+                     if not bind else "not bound yet: the first call goes through Triton's JITFunction")
+
+    def __call__(self, stream: Any, *tensors: Any) -> None:
+        run = self.run
+        if run is None or stream is None:
+            self._slow(stream, tensors)
+        elif self.packed:  # Triton 3.9's launcher takes the kernel's arguments as one tuple
+            run(*self.grid, stream, *self.head, (*tensors, *self.tail))
+        else:
+            run(*self.grid, stream, *self.head, *tensors, *self.tail)
+
+    def _slow(self, stream: Any, tensors: tuple[Any, ...]) -> None:
+        args = (*tensors, *self.sizes)
+        if stream is None or not self.bind or not self.keyed.enabled:
+            self.keyed[self.grid](*args, **self.meta)
+            return
+        ck = self.kernel[self.grid](*args, **self.meta)
+        if ck is not None and self.run is None:
+            self._bind(ck, len(args))
+
+    def _bind(self, ck: Any, given: int) -> None:
+        """Bind Triton's launcher of ck for later calls, where this Triton's
+        launcher is one of the two shapes read here (3.6 and 3.9) and the kernel
+        needs nothing allocated per launch (no global or profile scratch, no
+        sanitizer) and no launch hook is registered; else stay on the keyed path."""
+        run: Any = getattr(ck, "run", None)
+        launch = getattr(run, "launch", None)
+        rest = self.keyed.names[given:]
+        if launch is None or not all(n in self.meta for n in rest):
+            self.rule = "not bound: this Triton's launcher is not one coil knows"
+            return
+        if any(getattr(run, a, 0) for a in ("global_scratch_size", "profile_scratch_size", "gsan_enabled")):
+            self.rule = "not bound: the kernel needs scratch memory allocated per launch"
+            return
+        knobs = self.keyed.knobs
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
+            self.rule = "not bound: a launch hook is registered (a profiler's); launches go through Triton"
+            return
+        params = list(inspect.signature(type(run).__call__).parameters)
+        flags = (run.launch_cooperative_grid, run.launch_pdl)
+        if params[-1] == "args" and "kernel_metadata" in params and hasattr(run, "arg_annotations"):  # 3.9
+            self.head = (ck.function, *flags, ck.packed_metadata, None, None, None, None, None,
+                         run.arg_annotations, run.kernel_signature)
+            self.packed = True
+        elif params[-2:] == ["function", "args"]:  # 3.6: scratch pointers, then metadata and hooks
+            self.head = (ck.function, *flags, None, None, ck.packed_metadata, None, None, None)
+        else:
+            self.rule = "not bound: this Triton's launcher is not one coil knows"
+            return
+        self.tail = (*self.sizes, *(self.meta[n] for n in rest))
+        self.run = launch
+        self.rule = "bound: Triton's compiled launcher, called with arguments prepared at the first call"
+
+
+# the current CUDA stream of a device, by index: torch's C function where torch was built with CUDA
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _current_stream() -> Any:

@@ -50,7 +50,7 @@ from coil.backends.triton.kernel import (
     online_sums,
     signature_of,
 )
-from coil.backends.triton.runtime import _warps, cdiv, next_power_of_2
+from coil.backends.triton.runtime import Launch, _warps, cdiv, next_power_of_2
 from coil.ir.expr import Expr, evaluate
 from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
@@ -229,18 +229,20 @@ def split_source(k: FusedKernel, program: WrapperProgram, split: Split,
     return KernelSource(k.name, "\n".join(first + ["", ""] + second), "triton")
 
 
-def split_launch(k: FusedKernel, split: Split, args: list[str], device: str) -> list[str]:
-    """The wrapper's lines: workspaces, both launches, then the workspaces freed."""
+def split_launch(k: FusedKernel, split: Split, args: list[str], device: str
+                 ) -> tuple[list[str], list[Launch], list[str]]:
+    """The wrapper's lines: workspaces (before), both launches, then the
+    workspaces freed (after)."""
     ws = [f"ws{k.name.rsplit('_', 1)[-1]}_{i}" for i in range(len(split.workspaces))]
     rows, rnumel = k.group
     blocks = split.row_blocks(rows)
-    lines = [f"{w} = empty_strided(({rows * split.parts},), (1,), dtype={dt}, device={device!r})"
-             for w, (_, dt) in zip(ws, split.workspaces)]
-    call = ", ".join([*args, *ws, str(rows), str(rnumel)])
-    lines.append(f"{k.name}[({split.parts}, {blocks})]({call}, XBLOCK={split.xblock}, RBLOCK={split.rblock}, "
-                 f"num_warps={split.num_warps})")
-    lines.append(f"{combine_name(k.name)}[({blocks},)]({call}, XBLOCK={split.xblock}, "
-                 f"RBLOCK={split.combine_rblock}, num_warps={split.combine_warps})")
-    lines.append(f"del {', '.join(ws)}")
-    return lines
-
+    before = [f"{w} = empty_strided(({rows * split.parts},), (1,), dtype={dt}, device={device!r})"
+              for w, (_, dt) in zip(ws, split.workspaces)]
+    tensors, sizes = (*args, *ws), (rows, rnumel)
+    launches = [
+        Launch(k.name, (split.parts, blocks, 1), f"({split.parts}, {blocks})", tensors, sizes,
+               (("XBLOCK", split.xblock), ("RBLOCK", split.rblock), ("num_warps", split.num_warps))),
+        Launch(combine_name(k.name), (blocks, 1, 1), f"({blocks},)", tensors, sizes,
+               (("XBLOCK", split.xblock), ("RBLOCK", split.combine_rblock), ("num_warps", split.combine_warps))),
+    ]
+    return before, launches, [f"del {', '.join(ws)}"]

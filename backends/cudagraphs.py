@@ -1,0 +1,281 @@
+"""CUDA graphs: `torch.compile(mode="reduce-overhead")`, or Options.cuda_graphs.
+
+A compiled graph's call is recorded once into a CUDA graph and replayed after
+that: one launch for the whole wrapper, none of its Python.  What this module
+decides, and where a person can see it (each decision is logged, and
+`CudaGraphed.decisions` keeps them):
+
+- **Whether a graph may be recorded** (`capture_verdict`): not with CPU tensors
+  among its inputs or outputs (a replay would reuse the values read when it was
+  recorded), not with inputs on several devices, not with an op that waits for
+  the GPU (a result sized by the data), not when it writes into an input that is
+  copied in (the write would land in the copy).  Such a graph runs as compiled,
+  without a CUDA graph, and one log line says why.  A capture that fails for a
+  reason not foreseen here falls back the same way.
+- **What is copied in**: parameters and buffers (AOTAutograd's static inputs),
+  and a backward graph's saved tensors, keep their addresses and are read where
+  they are; every other input is copied into a placeholder the graph was
+  recorded with.  A call whose static inputs sit elsewhere (a new pointer set)
+  records another graph.
+- **Memory**: each recording allocates in a private pool.  A backward graph is
+  recorded into the pool of the forward recording whose outputs it reads, so it
+  reuses the forward's freed temporaries, as Inductor's cudagraph trees share one
+  pool.  That is safe because a recording's outputs stay allocated to it (they
+  are never handed to a later recording), and a recording is replayed only when
+  nothing still refers to the outputs that the replay would overwrite: its own
+  from the last replay, and those of every recording made after it in its pool
+  (they may lie in its freed temporaries).  Otherwise another recording is made,
+  up to `MAX_RECORDINGS` a graph; past that the graph runs without CUDA graphs.
+  So outputs never change under the caller's hands, unlike Inductor's, which
+  a later step may overwrite.
+- **Outputs** are handed out as fresh tensors over the recording's memory
+  (`detach()`), so whether anyone still holds one is the count of references to
+  its storage.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+
+log = logging.getLogger("coil")
+
+# recordings of one compiled graph, for new pointer sets and for outputs still held
+MAX_RECORDINGS = 4
+
+
+def capture_verdict(example_inputs: Sequence[Any], copied: frozenset[int], mutated: frozenset[int],
+                    syncs: Sequence[str]) -> str | None:
+    """None when a graph may be recorded, else why not.  `copied`: the inputs
+    copied into placeholders; `mutated`: the inputs the graph writes into;
+    `syncs`: the ops that wait for the GPU."""
+    if syncs:
+        return f"{syncs[0]} waits for the GPU (its result's size depends on the data)"
+    written = sorted(mutated & copied)
+    if written:
+        return f"it writes into input {written[0]}, which is copied in (not a parameter or buffer)"
+    devices = set()
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            if x.device.type != "cuda":
+                return f"input {i} is a {x.device.type.upper()} tensor"
+            devices.add(x.device)
+    if not devices:
+        return "no CUDA tensor among its inputs"
+    if len(devices) > 1:
+        return f"inputs on {len(devices)} devices"
+    return None
+
+
+class _Pool:
+    """A private memory pool and the recordings made in it, in order."""
+
+    def __init__(self) -> None:
+        self.handle = torch.cuda.graph_pool_handle()
+        self.recordings: list[_Recording] = []
+
+
+class _Recording:
+    """One CUDA graph of a compiled graph: its placeholders, the addresses of its
+    static inputs, its outputs and how many references each output's storage
+    had when nothing outside held it."""
+
+    def __init__(self, graph: Any, pool: _Pool, static_ptrs: list[int | None], placeholders: dict[int, torch.Tensor],
+                 outputs: tuple[Any, ...], watched: tuple[int, ...]) -> None:
+        self.graph, self.pool = graph, pool
+        self.static_ptrs = static_ptrs  # by input index: the address of each static input, None for the others
+        self.placeholders = placeholders
+        self.outputs = outputs
+        # (storage, references when only this recording holds it) of each output in the pool;
+        # the counts are taken once every storage object here exists (outputs may share one)
+        storages = [outputs[i].untyped_storage() for i in watched]
+        self._storages = [(s, torch._C._storage_Use_Count(s._cdata)) for s in storages]
+
+    def outputs_free(self) -> bool:
+        """Whether nothing outside this recording refers to its outputs' memory."""
+        return all(torch._C._storage_Use_Count(s._cdata) <= base for s, base in self._storages)
+
+    def replayable(self) -> bool:
+        """Whether a replay overwrites nothing anyone holds: its own outputs and
+        those of the recordings made after it in its pool are all unreferenced."""
+        later = self.pool.recordings[self.pool.recordings.index(self):]
+        return all(r.outputs_free() for r in later)
+
+    def run(self, args: list[Any]) -> tuple[Any, ...]:
+        for i, ph in self.placeholders.items():
+            ph.copy_(args[i])
+        args.clear()
+        self.graph.replay()
+        return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+
+
+class PoolSet:
+    """The pools of one Dynamo graph's compiled graphs (forward, backward,
+    inference), so a backward graph finds the pool of the forward it reads."""
+
+    def __init__(self) -> None:
+        self.pools: list[_Pool] = []
+
+    def pool_for(self, static: Sequence[torch.Tensor]) -> _Pool:
+        """The pool holding one of these inputs (a forward's output a backward
+        reads), else a new pool."""
+        ptrs = {t.untyped_storage().data_ptr() for t in static}
+        for pool in self.pools:
+            for rec in pool.recordings:
+                if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in ptrs for o in rec.outputs):
+                    return pool
+        pool = _Pool()
+        self.pools.append(pool)
+        return pool
+
+
+class CudaGraphed:
+    """A compiled graph's boxed call, replayed from CUDA graphs (the module's
+    docstring says how).  `static`: the inputs whose addresses are kept."""
+
+    def __init__(self, call: Callable[[list[Any]], tuple[Any, ...]], kind: str, static: frozenset[int],
+                 pools: PoolSet, verdict: str | None) -> None:
+        self.call, self.kind, self.static, self.pools = call, kind, static, pools
+        self._static_idx = tuple(sorted(static))
+        self._static_list = list(self._static_idx)
+        self._c_check: Any = None
+        self.recordings: list[_Recording] = []
+        self.warmed = False
+        self.off: str | None = None
+        self.decisions: list[str] = []
+        if verdict is not None:
+            self._turn_off(verdict)
+
+    def _turn_off(self, why: str) -> None:
+        self.off = why
+        self.decisions.append(f"no CUDA graph: {why}")
+        log.warning("coil: %s graph runs without CUDA graphs: %s", self.kind, why)
+
+    def __call__(self, args: list[Any]) -> tuple[Any, ...]:
+        if self.off is not None:
+            return self.call(args)
+        for rec in self.recordings:
+            if self._static_match(rec, args) and rec.replayable():
+                return rec.run(args)
+        if not self.warmed:  # the first call compiles kernels and sets up libraries: not recorded
+            self.warmed = True
+            return self.call(args)
+        if len(self.recordings) >= MAX_RECORDINGS:
+            self._turn_off(f"{MAX_RECORDINGS} recordings, and a call that none can replay (new addresses of "
+                           "parameters, or outputs of every recording still held)")
+            return self.call(args)
+        return self._record(args)
+
+    def _static_match(self, rec: _Recording, args: list[Any]) -> bool:
+        """Whether the static inputs are where they were when rec was recorded:
+        torch's C++ comparison where this torch has it (Inductor's), else Python's."""
+        if self._c_check is not None:
+            return bool(self._c_check(args, rec.static_ptrs, self._static_list))
+        ptrs = rec.static_ptrs
+        return all(args[i].data_ptr() == ptrs[i] for i in self._static_idx)
+
+    def _choose_check(self, args: list[Any], static_ptrs: list[int | None]) -> None:
+        """Use the C++ comparison only if it agrees on the call being recorded."""
+        check = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+        try:
+            ok = check is not None and check(args, static_ptrs, self._static_list) is True
+        except (TypeError, RuntimeError):
+            ok = False
+        self._c_check = check if ok else None
+
+    def _record(self, args: list[Any]) -> tuple[Any, ...]:
+        static_inputs = [args[i] for i in self._static_idx]
+        pool = self.pools.pool_for(static_inputs)
+        placeholders: dict[int, torch.Tensor] = {}
+        inputs = list(args)
+        for i, x in enumerate(args):
+            if i not in self.static and isinstance(x, torch.Tensor):
+                ph = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+                ph.copy_(x)
+                placeholders[i] = inputs[i] = ph
+        static_ptrs: list[int | None] = [x.data_ptr() if i in self.static else None for i, x in enumerate(args)]
+        if not self.recordings:
+            self._choose_check(args, static_ptrs)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        try:
+            with torch.cuda.graph(graph, pool=pool.handle):
+                outputs = tuple(self.call(list(inputs)))
+        except Exception as e:  # noqa: BLE001 - an op that cannot be captured: run as compiled
+            self._turn_off(f"capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            torch.cuda.synchronize()
+            return self.call(args)
+        why = self._outputs_verdict(outputs, placeholders, static_inputs)
+        if why is not None:
+            self._turn_off(why)
+            return self.call(args)
+        own = {x.untyped_storage().data_ptr() for x in static_inputs}
+        watched = tuple(i for i, o in enumerate(outputs)
+                        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in own)
+        rec = _Recording(graph, pool, static_ptrs, placeholders, outputs, watched)
+        pool.recordings.append(rec)
+        self.recordings.append(rec)
+        n = len(self.recordings)
+        self.decisions.append(f"recording {n}: {len(self._static_idx)} inputs read in place, {len(placeholders)} "
+                              f"copied in; pool {self.pools.pools.index(pool)} (recording {len(pool.recordings)} in it)")
+        log.info("coil: %s graph recorded into a CUDA graph: %s", self.kind, self.decisions[-1])
+        return rec.run(args)
+
+    @staticmethod
+    def _outputs_verdict(outputs: tuple[Any, ...], placeholders: dict[int, torch.Tensor],
+                         static_inputs: list[torch.Tensor]) -> str | None:
+        copies = {ph.untyped_storage().data_ptr() for ph in placeholders.values()}
+        for i, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor):
+                continue
+            if o.device.type != "cuda":
+                return f"output {i} is a {o.device.type.upper()} tensor"
+            if o.untyped_storage().data_ptr() in copies:
+                return f"output {i} is a view of an input that is copied in"
+        return None
+
+
+def graph_facts(gm: torch.fx.GraphModule, kind: str) -> tuple[frozenset[int], frozenset[int], list[str]]:
+    """(static inputs, mutated inputs, ops that wait for the GPU) of an FX graph
+    AOTAutograd hands over.  Static: AOTAutograd's static input indices (parameters
+    and buffers) for a forward or inference graph; for a backward graph every
+    input but the incoming gradients (`tangents_*`): saved tensors are forward
+    outputs or parameters."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    index = {n: i for i, n in enumerate(placeholders)}
+    if kind == "backward":
+        static = frozenset(i for i, n in enumerate(placeholders) if "tangents" not in n.name)
+    else:
+        from torch._guards import TracingContext
+
+        ctx = TracingContext.try_get()
+        meta = getattr(ctx, "fw_metadata", None)
+        static = frozenset(getattr(meta, "static_input_indices", None) or ())
+    mutated: set[int] = set()
+    syncs: list[str] = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if schema is not None:
+            for a, arg in zip(schema.arguments, n.args):
+                if a.alias_info is not None and a.alias_info.is_write and arg in index:
+                    mutated.add(index[arg])
+        name = str(n.target)
+        if any(s in name for s in ("nonzero", "masked_select", "_local_scalar_dense", "unique", "repeat_interleave")):
+            syncs.append(name)
+    return static, frozenset(mutated), syncs
+
+
+def wrap(run: Callable[[list[Any]], tuple[Any, ...]], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+         kind: str, pools: PoolSet) -> CudaGraphed:
+    """The boxed call `run` of a compiled graph, replayed from CUDA graphs where
+    the graph may be recorded (capture_verdict)."""
+    static, mutated, syncs = graph_facts(gm, kind)
+    static = frozenset(i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)
+                       and (i in static or isinstance(x, torch.nn.Parameter)))
+    copied = frozenset(i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)) - static
+    verdict = capture_verdict(example_inputs, copied, mutated, syncs)
+    return CudaGraphed(run, kind, static, pools, verdict)
