@@ -231,6 +231,7 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
     fn = find_lowering(target)
     if fn is not None:
         mark = len(ctx.nodes)
+        ctx.arg_vals = tuple(vals.get(a.name) if isinstance(a, torch.fx.Node) else None for a in node.args)
         out = fn(ctx, *args, **kwargs)
         if out is not NotImplemented:
             log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)

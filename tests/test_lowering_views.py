@@ -142,11 +142,12 @@ def test_floordiv_of_a_scaled_index_drops_the_remainder() -> None:
 @pytest.mark.parametrize(
     "fn, kernel",
     [(lambda x: x.view(torch.int32) + 1, "aten.view.dtype"),
-     (lambda x: x.as_strided((2, 2), (1, 3)) * 2, "aten.as_strided.default")],
+     (lambda x: x.t().as_strided((2, 2), (1, 3)) * 2, "aten.as_strided.default")],
     ids=["view_dtype", "as_strided"],
 )
 def test_storage_views_stay_extern(fn: Any, kernel: str) -> None:
-    """A bitcast or a remap of storage is not a remap of the logical index."""
+    """A bitcast, or a remap of the storage of a tensor eager holds non-contiguous,
+    is not a remap of the logical index."""
     bg, _ = _buffers(fn, torch.randn(4, 6))
     assert kernel in [b.kernel for b in bg.buffers if isinstance(b, ExternBuffer)]
 
@@ -168,3 +169,35 @@ def test_reshape_of_noncontig_input(src: Sequence[int], dst: Sequence[int]) -> N
     """Row-major reinterpretation of a logical index, whatever the input's strides."""
     x = torch.randn(*reversed(src)).permute(*reversed(range(len(src))))
     _buffers(lambda t: t.reshape(dst) * 2, x)
+
+
+# ---- as_strided over a contiguous input: a View (issue 15) ---------------------------------------
+
+
+def _strided(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    a = x * 2
+    return (torch.ops.aten.as_strided(a, [2, 32], [32, 1]) + 1,   # Wav2Vec2's group norm: a reshape
+            torch.ops.aten.as_strided(a, [3, 4], [1, 8], 5),      # a strided window from an offset
+            torch.ops.aten.as_strided(a, [2, 2], [0, 3], 1) * 1,  # stride 0
+            torch.ops.aten.as_strided(a[:, :0], [0, 3], [3, 1]),  # empty
+            torch.ops.aten.as_strided(a.t(), [4, 4], [1, 2]),     # eager's input is not contiguous: Extern
+            torch.ops.aten.as_strided(y[:, :2], [2, 2], [2, 1]),  # nor is a column slice: Extern
+            torch.ops.aten.as_strided(y[:2], [3, 4], [4, 1]))     # past y[:2] into y's storage: Extern
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+def test_as_strided_of_a_contiguous_input_is_a_view(target: str) -> None:
+    import coil
+    from coil.ir.lowered import Extern, LoweredGraph
+    from tests_helpers import target_available
+
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    x, y = torch.randn(8, 8), torch.randn(4, 4)
+    gm = make_fx(_strided)(x, y)
+    g = coil.default_pipeline().run(gm, [x, y], until="lower", options=coil.Options(target=target))
+    assert isinstance(g, LoweredGraph)
+    assert [n.origin for n in g.nodes if isinstance(n, Extern)] == ["as_strided_4", "as_strided_5", "as_strided_6"]
+    got = coil.compile_graph(gm, [x, y], coil.Options(target=target))(x, y)
+    for k, (g_, e) in enumerate(zip(got, _strided(x, y))):
+        torch.testing.assert_close(g_, e, rtol=0, atol=0, msg=lambda m: f"output {k}: {m}")

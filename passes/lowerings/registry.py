@@ -69,6 +69,9 @@ class LowerCtx:
         self.device = device
         self._used: set[str] = set()
         self._reserved: set[str] = set()
+        # eager's values (fake tensors) of the FX node's positional arguments, for the
+        # few lowerings whose meaning depends on a layout (as_strided); None where unknown
+        self.arg_vals: tuple[Any, ...] = ()
 
     def at(self, origin: str, op: str, device: str) -> "LowerCtx":
         self.origin, self.op, self.device = origin, op, device

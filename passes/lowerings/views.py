@@ -11,12 +11,17 @@ tensors: they are the same remap followed by a pointwise copy, which realize
 inlines into readers like any other pointwise node, so they cost nothing unless
 they are graph outputs (where aliasing an input would be wrong).
 
-aten.view.dtype (a bitcast) and as_strided (a remap of storage, not of the logical
-index) are not index remaps of the logical tensor: they stay Extern.
+aten.view.dtype (a bitcast) is not an index remap of the logical tensor: it stays
+Extern.  as_strided remaps storage, not the logical index; over an input that
+eager holds contiguous from offset 0 (the FX node's fake value says so) the two
+are one, and as long as every element it reaches lies inside the input it is a
+View at unflatten(offset + sum(stride * x), input size).  Otherwise it stays
+Extern.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import sympy
@@ -24,8 +29,8 @@ import torch
 
 from coil.errors import CoilError
 from coil.ir.expr import xsyms
-from coil.ir.indexing import flatten, ranges_of, simplify_index, unflatten
-from coil.passes.lowerings.registry import LowerCtx, TensorValue, normalize_dim, register_lowering
+from coil.ir.indexing import flatten, ranges_of, simplify_index, strided_offset, unflatten
+from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, normalize_dim, register_lowering
 
 
 aten = torch.ops.aten
@@ -200,6 +205,24 @@ def split(ctx: LowerCtx, x: TensorValue, sizes: Any, dim: int = 0) -> tuple[Tens
 def unbind(ctx: LowerCtx, x: TensorValue, dim: int = 0) -> tuple[TensorValue, ...]:
     dim = normalize_dim(dim, x.ndim)
     return tuple(select(ctx, x, dim, i) for i in range(x.size[dim]))
+
+
+@register_lowering(aten.as_strided.default)
+def as_strided(ctx: LowerCtx, x: TensorValue, size: Sequence[int], stride: Sequence[int],
+               storage_offset: int | None = None) -> Any:
+    base = ctx.arg_vals[0] if ctx.arg_vals else None
+    offset = int(storage_offset or 0)
+    if (not isinstance(base, torch.Tensor) or tuple(base.shape) != x.size or not base.is_contiguous()
+            or base.storage_offset() != 0 or len(size) != len(stride) or offset < 0
+            or any(int(s) < 0 for s in size) or any(int(st) < 0 for st in stride)):
+        return NotImplemented
+    size = [int(s) for s in size]
+    if math.prod(size) == 0:  # nothing to read (x may be empty too)
+        return ctx.pointwise(size, constant(0, x.dtype), x.dtype)
+    if offset + sum((s - 1) * int(st) for s, st in zip(size, stride)) >= x.numel():
+        return NotImplemented  # it reaches past the input into the rest of its storage
+    flat = strided_offset(xsyms(len(size)), [int(st) for st in stride], offset)
+    return _view(ctx, x, size, unflatten(flat, x.size))
 
 
 @register_lowering(aten.diagonal.default)
