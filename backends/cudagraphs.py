@@ -83,8 +83,12 @@ class _Recording:
     had when nothing outside held it."""
 
     def __init__(self, graph: Any, pool: _Pool, static_ptrs: list[int | None], placeholders: dict[int, torch.Tensor],
-                 outputs: tuple[Any, ...], watched: tuple[int, ...]) -> None:
+                 outputs: tuple[Any, ...], watched: tuple[int, ...],
+                 aliases: dict[int, tuple[int, tuple[int, ...], tuple[int, ...], int] | None]) -> None:
         self.graph, self.pool = graph, pool
+        # outputs that are views of a copied-in input: (input, size, stride, offset from the
+        # input's own), or None for the input itself; handed out as views of the caller's tensor
+        self.aliases = aliases
         self.static_ptrs = static_ptrs  # by input index: the address of each static input, None for the others
         self.placeholders = placeholders
         self.outputs = outputs
@@ -106,9 +110,22 @@ class _Recording:
     def run(self, args: list[Any]) -> tuple[Any, ...]:
         for i, ph in self.placeholders.items():
             ph.copy_(args[i])
+        aliased = {k: _view_of(args, v) for k, v in self.aliases.items()} if self.aliases else None
         args.clear()
         self.graph.replay()
-        return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        out = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        if aliased:
+            out = tuple(aliased.get(k, o) for k, o in enumerate(out))
+        return out
+
+
+def _view_of(args: list[Any], how: tuple[int, tuple[int, ...], tuple[int, ...], int] | None | int) -> Any:
+    if isinstance(how, int):
+        return args[how]
+    assert how is not None
+    i, size, stride, delta = how
+    x = args[i]
+    return x.as_strided(size, stride, x.storage_offset() + delta)
 
 
 class PoolSet:
@@ -117,6 +134,11 @@ class PoolSet:
 
     def __init__(self) -> None:
         self.pools: list[_Pool] = []
+
+    def managed(self) -> set[int]:
+        """The storages of every recording's outputs."""
+        return {o.untyped_storage().data_ptr() for pool in self.pools for rec in pool.recordings
+                for o in rec.outputs if isinstance(o, torch.Tensor)}
 
     def pool_for(self, static: Sequence[torch.Tensor]) -> _Pool:
         """The pool holding one of these inputs (a forward's output a backward
@@ -137,16 +159,20 @@ class CudaGraphed:
 
     def __init__(self, call: Callable[[list[Any]], tuple[Any, ...]], kind: str, static: frozenset[int],
                  pools: PoolSet, verdict: str | None) -> None:
-        self.call, self.kind, self.static, self.pools = call, kind, static, pools
-        self._static_idx = tuple(sorted(static))
-        self._static_list = list(self._static_idx)
-        self._c_check: Any = None
+        self.call, self.kind, self.pools = call, kind, pools
+        self._set_static(static)
         self.recordings: list[_Recording] = []
         self.warmed = False
         self.off: str | None = None
         self.decisions: list[str] = []
         if verdict is not None:
             self._turn_off(verdict)
+
+    def _set_static(self, static: frozenset[int]) -> None:
+        self.static = static
+        self._static_idx = tuple(sorted(static))
+        self._static_list = list(self._static_idx)
+        self._c_check: Any = None
 
     def _turn_off(self, why: str) -> None:
         self.off = why
@@ -186,6 +212,12 @@ class CudaGraphed:
         self._c_check = check if ok else None
 
     def _record(self, args: list[Any]) -> tuple[Any, ...]:
+        if self.kind == "backward" and not self.recordings:
+            # a saved tensor is read in place where it stays put: a parameter, or an output
+            # of a recording (in a pool); one the forward saved from its own inputs is copied in
+            managed = self.pools.managed()
+            self._set_static(frozenset(i for i in self.static if isinstance(args[i], torch.nn.Parameter)
+                                       or args[i].untyped_storage().data_ptr() in managed))
         static_inputs = [args[i] for i in self._static_idx]
         pool = self.pools.pool_for(static_inputs)
         placeholders: dict[int, torch.Tensor] = {}
@@ -207,14 +239,15 @@ class CudaGraphed:
             self._turn_off(f"capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             torch.cuda.synchronize()
             return self.call(args)
-        why = self._outputs_verdict(outputs, placeholders, static_inputs)
+        why = self._outputs_verdict(outputs)
         if why is not None:
             self._turn_off(why)
             return self.call(args)
-        own = {x.untyped_storage().data_ptr() for x in static_inputs}
+        aliases = self._aliases(outputs, placeholders)
+        outside = {x.untyped_storage().data_ptr() for x in (*static_inputs, *placeholders.values())}
         watched = tuple(i for i, o in enumerate(outputs)
-                        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in own)
-        rec = _Recording(graph, pool, static_ptrs, placeholders, outputs, watched)
+                        if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in outside)
+        rec = _Recording(graph, pool, static_ptrs, placeholders, outputs, watched, aliases)
         pool.recordings.append(rec)
         self.recordings.append(rec)
         n = len(self.recordings)
@@ -224,17 +257,26 @@ class CudaGraphed:
         return rec.run(args)
 
     @staticmethod
-    def _outputs_verdict(outputs: tuple[Any, ...], placeholders: dict[int, torch.Tensor],
-                         static_inputs: list[torch.Tensor]) -> str | None:
-        copies = {ph.untyped_storage().data_ptr() for ph in placeholders.values()}
+    def _outputs_verdict(outputs: tuple[Any, ...]) -> str | None:
         for i, o in enumerate(outputs):
-            if not isinstance(o, torch.Tensor):
-                continue
-            if o.device.type != "cuda":
+            if isinstance(o, torch.Tensor) and o.device.type != "cuda":
                 return f"output {i} is a {o.device.type.upper()} tensor"
-            if o.untyped_storage().data_ptr() in copies:
-                return f"output {i} is a view of an input that is copied in"
         return None
+
+    @staticmethod
+    def _aliases(outputs: tuple[Any, ...], placeholders: dict[int, torch.Tensor]
+                 ) -> dict[int, Any]:
+        """Outputs that are a copied-in input or a view of one (a forward saves
+        its input for the backward): how to make each from the caller's input."""
+        by_storage = {ph.untyped_storage().data_ptr(): (i, ph) for i, ph in placeholders.items()}
+        out: dict[int, Any] = {}
+        for k, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor) or (hit := by_storage.get(o.untyped_storage().data_ptr())) is None:
+                continue
+            i, ph = hit
+            same = o.size() == ph.size() and o.stride() == ph.stride() and o.storage_offset() == ph.storage_offset()
+            out[k] = i if same else (i, tuple(o.size()), tuple(o.stride()), o.storage_offset() - ph.storage_offset())
+        return out
 
 
 def graph_facts(gm: torch.fx.GraphModule, kind: str) -> tuple[frozenset[int], frozenset[int], list[str]]:

@@ -145,9 +145,9 @@ def test_training_records_forward_and_backward_in_one_pool(caplog: pytest.LogCap
     ref = [p.detach().clone() for p in model.parameters()]
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="coil", mode="reduce-overhead")
-    x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
     with caplog.at_level(logging.INFO, logger="coil"):
-        for step in range(5):
+        for step in range(5):  # a new batch each step: the input the forward saves is copied in
+            x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
             for p in model.parameters():
                 p.grad = None
             loss = torch.nn.functional.cross_entropy(compiled(x), y)
@@ -188,3 +188,16 @@ def test_random_numbers_differ_between_replays() -> None:
     outs = [compiled(x).clone() for _ in range(5)]
     assert not torch.equal(outs[-1], outs[-2])
     assert all(abs(o.eq(0).float().mean().item() - 0.5) < 0.02 for o in outs)
+
+
+@pytest.mark.cuda
+@cuda
+def test_a_cpu_scalar_tensor_read_by_a_cuda_kernel() -> None:
+    """x * torch.tensor(2.0): the CPU scalar goes to the device before the kernel."""
+    x = torch.randn(64, device="cuda")
+    fn = lambda a, s: (a * s).relu()  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="coil")
+    for v in (2.0, -1.0):
+        s = torch.tensor(v)
+        torch.testing.assert_close(compiled(x, s), fn(x, s))

@@ -332,14 +332,20 @@ class TritonBackend:
         they launch on is not 16-byte aligned (then they launch through Triton's
         path, which specializes on alignment)."""
         guard = _guard_device(program)
-        if guard is None or options.autotune:
+        if guard is None:
             return []
-        index = torch.device(guard).index or 0
+        graph = program.plan.schedule.graph.graph
         inputs, _ = aligned_by_allocation(program)
+        # a CPU scalar tensor a CUDA kernel reads (x * torch.tensor(2.0)) goes to the device first
+        moved = [f"{n} = {n}.to({guard!r})" for n in sorted(inputs, key=program.inputs.index)
+                 if not graph.layout(n).device.startswith("cuda")]
+        if options.autotune:
+            return moved
+        index = torch.device(guard).index or 0
         if not inputs:
-            return [f"stream0 = raw_stream({index})"]
+            return [*moved, f"stream0 = raw_stream({index})"]
         ptrs = " | ".join(f"{n}.data_ptr()" for n in sorted(inputs, key=program.inputs.index))
-        return [f"stream0 = None if ({ptrs}) & 15 else raw_stream({index})"]
+        return [*moved, f"stream0 = None if ({ptrs}) & 15 else raw_stream({index})"]
 
     def guard_device(self, program: WrapperProgram) -> str | None:
         """The CUDA device current while `call` runs (device_guard's), if any."""
