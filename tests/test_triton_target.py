@@ -946,13 +946,14 @@ def test_precompile_warms_every_kernel_and_survives_a_failure() -> None:
     class Kernel:
         def __init__(self, name: str, fails: bool = False) -> None:
             self.__name__, self.fails = name, fails
+            self.kernel = None  # as Triton's JITFunction has one (None until launched)
 
         def warmup(self, *args: Any, grid: tuple[int, ...], **meta: Any) -> None:
             calls.append((self.__name__, args, {"grid": grid, **meta}, threading.current_thread().name))
             if self.fails:
                 raise RuntimeError("no compiler here")
 
-    class Wrapped:  # as fast_launch holds a JITFunction
+    class Wrapped:  # as Launcher and fast_launch hold a JITFunction
         def __init__(self, kernel: Kernel) -> None:
             self.kernel = kernel
 

@@ -491,7 +491,8 @@ def precompile(specs: Sequence[tuple[Any, tuple[Any, ...], dict[str, int], str]]
 
     def one(spec: tuple[Any, tuple[Any, ...], dict[str, int], str]) -> None:
         kernel, args, meta, device = spec
-        jit = getattr(kernel, "kernel", kernel)  # fast_launch wraps the JITFunction
+        # a JITFunction, or a launcher wrapping one (a JITFunction has a `kernel` attribute of its own)
+        jit = kernel if hasattr(kernel, "warmup") else kernel.kernel
         guard = torch.cuda.device(device) if device.startswith("cuda") else contextlib.nullcontext()
         try:
             with guard:
