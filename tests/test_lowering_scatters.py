@@ -176,3 +176,47 @@ def test_relative_bias_training_has_no_index_put_extern(target: str, tmp_path: P
     assert set(texts) == {"0_forward", "1_backward"}
     assert "(index_put):" in texts["1_backward"]
     assert not any("= Extern" in text for text in texts.values()), texts
+
+
+def big_embedding_grad(idx: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return aten.embedding_dense_backward(g.relu(), idx, 500, 3, False) * 0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("target", TARGETS)
+def test_large_embedding_gradient_is_one_index_add(target: str, dtype: torch.dtype) -> None:
+    """Past EMBEDDING_SCATTER_WORK the gradient is an index_add into float32
+    zeros (one atomic kernel on CUDA, where an accumulating index_put sorts the
+    indices first), the padding row's gradient masked out as eager does."""
+    from coil.passes.lowerings.decompositions import EMBEDDING_SCATTER_WORK
+
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    idx = torch.randint(0, 500, (4, 32))
+    idx[0, :6] = 3  # the padding index: no gradient
+    idx[1, :5] = 9  # duplicates add up
+    inputs = [idx, torch.randn(4, 32, 16).to(dtype)]
+    assert 500 * 16 * idx.numel() > EMBEDDING_SCATTER_WORK
+    gm = make_fx(big_embedding_grad)(*inputs)
+    lowered = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target=target))
+    externs = [n.kernel for n in lowered.nodes if isinstance(n, Extern)]
+    assert externs == ["aten.index_add.default"], show(lowered)
+    (got,) = coil.compile_graph(gm, inputs, coil.Options(target=target))(*inputs)
+    want = big_embedding_grad(*inputs)
+    assert got.dtype == want.dtype and not got[3].any()
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(got, want, **tol)
+
+
+def test_deterministic_mode_keeps_torchs_embedding_gradient() -> None:
+    """Under torch.use_deterministic_algorithms the gradient keeps torch's
+    decomposition (index_put, whose CUDA kernel is deterministic)."""
+    idx, g = torch.randint(0, 500, (4, 32)), torch.randn(4, 32, 16)
+    gm = make_fx(big_embedding_grad)(idx, g)
+    torch.use_deterministic_algorithms(True)
+    try:
+        lowered = coil.default_pipeline().run(gm, [idx, g], until="lower", options=coil.Options(target="reference"))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    externs = [n.kernel for n in lowered.nodes if isinstance(n, Extern)]
+    assert externs == ["aten._unsafe_index_put.default"], show(lowered)

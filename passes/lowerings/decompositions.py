@@ -95,6 +95,7 @@ _FUSION_FRIENDLY = [
 # and the fused aten kernels are what a user wants there anyway.
 _KEEP_EXTERN = (
     aten.mm, aten.bmm, aten.addmm, aten.convolution, aten._convolution,
+    aten.index_add,  # atomics in one kernel on CUDA (embedding_dense_backward below)
     aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu,
     aten._scaled_dot_product_attention_math,
 )
@@ -123,6 +124,40 @@ def weight_norm_interface_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, 
     return grad_v.to(saved_v.dtype), grad_g.to(saved_g.dtype)
 
 
+# an embedding gradient with more element-rows than this (numel of the weight times
+# the tokens) is accumulated by index_add (scatters.SCATTER_WORK: below it, the
+# index_put that torch's decomposition makes is lowered into a kernel)
+EMBEDDING_SCATTER_WORK = 1 << 13
+
+
+def embedding_dense_backward(grad_output: torch.Tensor, indices: torch.Tensor, num_weights: int, padding_idx: int,
+                             scale_grad_by_freq: bool) -> torch.Tensor:
+    """The embedding gradient as one index_add into zeros, in float32 for half
+    types as eager accumulates, where torch's decomposition makes an accumulating
+    index_put: on CUDA aten's index_put with accumulate sorts the indices first
+    (several kernels a table), index_add adds with atomics in one (Inductor's
+    scatter does the same; the order of the additions is not fixed, as there).
+    torch's decomposition where the table is small (coil lowers its index_put),
+    with scale_grad_by_freq, and under torch.use_deterministic_algorithms."""
+    rows = indices.numel()
+    width = grad_output.numel() // max(rows, 1)
+    if (scale_grad_by_freq or torch.are_deterministic_algorithms_enabled()
+            or num_weights * width * rows <= EMBEDDING_SCATTER_WORK):
+        from torch._decomp.decompositions import embedding_dense_backward as torch_decomposition
+
+        return torch_decomposition(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+    acc = torch.float32 if grad_output.dtype in (torch.float16, torch.bfloat16) else grad_output.dtype
+    flat_idx = aten.reshape.default(indices, [rows])
+    flat_grad = aten.reshape.default(grad_output, [rows, width]).to(acc)
+    if padding_idx >= 0:
+        keep = aten.unsqueeze.default(aten.ne.Scalar(flat_idx, padding_idx), 1)
+        flat_grad = aten.where.self(keep, flat_grad, aten.scalar_tensor.default(0, dtype=acc, device=flat_grad.device))
+    zeros = aten.zeros.default([num_weights, width], dtype=acc, device=grad_output.device)
+    out = aten.index_add.default(zeros, 0, flat_idx, flat_grad)
+    shape = [num_weights, *grad_output.shape[indices.dim():]]
+    return aten.reshape.default(out, shape).to(grad_output.dtype)
+
+
 def _core() -> dict[Any, Callable[..., Any]]:
     """Core ATen's decompositions.  CompositeImplicitAutograd ops decompose while
     AOTAutograd traces anyway, so only the post-autograd part is taken where torch
@@ -137,6 +172,7 @@ def _table() -> dict[Any, Callable[..., Any]]:
     table.update(get_decompositions(_FUSION_FRIENDLY))
     table[aten.copy.default] = copy
     table[aten._weight_norm_interface_backward.default] = weight_norm_interface_backward
+    table[aten.embedding_dense_backward.default] = embedding_dense_backward
     for packet in _KEEP_EXTERN:
         for name in packet.overloads():
             table.pop(getattr(packet, name), None)
