@@ -31,6 +31,13 @@ def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[in
     return t.as_strided(tuple(size), tuple(stride), offset)
 
 
+# output_code.py's views: (base, size, stride, offset from the base's own storage
+# offset), torch's C++ function that Inductor's wrappers call (no dispatcher, half
+# as_strided's cost), else as_strided
+reinterpret_view = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", None) or (
+    lambda t, size, stride, delta: t.as_strided(size, stride, t.storage_offset() + delta))
+
+
 def ensure_layout(t: Any, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, name: str = "") -> Any:
     """An extern's result in the layout its fake tensor promised.  Kernels index
     extern outputs by that layout; an aten kernel whose meta function disagrees

@@ -119,6 +119,8 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
     # optional backend hook: the CUDA device current while `call` runs (its device guard's)
     guard_device = getattr(backend, "guard_device", None)
     cuda_guard = guard_device(program) if guard_device is not None else None
+    static_offset: dict[str, int] = {}  # storage offsets of coil's own views, known now
+    returned = {n for ln in program.lines if isinstance(ln, Return) for n in ln.names if n is not None}
     for ln in program.lines:
         match ln:
             case Alloc():
@@ -131,13 +133,18 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 if (old.size, old.stride) == (ln.layout.size, ln.layout.stride):
                     out.append(f"    {ln.new} = {ln.old}; del {ln.old}  # reuse")
                 else:
-                    out.append(f"    {ln.new} = reinterpret_tensor({ln.old}, {layout_args(ln.layout)}, 0); del {ln.old}  # reuse")
+                    out.append(f"    {ln.new} = reinterpret_view({ln.old}, {layout_args(ln.layout)}, 0); del {ln.old}  # reuse")
             case ReinterpretView():
+                # reinterpret_view takes the offset from the base's own: known now where coil
+                # allocated the base (0, or the view's), read at run time otherwise (base_offset)
+                delta = ln.layout.offset - static_offset.get(ln.base, 0) if ln.base_offset is None else ln.delta()
                 if ln.base_offset is None:
-                    out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, {ln.layout.offset})")
-                else:
+                    static_offset[ln.name] = ln.layout.offset
+                if ln.name in returned:  # as_strided: the caller gets a view of its base, as eager's
                     out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, "
-                               f"{ln.base}.storage_offset() + {ln.delta()})")
+                               f"{ln.base}.storage_offset() + {delta})")
+                else:
+                    out.append(f"    {ln.name} = reinterpret_view({ln.base}, {layout_args(ln.layout)}, {delta})")
             case KernelCall():
                 out += ["    " + s for s in backend.call(ln, program, options)]
             case ExternCall():
@@ -189,7 +196,7 @@ def render_module(program: WrapperProgram, backend: KernelBackend, kernels: tupl
     head = [
         f"# output_code.py written by coil (target={options.target})",
         "import torch",
-        "from coil.backends.runtime import empty_strided, empty_strided_cuda, ensure_dtype, ensure_layout, reinterpret_tensor, poison",
+        "from coil.backends.runtime import empty_strided, empty_strided_cuda, ensure_dtype, ensure_layout, poison, reinterpret_tensor, reinterpret_view",
         "",
     ]
     head += backend.header(options)

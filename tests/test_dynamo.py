@@ -47,8 +47,8 @@ def test_mlp_forward_backward(target, monkeypatch):
 
     real = dyn._graph_compiler
 
-    def spy(options, kind, *rest):
-        inner = real(options, kind, *rest)
+    def spy(options, kind, *rest, **kw):
+        inner = real(options, kind, *rest, **kw)
 
         def compile_one(gm, example_inputs):
             compiled_graphs.append(kind)

@@ -275,9 +275,9 @@ def test_a_passed_through_graph_is_called_without_aot_wrappers(tmp_path: Path, g
     direct: list[Any] = []
     real = dyn._direct
 
-    def spy(compiled: Any) -> Any:
+    def spy(compiled: Any, call: Any) -> Any:
         direct.append(compiled)
-        return real(compiled)
+        return real(compiled, call)
 
     monkeypatch.setattr(dyn, "_direct", spy)
     x, y = torch.randn(8, 12), torch.randn(12, 8)
