@@ -171,3 +171,40 @@ def test_a_warm_compile_on_triton_skips_aot_autograd(device, tmp_path, monkeypat
     torch._dynamo.reset()
     x2, y2 = torch.randn(48, 40, device=device), torch.randn(40, 48, device=device)
     torch.testing.assert_close(torch.compile(fn, backend="coil", options=options)(x2, y2), fn(x2, y2))
+
+
+def test_training_saves_inputs_and_recomputes_pointwise(monkeypatch):
+    """AOTAutograd splits training graphs with the min-cut partitioner, as for
+    Inductor: a chain of pointwise ops is recomputed in the backward (fused there)
+    instead of its intermediates being stored by the forward and kept alive."""
+    graphs = {}
+    real = coil.compile_graph
+
+    def spy(gm, inputs, options=None, *a, kind="graph", **k):
+        graphs[kind] = gm
+        return real(gm, inputs, options, *a, kind=kind, **k)
+
+    monkeypatch.setattr(coil, "compile_graph", spy)
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+    fn = lambda a, b: ((a.sin().cos() * b).exp() + 1).sum()  # noqa: E731
+    torch._dynamo.reset()
+    torch.compile(fn, backend="coil", options={"target": "reference"})(x, w).backward()
+    ex, ew = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    fn(x, w).backward()
+    torch.testing.assert_close(ex, x.grad)
+    torch.testing.assert_close(ew, w.grad)
+
+    def saved(fw):
+        (out,) = [n for n in fw.graph.nodes if n.op == "output"]
+        return [a for a in out.args[0][1:] if hasattr(a, "op")]
+
+    from functorch.compile import aot_function, default_partition, make_boxed_func
+
+    default_fw = []
+    aot_function(fn, fw_compiler=lambda g, i: default_fw.append(g) or make_boxed_func(g),
+                 bw_compiler=lambda g, i: make_boxed_func(g), partition_fn=default_partition)(x, w).backward()
+    ours = saved(graphs["forward"])
+    assert len(ours) < len(saved(default_fw[0])), ([a.name for a in ours], [a.name for a in saved(default_fw[0])])
+    assert not any(a.target in (torch.ops.aten.sin.default, torch.ops.aten.cos.default) for a in ours)
