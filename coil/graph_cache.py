@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ from coil.options import Options
 
 log = logging.getLogger("coil")
 
-_UNCACHED = ("debug_dir", "trace", "cache_dir", "graph_cache")
+_UNCACHED = ("debug_dir", "trace", "cache_dir", "graph_cache", "dump_sources")
 
 
 @functools.lru_cache(maxsize=1)
@@ -217,3 +218,34 @@ def store(key: str, module: CompiledModule, cache_dir: str | None) -> None:
         write_atomic(str(path), pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as e:  # noqa: BLE001 - a graph that does not pickle is simply not cached
         log.debug("coil: graph not cached (%s: %s)", type(e).__name__, e)
+
+
+def dump_source(source: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> None:
+    """Process replay: write a compiled module's source to Options.dump_sources (or
+    the environment's COIL_DUMP_SOURCES), named by what it was compiled from (the
+    graph's code, the inputs, the options that shape code), not by coil's own
+    source, so the same case has the same name before and after a change.  The
+    same name with another source (a compile that is not deterministic) is kept
+    beside it, numbered."""
+    folder = options.dump_sources or os.environ.get("COIL_DUMP_SOURCES")
+    if not folder:
+        return
+    opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
+    parts = [gm.code, *map(_input_key, example_inputs), repr(sorted(opts.items()))]
+    name = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(source)
+    try:
+        for n in range(100):  # linked whole, so a reader never sees half a file
+            path = os.path.join(folder, f"{name}.py" if n == 0 else f"{name}.{n}.py")
+            try:
+                os.link(tmp, path)
+                return
+            except FileExistsError:
+                with open(path) as f:
+                    if f.read() == source:
+                        return
+    finally:
+        os.unlink(tmp)

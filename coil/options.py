@@ -66,6 +66,10 @@ class Options:
     # it (mode="reduce-overhead" turns it on; backends/cudagraphs.py says when a
     # graph is not recorded, and why)
     cuda_graphs: bool = False
+    # process replay (scripts/process_replay.py): every compiled module's output_code.py
+    # is also written to this folder, named by its graph, inputs and options; the
+    # environment's COIL_DUMP_SOURCES applies to Options built directly too
+    dump_sources: str | None = None
 
     def persistent_limit(self) -> int:
         if self.persistent_reduction_threshold > 0:

@@ -103,6 +103,10 @@ class Pipeline:
                 from coil.report import write_debug_dir
 
                 write_debug_dir(i, name, ir, debug_dir)
+            if name == "kernel_gen" and hasattr(ir, "source"):
+                from coil.graph_cache import dump_source
+
+                dump_source(ir.source, gm, example_inputs, options)
             if name == until:
                 return ir
         return ir
