@@ -1,5 +1,5 @@
-"""Verifiers for the back half: they run coil.properties.invariants, the same
-checks users run on their own passes.
+"""Verifiers for the back half: they run coil.ir.invariants, the same checks
+users run on their own passes (coil.properties.invariants re-exports them).
 
 FusedSchedule   F1 each scheduler node in exactly one step; order topological
 MemoryPlan      M1 removed buffers are never allocated or freed; M2 no name freed twice
@@ -14,7 +14,7 @@ from coil.ir.memory import MemoryPlan
 from coil.ir.module import CompiledModule
 from coil.ir.verify import fail, verifier
 from coil.ir.wrapper import WrapperProgram
-from coil.properties.invariants import InvariantError, check_all, check_schedule_topological
+from coil.ir.invariants import InvariantError, check_all, check_schedule_topological
 
 
 @verifier(FusedSchedule)

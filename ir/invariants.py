@@ -1,0 +1,209 @@
+"""Invariants of the back half of the chain, one function each.  Each raises
+`InvariantError` naming the step and the buffer; users run them on the output of
+their own passes.  They re-derive what they check from the IR below the pass (the
+read_writes, the wrapper lines), so a pass cannot pass them by being consistent
+with itself.
+
+    check_schedule_topological(s)   the fused schedule is acyclic and its order topological
+    check_lifetimes(w)              every buffer used at a step is live there: allocated
+                                    (or an input) before, freed only after; no double free,
+                                    no use after free
+    check_reuse(w)                  a reused storage is dead before its new owner is born
+    check_peak(w)                   the plan's peak equals a line-by-line replay
+    check_kernel_params(w)          each kernel's arguments are exactly its read_writes
+                                    minus the buffers kept in registers
+    check_indirect_reads(w)         a buffer a kernel reads through an IndirectLoad is
+                                    written by an earlier step, never by that kernel,
+                                    and never kept in registers (removed)
+    check_all(w)                    all of the above
+"""
+
+from __future__ import annotations
+
+from coil.errors import CoilError
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer
+from coil.ir.expr import indirect_loads
+from coil.ir.fused import FusedSchedule
+from coil.ir.lowered import extern_tensor_names
+from coil.ir.schedule import WeakDep
+from coil.ir.wrapper import (
+    Alloc,
+    ExternCall,
+    Free,
+    KernelCall,
+    MultiOutputLine,
+    ReinterpretView,
+    Return,
+    Reuse,
+    WrapperProgram,
+)
+
+
+class InvariantError(CoilError):
+    """A broken back-half invariant."""
+
+
+def check_schedule_topological(s: FusedSchedule) -> None:
+    owner: dict[str, int] = {}
+    for i, step in enumerate(s.steps):
+        for n in step.nodes:
+            if n in owner:
+                raise InvariantError(f"{n} appears in steps {owner[n]} and {i}")
+            owner[n] = i
+    missing = {n.name for n in s.graph.nodes} - set(owner)
+    if missing:
+        raise InvariantError(f"scheduler nodes in no step: {sorted(missing)}")
+    for i, step in enumerate(s.steps):
+        for n in step.nodes:
+            for d in s.graph.node(n).read_writes.reads:
+                j = owner.get(d.name)
+                if j is not None and j > i:
+                    raise InvariantError(f"step {i} ({n}) reads {d.name}, produced later at step {j}: not topological")
+                if j == i and d.name != n and step.nodes.index(d.name) > step.nodes.index(n):
+                    raise InvariantError(f"inside step {i}, {n} reads {d.name} which runs after it")
+
+
+def _line_uses(ln: object) -> list[str]:
+    match ln:
+        case KernelCall():
+            return list(ln.args)
+        case ExternCall():
+            return extern_tensor_names((ln.args, tuple(v for _, v in ln.kwargs)))
+        case MultiOutputLine():
+            return [ln.extern]
+        case ReinterpretView():
+            return [ln.base]
+        case Reuse():
+            return [ln.old]
+        case Return():
+            return [n for n in ln.names if n is not None]
+    return []
+
+
+def _line_defines(ln: object) -> list[str]:
+    match ln:
+        case Alloc():
+            return [ln.name]
+        case Reuse():
+            return [ln.new]
+        case ReinterpretView() | ExternCall() | MultiOutputLine():
+            return [ln.name]
+    return []
+
+
+def check_lifetimes(w: WrapperProgram) -> None:
+    live = set(w.inputs)
+    freed: set[str] = set()
+    base_of: dict[str, str] = {}  # a view's storage owner (a tuple's elements own theirs)
+    for k, ln in enumerate(w.lines):
+        for used in _line_uses(ln):
+            n: str | None = used
+            while n is not None:  # reading a view reads its base's storage
+                if n in freed:
+                    via = "" if n == used else f" (through {used})"
+                    raise InvariantError(f"line {k}: {n} used after its free{via}")
+                if n not in live:
+                    raise InvariantError(f"line {k}: {n} used before it is allocated")
+                n = base_of.get(n)
+        if isinstance(ln, ReinterpretView):
+            base_of[ln.name] = ln.base
+        if isinstance(ln, Reuse):
+            live.discard(ln.old)
+            freed.add(ln.old)
+        for n in _line_defines(ln):
+            if n in live:
+                raise InvariantError(f"line {k}: {n} allocated twice")
+            live.add(n)
+        if isinstance(ln, Free):
+            if ln.name in freed:
+                raise InvariantError(f"line {k}: {ln.name} freed twice")
+            if ln.name not in live:
+                raise InvariantError(f"line {k}: {ln.name} freed but never allocated")
+            live.discard(ln.name)
+            freed.add(ln.name)
+    outputs = {n for n in w.plan.schedule.graph.outputs if n is not None}
+    if outputs & freed:
+        raise InvariantError(f"outputs freed before return: {sorted(outputs & freed)}")
+
+
+def check_reuse(w: WrapperProgram) -> None:
+    """The old owner's last use is before the Reuse line and it is never used after."""
+    bg = w.plan.schedule.graph.graph
+    for k, ln in enumerate(w.lines):
+        if not isinstance(ln, Reuse):
+            continue
+        old, new = bg.layout(ln.old), bg.layout(ln.new)
+        if (old.nbytes, old.dtype, old.device) != (new.nbytes, new.dtype, new.device):
+            raise InvariantError(f"line {k}: {ln.new} reuses {ln.old} of another size, dtype or device")
+        for later in w.lines[k + 1 :]:
+            if ln.old in _line_uses(later):
+                raise InvariantError(f"line {k}: {ln.new} takes {ln.old}'s storage but {ln.old} is used later")
+        if ln.old in {i.name for i in bg.inputs}:
+            raise InvariantError(f"line {k}: {ln.new} reuses graph input {ln.old}")
+
+
+def _bytes(bg: BufferGraph, name: str) -> int:
+    b = bg.get(name)
+    if isinstance(b, AliasBuffer) or b.layout is None:
+        return 0
+    return b.layout.nbytes
+
+
+def replay_peak(w: WrapperProgram) -> int:
+    bg = w.plan.schedule.graph.graph
+    live = sum(i.layout.nbytes for i in bg.inputs)
+    peak = live
+    for ln in w.lines:
+        if isinstance(ln, (Alloc, ExternCall, MultiOutputLine)):
+            live += _bytes(bg, ln.name)
+        if isinstance(ln, Free):
+            live -= _bytes(bg, ln.name)
+        peak = max(peak, live)
+    return peak
+
+
+def check_peak(w: WrapperProgram) -> None:
+    got = replay_peak(w)
+    if got != w.plan.peak_bytes:
+        raise InvariantError(f"peak estimate {w.plan.peak_bytes} bytes, replay of the wrapper gives {got}")
+
+
+def check_kernel_params(w: WrapperProgram) -> None:
+    g = w.plan.schedule.graph
+    kernels = {k.name: k for k in w.plan.schedule.kernels}
+    for ln in w.lines:
+        if not isinstance(ln, KernelCall):
+            continue
+        k = kernels[ln.kernel]
+        want: set[str] = set()
+        for n in k.nodes:
+            rw = g.node(n).read_writes
+            want |= {d.name for d in (*rw.reads, *rw.writes) if not isinstance(d, WeakDep)}
+        want -= w.plan.removed
+        if set(ln.args) != want or len(ln.args) != len(set(ln.args)):
+            raise InvariantError(f"{ln.kernel}: arguments {sorted(ln.args)} != read_writes minus removed {sorted(want)}")
+
+
+def check_indirect_reads(w: WrapperProgram) -> None:
+    """Re-derived from the bodies: an indirect read may touch any element, so the
+    whole buffer must exist in memory before the kernel that reads it starts."""
+    bg = w.plan.schedule.graph.graph
+    for k in w.plan.schedule.kernels:
+        for n in k.nodes:
+            b = bg.get(n)
+            if not isinstance(b, ComputedBuffer):
+                continue
+            for ld in indirect_loads(b.body):
+                if ld.name in k.nodes:
+                    raise InvariantError(f"{k.name}: {n} reads {ld.name} indirectly, but the same kernel writes it")
+                if ld.name in w.plan.removed:
+                    raise InvariantError(f"{k.name}: {n} reads {ld.name} indirectly, but {ld.name} is kept in registers")
+
+
+def check_all(w: WrapperProgram) -> None:
+    check_schedule_topological(w.plan.schedule)
+    check_lifetimes(w)
+    check_reuse(w)
+    check_peak(w)
+    check_kernel_params(w)
+    check_indirect_reads(w)
