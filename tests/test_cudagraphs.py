@@ -201,3 +201,162 @@ def test_a_cpu_scalar_tensor_read_by_a_cuda_kernel() -> None:
     for v in (2.0, -1.0):
         s = torch.tensor(v)
         torch.testing.assert_close(compiled(x, s), fn(x, s))
+
+
+# ---- the bookkeeping, simulated on the CPU ---------------------------------------------------------
+# A stand-in for torch.cuda.graph: "capture" runs the call once and remembers it with
+# the very tensors it read and wrote; "replay" runs it again on those tensors and writes
+# the results into the same outputs, as a CUDA graph replays into the same memory.
+
+
+class _FakeGraph:
+    def __init__(self) -> None:
+        self.runs: list[tuple[Any, list[Any], tuple[Any, ...]]] = []
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        for fn, inputs, outputs in self.runs:
+            for o, n in zip(outputs, fn(list(inputs), capturing=False)):
+                o.copy_(n)
+
+
+_RECORDED: dict[Any, torch.Tensor] = {}
+
+
+class _Capturing:
+    current: _FakeGraph | None = None
+
+    def __init__(self, graph: _FakeGraph, pool: Any = None) -> None:
+        self.graph = graph
+
+    def __enter__(self) -> None:
+        _Capturing.current = self.graph
+
+    def __exit__(self, *exc: Any) -> None:
+        _Capturing.current = None
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _Capturing)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(cudagraphs, "DEVICE_TYPE", "cpu")
+    _RECORDED.clear()
+
+
+def _traced(fn: Any) -> Any:
+    """A boxed call that, while captured, registers itself with the graph."""
+    calls = {"eager": 0}
+
+    def call(args: list[Any], capturing: bool = True) -> tuple[Any, ...]:
+        inputs = list(args)
+        args.clear()
+        out = tuple(fn(*inputs))
+        if capturing and _Capturing.current is not None:
+            # a CUDA graph holds addresses, not tensors: an input that is another
+            # recording's output is kept as that output itself (no new reference)
+            kept = [_RECORDED.get((x.data_ptr(), x.shape, x.stride()), x) if isinstance(x, torch.Tensor) else x
+                    for x in inputs]
+            _Capturing.current.runs.append((call, kept, out))
+            _RECORDED.update({(o.data_ptr(), o.shape, o.stride()): o for o in out if isinstance(o, torch.Tensor)})
+        elif capturing:
+            calls["eager"] += 1
+        return out
+
+    call.calls = calls  # type: ignore[attr-defined]
+    return call
+
+
+def test_record_once_then_replay_with_new_inputs(fake_cuda: None) -> None:
+    w = torch.nn.Parameter(torch.randn(8))
+    call = _traced(lambda x, p: (x * p + 1,))
+    g = cudagraphs.CudaGraphed(call, "inference", frozenset({1}), cudagraphs.PoolSet(), None)
+    for i in range(5):
+        x = torch.randn(8)
+        (out,) = g([x, w])
+        torch.testing.assert_close(out, x * w + 1)
+        del out
+    assert len(g.recordings) == 1 and call.calls["eager"] == 1  # the warm-up only
+    assert g.recordings[0].graph.replays == 4  # the recording call replays too
+    assert g.decisions == ["recording 1: 1 inputs read in place, 1 copied in; pool 0 (recording 1 in it)"]
+
+
+def test_held_outputs_make_another_recording(fake_cuda: None) -> None:
+    call = _traced(lambda x: (x.sin(),))
+    g = cudagraphs.CudaGraphed(call, "inference", frozenset(), cudagraphs.PoolSet(), None)
+    g([torch.randn(4)])  # warm-up
+    xs = [torch.randn(4) for _ in range(3)]
+    kept = [g([x])[0] for x in xs]  # each held: none can be overwritten
+    assert len(g.recordings) == 3
+    for x, k in zip(xs, kept):
+        torch.testing.assert_close(k, x.sin())
+    view = kept[0][1:]  # a view holds the storage too
+    del kept, k
+    assert [r.outputs_free() for r in g.recordings] == [False, True, True]  # 1 is held through the view
+    x = torch.randn(4)
+    (out,) = g([x])  # replays recording 2
+    assert len(g.recordings) == 3 and g.recordings[1].graph.replays == 2
+    torch.testing.assert_close(out, x.sin())
+    assert [r.outputs_free() for r in g.recordings] == [False, False, True]
+    torch.testing.assert_close(view, xs[0].sin()[1:])  # never overwritten
+    del view, out
+    assert all(r.outputs_free() for r in g.recordings)
+
+
+def test_new_parameter_addresses_record_again_and_the_limit_turns_graphs_off(
+        fake_cuda: None, caplog: pytest.LogCaptureFixture) -> None:
+    call = _traced(lambda x, p: (x + p,))
+    g = cudagraphs.CudaGraphed(call, "forward", frozenset({1}), cudagraphs.PoolSet(), None)
+    x = torch.randn(4)
+    g([x, torch.nn.Parameter(torch.randn(4))])  # warm-up
+    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(cudagraphs.MAX_RECORDINGS + 1)]
+    with caplog.at_level(logging.INFO, logger="coil"):
+        for p in params:
+            (out,) = g([x, p])
+            torch.testing.assert_close(out, x + p)
+            del out
+    assert len(g.recordings) == cudagraphs.MAX_RECORDINGS
+    assert g.off is not None and "4 recordings" in g.off
+    assert "forward graph runs without CUDA graphs" in caplog.text
+    (out,) = g([x, params[0]])  # off: runs as compiled, still right
+    torch.testing.assert_close(out, x + params[0])
+
+
+def test_a_backward_records_into_its_forwards_pool_and_guards_its_outputs(fake_cuda: None) -> None:
+    pools = cudagraphs.PoolSet()
+    w = torch.nn.Parameter(torch.randn(6))
+    fw = cudagraphs.CudaGraphed(_traced(lambda x, p: ((x * p).sum(), x * p)), "forward", frozenset({1}), pools, None)
+    bw = cudagraphs.CudaGraphed(_traced(lambda saved, p, g: (saved * g, p * g)), "backward",
+                                frozenset({0, 1}), pools, None)
+    for step in range(4):
+        x = torch.randn(6)
+        loss, saved = fw([x, w])
+        g_saved, g_w = bw([saved, w, torch.ones(())])
+        torch.testing.assert_close(loss, (x * w).sum())
+        torch.testing.assert_close(g_saved, x * w)
+        torch.testing.assert_close(g_w, w.detach())
+        del loss, saved, g_saved, g_w
+    assert len(fw.recordings) == 1 and len(bw.recordings) == 1
+    assert fw.recordings[0].pool is bw.recordings[0].pool  # the backward shares the forward's pool
+    assert bw.static == frozenset({0, 1})  # the saved tensor (a recorded output) and the parameter, in place
+    # a gradient still held: the forward's replay could overwrite it, so it records again
+    x = torch.randn(6)
+    loss, saved = fw([x, w])
+    _, held = bw([saved, w, torch.ones(())])
+    del loss, saved
+    fw([x, w])
+    assert len(fw.recordings) == 2
+    torch.testing.assert_close(held, w.detach())
+
+
+def test_an_output_that_is_a_copied_in_input_comes_from_the_callers_tensor(fake_cuda: None) -> None:
+    call = _traced(lambda x: (x, x[1:], x * 2))  # a forward saving its input
+    g = cudagraphs.CudaGraphed(call, "forward", frozenset(), cudagraphs.PoolSet(), None)
+    for _ in range(3):
+        x = torch.randn(5)
+        same, view, doubled = g([x])
+        assert same is x and view.data_ptr() == x.data_ptr() + x.element_size()
+        torch.testing.assert_close(doubled, x * 2)
