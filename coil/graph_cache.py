@@ -233,6 +233,13 @@ def dump_source(source: str, gm: torch.fx.GraphModule, example_inputs: Sequence[
     opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
     parts = [gm.code, *map(_input_key, example_inputs), repr(sorted(opts.items()))]
     name = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+    try:
+        _write_dump(folder, name, source)
+    except OSError as e:  # a folder that cannot be written: the compile goes on, the log says so
+        log.warning("coil: cannot dump a source to %s: %s", folder, e)
+
+
+def _write_dump(folder: str, name: str, source: str) -> None:
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:

@@ -10,7 +10,7 @@ reviewed one by one.
 `dump` runs pytest on the tests (default: the whole tests/ folder) with
 COIL_DUMP_SOURCES=OUT/sources, so that every compiled module's source is written
 there, named by its graph, inputs and options (Options.dump_sources), and the graph
-cache off; then it compiles the bench workloads without running them: the CPU
+cache in a fresh folder; then it compiles the bench workloads without running them: the CPU
 suite for the cpp, reference and triton targets, and the GPU suite for triton on
 CUDA, traced with fake CUDA tensors so that no GPU is needed.  `compare` counts the
 sources that are identical, that differ and that only one dump has, and prints the
@@ -31,7 +31,9 @@ from pathlib import Path
 def dump(out: Path, tests: list[str], run_tests: bool, bench: bool, workers: int) -> int:
     sources = out / "sources"
     sources.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "COIL_DUMP_SOURCES": str(sources.resolve()), "COIL_GRAPH_CACHE": "0",
+    # a fresh graph cache: a source is dumped where the pipeline runs, which a hit in an
+    # older cache would skip (the tests that test the cache need it on)
+    env = {**os.environ, "COIL_DUMP_SOURCES": str(sources.resolve()), "COIL_CACHE_DIR": str((out / "cache").resolve()),
            "TRITON_INTERPRET": "1"}
     rc = 0
     if run_tests:

@@ -64,3 +64,12 @@ def test_compare_counts_identical_and_different_sources(tmp_path: Path, capsys) 
     out = capsys.readouterr().out
     assert "identical 1, different 0" in out and "identical 0, different 1" in out and "only in" in out
     assert "-changed" in out and "+same" in out
+
+
+def test_a_folder_that_cannot_be_written_does_not_fail_the_compile(tmp_path: Path, caplog) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    x = torch.randn(4)
+    src = _compile(lambda a: (a * 2,), [x], blocker / "sources", target="reference")
+    assert "def call(" in src
+    assert "cannot dump a source" in caplog.text
