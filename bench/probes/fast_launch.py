@@ -1,9 +1,10 @@
-"""Device probe: host time per call of a tiny two-kernel graph with fast_launch on and
-off, in one process (run from the repository root on a CUDA machine)."""
+"""Device probe: host time per call of a tiny two-kernel graph with its Launchers bound
+(Triton's C launcher called directly) and unbound (Triton's JITFunction path every
+call), in one process (run from the repository root on a CUDA machine)."""
 import os, sys, time, torch
 sys.path.insert(0, os.getcwd())
 from triton import knobs
-from coil.backends.triton.runtime import fast_launch
+from coil.backends.triton.runtime import Launcher
 from bench import workloads as W
 from bench.probes.common import compile_coil, host_us
 dev = torch.device("cuda")
@@ -12,14 +13,17 @@ def cpu_us(fn):
     return host_us(fn, 300)
 inst = W.cross_entropy(16, 320, torch.bfloat16).build(dev)
 c = compile_coil(inst)
-ls = [v for v in c.namespace.values() if isinstance(v, fast_launch)]
-print("launchers", len(ls), [f.enabled for f in ls])
+ls = [v for v in c.namespace.values() if isinstance(v, Launcher)]
+c(*inst.inputs)
+saved = [(f.run, f.bind) for f in ls]
+print("launchers", len(ls), [f.rule for f in ls])
 for rnd in range(2):
-    for f in ls: f.enabled = True
+    for f, (run, bind) in zip(ls, saved): f.run, f.bind = run, bind
     a = cpu_us(lambda: c(*inst.inputs))
-    print("entries", [len(f.compiled) for f in ls])
-    for f in ls: f.enabled = False
+    for f in ls: f.run, f.bind = None, False
+    for f in ls: f.keyed.enabled = False  # Triton's own path, not the keyed one
     b = cpu_us(lambda: c(*inst.inputs))
+    for f in ls: f.keyed.enabled = True
     print(f"round {rnd}: fast {a:.1f} us/call, triton path {b:.1f} us/call, eager {cpu_us(lambda: inst.fn(*inst.inputs)):.1f}", flush=True)
 f = ls[0]
 args = inst.inputs
