@@ -10,12 +10,14 @@ reviewed one by one.
 `dump` runs pytest on the tests (default: the whole tests/ folder) with
 COIL_DUMP_SOURCES=OUT/sources, so that every compiled module's source is written
 there, named by its graph, inputs and options (Options.dump_sources), and the graph
-cache in a fresh folder; then it compiles the bench workloads without running them: the CPU
+cache in a fresh folder at a fixed path; then it compiles the bench workloads without running them: the CPU
 suite for the cpp, reference and triton targets, and the GPU suite for triton on
 CUDA, traced with fake CUDA tensors so that no GPU is needed.  `compare` counts the
 sources that are identical, that differ and that only one dump has, and prints the
 first lines of the first differences; it exits 1 when any source differs or is
-missing from either side.  Run it from the repository root.
+missing from either side.  The folder a C++ module loads its library from (the
+run's cache, a test's temporary folder) is not code and is compared as one
+placeholder.  Run it from the repository root.
 """
 
 from __future__ import annotations
@@ -23,17 +25,23 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
 def dump(out: Path, tests: list[str], run_tests: bool, bench: bool, workers: int) -> int:
     sources = out / "sources"
     sources.mkdir(parents=True, exist_ok=True)
-    # a fresh graph cache: a source is dumped where the pipeline runs, which a hit in an
-    # older cache would skip (the tests that test the cache need it on)
-    env = {**os.environ, "COIL_DUMP_SOURCES": str(sources.resolve()), "COIL_CACHE_DIR": str((out / "cache").resolve()),
+    # a fresh graph cache (a source is dumped where the pipeline runs, which a hit in an
+    # older cache would skip; the tests of the cache need it on), at the same path for
+    # every dump: the cpp target's sources name it
+    cache = Path(tempfile.gettempdir()) / "coil-process-replay-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    env = {**os.environ, "COIL_DUMP_SOURCES": str(sources.resolve()), "COIL_CACHE_DIR": str(cache),
            "TRITON_INTERPRET": "1"}
     rc = 0
     if run_tests:
@@ -88,12 +96,21 @@ def dump_bench() -> int:
     return 0
 
 
+# where a cpp module loads its library from: the cache folder of the run (a test's
+# temporary folder), not code; compared as one placeholder
+_CACHE_PATH = re.compile(r"load_library\(_cpp_source, '[^']*'\)")
+
+
+def _code(path: Path) -> str:
+    return _CACHE_PATH.sub("load_library(_cpp_source, <cache>)", path.read_text())
+
+
 def compare(a: Path, b: Path, show: int) -> int:
     sa = {p.name: p for p in (a / "sources").glob("*.py")}
     sb = {p.name: p for p in (b / "sources").glob("*.py")}
     same, differ = [], []
     for name in sorted(sa.keys() & sb.keys()):
-        (same if sa[name].read_bytes() == sb[name].read_bytes() else differ).append(name)
+        (same if _code(sa[name]) == _code(sb[name]) else differ).append(name)
     only_a, only_b = sorted(sa.keys() - sb.keys()), sorted(sb.keys() - sa.keys())
     print(f"identical {len(same)}, different {len(differ)}, only in {a}: {len(only_a)}, only in {b}: {len(only_b)}")
     for name in differ[:show]:

@@ -73,3 +73,11 @@ def test_a_folder_that_cannot_be_written_does_not_fail_the_compile(tmp_path: Pat
     src = _compile(lambda a: (a * 2,), [x], blocker / "sources", target="reference")
     assert "def call(" in src
     assert "cannot dump a source" in caplog.text
+
+
+def test_compare_ignores_where_a_cpp_library_is_loaded_from(tmp_path: Path) -> None:
+    replay = _script()
+    for side, folder in (("a", "/tmp/x/cache"), ("b", "/tmp/pytest-7/cache")):
+        (tmp_path / side / "sources").mkdir(parents=True)
+        (tmp_path / side / "sources" / "k.py").write_text(f"_cpp_lib = _cpp_build.load_library(_cpp_source, '{folder}')\n")
+    assert replay.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
