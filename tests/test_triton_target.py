@@ -1090,3 +1090,26 @@ def test_split_second_passes_match_eager(rows: int, n: int, kinds: list[str]) ->
     looped = [k for k in program.plan.schedule.kernels if k.kind == "reduction"]
     assert looped and all(split_of(k, program) is not None for k in looped), compiled.source
 
+
+
+def test_a_launcher_whose_bound_call_is_refused_falls_back() -> None:
+    """A Triton whose compiled launcher takes other arguments than the shape read
+    at binding refuses them before launching (TypeError): the Launcher unbinds, says
+    why, and launches through Triton's path."""
+    from coil.backends.triton.runtime import Launcher
+
+    launched: list[tuple[Any, ...]] = []
+
+    class Kernel:  # no arg_names: the keyed path is Triton's own launch (no CUDA driver here)
+        def __getitem__(self, grid: Any) -> Any:
+            return lambda *args, **meta: launched.append((grid, args, meta))
+
+    lau = Launcher(Kernel(), (4, 1, 1), (16,), {"XBLOCK": 4, "num_warps": 1})
+
+    def refuse(*args: Any) -> None:
+        raise TypeError("function takes 17 positional arguments")
+
+    lau.run, lau.head, lau.tail = refuse, (), (16, 4)
+    lau(123, "x")
+    assert lau.run is None and not lau.bind and lau.rule.startswith("not bound: this Triton's launcher refused")
+    assert launched == [((4, 1, 1), ("x", 16), {"XBLOCK": 4, "num_warps": 1})]

@@ -403,10 +403,16 @@ class Launcher:
         run = self.run
         if run is None or stream is None:
             self._slow(stream, tensors)
-        elif self.packed:  # Triton 3.9's launcher takes the kernel's arguments as one tuple
-            run(*self.grid, stream, *self.head, (*tensors, *self.tail))
-        else:
-            run(*self.grid, stream, *self.head, *tensors, *self.tail)
+            return
+        try:
+            if self.packed:  # Triton 3.9's launcher takes the kernel's arguments as one tuple
+                run(*self.grid, stream, *self.head, (*tensors, *self.tail))
+            else:
+                run(*self.grid, stream, *self.head, *tensors, *self.tail)
+        except TypeError as e:  # the launcher parses its arguments before launching: nothing ran
+            self.run, self.bind = None, False
+            self.rule = f"not bound: this Triton's launcher refused the bound arguments ({e})"
+            self._slow(stream, tensors)
 
     def _slow(self, stream: Any, tensors: tuple[Any, ...]) -> None:
         args = (*tensors, *self.sizes)
