@@ -30,25 +30,17 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import coil
 from coil.ir.expr import xsym
 from coil.ir.indexing import FloorDiv, ModularIndexing
-from coil.ir.lowered import Extern, LoweredGraph, Pointwise, Reduction
+from coil.ir.lowered import Extern, Pointwise, Reduction
 from coil.ir.printer import show
 from coil.passes.lowerings.regions import MAX_CAT_INPUTS, wrapped
 from coil.passes.lowerings.scans import SCAN_LIMIT
 from golden_util import assert_golden
-from tests_helpers import target_available
+from tests_helpers import lowered, lowered_externs as externs, make, target_available
 
 aten = torch.ops.aten
 TARGETS = ["reference", "cpp", "triton"]
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's masked-off lanes
-
-
-def make(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape).bool()
-    if not dtype.is_floating_point:
-        return torch.randint(-9, 10, shape, dtype=dtype)
-    return torch.randn(shape).to(dtype)
 
 
 def other_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -127,16 +119,6 @@ FAMILIES: dict[str, tuple[Callable[..., Any], Callable[[torch.dtype], list[torch
     "cumsum": (cumsums, lambda dt: [make((4, 37), dt), make((3, 5, 6), dt), make((2, SCAN_LIMIT), dt)],
                (aten.cumsum.default,)),
 }
-
-
-def lowered(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], target: str = "reference") -> LoweredGraph:
-    out = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target=target))
-    assert isinstance(out, LoweredGraph)
-    return out
-
-
-def externs(g: LoweredGraph) -> list[str]:
-    return [n.kernel for n in g.nodes if isinstance(n, Extern)]
 
 
 @pytest.mark.parametrize("target", TARGETS)

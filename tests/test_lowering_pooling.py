@@ -21,10 +21,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
 from coil.ir.fused import FusedSchedule
-from coil.ir.lowered import Extern, LoweredGraph
 from coil.ir.printer import show
 from coil.passes.lowerings.pooling import MAX_WINDOW
-from tests_helpers import target_available
+from tests_helpers import lowered, lowered_externs as externs, target_available
 
 aten = torch.ops.aten
 TARGETS = ["reference", "cpp", "triton"]
@@ -59,16 +58,6 @@ def pool_inputs(dtype: torch.dtype) -> list[torch.Tensor]:
     x[0, 1, 2, 2:4] = float("nan")           # NaNs: the last one's index is kept
     x[1, 2, :3, :] = float("-inf")           # windows of -inf: their first position inside
     return [x.to(dtype), torch.randn(2, 3, 9, 9).to(dtype)]
-
-
-def lowered(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], target: str = "reference") -> LoweredGraph:
-    out = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target=target))
-    assert isinstance(out, LoweredGraph)
-    return out
-
-
-def externs(g: LoweredGraph) -> list[str]:
-    return [n.kernel for n in g.nodes if isinstance(n, Extern)]
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -21,23 +21,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
 from coil.ir.fused import ExternStep, FusedSchedule
-from coil.ir.lowered import Extern, LoweredGraph, Reduction
+from coil.ir.lowered import Reduction
 from coil.ir.printer import show
 from coil.passes.lowerings.scatters import SCATTER_WORK
-from tests_helpers import target_available
+from tests_helpers import lowered, lowered_externs as externs, make, target_available
 
 aten = torch.ops.aten
 TARGETS = ["reference", "cpp", "triton"]
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's masked-off lanes
-
-
-def make(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape).bool()
-    if not dtype.is_floating_point:
-        return torch.randint(-9, 10, shape, dtype=dtype)
-    return torch.randn(shape).to(dtype)
 
 
 def puts(x: torch.Tensor, v: torch.Tensor, w: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -53,16 +45,6 @@ def puts(x: torch.Tensor, v: torch.Tensor, w: torch.Tensor, i: torch.Tensor, j: 
         aten.index_put(x, [i, j], v[:1, 0], False),                  # one value for every row
         aten.index_put(x, [i[:0]], v[:0], True),                     # no rows: x
     )
-
-
-def lowered(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], target: str = "reference") -> LoweredGraph:
-    out = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target=target))
-    assert isinstance(out, LoweredGraph)
-    return out
-
-
-def externs(g: LoweredGraph) -> list[str]:
-    return [n.kernel for n in g.nodes if isinstance(n, Extern)]
 
 
 def index_inputs(dtype: torch.dtype) -> list[torch.Tensor]:
@@ -198,9 +180,8 @@ def test_large_embedding_gradient_is_one_index_add(target: str, dtype: torch.dty
     inputs = [idx, torch.randn(4, 32, 16).to(dtype)]
     assert 500 * 16 * idx.numel() > EMBEDDING_SCATTER_WORK
     gm = make_fx(big_embedding_grad)(*inputs)
-    lowered = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target=target))
-    externs = [n.kernel for n in lowered.nodes if isinstance(n, Extern)]
-    assert externs == ["aten.index_add.default"], show(lowered)
+    graph = lowered(gm, inputs, target)
+    assert externs(graph) == ["aten.index_add.default"], show(graph)
     (got,) = coil.compile_graph(gm, inputs, coil.Options(target=target))(*inputs)
     want = big_embedding_grad(*inputs)
     assert got.dtype == want.dtype and not got[3].any()
@@ -215,8 +196,7 @@ def test_deterministic_mode_keeps_torchs_embedding_gradient() -> None:
     gm = make_fx(big_embedding_grad)(idx, g)
     torch.use_deterministic_algorithms(True)
     try:
-        lowered = coil.default_pipeline().run(gm, [idx, g], until="lower", options=coil.Options(target="reference"))
+        graph = lowered(gm, [idx, g])
     finally:
         torch.use_deterministic_algorithms(False)
-    externs = [n.kernel for n in lowered.nodes if isinstance(n, Extern)]
-    assert externs == ["aten._unsafe_index_put.default"], show(lowered)
+    assert externs(graph) == ["aten._unsafe_index_put.default"], show(graph)

@@ -38,3 +38,28 @@ def target_available(target: str) -> bool:
     except (ImportError, AttributeError, coil.CoilError):
         return False
     return True
+
+
+def make(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Random values of any dtype: booleans, small integers of both signs, normal floats."""
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape).bool()
+    if not dtype.is_floating_point:
+        return torch.randint(-9, 10, shape, dtype=dtype)
+    return torch.randn(shape).to(dtype)
+
+
+def lowered(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], target: str = "reference") -> Any:
+    """gm through lower: its LoweredGraph."""
+    from coil.ir.lowered import LoweredGraph
+
+    out = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target=target))
+    assert isinstance(out, LoweredGraph)
+    return out
+
+
+def lowered_externs(g: Any) -> list[str]:
+    """The aten ops a LoweredGraph leaves as Extern calls, in order."""
+    from coil.ir.lowered import Extern
+
+    return [n.kernel for n in g.nodes if isinstance(n, Extern)]
