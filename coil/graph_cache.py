@@ -87,7 +87,9 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: 
     if any(n.op == "get_attr" for n in gm.graph.nodes):
         return None  # tensor constants: lower refuses them, there is nothing to cache
     opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
+    # torch's deterministic mode changes what lower makes (embedding gradients: embedding_dense_backward)
     parts = [coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", gm.code,
+             f"deterministic={torch.are_deterministic_algorithms_enabled()}",
              *map(_input_key, example_inputs), repr(sorted(opts.items()))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 

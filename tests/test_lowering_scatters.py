@@ -200,3 +200,18 @@ def test_deterministic_mode_keeps_torchs_embedding_gradient() -> None:
     finally:
         torch.use_deterministic_algorithms(False)
     assert externs(graph) == ["aten._unsafe_index_put.default"], show(graph)
+
+
+def test_the_graph_cache_keeps_deterministic_mode_apart(tmp_path: Path) -> None:
+    """A graph compiled outside deterministic mode (index_add) is not loaded from
+    the cache inside it, where lower keeps torch's decomposition."""
+    idx, g = torch.randint(0, 500, (4, 32)), torch.randn(4, 32, 16)
+    gm = make_fx(big_embedding_grad)(idx, g)
+    options = coil.Options(target="reference", cache_dir=str(tmp_path))
+    assert "index_add" in coil.compile_graph(gm, [idx, g], options).source
+    torch.use_deterministic_algorithms(True)
+    try:
+        source = coil.compile_graph(gm, [idx, g], options).source
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert "index_add" not in source and "index_put" in source
