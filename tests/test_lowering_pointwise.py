@@ -208,7 +208,9 @@ def test_bool_arithmetic_lowers_to_logical_ops(fn: Any, ops: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "exponent, ops",
-    [(2, ["mul"]), (2.0, ["mul"]), (0.5, ["sqrt"]), (-1.0, ["reciprocal"]), (1, []), (3, ["pow"]), (1.7, ["pow"])],
+    [(2, ["mul"]), (2.0, ["mul"]), (0.5, ["sqrt"]), (-1.0, ["reciprocal"]), (1, []), (0, []),
+     (3, ["mul", "mul"]), (3.0, ["mul", "mul"]), (4, ["mul", "mul"]), (-2, ["mul", "reciprocal"]),
+     (-4.0, ["mul", "mul", "reciprocal"]), (5, ["pow"]), (1.7, ["pow"])],
 )
 def test_pow_scalar_exponent_uses_exact_ops(exponent: float, ops: list[str]) -> None:
     assert _op_names(_lowered(lambda x: torch.pow(x, exponent), torch.rand(3) + 0.5)) == ops

@@ -1113,3 +1113,15 @@ def test_a_launcher_whose_bound_call_is_refused_falls_back() -> None:
     lau(123, "x")
     assert lau.run is None and not lau.bind and lau.rule.startswith("not bound: this Triton's launcher refused")
     assert launched == [((4, 1, 1), ("x", 16), {"XBLOCK": 4, "num_warps": 1})]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pow_small_integer_exponents_are_products(dtype: torch.dtype) -> None:
+    """x ** n for a constant integer |n| <= 4 is lowered as products (GELU's x ** 3),
+    so the kernel calls no pow helper; other exponents still do.  Zeros of both
+    signs, infinities and NaN give eager's values."""
+    x = torch.cat([torch.randn(500) * 3, torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"),
+                                                       float("nan")])]).to(dtype)
+    for n in (-4, -3, -2, 0, 3, 4, 2.5, 5):
+        compiled = check(lambda x: torch.pow(x, n), [x])
+        assert ("_coil_pow(" in "".join(kernel_sources(compiled))) == (n in (2.5, 5)), n

@@ -228,30 +228,7 @@ def op_expr(node: Op, args: tuple[str, ...]) -> str:
         return _unary(name, a, T, arg_dt, fp)
     if name == "where":
         return f"({a} ? {args[1]} : {args[2]})"
-    exponent = node.args[1]
-    if name == "pow" and fp and arg_dt == out and isinstance(exponent, Constant):
-        product = pow_by_multiplication(a, float(exponent.value), T)
-        if product is not None:
-            return product
     return _binary(name, a, args[1], T, fp)
-
-
-# pow(x, n) for a constant integer |n| <= POW_MAX_MULTIPLY is spelled as products.
-# libm's powf costs ~25 ns an element, and libmvec's vector powf hands every lane
-# with a negative base to the scalar one (half of GELU's inputs: its x ** 3 took
-# 0.8 ms of 65536 elements).  ATen's pow_tensor_scalar computes 2, 3 and -2 as
-# products too (x * x * x, left to right, as here); 4 rounds twice, within an ulp.
-POW_MAX_MULTIPLY = 4
-
-
-def pow_by_multiplication(a: str, n: float, T: str) -> str | None:
-    if not n.is_integer() or abs(n) > POW_MAX_MULTIPLY:
-        return None
-    k = int(abs(n))
-    if k == 0:
-        return f"{T}(1)"  # pow(NaN, 0) is 1 too
-    product = {1: a, 2: f"({a} * {a})", 3: f"({a} * {a} * {a})", 4: f"(({a} * {a}) * ({a} * {a}))"}[k]
-    return product if n > 0 else f"({T}(1) / {product})"
 
 
 def _unary(name: str, a: str, T: str, arg_dt: torch.dtype, fp: bool) -> str:

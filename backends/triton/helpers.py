@@ -74,7 +74,8 @@ def _coil_pow(a, b):
     r = tl.exp2(b * tl.log2(tl.abs(a)))
     b_int = tl.floor(b) == b
     odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
-    r = tl.where(a < 0, tl.where(b_int, tl.where(odd, -r, r), float("nan")), r)
+    # (a negative base to a fraction is nan, but -inf's is +inf or +0, as C's pow)
+    r = tl.where(a < 0, tl.where(b_int | (a == float("-inf")), tl.where(odd, -r, r), float("nan")), r)
     return tl.where((b == 0) | (a == 1), 1.0, r)
 ''',
     "_coil_ipow": '''
