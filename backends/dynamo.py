@@ -29,10 +29,12 @@ log = logging.getLogger("coil")
 @functools.lru_cache(maxsize=1)
 def aot_decompositions() -> dict[Any, Callable[..., Any]]:
     """Core ATen decompositions plus the fusion-friendly ones, minus the ops coil
-    lowers itself (those arrive whole and fuse better that way)."""
+    lowers itself (those arrive whole and fuse better that way), plus the `*_like`
+    creations as `full` (AOT_ONLY_DECOMPOSITIONS says why)."""
     from coil.passes.lowerings import DECOMPOSITIONS, LOWERINGS
+    from coil.passes.lowerings.decompositions import AOT_ONLY_DECOMPOSITIONS
 
-    return {op: fn for op, fn in DECOMPOSITIONS.items() if op not in LOWERINGS}
+    return {op: fn for op, fn in DECOMPOSITIONS.items() if op not in LOWERINGS} | AOT_ONLY_DECOMPOSITIONS
 
 
 def _static(inputs: Sequence[Any]) -> bool:

@@ -225,3 +225,77 @@ def test_batch_norm_training_updates_running_stats() -> None:
     torch.testing.assert_close(out, F.batch_norm(x, *theirs, training=True))
     torch.testing.assert_close(mine, theirs)
     assert _externs(bg) == {"aten.copy_.default"}
+
+
+# ---- AOTAutograd's joint graph: what the forward saves ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: torch.randn(2, 3, 4, 5),  # contiguous
+     lambda: torch.randn(2, 5, 3, 4).permute(0, 2, 3, 1),  # channels-last
+     lambda: torch.randn(4, 1, 3).transpose(0, 2),  # a size-1 dim with an odd stride
+     lambda: torch.randn(3, 8)[:, ::2],  # gapped: keeps the op
+     lambda: torch.randn(3, 1).expand(3, 4)],  # overlapping: keeps the op
+)
+@pytest.mark.parametrize("op, args", [(aten.zeros_like.default, ()), (aten.ones_like.default, ()),
+                                      (aten.full_like.default, (2.5,))])
+def test_like_creations_decompose_to_full_with_eager_strides(make: Callable[[], torch.Tensor], op: Any,
+                                                              args: tuple[Any, ...]) -> None:
+    """zeros_like / ones_like / full_like as a `full` in the input's dense layout:
+    eager's values and strides; where `full` cannot make the layout the op stays."""
+    from coil.passes.lowerings.decompositions import AOT_ONLY_DECOMPOSITIONS
+
+    x = make()
+    got = AOT_ONLY_DECOMPOSITIONS[op](x, *args)
+    want = op(x, *args)
+    dense = torch._prims_common.is_non_overlapping_and_dense_or_false(x)
+    assert (got is NotImplemented) == (not dense)
+    if dense:
+        assert got.stride() == want.stride() and got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
+def test_cross_entropy_forward_saves_logits_and_row_statistics() -> None:
+    """A language-model loss (bf16 logits upcast, cross_entropy) in training: the
+    forward saves the bfloat16 logits and two float32 numbers a row, as Inductor's
+    does, not the float32 log-softmax (twice the logits' bytes); the backward
+    recomputes it inside its kernel.  Gradients match eager's."""
+    import coil.backends.dynamo as dyn
+
+    vocab = 1000
+    saved: list[tuple[tuple[int, ...], torch.dtype]] = []
+    real = dyn._partition_fn()
+
+    def spy(joint: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        fw, bw = real(joint, inputs, *args, **kwargs)
+        outs = next(n for n in fw.graph.nodes if n.op == "output").args[0]
+        saved.extend((tuple(o.meta["val"].shape), o.meta["val"].dtype) for o in outs[1:]
+                     if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor))
+        return fw, bw
+
+    def f(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = (h @ w).float()
+        return F.cross_entropy(logits.view(-1, vocab), labels.view(-1))
+
+    h = torch.randn(4, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(64, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (4, 16))
+    torch._dynamo.reset()
+    orig = dyn._partition_fn
+    dyn._partition_fn = lambda: spy  # type: ignore[assignment]
+    try:
+        loss = torch.compile(f, backend="coil")(h, w, labels)
+        loss.backward()
+    finally:
+        dyn._partition_fn = orig  # type: ignore[assignment]
+        torch._dynamo.reset()
+    got = (loss.detach(), h.grad, w.grad)
+    h.grad = w.grad = None
+    want_loss = f(h, w, labels)
+    want_loss.backward()
+    for g, e in zip(got, (want_loss.detach(), h.grad, w.grad)):
+        torch.testing.assert_close(g.float(), e.float(), atol=2e-2, rtol=2e-2)
+    assert ((64, vocab), torch.bfloat16) in saved, saved
+    assert all(not (shape == (64, vocab) and dtype == torch.float32) for shape, dtype in saved), saved
+    assert ((64, 1), torch.float32) in saved, saved

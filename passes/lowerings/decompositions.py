@@ -158,6 +158,56 @@ def embedding_dense_backward(grad_output: torch.Tensor, indices: torch.Tensor, n
     return aten.reshape.default(out, shape).to(grad_output.dtype)
 
 
+def like_as_full(fill: Any) -> Callable[..., Any]:
+    """zeros_like / ones_like / full_like as a `full` of the same shape, permuted
+    into the input's dense layout, so the result no longer takes the input as an
+    argument.  For AOTAutograd's joint graph: a backward `zeros_like(log_probs)`
+    (torch's nll_loss_backward) made the min-cut partitioner count the forward's
+    float32 log-softmax as read by the backward, so it was saved (262 MB for a
+    32000-word vocabulary at 2048 tokens) where the bfloat16 logits and two row
+    statistics do.  A layout `full` cannot make (overlapping or gapped strides, an
+    explicit memory format) keeps the op (NotImplemented)."""
+
+    def decomposition(self: torch.Tensor, *args: Any, dtype: torch.dtype | None = None, layout: Any = None,
+                      device: Any = None, pin_memory: bool | None = None, requires_grad: bool = False,
+                      memory_format: Any = None) -> Any:
+        value = args[0] if fill is None else fill
+        if memory_format not in (None, torch.preserve_format) or layout not in (None, torch.strided):
+            return NotImplemented
+        shape, stride = list(self.shape), list(self.stride())
+        # the dims from outermost to innermost in memory; dense when the strides are a
+        # permutation's contiguous ones (size-1 dims may have any stride)
+        order = sorted(range(len(shape)), key=lambda d: (-stride[d], -d))
+        expected = 1
+        for d in reversed(order):
+            if shape[d] != 1 and stride[d] != expected:
+                return NotImplemented
+            expected *= shape[d]
+        out = aten.full.default([shape[d] for d in order], value, dtype=dtype or self.dtype,
+                                device=device or self.device, pin_memory=pin_memory)
+        if order == sorted(order):
+            return out
+        return aten.permute.default(out, [order.index(d) for d in range(len(shape))])
+
+    return decomposition
+
+
+def detach_as_alias(self: torch.Tensor) -> torch.Tensor:
+    """detach as alias (core ATen's decomposition): the min-cut partitioner counts
+    an alias as a view it may recompute for free, a detach as an op whose input the
+    backward must be given."""
+    return aten.alias.default(self)
+
+
+# AOTAutograd's joint graph only (coil lowers these ops itself when they reach lower)
+AOT_ONLY_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.zeros_like.default: like_as_full(0),
+    aten.ones_like.default: like_as_full(1),
+    aten.full_like.default: like_as_full(None),
+    aten.detach.default: detach_as_alias,
+}
+
+
 def _core() -> dict[Any, Callable[..., Any]]:
     """Core ATen's decompositions.  CompositeImplicitAutograd ops decompose while
     AOTAutograd traces anyway, so only the post-autograd part is taken where torch
