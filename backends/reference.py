@@ -73,6 +73,21 @@ def flat_storage(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return t.as_strided((layout.storage_size() - layout.offset,), (1,), t.storage_offset())
 
 
+def gather(flat: torch.Tensor, offset: Any, mask: torch.Tensor | None, name: str) -> torch.Tensor:
+    """flat[offset]; with a mask, only where it holds (0 elsewhere, nothing read
+    there), and an offset outside `flat` where it holds is an error: the
+    promise a masked load makes, checked as it runs."""
+    if mask is None:
+        return flat[offset]
+    off, m = torch.broadcast_tensors(torch.as_tensor(offset, device=flat.device), mask.to(torch.bool))
+    outside = (off < 0) | (off >= flat.numel())
+    if bool((outside & m).any()):
+        raise CoilError(f"masked load of {name} leaves its buffer where its mask holds")
+    if flat.numel() == 0:
+        return flat.new_zeros(off.shape)
+    return torch.where(m, flat[torch.where(m, off, 0)], flat.new_zeros(()))
+
+
 _UNARY = {
     "neg": torch.neg, "abs": torch.abs, "reciprocal": torch.reciprocal, "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
@@ -105,21 +120,19 @@ class ReferenceHandler:
         self.layouts = layouts
         self.device = device
 
-    def load(self, node: Load) -> torch.Tensor:
+    def load(self, node: Load, mask: torch.Tensor | None) -> torch.Tensor:
         layout = self.layouts[node.name]
         offset = eval_index(layout.offset_of(node.index) - layout.offset, self.env)
-        flat = flat_storage(self.values[node.name], layout)
-        if isinstance(offset, int):
-            return flat[offset]
-        return flat[offset]
+        return gather(flat_storage(self.values[node.name], layout), offset, mask, node.name)
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def indirect_load(self, node: IndirectLoad, values: tuple[torch.Tensor, ...],
+                      mask: torch.Tensor | None) -> torch.Tensor:
         env = dict(self.env)
         for k, v in enumerate(values):  # positions already: each value is an index Check
             env[indsym(k)] = v
         layout = self.layouts[node.name]
         offset = eval_index(layout.offset_of(node.index) - layout.offset, env)
-        return flat_storage(self.values[node.name], layout)[offset]
+        return gather(flat_storage(self.values[node.name], layout), offset, mask, node.name)
 
     def constant(self, node: Constant) -> torch.Tensor:
         return torch.tensor(node.value, dtype=node.dtype, device=self.device)

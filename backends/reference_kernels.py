@@ -35,16 +35,16 @@ class PythonHandler:
         self.lines.append(f"{name} = {rhs}")
         return name
 
-    def load(self, node: Load) -> str:
+    def load(self, node: Load, mask: str | None) -> str:
         lay = self.layouts[node.name]
         off = pyindex(lay.offset_of(node.index))
-        return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off})")
+        return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off}, {mask})")
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
+    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...], mask: str | None) -> str:
         lay = self.layouts[node.name]
         bind = {indsym(k): sympy.Symbol(v, integer=True) for k, v in enumerate(values)}  # positions (Checks)
         off = pyindex(lay.offset_of(node.index).xreplace(bind))
-        return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off})")
+        return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off}, {mask})")
 
     def constant(self, node: Constant) -> str:
         v = node.value

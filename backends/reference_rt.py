@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from coil.backends.reference import _BINARY, _UNARY, reduce as _reduce
-from coil.backends.reference import run_check  # noqa: F401  (kernels call _rt.run_check)
+from coil.backends.reference import gather, run_check  # noqa: F401  (kernels call _rt.run_check)
 from coil.errors import CoilError
 
 
@@ -17,10 +17,11 @@ def iota(n: int, dim: int, ndim: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int64, device=device).reshape(shape)
 
 
-def load(t: torch.Tensor, storage: int, base_offset: int, offset: Any) -> torch.Tensor:
-    """Gather `t`'s storage (as its layout addresses it) at the element offsets."""
+def load(t: torch.Tensor, storage: int, base_offset: int, offset: Any, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Gather `t`'s storage (as its layout addresses it) at the element offsets
+    (only where `mask` holds, when there is one: 0 elsewhere)."""
     flat = t.as_strided((storage - base_offset,), (1,), t.storage_offset())  # offsets count from t's own
-    return flat[offset - base_offset]
+    return gather(flat, offset - base_offset, mask, "a buffer")
 
 
 def const(v: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -14,6 +14,11 @@ its dtype is the whole dtype.
 else "checked"; and records the range found as the reason.  realize runs it on
 every buffer's body once producers are inlined, so an index computed from an
 arange or clamped in the same kernel loses its test.
+
+`load_in_bounds(load, size, ranges)` proves a load's index inside its tensor;
+a masked load only where its mask holds (`mask_ranges` narrows the loop
+symbols by the mask's comparisons of a symbol with a constant, and by nothing
+else it cannot read soundly).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Mapping
 import sympy
 import torch
 
-from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, rewrite, walk
+from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rewrite, walk
 from coil.ir.indexing import FloorDiv, ModularIndexing
 
 Range = tuple[int, int]
@@ -181,10 +186,10 @@ class RangeHandler:
     def __init__(self, ranges: Mapping[sympy.Symbol, int]) -> None:
         self.ranges = ranges
 
-    def load(self, node: Load) -> Range | None:
-        return dtype_range(node.dtype)
+    def load(self, node: Load, mask: Range | None) -> Range | None:
+        return dtype_range(node.dtype)  # a masked load's 0 is in it too
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[Range | None, ...]) -> Range | None:
+    def indirect_load(self, node: IndirectLoad, values: tuple[Range | None, ...], mask: Range | None) -> Range | None:
         return dtype_range(node.dtype)
 
     def constant(self, node: Constant) -> Range | None:
@@ -247,6 +252,60 @@ def prove_checks(body: Expr, ranges: Mapping[sympy.Symbol, int]) -> Expr:
         return Check(e.arg, e.error, e.size, e.dim, e.wrap, status, r)
 
     return rewrite(body, fn)
+
+
+_NARROW = {"lt": (None, -1), "le": (None, 0), "gt": (1, None), "ge": (0, None), "eq": (0, 0)}
+
+
+def mask_ranges(mask: Expr | None, ranges: Mapping[sympy.Symbol, int]) -> dict[sympy.Symbol, Range]:
+    """Each loop symbol's range where `mask` holds: [0, n) narrowed by the
+    conjuncts of the mask (a tree of logical_and) that compare a symbol with a
+    constant, `x3 < 32`.  Any other conjunct is left out, which only widens the
+    result: sound, never a range a true mask can leave."""
+    out: dict[sympy.Symbol, Range] = {s: (0, n - 1) for s, n in ranges.items()}
+    stack = [] if mask is None else [mask]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Op) and e.name == "logical_and":
+            stack.extend(e.args)
+            continue
+        if not (isinstance(e, Op) and e.name in _NARROW and isinstance(e.args[0], IndexExpr)
+                and isinstance(e.args[1], Constant) and isinstance(e.args[0].expr, sympy.Symbol)):
+            continue
+        sym, c = e.args[0].expr, int(e.args[1].value)
+        if sym not in out:
+            continue
+        lo, hi = out[sym]
+        at_least, at_most = _NARROW[e.name]
+        if at_least is not None:
+            lo = max(lo, c + at_least)
+        if at_most is not None:
+            hi = min(hi, c + at_most)
+        out[sym] = (lo, hi)
+    return out
+
+
+def load_in_bounds(ld: Load | IndirectLoad, size: tuple[int, ...], ranges: Mapping[sympy.Symbol, int]) -> bool:
+    """Whether every index of `ld` is provably inside a tensor of `size`, for
+    every point of the loops (`ranges`) where the load's mask holds (an
+    indirect load's ind_k in [0, size of its dim)).  False when it cannot be
+    shown, which is not proof of the contrary; True only when no point the mask
+    admits reads outside (a mask that admits none proves it vacuously)."""
+    narrowed = mask_ranges(ld.mask, ranges)
+    if any(lo > hi for lo, hi in narrowed.values()):
+        return True  # the mask is false everywhere: nothing is read
+    if isinstance(ld, IndirectLoad):
+        narrowed.update({indsym(k): (0, n - 1) for k, n in enumerate(ld.sizes)})
+    # index_range knows symbols as [0, n): shift each narrowed one to start at 0
+    shift = {s: s + lo for s, (lo, _) in narrowed.items()}
+    extent = {s: hi - lo + 1 for s, (lo, hi) in narrowed.items()}
+    if len(ld.index) != len(size):
+        return False
+    for i, n in zip(ld.index, size):
+        r = index_range(i.xreplace(shift), extent)
+        if r is None or r[0] < 0 or r[1] >= n:
+            return False
+    return True
 
 
 def runtime_checks(expr: Expr) -> list[Check]:

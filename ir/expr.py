@@ -2,9 +2,9 @@
 
 Grammar::
 
-    Expr ::= Load(name, index, dtype)        read element `index` (logical, one sympy
+    Expr ::= Load(name, index, dtype, mask)  read element `index` (logical, one sympy
                                               expression per dim) of node `name`
-           | IndirectLoad(name, index, dtype, values)
+           | IndirectLoad(name, index, dtype, values, mask)
                                               read `name` at an index that also uses
                                               ind0, ind1, ...: ind_k is values[k], an
                                               index Check (a child): a position in
@@ -28,6 +28,13 @@ leaves its buffer; integer division checks its divisor the same way.  A Check's
 `status` is the decision whether the test is made at run time ("checked") or
 value-range analysis (ir/bounds.py) proved it can never fail ("proven"); its
 `range` is what the analysis found for the argument, the reason.
+
+A load's `mask` (None, or a bool Expr: a child) says where it reads: where the
+mask is false the load touches no memory and yields 0 of its dtype, so its
+index need be inside the buffer only where the mask holds (Inductor's masked
+`tl.load(ptr + idx, cond, other=0)`).  Inlining a masked load (realize) carries
+the mask into every load of the inlined body and keeps its checks from failing
+where it is false (`under_mask`).
 
 Every node is a frozen, hash-cached value: equal subtrees are equal, so a dict
 keyed on subtrees is common-subexpression elimination.
@@ -80,9 +87,13 @@ def _sympy(value: object) -> sympy.Expr:
 
 @attrs.frozen(cache_hash=True)
 class Load:
+    """Element `index` of `name`; with a `mask`, only where the mask is true (0
+    elsewhere, and no memory touched there)."""
+
     name: str
     index: tuple[sympy.Expr, ...] = attrs.field(converter=_index_tuple)
     dtype: torch.dtype
+    mask: "Expr | None" = None
 
 
 @attrs.frozen(cache_hash=True)
@@ -95,6 +106,7 @@ class IndirectLoad:
     index: tuple[sympy.Expr, ...] = attrs.field(converter=_index_tuple)
     dtype: torch.dtype
     values: tuple["Check", ...] = attrs.field()
+    mask: "Expr | None" = None
 
     @values.validator
     def _checked(self, _attr: object, value: tuple["Expr", ...]) -> None:
@@ -231,12 +243,13 @@ Expr = Union[Load, IndirectLoad, Check, Constant, IndexExpr, Op, Cast]
 
 
 class OpsHandler(Protocol[T]):
-    """What `evaluate` calls; one method per node kind.  `op`, `cast` and
-    `indirect_load` receive their already evaluated children."""
+    """What `evaluate` calls; one method per node kind.  `op`, `cast`, `check`
+    and the loads receive their already evaluated children (a load's `mask`:
+    None when it has none)."""
 
-    def load(self, node: Load) -> T: ...
+    def load(self, node: Load, mask: T | None) -> T: ...
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[T, ...]) -> T: ...
+    def indirect_load(self, node: IndirectLoad, values: tuple[T, ...], mask: T | None) -> T: ...
 
     def constant(self, node: Constant) -> T: ...
 
@@ -255,7 +268,9 @@ def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, (Cast, Check)):
         return (e.arg,)
     if isinstance(e, IndirectLoad):
-        return e.values
+        return e.values if e.mask is None else (*e.values, e.mask)
+    if isinstance(e, Load) and e.mask is not None:
+        return (e.mask,)
     return ()
 
 
@@ -283,9 +298,10 @@ def evaluate(expr: Expr, handler: OpsHandler[T], memo: dict[Expr, T] | None = No
     for e in _post_order(expr, memo):
         match e:
             case Load():
-                memo[e] = handler.load(e)
+                memo[e] = handler.load(e, None if e.mask is None else memo[e.mask])
             case IndirectLoad():
-                memo[e] = handler.indirect_load(e, tuple(memo[v] for v in e.values))
+                memo[e] = handler.indirect_load(e, tuple(memo[v] for v in e.values),
+                                                None if e.mask is None else memo[e.mask])
             case Constant():
                 memo[e] = handler.constant(e)
             case IndexExpr():
@@ -337,11 +353,18 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
             out = fn(node)
             return node if out is None else out
 
-        load = constant = index_expr = _leaf
+        constant = index_expr = _leaf
 
-        def indirect_load(self, node: IndirectLoad, values: tuple[Expr, ...]) -> Expr:
+        def load(self, node: Load, mask: Expr | None) -> Expr:
+            new = node if mask is node.mask else attrs.evolve(node, mask=mask)
+            out = fn(new)
+            return new if out is None else out
+
+        def indirect_load(self, node: IndirectLoad, values: tuple[Expr, ...], mask: Expr | None) -> Expr:
             # the validator rejects values that are not index Checks
-            new = node if values == node.values else attrs.evolve(node, values=typed(tuple[Check, ...], values))
+            new = node
+            if values != node.values or mask is not node.mask:
+                new = attrs.evolve(node, values=typed(tuple[Check, ...], values), mask=mask)
             out = fn(new)
             return new if out is None else out
 
@@ -380,14 +403,14 @@ def substitute_symbols(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr],
         if isinstance(node, Load):
             idx = tuple(i.xreplace(mapping) for i in node.index)
             if values and any(is_indirect(i) for i in idx):
-                return _compact(node.name, idx, node.dtype, values)
-            return Load(node.name, idx, node.dtype)
+                return _compact(node.name, idx, node.dtype, values, node.mask)
+            return Load(node.name, idx, node.dtype, node.mask)
         if isinstance(node, IndirectLoad):
             k = len(node.values)
             m = mapping if not values else {
                 s: e.xreplace({indsym(j): indsym(j + k) for j in range(len(values))}) for s, e in mapping.items()}
             idx = tuple(i.xreplace(m) for i in node.index)
-            return _compact(node.name, idx, node.dtype, node.values + values)
+            return _compact(node.name, idx, node.dtype, node.values + values, node.mask)
         if isinstance(node, IndexExpr):
             e = node.expr.xreplace(mapping)
             if values and is_indirect(e):
@@ -430,14 +453,51 @@ def is_indirect(e: sympy.Expr) -> bool:
     return any(ind_number(s) is not None for s in e.free_symbols)  # type: ignore[arg-type]
 
 
-def _compact(name: str, index: tuple[sympy.Expr, ...], dtype: torch.dtype, values: tuple[Check, ...]) -> Expr:
+def _compact(name: str, index: tuple[sympy.Expr, ...], dtype: torch.dtype, values: tuple[Check, ...],
+             mask: Expr | None = None) -> Expr:
     """An IndirectLoad keeping only the values its index uses, renumbered in
     order (a plain Load when it uses none)."""
     used = sorted({k for i in index for s in i.free_symbols if (k := ind_number(s)) is not None})  # type: ignore[arg-type]
     if not used:
-        return Load(name, index, dtype)
+        return Load(name, index, dtype, mask)
     ren = {indsym(k): indsym(j) for j, k in enumerate(used)}
-    return IndirectLoad(name, tuple(i.xreplace(ren) for i in index), dtype, tuple(values[k] for k in used))
+    return IndirectLoad(name, tuple(i.xreplace(ren) for i in index), dtype, tuple(values[k] for k in used), mask)
+
+
+def under_mask(expr: Expr, mask: Expr) -> Expr:
+    """`expr` (an inlined body) evaluated only where `mask` holds: every load in
+    it reads only there (its own mask and `mask`), and every run-time Check sees
+    a harmless argument elsewhere (position 0, divisor 1), so the positions
+    the mask excludes neither touch memory nor raise.  Its value where the mask
+    is false is unspecified: a reader that needs the masked load's 0 wraps it
+    in where(mask, ., 0) (`masked_value`)."""
+
+    def both(own: Expr | None) -> Expr:
+        return mask if own is None or own == mask else Op("logical_and", (mask, own), torch.bool)
+
+    def fn(node: Expr) -> Expr | None:
+        if isinstance(node, (Load, IndirectLoad)):
+            return attrs.evolve(node, mask=both(node.mask))
+        if isinstance(node, Check):  # even a proven one: its proof assumed the unshifted positions
+            safe = Constant(1 if node.kind == "divisor" else 0, node.arg.dtype)
+            return attrs.evolve(node, arg=Op("where", (mask, node.arg, safe), node.arg.dtype))
+        return None
+
+    return rewrite(expr, fn)
+
+
+def masked_value(expr: Expr, mask: Expr) -> Expr:
+    """The value a masked load whose body is `expr` gives: `expr` where `mask`
+    holds, else 0 (no where when `expr` is already a load under that mask)."""
+    if isinstance(expr, (Load, IndirectLoad)) and expr.mask == mask:
+        return expr
+    return Op("where", (mask, expr, zero(expr.dtype)), expr.dtype)
+
+
+def zero(dtype: torch.dtype) -> Constant:
+    """0 of `dtype`: what a masked load yields where its mask is false."""
+    value: bool | int | float = False if dtype == torch.bool else 0.0 if dtype.is_floating_point else 0
+    return Constant(value, dtype)
 
 
 def _index_ops(e: sympy.Expr, values: tuple[Expr, ...], dtype: torch.dtype) -> Expr:
@@ -530,6 +590,8 @@ def show_expr(expr: Expr) -> list[str]:
                 rhs = f"{e.name}({', '.join(ref(a) for a in e.args)})"
             case Cast():
                 rhs = f"cast({ref(e.arg)})"
+        if isinstance(e, (Load, IndirectLoad)) and e.mask is not None:
+            rhs += f" if {ref(e.mask)}"
         lines.append(f"{tmp}: {dt} = {rhs}")
     if isinstance(expr, Constant):
         lines.append(f"{expr.value!r}: {dtype_name(expr.dtype)}")

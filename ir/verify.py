@@ -7,12 +7,14 @@ LoweredGraph
   L3 a body uses only its own loop symbols (x* for ranges, r* for reduction ranges);
      an IndirectLoad's index also ind0..ind{k-1}, one per value it binds
   L4 outputs name defined nodes
+  L5 a load's mask, if any, is a bool expression (where false the load yields 0)
 BufferGraph
   B1 buffers are named buf0, buf1, ... in order; inputs keep their names
   B2 bodies load only inputs and earlier buffers, one index per dim
   B3 every buffer has a rule; a ComputedBuffer's layout size equals its ranges
   B4 bodies use only their own loop symbols (and an IndirectLoad its own ind*)
   B5 a reduction's type is one of REDUCTION_TYPES
+  B6 a load's mask, if any, is a bool expression
 ScheduleGraph
   S1 one node per buffer, in buffer order
   S2 every dep names an input or a buffer defined before the node (WeakDeps: any)
@@ -25,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 import sympy
+import torch
 
 from coil.errors import CoilError
 from coil.ir.buffers import BufferGraph, ComputedBuffer
@@ -99,6 +102,14 @@ def _reads(body: Expr) -> list[Load | IndirectLoad]:
     return [e for e in walk(body) if isinstance(e, (Load, IndirectLoad))]
 
 
+def _bad_mask(body: Expr) -> str | None:
+    """What is wrong with the first load mask that is not a bool value."""
+    for ld in _reads(body):
+        if ld.mask is not None and ld.mask.dtype != torch.bool:
+            return f"masks its load of {ld.name} with a {str(ld.mask.dtype).removeprefix('torch.')} value, not bool"
+    return None
+
+
 @verifier(LoweredGraph)
 def verify_lowered(g: LoweredGraph, stage: str) -> None:
     seen: dict[str, int] = {}
@@ -115,6 +126,9 @@ def verify_lowered(g: LoweredGraph, stage: str) -> None:
             bad = _symbols_ok(n.body, len(n.ranges), nr)
             if bad is not None:
                 fail(g, stage, n.name, f"L3 uses symbol {bad} outside its loops")
+            mask = _bad_mask(n.body)
+            if mask is not None:
+                fail(g, stage, n.name, f"L5 {mask}")
         if isinstance(n, View):
             if n.base not in seen:
                 fail(g, stage, n.name, f"L2 views {n.base}, not defined before it")
@@ -151,6 +165,9 @@ def verify_buffers(g: BufferGraph, stage: str) -> None:
             bad = _symbols_ok(b.body, len(b.ranges), len(b.reduction_ranges))
             if bad is not None:
                 fail(g, stage, b.name, f"B4 uses symbol {bad} outside its loops")
+            mask = _bad_mask(b.body)
+            if mask is not None:
+                fail(g, stage, b.name, f"B6 {mask}")
             if b.reduction_type is not None and b.reduction_type not in REDUCTION_TYPES:
                 fail(g, stage, b.name, f"B5 unknown reduction type {b.reduction_type!r}")
         rank[b.name] = len(b.layout.size) if b.layout is not None else -1

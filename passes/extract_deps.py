@@ -65,12 +65,13 @@ class DepsHandler:
         self.size = tuple(size)
         self.reads: list[Dep] = []
 
-    def load(self, node: Load) -> None:
+    def load(self, node: Load, mask: None) -> None:
+        # a masked load reads a subset of these positions: the dep over-approximates
         offset = self.layouts[node.name].offset_of(node.index)
         idx, vs, ss = normalize_dep(offset, self.var_names, self.size)
         self.reads.append(MemoryDep(node.name, idx, vs, ss))
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[None, ...]) -> None:
+    def indirect_load(self, node: IndirectLoad, values: tuple[None, ...], mask: None) -> None:
         # the whole buffer: never served from registers, never kernel-internal
         self.reads.append(StarDep(node.name))
 

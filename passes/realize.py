@@ -42,17 +42,21 @@ from coil.ir.buffers import (
     RealizeRow,
 )
 from coil.ir.expr import (
+    Cast,
     Expr,
     IndexExpr,
     IndirectLoad,
     Load,
+    Op,
     count_ops,
     indirect_loads,
     loads,
+    masked_value,
     read_names,
     rewrite,
     rsyms,
     substitute_symbols,
+    under_mask,
     walk,
     xsyms,
 )
@@ -218,6 +222,8 @@ class _Realizer:
         ops: list[str] = []
 
         def fn(e: Expr) -> Expr | None:
+            if isinstance(e, Op):
+                return _merge_masked_where(e)
             if not isinstance(e, (Load, IndirectLoad)):
                 return None
             entry = self.env.get(e.name)
@@ -231,7 +237,10 @@ class _Realizer:
             # an indirect read inlines too: the producer's body at an index that
             # uses the reader's values (its loads become indirect ones)
             bound = (e.values, e.sizes) if isinstance(e, IndirectLoad) else ((), ())
-            return substitute_symbols(entry.body, dict(zip(xsyms(len(entry.ranges)), e.index)), bound)
+            inlined = substitute_symbols(entry.body, dict(zip(xsyms(len(entry.ranges)), e.index)), bound)
+            # a masked read inlines under its mask: the body's loads and checks
+            # act only where it holds, and the value is 0 elsewhere, as the load's
+            return inlined if e.mask is None else masked_value(under_mask(inlined, e.mask), e.mask)
 
         out = rewrite(body, fn)
         return out, frozenset(origins), tuple(ops)
@@ -409,7 +418,7 @@ class _Realizer:
             return entry.name
         node = self.g.node(name)
         body = entry.body
-        if isinstance(body, Load) and body.name in self.layouts:
+        if isinstance(body, Load) and body.mask is None and body.name in self.layouts:
             rng = ranges_of(xsyms(len(entry.ranges)), entry.ranges)
             idx = tuple(simplify_index(i, rng) for i in body.index)
             layout = _strided(idx, entry.ranges, self.layouts[body.name])
@@ -463,6 +472,21 @@ class _Realizer:
                     row = attrs.evolve(row, rule=f"{row.rule} into {', '.join(targets)}")
             out.append(row)
         return out
+
+
+def _merge_masked_where(e: Op) -> Expr | None:
+    """where(c, where(c, a, 0), b) -> where(c, a, b), also through a cast of the
+    inner where: the 0 an inlined masked load gives where its mask c is false
+    is never chosen when the reader selects on that same c (cat, pad and the
+    scatters do)."""
+    if e.name != "where":
+        return None
+    cond, a, b = e.args
+    inner = a.arg if isinstance(a, Cast) else a
+    if not (isinstance(inner, Op) and inner.name == "where" and inner.args[0] == cond):
+        return None
+    kept = inner.args[1] if inner is a else Cast(inner.args[1], a.dtype)
+    return Op("where", (cond, kept, b), e.dtype)
 
 
 def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:

@@ -33,7 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
 from coil.backends.reference import ReferenceHandler, loop_env
-from coil.ir.bounds import runtime_checks, value_range
+from coil.ir.bounds import load_in_bounds, runtime_checks, value_range
 from coil.ir.buffers import BufferGraph, ComputedBuffer, ExternBuffer
 from coil.ir.expr import Check, Constant, Expr, IndexExpr, Load, Op, evaluate, walk, xsyms
 from coil.ir.layout import Layout
@@ -394,6 +394,65 @@ def test_value_range_holds_every_value(expr: Expr, seed: int) -> None:
     got = evaluate(expr, ReferenceHandler(loop_env((6, 5), (), torch.device("cpu")), data, layouts,
                                           torch.device("cpu")))
     assert int(got.min()) >= r[0] and int(got.max()) <= r[1], (r, got)
+
+
+@st.composite
+def _masked_load(draw: st.DrawFn) -> tuple[Load, tuple[int, int]]:
+    """A load of a (4, 5) tensor over x0 in [0, 6), x1 in [0, 5) at a shifted
+    index, masked by drawn tests: comparisons of a symbol with a constant (the
+    kind the analysis reads), and others it must not trust (an or, a test of
+    an expression)."""
+    x0, x1 = xsyms(2)
+    tests: list[Expr] = []
+    for _ in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["lt", "le", "gt", "ge", "eq", "or", "expr"]))
+        sym = draw(st.sampled_from([x0, x1]))
+        c = draw(st.integers(-2, 7))
+        if kind == "or":
+            a = Op("lt", (IndexExpr(sym), Constant(c, torch.int64)), torch.bool)
+            tests.append(Op("logical_or", (a, Op("ge", (IndexExpr(x1), Constant(0, torch.int64)), torch.bool)),
+                            torch.bool))
+        elif kind == "expr":
+            tests.append(Op("lt", (IndexExpr(sym - 3), Constant(c, torch.int64)), torch.bool))
+        else:
+            tests.append(Op(kind, (IndexExpr(sym), Constant(c, torch.int64)), torch.bool))
+    mask: Expr | None = None
+    for t in tests:
+        mask = t if mask is None else Op("logical_and", (mask, t), torch.bool)
+    index = (x0 + draw(st.integers(-4, 4)), draw(st.integers(-2, 2)) * x1 + draw(st.integers(-4, 4)))
+    return Load("a", index, torch.float32, mask), (4, 5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_masked_load())
+def test_load_in_bounds_is_sound(drawn: tuple[Load, tuple[int, int]]) -> None:
+    """Where load_in_bounds claims a masked load inside its tensor, no point
+    of the loops where the mask holds indexes outside it."""
+    ld, size = drawn
+    ranges = dict(zip(xsyms(2), (6, 5)))
+    if not load_in_bounds(ld, size, ranges):
+        return
+    env = loop_env((6, 5), (), torch.device("cpu"))
+    holds = torch.ones(6, 5, dtype=torch.bool) if ld.mask is None else torch.broadcast_to(
+        evaluate(ld.mask, ReferenceHandler(env, {}, {}, torch.device("cpu"))), (6, 5))
+    for p0, p1 in holds.nonzero().tolist():
+        at = {xsyms(2)[0]: p0, xsyms(2)[1]: p1}
+        for i, n in zip(ld.index, size):
+            assert 0 <= int(i.subs(at)) < n, (ld, p0, p1)
+
+
+def test_a_mask_proves_a_shifted_load_in_bounds_and_nothing_else_does() -> None:
+    """x[x1 - 32] over x1 in [0, 64) of a 32-element x: inside where x1 >= 32;
+    not without the mask, nor under a mask the analysis cannot read."""
+    (x1,) = xsyms(1)
+    ranges = {x1: 64}
+    ge = Op("ge", (IndexExpr(x1), Constant(32, torch.int64)), torch.bool)
+    shifted = Load("x", (x1 - 32,), torch.float32, ge)
+    assert load_in_bounds(shifted, (32,), ranges)
+    assert not load_in_bounds(Load("x", (x1 - 32,), torch.float32), (32,), ranges)
+    either = Op("logical_or", (ge, ge), torch.bool)
+    assert not load_in_bounds(Load("x", (x1 - 32,), torch.float32, either), (32,), ranges)
+    assert not load_in_bounds(Load("x", (x1 - 31,), torch.float32, ge), (32,), ranges)  # one past the end
 
 
 def test_value_range_of_index_arithmetic() -> None:

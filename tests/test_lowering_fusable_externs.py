@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import pytest
-import sympy
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,11 +28,13 @@ from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
-from coil.ir.expr import xsym
-from coil.ir.indexing import FloorDiv, ModularIndexing
-from coil.ir.lowered import Extern, Pointwise, Reduction
+from coil.backends.reference import gather
+from coil.errors import CoilError
+from coil.ir.bounds import load_in_bounds
+from coil.ir.expr import Load, loads, xsyms
+from coil.ir.lowered import Pointwise, Reduction
 from coil.ir.printer import show
-from coil.passes.lowerings.regions import MAX_CAT_INPUTS, wrapped
+from coil.passes.lowerings.regions import MAX_CAT_INPUTS
 from coil.passes.lowerings.scans import SCAN_LIMIT
 from golden_util import assert_golden
 from tests_helpers import lowered, lowered_externs as externs, make, target_available
@@ -147,33 +149,82 @@ def test_family_matches_eager_without_externs(family: str, dtype: torch.dtype, t
         torch.testing.assert_close(g_, e, **tol, msg=lambda m: f"case {k} of {family}: {m}")
 
 
-# ---- the wrapped index: every load stays inside its buffer --------------------------------------
+# ---- masked loads: each region reads its source only where it lies ---------------------------------
 
 
-@settings(max_examples=200, deadline=None)
-@given(offset=st.integers(-20, 40), step=st.integers(1, 4), n=st.integers(1, 9), extent=st.integers(1, 60))
-def test_wrapped_index_is_in_range_and_exact_inside_the_region(offset: int, step: int, n: int, extent: int) -> None:
-    x = xsym(0)
-    e = wrapped(x, offset, step, n, extent)
-    for v in range(extent):
-        got = e.xreplace({x: sympy.Integer(v)})
-        assert got.is_Integer and 0 <= int(got) < n, (e, v, got)
-        if (v - offset) % step == 0 and 0 <= (v - offset) // step < n:
-            assert int(got) == (v - offset) // step, (e, v, got)
+def region_loads(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> list[tuple[Load, bool, bool]]:
+    """(load, proven in bounds with its mask, proven without it) for every load
+    of every Pointwise the regions lower to."""
+    g = lowered(gm, inputs)
+    size = {n.name: tuple(n.size) for n in g.nodes if hasattr(n, "size")}
+    out = []
+    for n in g.nodes:
+        if isinstance(n, Pointwise) and n.op in ("constant_pad_nd", "cat", "slice_scatter"):
+            ranges = dict(zip(xsyms(len(n.ranges)), n.ranges))
+            for ld in loads(n.body):
+                bare = attrs.evolve(ld, mask=None)
+                out.append((ld, load_in_bounds(ld, size[ld.name], ranges),
+                            load_in_bounds(bare, size[ld.name], ranges)))
+    return out
 
 
-def test_wrap_disappears_when_the_region_covers_the_loop() -> None:
-    """A crop, or the last input of a cat, reads at a plain affine index."""
-    x = xsym(0)
-    assert wrapped(x, -2, 1, 10, 8) == x + 2
-    assert wrapped(x, 0, 1, 4, 4) == x
-    assert wrapped(x, 0, 2, 4, 8) == FloorDiv(x, 2)
-    assert wrapped(x, 3, 1, 4, 7) == ModularIndexing(x + 1, 1, 4)  # x < 3 must not read below 0
+@settings(max_examples=60, deadline=None)
+@given(lo=st.integers(-3, 4), hi=st.integers(-3, 4), n=st.integers(4, 7), k=st.integers(1, 4),
+       start=st.integers(0, 6), step=st.integers(1, 3))
+def test_region_loads_are_in_bounds_where_their_masks_hold(lo: int, hi: int, n: int, k: int, start: int,
+                                                           step: int) -> None:
+    """Every load of a pad, a cat and a slice_scatter is proven inside its
+    source where its mask holds; a load whose index is shifted is masked, and
+    without its mask the proof fails (the mask is what keeps it inside)."""
+    x, a, b = torch.randn(3, n), torch.randn(3, k), torch.randn(3, 2)
+    start = min(start, n - 1)
+    width = len(range(start, n, step))
+    src = torch.randn(3, width)
+
+    def fn(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (aten.constant_pad_nd(x, [lo, hi], 0.5), torch.cat([a, x, b], 1),
+                aten.slice_scatter(x, src, 1, start, None, step))
+
+    inputs = [x, a, b, src]
+    if n + lo + hi <= 0:
+        return
+    found = region_loads(make_fx(fn)(*inputs), inputs)
+    assert found
+    for ld, masked, bare in found:
+        assert masked if ld.mask is not None else bare, ld
+
+
+def test_the_rotary_cat_reads_each_half_under_its_mask() -> None:
+    """cat((-x[..., 32:], x[..., :32])): two masked loads of x, at x3 + 32 where
+    x3 < 32 and at x3 - 32 where x3 >= 32; neither is inside x unmasked."""
+    inputs = [torch.randn(2, 3, 64), torch.randn(64), torch.randn(64)]
+    bg = coil.default_pipeline().run(make_fx(rotary64)(*inputs), inputs, until="realize",
+                                     options=coil.Options(target="reference"))
+    (buf,) = bg.buffers
+    ranges = dict(zip(xsyms(3), buf.ranges))
+    shifted = []
+    size = {i.name: i.layout.size for i in bg.inputs}
+    for ld in loads(buf.body):
+        assert load_in_bounds(ld, size[ld.name], ranges), ld
+        if not load_in_bounds(attrs.evolve(ld, mask=None), size[ld.name], ranges):
+            shifted.append(str(ld.index[-1]))
+    assert sorted(shifted) == ["x2 + 32", "x2 - 32"], show(bg)
+
+
+def test_the_reference_refuses_a_masked_load_that_leaves_its_buffer() -> None:
+    """The oracle reads nothing where a mask is false and raises where a mask
+    holds but the index is outside: the promise a masked load makes."""
+    flat = torch.arange(4.0)
+    mask = torch.tensor([True, False, True])
+    got = gather(flat, torch.tensor([0, 9, 3]), mask, "x")
+    assert got.tolist() == [0.0, 0.0, 3.0]
+    with pytest.raises(CoilError, match="masked load of x leaves its buffer"):
+        gather(flat, torch.tensor([0, 9, 4]), mask, "x")
 
 
 def test_cat_of_many_inputs_stays_extern() -> None:
-    """Each element of a pointwise cat loads every input: past MAX_CAT_INPUTS the
-    aten call is kept (empty inputs do not count)."""
+    """Each element of a pointwise cat tests and issues a masked load for every
+    input: past MAX_CAT_INPUTS the aten call is kept (empty inputs do not count)."""
     few = [torch.randn(2, k + 1) for k in range(MAX_CAT_INPUTS)] + [torch.randn(2, 0)]
     gm = make_fx(lambda *xs: torch.cat(xs, 1))(*few)
     assert externs(lowered(gm, few)) == []
@@ -229,6 +280,50 @@ def test_rotary_cat_fuses_into_one_kernel(target: str) -> None:
     assert "cat" in fused.kernels[0].name
     (got,) = coil.compile_graph(gm, inputs, coil.Options(target=target))(*inputs)
     torch.testing.assert_close(got, rotary(*inputs))
+
+
+def rotary64(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """Llama's rotate_half, as the issue measured it on the H200."""
+    return torch.cat((-x[..., 32:], x[..., :32]), -1) * sin + x * cos
+
+
+def x_loads(source: str) -> list[str]:
+    """The tl.load lines of the kernel that read in_ptr2 (x, the first input
+    by name)."""
+    return [ln.strip() for ln in source.splitlines() if "tl.load(in_ptr2 +" in ln]
+
+
+def load_index(line: str) -> str:
+    """The offset of `tmpN = tl.load(in_ptr2 + OFFSET, mask..., other=0)`."""
+    offset = line.split("tl.load(in_ptr2 + ", 1)[1].split(", xmask", 1)[0]
+    return offset[1:-1] if offset.startswith("(") and offset.endswith(")") else offset
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_rotary_with_masked_loads_matches_eager(target: str, transposed: bool) -> None:
+    """x as the attention reshape leaves it (batch, heads, seq, dim), transposed
+    from (batch, seq, heads, dim) or not."""
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    x = torch.randn(2, 8, 4, 64).transpose(1, 2) if transposed else torch.randn(2, 4, 8, 64)
+    inputs = [x, torch.randn(8, 64), torch.randn(8, 64)]
+    gm = make_fx(rotary64)(*inputs)
+    compiled = coil.compile_graph(gm, inputs, coil.Options(target=target))
+    (got,) = compiled(*inputs)
+    torch.testing.assert_close(got, rotary64(*inputs), rtol=0, atol=0)
+    if target != "triton":
+        return
+    loads_of_x = x_loads(compiled.source)
+    assert len(loads_of_x) == 3, loads_of_x  # each half under its mask, and x itself
+    plain = next(ln for ln in loads_of_x if ", xmask, other=0)" in ln)
+    masked = [ln for ln in loads_of_x if ln != plain]
+    # no wrapping: each half reads at x's own index, shifted by 32, under a mask of its own
+    assert all(", xmask & tmp" in ln for ln in masked), loads_of_x
+    assert sorted(load_index(ln) for ln in masked) == [f"{load_index(plain)} + 32", f"{load_index(plain)} - 32"], \
+        loads_of_x
+    if not transposed:
+        assert all("%" not in ln for ln in loads_of_x), loads_of_x
 
 
 # ---- through torch.compile, forward and backward --------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Load, Op
+from coil.ir.expr import Load, Op, walk
 from coil.ir.verify import VerifyError, verify
 from tests_helpers import run_until
 
@@ -91,4 +91,43 @@ def test_buffers_unknown_reduction_type():
     g = run_until(lambda x: x.sum(-1), [torch.randn(4, 8)], "realize")
     bad = attrs.evolve(g, buffers=(attrs.evolve(g.buffers[0], reduction_type="median"),))
     with pytest.raises(VerifyError, match="B5 unknown reduction type 'median'"):
+        verify(bad, "realize")
+
+
+def _masked(body, mask):
+    """Every load of x_1 in `body` masked by `mask`."""
+    from coil.ir.expr import rewrite
+
+    return rewrite(body, lambda e: attrs.evolve(e, mask=mask) if isinstance(e, Load) and e.name == "x_1" else None)
+
+
+def test_lowered_mask_that_is_not_bool():
+    from coil.ir.expr import IndexExpr, xsym
+
+    g = _ir("lower")
+    pw = next(n for n in g.nodes if hasattr(n, "body") and any(
+        isinstance(e, Load) and e.name == "x_1" for e in walk(n.body)))
+    broken = attrs.evolve(pw, body=_masked(pw.body, IndexExpr(xsym(0))))
+    bad = attrs.evolve(g, nodes=tuple(broken if n is pw else n for n in g.nodes))
+    with pytest.raises(VerifyError, match=f"{pw.name}: L5 masks its load of x_1 with a int64 value, not bool"):
+        verify(bad, "lower")
+    # the same load under a bool mask is valid
+    fine = attrs.evolve(pw, body=_masked(pw.body, Op("lt", (IndexExpr(xsym(0)), IndexExpr(2)), torch.bool)))
+    verify(attrs.evolve(g, nodes=tuple(fine if n is pw else n for n in g.nodes)), "lower")
+
+
+def test_buffers_mask_that_is_not_bool_or_uses_foreign_symbols():
+    from coil.ir.expr import Constant, IndexExpr, xsym
+    import sympy
+
+    g = _ir("realize")
+    b0 = g.buffers[0]
+    assert isinstance(b0, ComputedBuffer)
+    broken = attrs.evolve(b0, body=_masked(b0.body, Constant(1.0, torch.float32)))
+    bad = attrs.evolve(g, buffers=(broken,) + g.buffers[1:])
+    with pytest.raises(VerifyError, match="buf0: B6 masks its load of x_1 with a float32 value, not bool"):
+        verify(bad, "realize")
+    foreign = Op("lt", (IndexExpr(sympy.Symbol("r5", integer=True, nonnegative=True)), IndexExpr(xsym(0))), torch.bool)
+    bad = attrs.evolve(g, buffers=(attrs.evolve(b0, body=_masked(b0.body, foreign)),) + g.buffers[1:])
+    with pytest.raises(VerifyError, match="buf0: B4 uses symbol r5 outside its loops"):
         verify(bad, "realize")

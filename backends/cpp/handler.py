@@ -37,6 +37,7 @@ from coil.ir.expr import (
     Op,
     evaluate,
     indsym,
+    zero,
 )
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
@@ -128,33 +129,46 @@ class CppHandler:
 
     # ---- leaves ----------------------------------------------------------------------------
 
-    def load(self, node: Load) -> str:
-        if node.name in self.registers:
-            return self.registers[node.name]
-        if node.name in self.inner:
-            producer = self.inner[node.name]
-            raw = self.value(producer.body)
-            v = register_value(raw, producer.body, producer.dtype)
-            if v != raw:
-                v = self.emit(producer.dtype, v)
-            self.registers[node.name] = v
-            return v
+    def load(self, node: Load, mask: str | None) -> str:
+        if node.name in self.registers or node.name in self.inner:
+            return self.masked(node.dtype, mask, self.computed(node.name))
         if node.name not in self.ctx.ptrs:
             raise CoilError(f"kernel reads {node.name}, which is neither a parameter nor computed in it",
                             stage="kernel_gen")
         lay = self.ctx.layouts[node.name]
         offset = self.ctx.offset(node.name, node.index)
         ref = self.ctx.staged.get((node.name, offset), f"{self.ctx.ptrs[node.name]}[{offset}]")
-        return self.emit(node.dtype, prelude.load_value(lay.dtype, ref))
+        return self.emit(node.dtype, self.masked(node.dtype, mask, prelude.load_value(lay.dtype, ref)))
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
+    def computed(self, name: str) -> str:
+        """The value of a buffer this kernel computes, at the scope's position."""
+        if name in self.registers:
+            return self.registers[name]
+        producer = self.inner[name]
+        raw = self.value(producer.body)
+        v = register_value(raw, producer.body, producer.dtype)
+        if v != raw:
+            v = self.emit(producer.dtype, v)
+        self.registers[name] = v
+        return v
+
+    def masked(self, dtype: torch.dtype, mask: str | None, value: str) -> str:
+        """`value` where `mask` holds, else 0; C++'s ?: evaluates only the arm it
+        takes, so a masked read touches no memory where its mask is false (and
+        GCC's vectoriser turns it into a masked vector load)."""
+        if mask is None:
+            return value
+        return f"({mask} ? {value} : {self.constant(zero(dtype))})"
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...], mask: str | None) -> str:
         """`ptr[offset]` where the offset uses the values: positions, from their Checks."""
         if node.name not in self.ctx.ptrs:
             raise CoilError(f"kernel reads {node.name} indirectly, but it is not a parameter", stage="kernel_gen")
         bind = {indsym(k): sympy.Symbol(v, integer=True, nonnegative=True) for k, v in enumerate(values)}
         lay = self.ctx.layouts[node.name]
         offset = cpp_index(simplify_index(lay.offset_of(node.index) - lay.offset, self.ctx.ranges).xreplace(bind))
-        return self.emit(node.dtype, prelude.load_value(lay.dtype, f"{self.ctx.ptrs[node.name]}[{offset}]"))
+        value = prelude.load_value(lay.dtype, f"{self.ctx.ptrs[node.name]}[{offset}]")
+        return self.emit(node.dtype, self.masked(node.dtype, mask, value))
 
     def check(self, node: Check, arg: str) -> str:
         """A checked value goes through coil_check_index / coil_check_divisor (the
@@ -267,10 +281,13 @@ def _binary(name: str, a: str, b: str, T: str, fp: bool) -> str:
     if name in _BITWISE:
         return f"({a} {_BITWISE[name]} {b})"
     match name:
+        # & and |, not && and ||: both are computed temporaries already, and a
+        # short circuit is a branch that keeps GCC from vectorising the masked
+        # loads such a condition guards (a pad's in-region test)
         case "logical_and":
-            return f"(({a} != 0) && ({b} != 0))"
+            return f"(({a} != 0) & ({b} != 0))"
         case "logical_or":
-            return f"(({a} != 0) || ({b} != 0))"
+            return f"(({a} != 0) | ({b} != 0))"
         case "logical_xor":
             return f"(({a} != 0) != ({b} != 0))"
         case "maximum":

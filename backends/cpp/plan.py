@@ -207,11 +207,13 @@ def streamed(plan: KernelPlan, var: sympy.Symbol, run: int) -> list[Stream]:
 
 def outside_loads(plan: KernelPlan) -> list[tuple[str, sympy.Expr]]:
     """(buffer, storage offset in loop variables) of every direct load from memory
-    (indirect loads have no offset known at compile time)."""
+    (indirect loads have no offset known at compile time); masked loads are left
+    out: where their mask is false the offset may lie outside the buffer, so
+    nothing may read them whole (a staged tile)."""
     out: dict[tuple[str, sympy.Expr], None] = {}
     for nd in plan.nodes:
         for ld in loads(nd.body):
-            if ld.name not in plan.inside:
+            if ld.name not in plan.inside and ld.mask is None:
                 lay = plan.layouts[ld.name]
                 out[(ld.name, loop_index(lay.offset_of(ld.index) - lay.offset, plan.nest.ranges))] = None
     return list(out)

@@ -267,11 +267,11 @@ class RowHandler(CppHandler):
         """Computed once per row, by the row handler."""
         return self.hoist and not self.subtrees.varies(node)
 
-    def load(self, node: Load) -> str:
-        return self.row.value(node) if self.fixed(node) else super().load(node)
+    def load(self, node: Load, mask: str | None) -> str:
+        return self.row.value(node) if self.fixed(node) else super().load(node, mask)
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
-        return self.row.value(node) if self.fixed(node) else super().indirect_load(node, values)
+    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...], mask: str | None) -> str:
+        return self.row.value(node) if self.fixed(node) else super().indirect_load(node, values, mask)
 
     def check(self, node: Check, arg: str) -> str:
         return self.row.value(node) if self.fixed(node) else super().check(node, arg)

@@ -84,7 +84,7 @@ class Subtrees:
 
     def kids(self, e: Expr) -> tuple[Expr, ...]:
         if isinstance(e, Load) and e.name in self.inner:
-            return (self.inner[e.name].body,)
+            return (self.inner[e.name].body, *children(e))
         return children(e)
 
     def below(self, e: Expr) -> frozenset[Expr]:

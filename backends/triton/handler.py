@@ -108,6 +108,13 @@ def mask_for(expr: sympy.Expr) -> str | None:
     return None
 
 
+def _with_mask(tail: str | None, mask: str | None) -> str | None:
+    """A load's lanes: those in range of the block (`tail`) where its own mask holds."""
+    if mask is None or tail is None:
+        return mask or tail
+    return f"{tail} & {mask}"
+
+
 class Emitter:
     """Lines of one kernel, with fresh temporary names."""
 
@@ -145,22 +152,23 @@ class TritonHandler:
 
     # ---- leaves -------------------------------------------------------------------------
 
-    def load(self, node: Load) -> str:
+    def load(self, node: Load, mask: str | None) -> str:
         if node.name in self.registers:
-            return self.registers[node.name]
+            reg = self.registers[node.name]
+            return reg if mask is None else self.out.assign(f"tl.where({mask}, {reg}, 0)")
         if node.name not in self.ptr:
             raise CoilError(f"triton target: {node.name} is neither a kernel argument nor computed in the kernel")
         lay = self.layouts[node.name]
         offset = sympy.expand(simplify_index(lay.offset_of(node.index), self.ranges) - lay.offset)
-        mask = mask_for(offset)
         where = f"{self.ptr[node.name]} + {print_index(offset)}"
-        if mask is None:
+        lanes = _with_mask(mask_for(offset), mask)
+        if lanes is None:
             # a one-element block, never a scalar: scalars of int1 do not broadcast
             # in the interpreter, and blocks keep every value's rank the same
             return self.out.assign(f"tl.load({where} + tl.zeros([1], tl.int32))")
-        return self.out.assign(f"tl.load({where}, {mask}, other=0)")
+        return self.out.assign(f"tl.load({where}, {lanes}, other=0)")
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...]) -> str:
+    def indirect_load(self, node: IndirectLoad, values: tuple[str, ...], mask: str | None) -> str:
         if node.name not in self.ptr:
             raise CoilError(f"triton target: {node.name} is read indirectly but is not a kernel argument")
         bind = {indsym(k): sympy.Symbol(v, integer=True, nonnegative=True) for k, v in enumerate(values)}
@@ -169,14 +177,15 @@ class TritonHandler:
         names = {s.name for s in bind.values()}
         printer = IndexPrinter("//", "%", lambda s: s.name if s.name in names else _symbol(s))
         used = (offset.free_symbols | _value_symbols(node.values)) & {XINDEX, RINDEX}
-        mask = mask_for(sympy.Add(*used))
+        tail = mask_for(sympy.Add(*used))
         at = offset.xreplace(bind)
         # a value the offset does not use (a stride-0 dim) still gives the pointer its shape
         shape = "".join(f" + 0 * {v}" for v in bind.values() if v not in at.free_symbols)
         where = f"{self.ptr[node.name]} + {printer(at)}{shape}"
-        if mask is None:
+        lanes = _with_mask(tail, mask)
+        if lanes is None:
             return self.out.assign(f"tl.load({where})")
-        return self.out.assign(f"tl.load({where}, {mask}, other=0)")
+        return self.out.assign(f"tl.load({where}, {lanes}, other=0)")
 
     def check(self, node: Check, arg: str) -> str:
         """An index as an int64 position (wrapped, asserted, clamped); a divisor

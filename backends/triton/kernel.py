@@ -56,6 +56,7 @@ from coil.ir.expr import (
     Op,
     evaluate,
     loads,
+    masked_value,
     read_names,
     rewrite,
     substitute_symbols,
@@ -350,7 +351,8 @@ def _expanded(ctx: KernelContext, body: Expr) -> Expr:
         if isinstance(e, Load) and e.name in inner:
             b = inner[e.name]
             sub = _expanded(ctx, ctx.bodies[b.name])
-            return sub if sub.dtype == b.layout.dtype else Cast(sub, b.layout.dtype)
+            sub = sub if sub.dtype == b.layout.dtype else Cast(sub, b.layout.dtype)
+            return sub if e.mask is None else masked_value(sub, e.mask)
         return None
 
     return rewrite(body, fn)

@@ -3,26 +3,23 @@ slice_scatter and select_scatter.  Each is one Pointwise node (so it fuses with
 its producers and readers) instead of an Extern call of the aten op.
 
 Every output element takes its value from exactly one source, chosen by where
-its index falls: `where(in_region, load(src, shifted index), other)`.  No
-backend evaluates a `where` lazily (Triton's tl.where, the C++ temporaries and
-torch.where all compute both arms), so a load in the arm that is not taken must
-still stay inside its buffer.  The shifted index is therefore *wrapped*: along
-the one dim where the region lies, source position p = (x - offset) / step
-becomes
+its index falls: `where(in_region, load(src, shifted index, mask=in_region),
+other)`.  No backend evaluates a `where` lazily (Triton's tl.where, the C++
+temporaries and torch.where all compute both arms), so the load in the arm that
+is not taken carries the arm's own condition as its *mask*: where the mask is
+false it touches no memory (Triton masks the lane, C++ guards the read, the
+reference interpreter reads nothing) and yields 0.  The shifted index is then the
+plain one: along the dim where the region lies, source position
+p = (x - offset) / step, affine when step is 1, and exact wherever the mask holds,
+which is the only place it must be inside the source.  A region that covers the
+whole loop (a crop, an input a cat has alone) needs no mask.
 
-    ModularIndexing(x + d, step, n)  =  ((x + d) // step) % n,
-    d = step * n * M - offset  (M the least making d >= 0)
-
-which equals p whenever x is in the region and is in [0, n) for every x >= 0.
-ModularIndexing is already part of every backend's index language (views of
-reshapes use it), so no new expression kind is needed; and when the region
-covers the whole loop (a crop, the last input of a cat) `simplify_index` proves
-the modulus away and the load is a plain affine one.
-
-The price of loads that are never masked: every output element of a cat reads
-every input (the arms not taken read a wrapped neighbour, mostly from cache).
-Past MAX_CAT_INPUTS inputs that traffic outweighs the write and read a fused
-kernel saves, and cat stays an Extern.
+When realize inlines a masked load of a producer (a cat of `-x[..., 32:]`), the
+mask goes into every load of the producer's body (ir/expr.py `under_mask`) and
+the reader's where on the same condition absorbs the 0 the load would give.
+Each element so reads one input of a cat, as Inductor's masked loads do; it
+still computes every input's test and (masked) load, so past MAX_CAT_INPUTS
+inputs cat stays an Extern.
 
 Sizes and dtypes come from running the aten op on meta tensors, so the result
 is eager's by construction (cat's promotion counts the (0,)-shaped inputs it
@@ -38,7 +35,7 @@ import sympy
 import torch
 
 from coil.ir.expr import Cast, Constant, Expr, IndexExpr, xsyms
-from coil.ir.indexing import ModularIndexing, simplify_index
+from coil.ir.indexing import FloorDiv, ModularIndexing
 from coil.passes.lowerings.registry import (
     LowerCtx,
     TensorValue,
@@ -51,7 +48,9 @@ from coil.passes.lowerings.registry import (
 
 aten = torch.ops.aten
 
-# the most (non-empty) inputs a cat reads in one Pointwise: each element loads them all
+# the most (non-empty) inputs a cat reads in one Pointwise: each element reads
+# one, but tests and issues a masked load for every one (Inductor's
+# max_pointwise_cat_inputs is 8 too)
 MAX_CAT_INPUTS = 8
 
 
@@ -66,12 +65,11 @@ def _meta(target: Any, *args: Any) -> torch.Tensor | None:
     return out if isinstance(out, torch.Tensor) else None
 
 
-def wrapped(x: sympy.Symbol, offset: int, step: int, n: int, extent: int) -> sympy.Expr:
-    """A position in [0, n) for every x in [0, extent), equal to (x - offset) / step
-    wherever that is an integer in [0, n)."""
-    m = 0 if offset <= 0 else -(-offset // (step * n))
-    e = ModularIndexing(x + (step * n * m - offset), step, n)
-    return simplify_index(e, {x: extent})
+def shifted(x: sympy.Symbol, offset: int, step: int) -> sympy.Expr:
+    """The source position (x - offset) / step: exact (and inside the source)
+    where x is in the region, which the load's mask makes the only place it
+    is read."""
+    return x - offset if step == 1 else FloorDiv(x - offset, step)
 
 
 def _index_test(name: str, e: sympy.Expr, bound: int) -> Expr:
@@ -129,12 +127,13 @@ def constant_pad_nd(ctx: LowerCtx, x: TensorValue, pad: Sequence[int], value: An
     index = []
     tests: list[Expr] = []
     for d, (lo, n, extent) in enumerate(zip(lows, x.size, size)):
-        index.append(wrapped(xs[d], lo, 1, n, extent))
+        index.append(shifted(xs[d], lo, 1))
         if lo > 0:
             tests.append(_index_test("ge", xs[d], lo))
         if lo + n < extent:
             tests.append(_index_test("lt", xs[d], lo + n))
-    return ctx.pointwise(size, _select(_all(tests), x.load(index), fill), x.dtype)
+    inside = _all(tests)
+    return ctx.pointwise(size, _select(inside, x.load(index, inside), fill), x.dtype)
 
 
 # ---- cat ---------------------------------------------------------------------------------------
@@ -143,7 +142,8 @@ def constant_pad_nd(ctx: LowerCtx, x: TensorValue, pad: Sequence[int], value: An
 @register_lowering(aten.cat.default)
 def cat(ctx: LowerCtx, tensors: Sequence[Any], dim: int = 0) -> Any:
     """A nested where over the position along `dim`: input k serves positions
-    [offset_k, offset_k + n_k), each read cast to the promoted dtype.  Inputs
+    [offset_k, offset_k + n_k), the test of its arm and the mask of its read,
+    each read cast to the promoted dtype.  Inputs
     eager skips (1-d and empty) take part in the promotion only.  More than
     MAX_CAT_INPUTS inputs decline (module docstring)."""
     if not tensors or not all(is_tensor(t) for t in tensors):
@@ -164,9 +164,10 @@ def cat(ctx: LowerCtx, tensors: Sequence[Any], dim: int = 0) -> Any:
     for t in reversed(parts):  # innermost arm: the last input
         offset -= t.size[d]
         index = list(xs)
-        index[d] = wrapped(xs[d], offset, 1, t.size[d], size[d])
-        value = _as(t.load(index), dtype)
-        body = value if body is None else _select(_index_test("lt", xs[d], offset + t.size[d]), value, body)
+        index[d] = shifted(xs[d], offset, 1)
+        inside = _in_slice(xs[d], offset, t.size[d], 1, size[d])
+        value = _as(t.load(index, inside), dtype)
+        body = value if body is None else _select(inside, value, body)
     assert body is not None
     return ctx.pointwise(size, body, dtype)
 
@@ -187,14 +188,15 @@ def slice_scatter(ctx: LowerCtx, x: TensorValue, src: TensorValue, dim: int = 0,
     if length == 0 or x.numel() == 0:
         return ctx.pointwise(x.size, x.load(xs), x.dtype)
     index = list(xs)
-    index[d] = wrapped(xs[d], begin, stride, length, x.size[d])
+    index[d] = shifted(xs[d], begin, stride)
     cond = _in_slice(xs[d], begin, length, stride, x.size[d])
-    return ctx.pointwise(x.size, _select(cond, _as(src.load(index), x.dtype), x.load(xs)), x.dtype)
+    return ctx.pointwise(x.size, _select(cond, _as(src.load(index, cond), x.dtype), x.load(xs)), x.dtype)
 
 
 @register_lowering(aten.select_scatter.default)
 def select_scatter(ctx: LowerCtx, x: TensorValue, src: TensorValue, dim: int, index: int) -> Any:
-    """x with x.select(dim, index) replaced by src (which lacks that dim)."""
+    """x with x.select(dim, index) replaced by src (which lacks that dim): src's
+    index leaves out `dim`, so it is inside src everywhere and needs no mask."""
     if _meta(aten.select_scatter.default, x, src, dim, index) is None or x.ndim == 0:
         return NotImplemented
     d = normalize_dim(dim, x.ndim)

@@ -50,8 +50,9 @@ class TensorValue:
     def numel(self) -> int:
         return math.prod(self.size)
 
-    def load(self, index: Sequence[sympy.Expr]) -> Expr:
-        return Load(self.name, tuple(index), self.dtype)
+    def load(self, index: Sequence[sympy.Expr], mask: Expr | None = None) -> Expr:
+        """Element `index`; with a `mask`, read only where it holds (0 elsewhere)."""
+        return Load(self.name, tuple(index), self.dtype, mask)
 
     def meta(self) -> torch.Tensor:
         """An empty meta tensor of this shape and dtype (for type promotion)."""
