@@ -42,6 +42,11 @@ class Options:
     # µs (softmax) at 2^20 elements; 70 vs 20 µs (softmax) at 2^16, where launches
     # dominate (bench/probes/long_rows.py)
     split_second_pass: int = 1 << 18
+    # lower: in a graph with 2-d convolutions, compute the tensors around them
+    # channels-last (passes/layout.py); "auto": by target (cpp: on, mkldnn's
+    # convolutions run about 2x faster so on one CPU thread; triton: off until
+    # measured on a GPU), "on", "off"
+    channels_last: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
     # plan_memory
     reorder_for_peak_memory: bool = True
     # kernels
@@ -75,6 +80,12 @@ class Options:
         if self.persistent_reduction_threshold > 0:
             return self.persistent_reduction_threshold
         return 8192 if self.target == "triton" else 1024
+
+    def prefers_channels_last(self) -> bool:
+        """The target's trait for passes/layout.py."""
+        if self.channels_last != "auto":
+            return self.channels_last == "on"
+        return self.target == "cpp"
 
     def fusion_limit(self) -> int:
         if self.max_fusion_size > 0:

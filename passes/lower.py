@@ -11,7 +11,9 @@ tensor of a dtype no target's kernels handle (complex, float8, ...) goes straigh
 to 3, node by node, so the rest of the graph still fuses around it.  Tensor
 constants (get_attr) become inputs that the compiled module holds; an effectful
 call (`with_effects`, e.g. the error check after linalg.inv) runs as an Extern in
-graph order and hands its token on.
+graph order and hands its token on.  Last, `prefer_channels_last`
+(passes/layout.py) lays the tensors around 2-d convolutions out channels-last where
+the target's trait asks for it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from coil.errors import CoilError
 from coil.ir.layout import Layout
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
+from coil.passes.layout import prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, TensorValue, find_lowering
 
@@ -333,7 +336,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
             raise CoilError(f"unsupported FX op {n.op}", stage="lower", node=n.name)
     if len(output_strides) != len(outputs):
         output_strides = (None,) * len(outputs)
-    return LoweredGraph(tuple(ctx.nodes), outputs, output_strides)
+    return prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides), options)
 
 
 def _constant(ctx: LowerCtx, fx: FxGraph, n: torch.fx.Node, device: str) -> Any:

@@ -1,0 +1,274 @@
+"""prefer_channels_last : LoweredGraph -> LoweredGraph
+
+Inductor's layout optimisation (`GraphLowering.decide_layout_opt` and
+`find_nodes_prefer_channels_last`), as a rewrite of the lowered graph.  A vendor
+convolution runs faster on channels-last tensors (one MobileNetV2 layer on one CPU
+thread: mkldnn took 61 µs channels-last against 126 µs contiguous), and it hands
+back a channels-last result when its input is one.  So, in a graph with a 2-d
+convolution:
+
+- a node *prefers* channels-last when it is an input of a convolution, when one of
+  its readers prefers it (conv -> batch_norm -> relu -> conv: the whole chain), or
+  when it reads, directly or not, a convolution's result;
+- a preferred Pointwise or Reduction of rank 4, (N, C, H, W) with C > 1 and H * W > 1,
+  is rewritten into the same computation over (N, H, W, C) (name `<node>__cl`)
+  and a View of it under the node's own name:
+
+      P(ranges [N, C, H, W], body B(x0, x1, x2, x3))
+    ->
+      P__cl(ranges [N, H, W, C], body B(x0, x3, x1, x2))
+      P = View(P__cl, [N, C, H, W], index (x0, x2, x3, x1))
+
+  Readers are untouched: realize substitutes the view, so a kernel that computes
+  P__cl iterates channels innermost and stores contiguously, the readers' loads
+  follow, and an Extern that reads P gets a strided alias with channels-last
+  strides (realize's `extern_input_view`);
+- a convolution whose input is not channels-last by then (a graph input, a view)
+  reads a channels-last copy of it (`<conv>__cl_in`), as Inductor's
+  `require_stride_order` makes one;
+- each convolution Extern's layout is what its meta function gives for those
+  input layouts (channels-last for a channels-last input).  The wrapper already
+  holds an extern's result to its planned layout, so a kernel that answers
+  otherwise costs a copy, never a misread.
+
+Graph outputs keep eager's strides: realize copies an output laid out otherwise
+into the strides the FX graph promises (rule `output_stride`).  A graph that
+returns rank-4 tensors of the channels-last region (a training forward's saved
+activations, a backward's weight gradients) is left as it is: a copy of each
+output a call costs more than the convolutions gain (`_kept_outputs`).
+
+Whether the rewrite runs is the target's trait, `Options.prefers_channels_last()`
+(on for the C++ target, whose convolutions are mkldnn's; off elsewhere until
+measured), never a branch on the target's name here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from coil.ir.expr import Load, read_names, substitute_symbols, xsyms
+from coil.ir.indexing import contiguous_strides
+from coil.ir.layout import Layout
+from coil.ir.lowered import Extern, Input, LNode, LoweredGraph, MultiOutput, Pointwise, Reduction, TensorRef, View
+from coil.ir.lowered import extern_tensor_names, resolve_kernel
+from coil.options import Options
+
+log = logging.getLogger("coil.trace")
+
+# the 2-d convolutions: (kernel, positions of the arguments that are activations)
+CONVOLUTIONS: dict[str, tuple[int, ...]] = {
+    "aten.convolution.default": (0,),
+    "aten.convolution_backward.default": (0, 1),  # grad_output, input
+}
+# their tensors' rank: the permutation below is for 2-d images
+RANK = 4
+# (N, C, H, W) -> (N, H, W, C): the new node's dim k is the old node's dim PERM[k]
+PERM = (0, 2, 3, 1)
+
+
+def channels_last_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a channels-last (N, C, H, W) tensor."""
+    n, c, h, w = size
+    return contiguous_strides((n, h, w, c))[0], 1, w * c, c
+
+
+def _permutable(size: tuple[int, ...]) -> bool:
+    """Rank 4 with channels and pixels both more than one (else the orders agree)."""
+    return len(size) == RANK and size[1] > 1 and size[2] * size[3] > 1
+
+
+def _reads(n: LNode) -> list[str]:
+    match n:
+        case Pointwise() | Reduction():
+            return read_names(n.body)
+        case View():
+            return [n.base]
+        case Extern():
+            return extern_tensor_names((n.args, tuple(v for _, v in n.kwargs)))
+        case MultiOutput():
+            return [n.extern]
+    return []
+
+
+def _convolutions(g: LoweredGraph) -> list[Extern]:
+    out = []
+    for n in g.nodes:
+        if isinstance(n, Extern) and n.kernel in CONVOLUTIONS:
+            acts = [n.args[i] for i in CONVOLUTIONS[n.kernel]]
+            if all(isinstance(a, TensorRef) and len(g.node(a.name).size) == RANK for a in acts):
+                out.append(n)
+    return out
+
+
+def preferred(g: LoweredGraph, convs: list[Extern]) -> set[str]:
+    """The nodes that prefer channels-last (module docstring): the convolutions'
+    activations and everything upstream of them, and everything downstream of
+    a convolution's result."""
+    readers: dict[str, list[str]] = {}
+    for n in g.nodes:
+        for r in _reads(n):
+            readers.setdefault(r, []).append(n.name)
+    up = [a.name for c in convs for i in CONVOLUTIONS[c.kernel] for a in (c.args[i],) if isinstance(a, TensorRef)]
+    down = [c.name for c in convs]
+    out: set[str] = set()
+    while up:
+        name = up.pop()
+        if name not in out:
+            out.add(name)
+            up.extend(_reads(g.node(name)))
+    seen: set[str] = set()
+    while down:
+        name = down.pop()
+        if name not in seen:
+            seen.add(name)
+            down.extend(readers.get(name, []))
+    return out | seen
+
+
+def _permuted(n: Pointwise | Reduction, name: str) -> Pointwise | Reduction:
+    """The node over (N, H, W, C): its dim k is the old dim PERM[k]."""
+    xs = xsyms(RANK)
+    old_to_new = {xs[old]: xs[new] for new, old in enumerate(PERM)}
+    body = substitute_symbols(n.body, old_to_new)
+    ranges = tuple(n.ranges[d] for d in PERM)
+    if isinstance(n, Pointwise):
+        return Pointwise(name, n.dtype, n.device, ranges, body, n.origin, n.op)
+    return Reduction(name, n.dtype, n.device, ranges, n.reduction_ranges, n.reduction_type, body, n.origin, n.op)
+
+
+def _kept_outputs(g: LoweredGraph, prefer: set[str]) -> list[str]:
+    """Graph outputs of rank 4 that would be channels-last: each must come back in
+    eager's strides, a copy a call.  A training forward returns its saved
+    activations so, a backward its weight gradients; there the copies and the
+    mixed layouts of convolution_backward cost more than the convolutions gain
+    (MobileNetV2 at the CPU size, one thread, module times: forward 5.7 -> 8.0 ms,
+    backward 7.0 -> 10.8 ms of externs), so such a graph is left contiguous."""
+    out = []
+    for o in g.outputs:
+        n = g.node(o) if o is not None else None
+        if n is None or o not in prefer or (isinstance(n, Extern) and n.layout is None):
+            continue
+        if _permutable(tuple(n.size)):
+            out.append(n.name)
+    return out
+
+
+def _view_of(base: str, n: Pointwise | Reduction) -> View:
+    """n's (N, C, H, W) view of a node laid out (N, H, W, C)."""
+    xs = xsyms(RANK)
+    index = tuple(xs[PERM[k]] for k in range(RANK))
+    return View(n.name, base, n.dtype, n.device, n.size, index, n.origin, n.op)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    k, out = 0, name
+    while out in taken:
+        k += 1
+        out = f"{name}{k}"
+    taken.add(out)
+    return out
+
+
+def _meta_layout(ext: Extern, layouts: dict[str, Layout], device: str) -> Any:
+    """The Extern's result layouts (a Layout, or a tuple for a tuple result) as
+    its meta function gives them for its arguments' layouts."""
+
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+    def fake(a: Any) -> Any:
+        if isinstance(a, TensorRef):
+            lay = layouts[a.name]
+            return torch.empty_strided(lay.size, lay.stride, dtype=lay.dtype, device=device)
+        if isinstance(a, tuple):
+            return [fake(x) for x in a]
+        return a
+
+    # fake tensors of the graph's device, not meta ones: a meta function picks
+    # its result's memory format by the device (meta tensors come back contiguous)
+    with unset_fake_temporarily(), FakeTensorMode():
+        out = resolve_kernel(ext.kernel)(*[fake(a) for a in ext.args], **{k: fake(v) for k, v in ext.kwargs})
+    if isinstance(out, torch.Tensor):
+        return Layout(tuple(out.shape), tuple(out.stride()), out.dtype, device)
+    return tuple(None if t is None else Layout(tuple(t.shape), tuple(t.stride()), t.dtype, device) for t in out)
+
+
+def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
+    """Rewrite the preferred rank-4 nodes to compute channels-last (module docstring)."""
+    if not options.prefers_channels_last():
+        return g
+    convs = _convolutions(g)
+    if not convs:
+        return g
+    prefer = preferred(g, convs)
+    kept = _kept_outputs(g, prefer)
+    if kept:
+        log.debug("prefer_channels_last: none, the graph returns %s in eager's strides", ", ".join(kept[:4]))
+        return g
+    taken = {n.name for n in g.nodes}
+    # each node's layout as the convolutions will see it: channels-last for the
+    # rewritten nodes, the node's own for inputs and externs, else contiguous
+    layouts: dict[str, Layout] = {}
+    nodes: list[LNode] = []
+    conv_names = {c.name for c in convs}
+    tuple_results: dict[str, tuple[Layout | None, ...]] = {}
+    for n in g.nodes:
+        if isinstance(n, (Pointwise, Reduction)) and n.name in prefer and _permutable(n.size):
+            inner = _permuted(n, _fresh(f"{n.name}__cl", taken))
+            nodes += [inner, _view_of(inner.name, n)]
+            layouts[n.name] = Layout(n.size, channels_last_strides(n.size), n.dtype, n.device)
+            log.debug("prefer_channels_last %s -> %s over %s", n.name, inner.name, list(inner.ranges))
+            continue
+        if isinstance(n, Extern) and n.name in conv_names:
+            n, items = _channels_last_conv(n, g, layouts, nodes, taken)
+            if items is not None:
+                tuple_results[n.name] = items
+        if isinstance(n, MultiOutput) and n.extern in tuple_results and len(n.index) == 1:
+            lay = tuple_results[n.extern][n.index[0]]
+            n = MultiOutput(n.name, n.extern, n.index, lay if lay is not None else n.layout, n.origin, n.op)
+        nodes.append(n)
+        match n:
+            case Input() | MultiOutput():
+                layouts[n.name] = n.layout
+            case Extern() if n.layout is not None:
+                layouts[n.name] = n.layout
+            case Pointwise() | Reduction() | View():
+                layouts[n.name] = Layout.contiguous(n.size, n.dtype, n.device)
+    return LoweredGraph(tuple(nodes), g.outputs, g.output_strides)
+
+
+def _channels_last_conv(c: Extern, g: LoweredGraph, layouts: dict[str, Layout], nodes: list[LNode],
+                        taken: set[str]) -> tuple[Extern, tuple[Layout | None, ...] | None]:
+    """The convolution reading a channels-last copy of an input that is not one,
+    with the layout its meta function gives (for a tuple result, the layouts of
+    its items, which the MultiOutputs after it take)."""
+    args = list(c.args)
+    for i in CONVOLUTIONS[c.kernel]:
+        ref = args[i]
+        assert isinstance(ref, TensorRef)
+        lay = layouts[ref.name]
+        if not _permutable(lay.size) or lay.stride == channels_last_strides(lay.size):
+            continue
+        src = g.node(ref.name)
+        xs = xsyms(RANK)
+        # the copy over (N, H, W, C): element (n, h, w, c) is src[n, c, h, w]
+        body = Load(ref.name, (xs[0], xs[3], xs[1], xs[2]), lay.dtype)
+        copy = Pointwise(_fresh(f"{c.name}__cl_in{i}", taken), lay.dtype, lay.device,
+                         tuple(lay.size[d] for d in PERM), body, c.origin, "channels_last")
+        view = View(_fresh(f"{copy.name}_view", taken), copy.name, lay.dtype, lay.device, lay.size,
+                    tuple(xs[PERM[k]] for k in range(RANK)), c.origin, "channels_last")
+        nodes += [copy, view]
+        layouts[view.name] = Layout(lay.size, channels_last_strides(lay.size), lay.dtype, lay.device)
+        args[i] = TensorRef(view.name)
+        log.debug("prefer_channels_last %s reads a channels-last copy of %s (%s)", c.name, src.name, copy.name)
+    c = Extern(c.name, c.kernel, tuple(args), c.kwargs, c.layout, c.origin, c.op, c.mutated, c.sized_by_data)
+    try:
+        result = _meta_layout(c, layouts, c.layout.device if c.layout is not None else "cpu")
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:  # keep the traced layout
+        log.debug("prefer_channels_last %s: no meta layout (%s)", c.name, e)
+        return c, None
+    if isinstance(result, Layout):
+        return Extern(c.name, c.kernel, c.args, c.kwargs, result, c.origin, c.op, c.mutated, c.sized_by_data), None
+    return c, result

@@ -1,0 +1,165 @@
+"""passes/layout.py: the channels-last decision around 2-d convolutions.
+
+The decision is pinned where it is made, in the printed LoweredGraph (golden
+text), and checked against eager by running the C++ target: results, and the
+strides of the graph's outputs, equal eager's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from golden_util import assert_golden
+from tests_helpers import target_available
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import coil
+from coil.ir.lowered import Extern, LoweredGraph, Pointwise, View
+from coil.ir.printer import show
+from coil.passes.layout import channels_last_strides, prefer_channels_last
+
+
+def _block(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A MobileNet-like block: pad, conv, per-channel scale, relu6, depthwise conv,
+    a residual add, then a global pool (the graph's output is rank 2)."""
+    y = F.conv2d(F.pad(x, (0, 1, 0, 1)), w1, stride=1)
+    y = (y * scale.view(1, -1, 1, 1)).clamp(0, 6)
+    z = F.conv2d(y, w2, padding=1, groups=w2.shape[0]) + y
+    return z.mean(dim=(2, 3))
+
+
+def _block_inputs() -> list[torch.Tensor]:
+    return [torch.randn(2, 3, 6, 6), torch.randn(4, 3, 2, 2), torch.randn(4, 1, 3, 3), torch.rand(4) + 0.5]
+
+
+def _lower(fn, inputs: list[torch.Tensor], **options: object) -> LoweredGraph:
+    gm = make_fx(fn)(*inputs)
+    out = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target="cpp", **options))
+    assert isinstance(out, LoweredGraph)
+    return out
+
+
+def test_block_lowers_channels_last_golden() -> None:
+    """The cpp target's trait turns it on: the pad and the pointwise chain compute
+    over (N, H, W, C) under `__cl` names, each with a View under its own name, and
+    each convolution's layout is channels-last."""
+    g = _lower(_block, _block_inputs())
+    assert_golden("layout_channels_last_lower.txt", show(g))
+    convs = [n for n in g.nodes if isinstance(n, Extern) and n.kernel == "aten.convolution.default"]
+    assert len(convs) == 2
+    for c in convs:
+        assert c.layout is not None and c.layout.stride == channels_last_strides(c.layout.size)
+    pad = g.node("constant_pad_nd__cl")
+    assert isinstance(pad, Pointwise) and pad.ranges == (2, 7, 7, 3)
+    assert isinstance(g.node("constant_pad_nd"), View)
+
+
+def test_realize_hands_convolutions_channels_last_aliases() -> None:
+    """After realize, every convolution reads an alias with channels-last strides of
+    a buffer laid out (N, H, W, C); the output keeps eager's strides."""
+    inputs = _block_inputs()
+    gm = make_fx(_block)(*inputs)
+    bg = coil.default_pipeline().run(gm, inputs, until="realize", options=coil.Options(target="cpp"))
+    by_name = {b.name: b for b in bg.buffers}
+    convs = [b for b in bg.buffers if getattr(b, "kernel", "") == "aten.convolution.default"]
+    assert len(convs) == 2
+    for c in convs:
+        x = by_name[c.args[0].name]
+        assert x.rule == "extern_input_view"
+        assert x.layout.stride == channels_last_strides(x.layout.size)
+        assert c.layout.stride == channels_last_strides(c.layout.size)
+    (out,) = bg.outputs
+    assert by_name[out].layout.stride == (4, 1)
+
+
+def test_convolution_of_a_graph_input_reads_a_channels_last_copy() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, w).relu().amax(dim=(2, 3))
+
+    g = _lower(fn, [torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)])
+    copy, view = g.node("convolution__cl_in0"), g.node("convolution__cl_in0_view")
+    assert isinstance(copy, Pointwise) and copy.ranges == (2, 6, 6, 3)
+    assert isinstance(view, View) and view.base == copy.name
+    conv = g.node("convolution")
+    assert isinstance(conv, Extern) and conv.args[0].name == view.name
+
+
+def test_trait_off_leaves_the_graph() -> None:
+    """Off (the option, or a target whose trait is off) the pass is the identity."""
+    inputs = _block_inputs()
+    off = _lower(_block, inputs, channels_last="off")
+    assert not any(n.name.endswith("__cl") for n in off.nodes)
+    assert prefer_channels_last(off, coil.Options(target="triton")) is off
+    assert prefer_channels_last(off, coil.Options(target="cpp")) != off
+
+
+def test_graph_returning_rank4_activations_is_left_alone() -> None:
+    """A graph that returns a rank-4 tensor of the convolutions' region (as a
+    training forward returns its saved activations) stays contiguous: each such
+    output would cost a copy into eager's strides."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.conv2d(x, w).relu()
+        return y, y.sum()
+
+    g = _lower(fn, [torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)])
+    assert not any(n.name.endswith("__cl") for n in g.nodes)
+
+
+@pytest.mark.skipif(not target_available("cpp"), reason="no C++ compiler")
+def test_block_matches_eager_on_cpp() -> None:
+    inputs = _block_inputs()
+    gm = make_fx(_block)(*inputs)
+    compiled = coil.compile_graph(gm, inputs, options=coil.Options(target="cpp"))
+    (got,) = compiled(*inputs)
+    want = _block(*inputs)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+
+
+class _ConvNet(torch.nn.Module):
+    """Conv, batch norm, relu, a strided depthwise conv, a 1x1 conv with a residual,
+    max pooling, and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.dw = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+        self.pw = torch.nn.Conv2d(8, 8, 1)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.stem(x)))
+        y = F.relu6(self.dw(y))
+        y = self.pw(y) + y
+        y = F.max_pool2d(y, 2)
+        return self.head(y.flatten(2).mean(-1))
+
+
+@pytest.mark.skipif(not target_available("cpp"), reason="no C++ compiler")
+def test_conv_net_through_torch_compile_matches_eager() -> None:
+    """Inference (channels-last inside) and a training step (forward and backward
+    through AOTAutograd) against eager."""
+    torch.manual_seed(0)
+    model = _ConvNet()
+    x = torch.randn(2, 3, 16, 16)
+    opts = {"target": "cpp", "eager_fallback": False, "graph_cache": False}
+    model.eval()
+    compiled = torch.compile(model, backend="coil", options=opts)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    model.train()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="coil", options=opts)
+    ref = {}
+    loss = model(x).square().sum()
+    loss.backward()
+    for n, p in model.named_parameters():
+        ref[n] = p.grad.clone()
+        p.grad = None
+    got_loss = compiled(x).square().sum()
+    got_loss.backward()
+    torch.testing.assert_close(got_loss, loss)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], msg=n)
