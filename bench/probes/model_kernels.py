@@ -1,0 +1,82 @@
+"""Device probe: a real model's step kernel by kernel, Inductor against coil.  For
+each model named on the command line (bench/hf_models.py names; default llama) and
+the mode in $MODE (train, the default, or infer), at the models suite's `small`
+size in bf16: each compiler's kernels by total GPU time a step (the profiler), and
+a table of the kernel families (matmul, attention, Triton pointwise/reduction,
+other) so the gap shows by family.  Both compilers' generated sources are written
+to $OUT/<model>-<compiler>-<n>.py so the slow kernels can be read afterwards.  Run
+from the repository root on a CUDA machine."""
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from bench.hf_models import SIZES, make_case  # noqa: E402
+from bench.models import step_call  # noqa: E402
+from bench.probes.common import OUT  # noqa: E402
+from bench.variants import Capture, first_call, make_callable  # noqa: E402
+
+STEPS = 10
+
+
+def family(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("gemm", "cutlass", "sm90", "xmma", "cublas", "matmul")):
+        return "matmul"
+    if "flash" in n or "fmha" in n or "attention" in n:
+        return "attention"
+    if n.startswith("triton") or n.startswith("coil") or "_kernel" in n:
+        return "triton"
+    return "other"
+
+
+def kernels(step) -> list[tuple[str, int, float]]:
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count // STEPS, e.device_time_total / STEPS) for e in p.key_averages()
+            if e.device_type.name == "CUDA" and e.count]
+    rows.sort(key=lambda r: -r[2])
+    return rows
+
+
+def main():
+    mode = os.environ.get("MODE", "train")
+    for name in sys.argv[1:] or ["llama"]:
+        fams = {}
+        for v in ("inductor", "coil"):
+            torch._dynamo.reset()
+            model, inputs = make_case(name, mode, "cuda", size=SIZES["small"], dtype=torch.bfloat16)
+            f = make_callable(v, model, "triton")
+            step = step_call(f, model, inputs, mode, False)
+            cap = Capture()
+            first_call(v, step, cap)
+            sources = cap.inductor_code if v == "inductor" else [g.source for g in cap.coil_graphs if g is not None]
+            for i, s in enumerate(sources):
+                with open(os.path.join(OUT, f"{name}-{mode}-{v}-{i}.py"), "w") as fh:
+                    fh.write(s)
+            rows = kernels(step)
+            total = sum(r[2] for r in rows)
+            print(f"== {name} {mode} {v}: kernels {total:.0f} us a step, {sum(r[1] for r in rows)} launches",
+                  flush=True)
+            for k, n, us in rows[:40]:
+                print(f"   {us:8.1f} us  x{n:<3d} {k[:110]}", flush=True)
+            fam = {}
+            for k, n, us in rows:
+                c, t = fam.get(family(k), (0, 0.0))
+                fam[family(k)] = (c + n, t + us)
+            fams[v] = fam
+        print(f"== {name} {mode} by family: launches and us, inductor / coil", flush=True)
+        for k in sorted(set(fams["inductor"]) | set(fams["coil"])):
+            a, b = fams["inductor"].get(k, (0, 0.0)), fams["coil"].get(k, (0, 0.0))
+            print(f"   {k:10s} {a[0]:4d} / {b[0]:4d}   {a[1]:8.1f} / {b[1]:8.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
