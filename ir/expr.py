@@ -478,9 +478,11 @@ def under_mask(expr: Expr, mask: Expr) -> Expr:
     def fn(node: Expr) -> Expr | None:
         if isinstance(node, (Load, IndirectLoad)):
             return attrs.evolve(node, mask=both(node.mask))
-        if isinstance(node, Check):  # even a proven one: its proof assumed the unshifted positions
-            safe = Constant(1 if node.kind == "divisor" else 0, node.arg.dtype)
-            return attrs.evolve(node, arg=Op("where", (mask, node.arg, safe), node.arg.dtype))
+        if isinstance(node, Check) and node.kind == "divisor":
+            # even a proven one: its proof assumed the unshifted positions
+            return attrs.evolve(node, arg=Op("where", (mask, node.arg, Constant(1, node.arg.dtype)), node.arg.dtype))
+        if isinstance(node, Check):  # position 0: what a load under `mask` gives already
+            return attrs.evolve(node, arg=masked_value(node.arg, mask))
         return None
 
     return rewrite(expr, fn)

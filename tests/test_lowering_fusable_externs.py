@@ -326,6 +326,35 @@ def test_rotary_with_masked_loads_matches_eager(target: str, transposed: bool) -
         assert all("%" not in ln for ln in loads_of_x), loads_of_x
 
 
+def checked_regions(w: torch.Tensor, idx: torch.Tensor, y: torch.Tensor, n: torch.Tensor,
+                    d: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Producers with run-time checks inlined under a region's mask: an
+    embedding's index, an integer division's divisor."""
+    return (torch.cat([F.embedding(idx, w), y], -1), F.pad(n // d, (1, 2), value=7), torch.cat([y, y * 0 + 1], 0))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_checks_inlined_under_a_mask_run_only_where_it_holds(target: str) -> None:
+    """Where the mask is false, the masked loads give 0: the checks that read them
+    see position 0 and divisor 1 there, so they neither raise nor read, while
+    an index out of range where the mask holds raises eager's error."""
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    inputs = [torch.randn(10, 6), torch.randint(0, 10, (4, 3)), torch.randn(4, 3, 5),
+              torch.randint(-50, 50, (3, 8)), torch.randint(1, 5, (3, 8))]
+    gm = make_fx(checked_regions)(*inputs)
+    bg = coil.default_pipeline().run(gm, inputs, until="realize", options=coil.Options(target=target))
+    assert "load idx_1[x0, x1] if t1" in show(bg), show(bg)
+    compiled = coil.compile_graph(gm, inputs, coil.Options(target=target))
+    for got, want in zip(compiled(*inputs), checked_regions(*inputs)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    bad = list(inputs)
+    bad[1] = inputs[1].clone()
+    bad[1][2, 1] = 12
+    with pytest.raises(IndexError, match="index out of range in self"):
+        compiled(*bad)
+
+
 # ---- through torch.compile, forward and backward --------------------------------------------------
 
 
