@@ -31,7 +31,7 @@ import coil
 from coil.backends.reference import gather
 from coil.errors import CoilError
 from coil.ir.bounds import load_in_bounds
-from coil.ir.expr import Load, loads, xsyms
+from coil.ir.expr import IndirectLoad, Load, loads, walk, xsyms
 from coil.ir.lowered import Pointwise, Reduction
 from coil.ir.printer import show
 from coil.passes.lowerings.regions import MAX_CAT_INPUTS
@@ -345,6 +345,13 @@ def test_checks_inlined_under_a_mask_run_only_where_it_holds(target: str) -> Non
     gm = make_fx(checked_regions)(*inputs)
     bg = coil.default_pipeline().run(gm, inputs, until="realize", options=coil.Options(target=target))
     assert "load idx_1[x0, x1] if t1" in show(bg), show(bg)
+    size = {i.name: i.layout.size for i in bg.inputs}
+    for b in bg.buffers:
+        ranges = dict(zip(xsyms(len(b.ranges)), b.ranges))
+        reads = [e for e in walk(b.body) if isinstance(e, (Load, IndirectLoad))]
+        assert any(isinstance(e, IndirectLoad) and e.mask is not None for e in reads) or b.name != "buf0"
+        for ld in reads:
+            assert load_in_bounds(ld, size[ld.name], ranges), (b.name, ld)
     compiled = coil.compile_graph(gm, inputs, coil.Options(target=target))
     for got, want in zip(compiled(*inputs), checked_regions(*inputs)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
