@@ -552,6 +552,10 @@ def test_looped_reduction_with_a_tail(device: str) -> None:
 def test_reduction_heuristics() -> None:
     assert runtime.heuristic_config("reduction", 1, 16384) == runtime.LaunchConfig(1, 8192, 16)
     assert runtime.heuristic_config("reduction", 16384, 32000) == runtime.LaunchConfig(1, 1024, 2)
+    # long rows of an odd length (no row start 16-byte aligned: element-wise loads): 16 warps
+    assert runtime.heuristic_config("reduction", 4096, 16383) == runtime.LaunchConfig(1, 1024, 16)
+    assert runtime.heuristic_config("reduction", 4096, 16384) == runtime.LaunchConfig(1, 1024, 2)
+    assert runtime.heuristic_config("reduction", 4096, 3001).num_warps == 2
     assert runtime.heuristic_config("persistent", 32768, 4096) == runtime.LaunchConfig(1, 4096, 4)
     # a chain of row reductions: one row a program, a warp per 1024 elements
     assert runtime.heuristic_config("persistent", 1024, 1024, reductions=2) == runtime.LaunchConfig(4, 1024, 4)
@@ -822,11 +826,15 @@ def test_column_reductions_split_over_blocks_of_columns(device: str) -> None:
                      atol=1e-3, rtol=1e-4)
     assert "[(20, 3)](" in _launches(compiled)[0]
     check(lambda a: a.sum((0, 1)), [x.view(25, 100, 70)], atol=1e-3, rtol=1e-4)  # two leading dims as rows
+    # ViT's LayerNorm weight gradient: 1576 rows (from COLUMN_SPLIT_MIN) of 512 columns split too
+    vit = torch.randn(1576, 512, generator=g).to(device)
+    first, combine = _launches(check(lambda a, b: (a * b).sum(0), [vit, vit * 0.5], atol=1e-3, rtol=1e-4))
+    assert "[(13, 16)](" in first and "_combine[(16,)](" in combine, (first, combine)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_short_or_wide_column_reductions_loop_without_splitting(device: str) -> None:
-    """Columns shorter than 2048 rows, or more column blocks than the split's 1024
+    """Columns shorter than 1024 rows, or more column blocks than the split's 1024
     programs, run as one looped kernel with 32 columns a program; a second pass
     over the columns (softmax(0)) keeps its reductions and passes correct."""
     x = torch.randn(600, 70, device=device)

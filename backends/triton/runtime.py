@@ -105,6 +105,9 @@ def _warps(elements: int, most: int = 8) -> int:
     return max(1, min(most, next_power_of_2(elements) // 512))
 
 
+# looped rows at least this long whose length is not a multiple of 8 elements
+UNALIGNED_ROWS_MIN = 4096
+
 # a persistent kernel with this many row reductions is a chain that waits on each one
 CHAIN_REDUCTIONS = 8
 
@@ -149,6 +152,12 @@ def heuristic_config(kind: str, xnumel: int, rnumel: int, reductions: int = 1) -
     # 32000-wide rows runs fastest so)
     rblock = min(1024, next_power_of_2(rnumel))
     xblock = max(1, min(x, 1024 // rblock))
+    if rnumel >= UNALIGNED_ROWS_MIN and rnumel % 8:
+        # rows whose starts are not 16 bytes apart load element by element, eight
+        # times the load instructions of a vector load: 16 warps issue them (H200,
+        # Wav2Vec2's GroupNorm of 4096 rows of 16383: 388 µs on 2 warps, 200 on 16;
+        # bench/probes/long_row_norm.py)
+        return LaunchConfig(xblock, rblock, 16)
     return LaunchConfig(xblock, rblock, _warps(xblock * rblock))
 
 
