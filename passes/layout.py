@@ -7,9 +7,12 @@ thread: mkldnn took 61 µs channels-last against 126 µs contiguous), and it han
 back a channels-last result when its input is one.  So, in a graph with a 2-d
 convolution:
 
-- a node *prefers* channels-last when it is an input of a convolution, when one of
-  its readers prefers it (conv -> batch_norm -> relu -> conv: the whole chain), or
-  when it reads, directly or not, a convolution's result;
+- a node *prefers* channels-last when it is an input of a convolution, when a
+  reader that prefers it reads it channel by channel (conv -> batch_norm -> relu
+  -> conv: the whole chain), or when it reads a convolution's result, directly or
+  not, channel by channel.  A read that moves the channel dim (ConvNeXt's permute
+  to (N, H, W, C) before its layer norm, a reduction over channels) ends the
+  region: that tensor is already laid out for its readers;
 - a preferred Pointwise or Reduction of rank 4, (N, C, H, W) with C > 1 and H * W > 1,
   is rewritten into the same computation over (N, H, W, C) (name `<node>__cl`)
   and a View of it under the node's own name:
@@ -23,9 +26,10 @@ convolution:
   P__cl iterates channels innermost and stores contiguously, the readers' loads
   follow, and an Extern that reads P gets a strided alias with channels-last
   strides (realize's `extern_input_view`);
-- a convolution whose input is not channels-last by then (a graph input, a view)
-  reads a channels-last copy of it (`<conv>__cl_in`), as Inductor's
-  `require_stride_order` makes one;
+- a convolution whose input or weight is not channels-last by then (a graph
+  input, a parameter, a view) reads a channels-last copy of it
+  (`<conv>__cl_in<i>`, i the argument's position), as Inductor's
+  `require_stride_order` makes one (a 1x1 or depthwise weight is both already);
 - each convolution Extern's layout is what its meta function gives for those
   input layouts (channels-last for a channels-last input).  The wrapper already
   holds an extern's result to its planned layout, so a kernel that answers
@@ -34,7 +38,7 @@ convolution:
 Graph outputs keep eager's strides: realize copies an output laid out otherwise
 into the strides the FX graph promises (rule `output_stride`).  A graph that
 returns rank-4 tensors of the channels-last region (a training forward's saved
-activations, a backward's weight gradients) is left as it is: a copy of each
+activations) is left as it is: a copy of each
 output a call costs more than the convolutions gain (`_kept_outputs`).
 
 Whether the rewrite runs is the target's trait, `Options.prefers_channels_last()`
@@ -49,20 +53,26 @@ from typing import Any
 
 import torch
 
-from coil.ir.expr import Load, read_names, substitute_symbols, xsyms
+from coil.ir.expr import Load, loads, substitute_symbols, xsyms
 from coil.ir.indexing import contiguous_strides
 from coil.ir.layout import Layout
 from coil.ir.lowered import Extern, Input, LNode, LoweredGraph, MultiOutput, Pointwise, Reduction, TensorRef, View
-from coil.ir.lowered import extern_tensor_names, resolve_kernel
+from coil.ir.lowered import resolve_kernel
 from coil.options import Options
 
 log = logging.getLogger("coil.trace")
 
-# the 2-d convolutions: (kernel, positions of the arguments that are activations)
+# the 2-d convolutions: (kernel, positions of the arguments that are activations).
+# Not convolution_backward: a backward graph reads its activations as saved by the
+# forward, in eager's strides (see _kept_outputs), so it would copy each of them
 CONVOLUTIONS: dict[str, tuple[int, ...]] = {
     "aten.convolution.default": (0,),
-    "aten.convolution_backward.default": (0, 1),  # grad_output, input
 }
+# the arguments a convolution gets channels-last: its input and its weight (mkldnn
+# reorders a contiguous weight for a channels-last input on every call: ResNet's
+# twelve convolutions at the CPU size, one thread, 845 µs contiguous, 957 µs with a
+# channels-last input alone, 680 µs with the weight channels-last too)
+CHANNELS_LAST_ARGS = (0, 1)
 # their tensors' rank: the permutation below is for 2-d images
 RANK = 4
 # (N, C, H, W) -> (N, H, W, C): the new node's dim k is the old node's dim PERM[k]
@@ -80,19 +90,6 @@ def _permutable(size: tuple[int, ...]) -> bool:
     return len(size) == RANK and size[1] > 1 and size[2] * size[3] > 1
 
 
-def _reads(n: LNode) -> list[str]:
-    match n:
-        case Pointwise() | Reduction():
-            return read_names(n.body)
-        case View():
-            return [n.base]
-        case Extern():
-            return extern_tensor_names((n.args, tuple(v for _, v in n.kwargs)))
-        case MultiOutput():
-            return [n.extern]
-    return []
-
-
 def _convolutions(g: LoweredGraph) -> list[Extern]:
     out = []
     for n in g.nodes:
@@ -103,13 +100,36 @@ def _convolutions(g: LoweredGraph) -> list[Extern]:
     return out
 
 
+def _aligned(index: tuple[Any, ...]) -> bool:
+    """A rank-4 index that keeps the channel dim where it is: channel x1 of the
+    reader is channel x1 of what it reads, and no other position uses x1."""
+    c = xsyms(RANK)[1]
+    return (len(index) == RANK and index[1] == c
+            and not any(c in getattr(i, "free_symbols", ()) for k, i in enumerate(index) if k != 1))
+
+
+def aligned_reads(n: LNode) -> set[str]:
+    """What a rank-4 Pointwise, Reduction or View reads channel by channel, (N, C,
+    H, W) as (N, C, H, W): the producers the channels-last region extends to.  A
+    read that moves the channel dim (a permute to (N, H, W, C), a reduction over
+    channels) ends the region."""
+    match n:
+        case Pointwise() | Reduction() if len(n.ranges) == RANK:
+            found = loads(n.body)
+            bad = {ld.name for ld in found if not _aligned(ld.index)}
+            return {ld.name for ld in found if len(ld.index) == RANK} - bad
+        case View() if len(n.ranges) == RANK:
+            return {n.base} if _aligned(n.index) else set()
+    return set()
+
+
 def preferred(g: LoweredGraph, convs: list[Extern]) -> set[str]:
     """The nodes that prefer channels-last (module docstring): the convolutions'
-    activations and everything upstream of them, and everything downstream of
-    a convolution's result."""
+    activations, their producers, and the readers of a convolution's result,
+    transitively, as far as the reads keep the channel dim in place (`aligned_reads`)."""
     readers: dict[str, list[str]] = {}
     for n in g.nodes:
-        for r in _reads(n):
+        for r in aligned_reads(n):
             readers.setdefault(r, []).append(n.name)
     up = [a.name for c in convs for i in CONVOLUTIONS[c.kernel] for a in (c.args[i],) if isinstance(a, TensorRef)]
     down = [c.name for c in convs]
@@ -118,7 +138,7 @@ def preferred(g: LoweredGraph, convs: list[Extern]) -> set[str]:
         name = up.pop()
         if name not in out:
             out.add(name)
-            up.extend(_reads(g.node(name)))
+            up.extend(aligned_reads(g.node(name)))
     seen: set[str] = set()
     while down:
         name = down.pop()
@@ -142,10 +162,10 @@ def _permuted(n: Pointwise | Reduction, name: str) -> Pointwise | Reduction:
 def _kept_outputs(g: LoweredGraph, prefer: set[str]) -> list[str]:
     """Graph outputs of rank 4 that would be channels-last: each must come back in
     eager's strides, a copy a call.  A training forward returns its saved
-    activations so, a backward its weight gradients; there the copies and the
-    mixed layouts of convolution_backward cost more than the convolutions gain
-    (MobileNetV2 at the CPU size, one thread, module times: forward 5.7 -> 8.0 ms,
-    backward 7.0 -> 10.8 ms of externs), so such a graph is left contiguous."""
+    activations so; there the copies cost more than the convolutions gain
+    (MobileNetV2 at the CPU size, one thread, module times with the forward and
+    backward both channels-last: forward 5.7 -> 8.0 ms, backward 7.0 -> 10.8 ms of
+    externs), so such a graph is left contiguous."""
     out = []
     for o in g.outputs:
         n = g.node(o) if o is not None else None
@@ -172,9 +192,9 @@ def _fresh(name: str, taken: set[str]) -> str:
     return out
 
 
-def _meta_layout(ext: Extern, layouts: dict[str, Layout], device: str) -> Any:
-    """The Extern's result layouts (a Layout, or a tuple for a tuple result) as
-    its meta function gives them for its arguments' layouts."""
+def _meta_layout(ext: Extern, layouts: dict[str, Layout], device: str) -> Layout:
+    """The Extern's result layout as its meta function gives it for its
+    arguments' layouts."""
 
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
@@ -190,9 +210,9 @@ def _meta_layout(ext: Extern, layouts: dict[str, Layout], device: str) -> Any:
     # its result's memory format by the device (meta tensors come back contiguous)
     with unset_fake_temporarily(), FakeTensorMode():
         out = resolve_kernel(ext.kernel)(*[fake(a) for a in ext.args], **{k: fake(v) for k, v in ext.kwargs})
-    if isinstance(out, torch.Tensor):
-        return Layout(tuple(out.shape), tuple(out.stride()), out.dtype, device)
-    return tuple(None if t is None else Layout(tuple(t.shape), tuple(t.stride()), t.dtype, device) for t in out)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{ext.kernel} returned {type(out).__name__}")
+    return Layout(tuple(out.shape), tuple(out.stride()), out.dtype, device)
 
 
 def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
@@ -213,7 +233,6 @@ def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
     layouts: dict[str, Layout] = {}
     nodes: list[LNode] = []
     conv_names = {c.name for c in convs}
-    tuple_results: dict[str, tuple[Layout | None, ...]] = {}
     for n in g.nodes:
         if isinstance(n, (Pointwise, Reduction)) and n.name in prefer and _permutable(n.size):
             inner = _permuted(n, _fresh(f"{n.name}__cl", taken))
@@ -222,12 +241,7 @@ def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
             log.debug("prefer_channels_last %s -> %s over %s", n.name, inner.name, list(inner.ranges))
             continue
         if isinstance(n, Extern) and n.name in conv_names:
-            n, items = _channels_last_conv(n, g, layouts, nodes, taken)
-            if items is not None:
-                tuple_results[n.name] = items
-        if isinstance(n, MultiOutput) and n.extern in tuple_results and len(n.index) == 1:
-            lay = tuple_results[n.extern][n.index[0]]
-            n = MultiOutput(n.name, n.extern, n.index, lay if lay is not None else n.layout, n.origin, n.op)
+            n = _channels_last_conv(n, layouts, nodes, taken)
         nodes.append(n)
         match n:
             case Input() | MultiOutput():
@@ -239,19 +253,17 @@ def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
     return LoweredGraph(tuple(nodes), g.outputs, g.output_strides)
 
 
-def _channels_last_conv(c: Extern, g: LoweredGraph, layouts: dict[str, Layout], nodes: list[LNode],
-                        taken: set[str]) -> tuple[Extern, tuple[Layout | None, ...] | None]:
+def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode], taken: set[str]) -> Extern:
     """The convolution reading a channels-last copy of an input that is not one,
-    with the layout its meta function gives (for a tuple result, the layouts of
-    its items, which the MultiOutputs after it take)."""
+    with the layout its meta function gives."""
     args = list(c.args)
-    for i in CONVOLUTIONS[c.kernel]:
+    for i in CHANNELS_LAST_ARGS:
         ref = args[i]
-        assert isinstance(ref, TensorRef)
+        if not isinstance(ref, TensorRef):
+            continue
         lay = layouts[ref.name]
         if not _permutable(lay.size) or lay.stride == channels_last_strides(lay.size):
             continue
-        src = g.node(ref.name)
         xs = xsyms(RANK)
         # the copy over (N, H, W, C): element (n, h, w, c) is src[n, c, h, w]
         body = Load(ref.name, (xs[0], xs[3], xs[1], xs[2]), lay.dtype)
@@ -262,13 +274,13 @@ def _channels_last_conv(c: Extern, g: LoweredGraph, layouts: dict[str, Layout], 
         nodes += [copy, view]
         layouts[view.name] = Layout(lay.size, channels_last_strides(lay.size), lay.dtype, lay.device)
         args[i] = TensorRef(view.name)
-        log.debug("prefer_channels_last %s reads a channels-last copy of %s (%s)", c.name, src.name, copy.name)
+        log.debug("prefer_channels_last %s reads a channels-last copy of %s (%s)", c.name, ref.name, copy.name)
     c = Extern(c.name, c.kernel, tuple(args), c.kwargs, c.layout, c.origin, c.op, c.mutated, c.sized_by_data)
+    if c.layout is None:
+        return c
     try:
-        result = _meta_layout(c, layouts, c.layout.device if c.layout is not None else "cpu")
+        result = _meta_layout(c, layouts, c.layout.device)
     except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:  # keep the traced layout
         log.debug("prefer_channels_last %s: no meta layout (%s)", c.name, e)
-        return c, None
-    if isinstance(result, Layout):
-        return Extern(c.name, c.kernel, c.args, c.kwargs, result, c.origin, c.op, c.mutated, c.sized_by_data), None
-    return c, result
+        return c
+    return Extern(c.name, c.kernel, c.args, c.kwargs, result, c.origin, c.op, c.mutated, c.sized_by_data)

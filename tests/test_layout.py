@@ -84,6 +84,24 @@ def test_convolution_of_a_graph_input_reads_a_channels_last_copy() -> None:
     assert isinstance(conv, Extern) and conv.args[0].name == view.name
 
 
+def test_a_permute_to_channels_innermost_ends_the_region() -> None:
+    """ConvNeXt's block: its layer norm runs on a (N, H, W, C) permute of the
+    convolution's result, a tensor already laid out channels innermost, so it is
+    not permuted again; the residual add, which reads the convolution channel by
+    channel, is."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x, w, padding=1)
+        z = F.layer_norm(y.permute(0, 2, 3, 1), (4,)).permute(0, 3, 1, 2)
+        return (z + y).amax(dim=(2, 3))
+
+    g = _lower(fn, [torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)])
+    rewritten = {n.op for n in g.nodes if n.name.endswith("__cl")}
+    assert "add" in rewritten
+    assert not any(n.name.endswith("__cl") and n.origin.startswith("native_layer_norm") for n in g.nodes
+                   if isinstance(n, Pointwise))
+
+
 def test_trait_off_leaves_the_graph() -> None:
     """Off (the option, or a target whose trait is off) the pass is the identity."""
     inputs = _block_inputs()
