@@ -11,6 +11,39 @@ import attrs
 TARGETS = ("auto", "triton", "cpp", "reference")
 
 
+@attrs.frozen
+class TargetTraits:
+    """What a target tells the passes about itself, so that no pass branches on a
+    target's name: each pass reads the trait it needs (Options.traits())."""
+
+    # kernel names: the prefix of a pointwise, looped-reduction and persistent kernel
+    prefixes: tuple[str, str, str]
+    # rows up to this many elements reduce in one tile (Options.persistent_limit)
+    persistent_limit: int
+    # most nodes in one kernel (Options.fusion_limit)
+    fusion_limit: int
+    # fuse keeps a second pass over long rows out of the reduction before it, so the
+    # reduction splits over many programs (Options.split_second_pass)
+    splits_rows: bool
+    # a reduction down the columns of what it reads loops, a block of columns a program
+    # (kernel_model.reads_down_columns), instead of reducing a column a program
+    column_loops: bool
+    # passes/layout.py computes the tensors around 2-d convolutions channels-last
+    channels_last: bool
+
+
+# each target's traits: triton's limits are the GPU's (registers for 8192-wide rows,
+# graph_2000's 256-step chain ran 62.6 µs on the H200 at 128 nodes a kernel against
+# 71.4 at 64); the C++ target's compile time grows with a kernel's size, and mkldnn's
+# convolutions run about 2x faster channels-last on one CPU thread; Triton's
+# channels-last is off until measured on a GPU
+TARGET_TRAITS: dict[str, TargetTraits] = {
+    "triton": TargetTraits(("triton_poi", "triton_red", "triton_per"), 8192, 128, True, True, False),
+    "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, False, False, True),
+    "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, False, False, False),
+}
+
+
 def _target(_inst: object, _attr: object, value: str) -> None:
     if value not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {value!r}")
@@ -76,21 +109,25 @@ class Options:
     # environment's COIL_DUMP_SOURCES applies to Options built directly too
     dump_sources: str | None = None
 
+    def traits(self) -> TargetTraits:
+        """The target's traits ("auto", not yet resolved to a target: the reference's)."""
+        return TARGET_TRAITS.get(self.target, TARGET_TRAITS["reference"])
+
     def persistent_limit(self) -> int:
         if self.persistent_reduction_threshold > 0:
             return self.persistent_reduction_threshold
-        return 8192 if self.target == "triton" else 1024
+        return self.traits().persistent_limit
 
     def prefers_channels_last(self) -> bool:
-        """The target's trait for passes/layout.py."""
+        """The target's trait for passes/layout.py, unless the option says."""
         if self.channels_last != "auto":
             return self.channels_last == "on"
-        return self.target == "cpp"
+        return self.traits().channels_last
 
     def fusion_limit(self) -> int:
         if self.max_fusion_size > 0:
             return self.max_fusion_size
-        return 128 if self.target == "triton" else 64
+        return self.traits().fusion_limit
 
     def replace(self, **changes: Any) -> "Options":
         return attrs.evolve(self, **changes)

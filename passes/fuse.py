@@ -20,7 +20,7 @@ import attrs
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, FusionDecision, NopStep, Step
 from coil.ir.schedule import ScheduleGraph, WeakDep
-from coil.options import Options
+from coil.options import Options, TargetTraits
 from coil.passes.kernel_model import (
     COLUMN_LOOP_MIN,
     kernel_layouts,
@@ -108,7 +108,7 @@ class _Fuser:
             for p in self.producers[c]:
                 if p in inside and not self.in_registers(c, p, grp):
                     return f"index: {c} reads {p} at another position than {p} writes it"
-        if (self.o.target == "triton" and self.o.split_second_pass > 0 and grp[1] > 1
+        if (self.o.traits().splits_rows and self.o.split_second_pass > 0 and grp[1] > 1
                 and splits_rows(grp, self.o.split_second_pass)):
             for c in members:
                 if node_role(self.bufs[c], grp) == "outer":
@@ -290,7 +290,7 @@ class _Fuser:
             return NopStep(node.name)
         grp = self.groups[self.group_of[nodes[0]]]
         kind = _kind(grp.group, self.o)
-        if kind == "persistent" and self.o.target == "triton" and grp.group[1] >= COLUMN_LOOP_MIN:
+        if kind == "persistent" and self.o.traits().column_loops and grp.group[1] >= COLUMN_LOOP_MIN:
             bufs = tuple(self.bufs[n] for n in nodes)
             if reads_down_columns(bufs, kernel_layouts(self.g), grp.group):
                 kind = "reduction"  # looped, a block of columns a program (kernel_model.reads_down_columns)
@@ -303,18 +303,11 @@ def _kind(group: tuple[int, int], o: Options) -> str:
     return "persistent" if group[1] <= o.persistent_limit() else "reduction"
 
 
-PREFIX = {
-    "triton": {"pointwise": "triton_poi", "reduction": "triton_red", "persistent": "triton_per"},
-    "cpp": {"pointwise": "cpp", "reduction": "cpp", "persistent": "cpp"},
-    "reference": {"pointwise": "ref_poi", "reduction": "ref_red", "persistent": "ref_per"},
-}
-
-
-def kernel_name(kind: str, ops: Iterable[str], k: int, target: str) -> str:
+def kernel_name(kind: str, ops: Iterable[str], k: int, traits: TargetTraits) -> str:
     names = sorted(set(ops))
     if len(names) > 8:
         names = names[:8]
-    prefix = PREFIX.get(target, PREFIX["reference"])[kind]
+    prefix = traits.prefixes[("pointwise", "reduction", "persistent").index(kind)]
     return f"{prefix}_fused_{'_'.join(names)}_{k}"
 
 
@@ -336,7 +329,7 @@ def fuse(g: ScheduleGraph, options: Options) -> FusedSchedule:
     for s in steps:
         if isinstance(s, FusedKernel):
             ops = [op for n in s.nodes for op in g.node(n).ops]
-            s = attrs.evolve(s, name=kernel_name(s.kind, ops, k, options.target))
+            s = attrs.evolve(s, name=kernel_name(s.kind, ops, k, options.traits()))
             k += 1
         named.append(s)
     return FusedSchedule(tuple(named), g, tuple(f.log))

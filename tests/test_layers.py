@@ -46,3 +46,37 @@ def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
     src.write_text("def f():\n    from coil.passes import lower\n    import coil.backends.runtime\n"
                    "from . import expr\n")
     assert sorted(_imports(src)) == ["coil.backends.runtime", "coil.ir", "coil.passes"]
+
+
+TARGET_NAMES = {"triton", "cpp", "reference"}
+
+
+def _target_branches(path: Path) -> list[str]:
+    """Comparisons with a target's name (`options.target == "triton"`,
+    `target in ("cpp", ...)`), and lookups of a table by a target's name in a
+    subscript (`PREFIX["cpp"]`): the places a module decides by which target it is."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        consts: list[ast.expr] = []
+        if isinstance(node, ast.Compare):
+            for e in (node.left, *node.comparators):
+                consts += e.elts if isinstance(e, (ast.Tuple, ast.List, ast.Set)) else [e]
+        elif isinstance(node, ast.Subscript):
+            consts.append(node.slice)
+        if any(isinstance(c, ast.Constant) and c.value in TARGET_NAMES for c in consts):
+            out.append(f"{path.name}:{node.lineno}")
+    return out
+
+
+def test_no_pass_branches_on_the_targets_name() -> None:
+    """Target knowledge comes to the passes as the target's traits
+    (Options.traits(), coil.options.TargetTraits), never as its name."""
+    found = [hit for path in sorted((ROOT / "passes").rglob("*.py")) for hit in _target_branches(path)]
+    assert found == []
+
+
+def test_the_target_branch_check_sees_comparisons_and_lookups(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text('if o.target == "triton":\n    pass\nok = o.target in ("cpp", "reference")\n'
+                   'p = PREFIX["cpp"]\nfine = o.target != "auto"\n')
+    assert _target_branches(src) == ["x.py:1", "x.py:3", "x.py:4"]
