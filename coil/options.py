@@ -30,6 +30,9 @@ class TargetTraits:
     column_loops: bool
     # passes/layout.py computes the tensors around 2-d convolutions channels-last
     channels_last: bool
+    # realize's "reuse" rule (a pointwise node with several readers and more than one
+    # nontrivial read becomes a buffer; Options.realize_reuse)
+    realize_reuse: bool = True
 
 
 # each target's traits: triton's limits are the GPU's (registers for 8192-wide rows,
@@ -80,6 +83,13 @@ class Options:
     # convolutions run about 2x faster so on one CPU thread; triton: off until
     # measured on a GPU), "on", "off"
     channels_last: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
+    # realize: "reuse" makes a pointwise node with several readers and more than one
+    # nontrivial read a buffer; "auto": by target (on everywhere for now).  Inductor
+    # applies that rule on the CPU only (should_realize_on_cpu) and recomputes such a
+    # node in every reader on a GPU: with it off, ResNet's BatchNorm backward is 2
+    # kernels, not 3 (the H200 ResNet training step ran 455 kernels against
+    # Inductor's 284).  Off for Triton is not measured on a GPU yet; "off" tries it
+    realize_reuse: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
     # plan_memory
     reorder_for_peak_memory: bool = True
     # kernels
@@ -123,6 +133,12 @@ class Options:
         if self.channels_last != "auto":
             return self.channels_last == "on"
         return self.traits().channels_last
+
+    def realizes_reused(self) -> bool:
+        """realize's reuse rule: the option, else the target's trait."""
+        if self.realize_reuse != "auto":
+            return self.realize_reuse == "on"
+        return self.traits().realize_reuse
 
     def fusion_limit(self) -> int:
         if self.max_fusion_size > 0:

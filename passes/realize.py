@@ -11,7 +11,9 @@ realized a buffer is stored on it:
     reuse             several readers and more than one nontrivial read (a reader that
                       only reads it at data-dependent positions, directly or through
                       pointwise nodes that are read so, does not count: it
-                      recomputes a few elements, as cross_entropy's gather does)
+                      recomputes a few elements, as cross_entropy's gather does);
+                      unless Options.realize_reuse is off (Inductor recomputes
+                      such nodes on a GPU)
     reads_threshold   several readers and more reads than realize_reads_threshold
     opcount_threshold several readers and more ops than realize_opcount_threshold
     acc_reads_threshold  the inlined body reads more buffers than realize_acc_reads_threshold
@@ -288,7 +290,8 @@ class _Realizer:
             return "opcount_threshold"
         if len(distinct) > self.o.realize_reads_threshold:
             return "reads_threshold"
-        if len(nontrivial) > 1 and self.full_readers[name] + (name in self.outputs) > 1:
+        if (self.o.realizes_reused() and len(nontrivial) > 1
+                and self.full_readers[name] + (name in self.outputs) > 1):
             return "reuse"
         return None
 

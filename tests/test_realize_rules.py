@@ -128,3 +128,34 @@ def test_views_fold_into_index():
     bg = run_until(fn, inputs, "realize")
     assert len(bg.buffers) == 1
     assert _row(bg, "t").rule.startswith("index_remap")
+
+
+def _batch_norm_backward(dy, x, w, mean, rstd):
+    """BatchNorm's input gradient as torch decomposes it: x - mean read by a
+    per-channel reduction and by the elementwise gradient."""
+    sub = x - mean[None, :, None, None]
+    s1, s2 = dy.sum((0, 2, 3)), (dy * sub).sum((0, 2, 3))
+    n = x.numel() // x.shape[1]
+    a, b = (s1 / n)[None, :, None, None], (s2 / n * rstd * rstd)[None, :, None, None]
+    return (dy - sub * b - a) * (rstd * w)[None, :, None, None], s2 * rstd, s1
+
+
+def test_realize_reuse_off_recomputes_in_every_reader():
+    """Options.realize_reuse: on (every target's default), x - mean (two nontrivial
+    reads, two readers) is a buffer and BatchNorm's backward three kernels; off (what
+    Inductor does on a GPU), it is recomputed in both readers: two kernels, the
+    same values.  A looped softmax keeps its online max and sum either way."""
+    x = torch.randn(8, 16, 12, 12)
+    inputs = [torch.randn_like(x), x, torch.randn(16), x.mean((0, 2, 3)), torch.rand(16) + 0.5]
+    kernels = {}
+    for reuse in ("on", "off"):
+        bg = run_until(_batch_norm_backward, inputs, "realize", realize_reuse=reuse)
+        assert (_row(bg, "sub").rule == "reuse") == (reuse == "on")
+        for got, want in zip(run_buffer_graph(bg, inputs), _batch_norm_backward(*inputs)):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        kernels[reuse] = len(run_until(_batch_norm_backward, inputs, "fuse", realize_reuse=reuse).kernels)
+    assert kernels == {"on": 3, "off": 2}
+    soft = run_until(lambda a: torch.softmax(a, -1), [torch.randn(12, 40)], "kernel_gen", target="triton",
+                     realize_reuse="off", persistent_reduction_threshold=16)
+    (kernel,) = soft.kernels
+    assert "online with" in kernel.source and kernel.source.count("for roffset in range(") == 2
