@@ -20,9 +20,11 @@ in eager's order (so float32 sums are eager's sums).  An index can only equal
 Indices that no forward produced (out of any window) add nothing, where eager
 would write wherever they point.
 
-Every load stays inside its buffer: positions in padding, and candidates
-outside the output, read at an index wrapped into range (ModularIndexing) and
-are masked off.  Windows of more than MAX_WINDOW positions decline, and stay
+Every load stays inside its buffer: the forward reads a window position in
+padding through a masked load (nothing read there), the backward reads candidates
+outside the output at an index wrapped into range (ModularIndexing) and masks them
+off.  The forward's value output keeps its own running maximum, without the index
+chain, so an inference graph that reads only the values computes no indices.  Windows of more than MAX_WINDOW positions decline, and stay
 Externs; so do non-float dtypes.
 """
 
@@ -69,9 +71,9 @@ def _test(name: str, e: sympy.Expr, bound: int) -> Expr:
     return op(name, IndexExpr(e, torch.int64), constant(bound, torch.int64))
 
 
-def _inside(e: sympy.Expr, n: int, ranges: dict[sympy.Symbol, int]) -> tuple[sympy.Expr, list[Expr]]:
-    """An index that equals `e` where 0 <= e < n and stays in [0, n) everywhere,
-    and the tests of 0 <= e < n that the ranges do not prove."""
+def _tests(e: sympy.Expr, n: int, ranges: dict[sympy.Symbol, int]) -> tuple[int, list[Expr]]:
+    """The least value of `e` over the ranges, and the tests of 0 <= e < n that the
+    ranges do not prove."""
     lo = e.subs({s: 0 for s in ranges})
     hi = e.subs({s: r - 1 for s, r in ranges.items()}) if all(e.coeff(s) >= 0 for s in ranges) else None
     tests = []
@@ -79,7 +81,14 @@ def _inside(e: sympy.Expr, n: int, ranges: dict[sympy.Symbol, int]) -> tuple[sym
         tests.append(_test("ge", e, 0))
     if hi is None or hi >= n:
         tests.append(_test("lt", e, n))
-    shift = n * (-(-max(0, -int(lo)) // n))
+    return int(lo), tests
+
+
+def _inside(e: sympy.Expr, n: int, ranges: dict[sympy.Symbol, int]) -> tuple[sympy.Expr, list[Expr]]:
+    """An index that equals `e` where 0 <= e < n and stays in [0, n) everywhere,
+    and the tests of 0 <= e < n that the ranges do not prove."""
+    lo, tests = _tests(e, n, ranges)
+    shift = n * (-(-max(0, -lo) // n))
     return simplify_index(ModularIndexing(e + shift, 1, n), ranges), tests
 
 
@@ -111,23 +120,30 @@ def max_pool2d_with_indices(ctx: LowerCtx, x: TensorValue, kernel_size: Any, str
     xs = xsyms(len(size))
     lead, oh, ow = list(xs[:-2]), xs[-2], xs[-1]
     acc = upcast(x.dtype)
-    best: Expr = constant(float("-inf"), acc)
+    best: Expr = constant(float("-inf"), acc)  # the index output's running maximum
+    value: Expr = best  # the value output's: the same values, without the index chain
     where: Expr = constant(-1, torch.int64)
     for i in range(kh):
-        h, h_tests = _inside(oh * sh - ph + i * dh, H, {oh: size[-2]})
+        h = oh * sh - ph + i * dh
+        _, h_tests = _tests(h, H, {oh: size[-2]})
         for j in range(kw):
-            w, w_tests = _inside(ow * sw - pw + j * dw, W, {ow: size[-1]})
-            val: Expr = x.load([*lead, h, w])
+            w = ow * sw - pw + j * dw
+            _, w_tests = _tests(w, W, {ow: size[-1]})
+            inside = _all([*h_tests, *w_tests])
+            val: Expr = x.load([*lead, h, w], mask=inside)  # padding is never read
             if val.dtype != acc:
                 val = Cast(val, acc)
-            pos = IndexExpr((oh * sh - ph + i * dh) * W + ow * sw - pw + j * dw, torch.int64)
-            better = op("logical_or", op("logical_or", op("gt", val, best), op("isnan", val)),
-                        op("lt", where, constant(0, torch.int64)))
-            inside = _all([*h_tests, *w_tests])
+            pos = IndexExpr(h * W + w, torch.int64)
+            larger = op("logical_or", op("gt", val, best), op("isnan", val))
+            better = op("logical_or", larger, op("lt", where, constant(0, torch.int64)))
             take = better if inside is None else op("logical_and", inside, better)
             best = op("where", take, val, best, dtype=acc)
             where = op("where", take, pos, where, dtype=torch.int64)
-    values = ctx.pointwise(size, best, x.dtype)
+            # taking the first position of an all -inf window changes no value: the value
+            # output needs neither `where` nor the "nothing taken yet" test
+            grows = op("logical_or", op("gt", val, value), op("isnan", val))
+            value = op("where", grows if inside is None else op("logical_and", inside, grows), val, value, dtype=acc)
+    values = ctx.pointwise(size, value, x.dtype)
     indices = ctx.pointwise(size, where, torch.int64)
     return values, indices
 
