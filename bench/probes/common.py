@@ -146,3 +146,21 @@ def against_variants(name: str, inst: Any, edits: dict[str, Callable[[str], str]
     timed_rounds(name, fns, rounds)
     torch._dynamo.reset()
     return c
+
+
+def kernels_per_step(step: Callable[[], Any], steps: int = 10) -> list[tuple[str, int, float]]:
+    """(kernel, launches a step, µs a step) of every CUDA kernel `step` runs, by
+    total time, from the profiler over `steps` steps after three warm-up ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count // steps, e.device_time_total / steps) for e in p.key_averages()
+            if e.device_type.name == "CUDA" and e.count]
+    rows.sort(key=lambda r: -r[2])
+    return rows

@@ -11,14 +11,11 @@ import sys
 
 sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench.hf_models import SIZES, make_case  # noqa: E402
 from bench.models import step_call  # noqa: E402
-from bench.probes.common import OUT  # noqa: E402
+from bench.probes.common import OUT, kernels_per_step  # noqa: E402
 from bench.variants import Capture, first_call, make_callable  # noqa: E402
-
-STEPS = 10
 
 
 def family(name: str) -> str:
@@ -30,20 +27,6 @@ def family(name: str) -> str:
     if n.startswith("triton") or n.startswith("coil") or "_kernel" in n:
         return "triton"
     return "other"
-
-
-def kernels(step) -> list[tuple[str, int, float]]:
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(STEPS):
-            step()
-        torch.cuda.synchronize()
-    rows = [(e.key, e.count // STEPS, e.device_time_total / STEPS) for e in p.key_averages()
-            if e.device_type.name == "CUDA" and e.count]
-    rows.sort(key=lambda r: -r[2])
-    return rows
 
 
 def main():
@@ -61,7 +44,7 @@ def main():
             for i, s in enumerate(sources):
                 with open(os.path.join(OUT, f"{name}-{mode}-{v}-{i}.py"), "w") as fh:
                     fh.write(s)
-            rows = kernels(step)
+            rows = kernels_per_step(step)
             total = sum(r[2] for r in rows)
             print(f"== {name} {mode} {v}: kernels {total:.0f} us a step, {sum(r[1] for r in rows)} launches",
                   flush=True)

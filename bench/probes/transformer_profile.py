@@ -8,31 +8,15 @@ import sys
 sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench.probes.common import workload_steps  # noqa: E402
-
-STEPS = 10
-
-
-def kernels(step) -> tuple[float, list[tuple[str, int, float]]]:
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(STEPS):
-            step()
-        torch.cuda.synchronize()
-    rows = [(e.key, e.count // STEPS, e.device_time_total / STEPS) for e in p.key_averages()
-            if e.device_type.name == "CUDA" and e.count]
-    rows.sort(key=lambda r: -r[2])
-    return sum(r[2] for r in rows), rows
+from bench.probes.common import kernels_per_step, workload_steps  # noqa: E402
 
 
 def main():
     for variant, step in workload_steps("gpu", "transformer_block", ("inductor", "coil", "eager")).items():
         ms = triton.testing.do_bench(step, warmup=25, rep=300, return_mode="median")
-        gpu_us, rows = kernels(step)
+        rows = kernels_per_step(step)
+        gpu_us = sum(r[2] for r in rows)
         print(f"== {variant}: {ms * 1e3:.0f} us a step, kernels {gpu_us:.0f} us a step, "
               f"{sum(r[1] for r in rows)} launches", flush=True)
         for name, n, us in rows[:22]:
