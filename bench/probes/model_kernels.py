@@ -1,11 +1,13 @@
 """Device probe: a real model's step kernel by kernel, Inductor against coil.  For
 each model named on the command line (bench/hf_models.py names; default llama) and
 the mode in $MODE (train, the default, or infer), at the models suite's `small`
-size in bf16: each compiler's kernels by total GPU time a step (the profiler), and
-a table of the kernel families (matmul, attention, Triton pointwise/reduction,
-other) so the gap shows by family.  Both compilers' generated sources are written
-to $OUT/<model>-<compiler>-<n>.py so the slow kernels can be read afterwards.  Run
-from the repository root on a CUDA machine."""
+size in bf16, compiled in $COMPILE_MODE (default, or reduce-overhead for both):
+each compiler's kernels by total GPU time a step (the profiler), and a table of the
+kernel families (matmul, attention, Triton pointwise/reduction, other) so the gap
+shows by family.  Both compilers' generated sources are written to
+$OUT/<model>-<mode>-<compiler>-<n>.py and every kernel's row to
+$OUT/<model>-<mode>-<compiler>-kernels.txt, so the slow kernels can be read
+afterwards.  Run from the repository root on a CUDA machine."""
 import os
 import sys
 
@@ -13,7 +15,7 @@ sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 
 from bench.hf_models import SIZES, make_case  # noqa: E402
-from bench.models import step_call  # noqa: E402
+from bench.models import compile_model, step_call  # noqa: E402
 from bench.probes.common import OUT, kernels_per_step  # noqa: E402
 from bench.variants import Capture, first_call, make_callable  # noqa: E402
 
@@ -36,8 +38,12 @@ def main():
         for v in ("inductor", "coil"):
             torch._dynamo.reset()
             model, inputs = make_case(name, mode, "cuda", size=SIZES["small"], dtype=torch.bfloat16)
-            f = make_callable(v, model, "triton")
-            step = step_call(f, model, inputs, mode, False)
+            graphs = os.environ.get("COMPILE_MODE", "default") == "reduce-overhead"
+            if graphs:
+                f = compile_model(v, "reduce-overhead", model, "triton", None)
+            else:
+                f = make_callable(v, model, "triton")
+            step = step_call(f, model, inputs, mode, graphs)
             cap = Capture()
             first_call(v, step, cap)
             sources = cap.inductor_code if v == "inductor" else [g.source for g in cap.coil_graphs if g is not None]
@@ -45,6 +51,8 @@ def main():
                 with open(os.path.join(OUT, f"{name}-{mode}-{v}-{i}.py"), "w") as fh:
                     fh.write(s)
             rows = kernels_per_step(step)
+            with open(os.path.join(OUT, f"{name}-{mode}-{v}-kernels.txt"), "w") as fh:
+                fh.writelines(f"{us:10.2f} {n:4d} {k}\n" for k, n, us in rows)
             total = sum(r[2] for r in rows)
             print(f"== {name} {mode} {v}: kernels {total:.0f} us a step, {sum(r[1] for r in rows)} launches",
                   flush=True)
