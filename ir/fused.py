@@ -20,7 +20,9 @@ from typing import Union
 
 import attrs
 
-from coil.ir.schedule import ScheduleGraph
+from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
+from coil.ir.layout import Layout
+from coil.ir.schedule import ScheduleGraph, SchedulerNode
 
 KERNEL_KINDS = ("pointwise", "reduction", "persistent")
 
@@ -80,3 +82,34 @@ class FusedSchedule:
             if node in s.nodes:
                 return s
         raise KeyError(node)
+
+    # the earlier languages' accessors, at the top level (FusedSchedule extends
+    # ScheduleGraph), so that no reader digs through nested fields
+    @property
+    def schedule_graph(self) -> ScheduleGraph:
+        return self.graph
+
+    @property
+    def buffer_graph(self) -> BufferGraph:
+        return self.graph.buffer_graph
+
+    def node(self, name: str) -> SchedulerNode:
+        return self.graph.node(name)
+
+    @property
+    def inputs(self) -> tuple[InputBuffer, ...]:
+        return self.graph.inputs
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return self.graph.buffers
+
+    @property
+    def outputs(self) -> tuple[str | None, ...]:
+        return self.graph.outputs
+
+    def get(self, name: str) -> InputBuffer | Buffer:
+        return self.graph.get(name)
+
+    def layout(self, name: str) -> Layout:
+        return self.graph.layout(name)

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import attrs
 
-from coil.ir.fused import FusedSchedule, Step
+from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
+from coil.ir.fused import FusedKernel, FusedSchedule, Step
+from coil.ir.layout import Layout
+from coil.ir.schedule import ScheduleGraph, SchedulerNode
 
 
 @attrs.frozen
@@ -38,3 +41,38 @@ class MemoryPlan:
     peak_bytes: int
     strategy: str = "original"
     candidates: tuple[tuple[str, int], ...] = ()
+
+    # the earlier languages' accessors, at the top level (MemoryPlan extends
+    # FusedSchedule), so that no reader digs through nested fields
+    @property
+    def schedule_graph(self) -> ScheduleGraph:
+        return self.schedule.schedule_graph
+
+    @property
+    def buffer_graph(self) -> BufferGraph:
+        return self.schedule.buffer_graph
+
+    @property
+    def kernels(self) -> tuple[FusedKernel, ...]:
+        return self.schedule.kernels
+
+    def node(self, name: str) -> SchedulerNode:
+        return self.schedule.node(name)
+
+    @property
+    def inputs(self) -> tuple[InputBuffer, ...]:
+        return self.schedule.inputs
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return self.schedule.buffers
+
+    @property
+    def outputs(self) -> tuple[str | None, ...]:
+        return self.schedule.outputs
+
+    def get(self, name: str) -> InputBuffer | Buffer:
+        return self.schedule.get(name)
+
+    def layout(self, name: str) -> Layout:
+        return self.schedule.layout(name)

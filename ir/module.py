@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import attrs
 
+from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
+from coil.ir.layout import Layout
+from coil.ir.memory import MemoryPlan
+from coil.ir.schedule import ScheduleGraph
 from coil.ir.wrapper import WrapperProgram
 
 
@@ -25,3 +29,27 @@ class CompiledModule:
     source: str  # the whole output_code.py
     kernels: tuple[KernelSource, ...]
     program: WrapperProgram
+
+    # the earlier languages' accessors, at the top level (CompiledModule extends
+    # WrapperProgram), so that no reader digs through nested fields
+    @property
+    def plan(self) -> MemoryPlan:
+        return self.program.plan
+
+    @property
+    def schedule_graph(self) -> ScheduleGraph:
+        return self.program.schedule_graph
+
+    @property
+    def buffer_graph(self) -> BufferGraph:
+        return self.program.buffer_graph
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return self.program.buffers
+
+    def get(self, name: str) -> InputBuffer | Buffer:
+        return self.program.get(name)
+
+    def layout(self, name: str) -> Layout:
+        return self.program.layout(name)

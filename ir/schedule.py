@@ -24,7 +24,8 @@ from typing import Any, Iterable, Union
 import attrs
 import sympy
 
-from coil.ir.buffers import Buffer, BufferGraph
+from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
+from coil.ir.layout import Layout
 
 
 def _exprs(value: Any) -> tuple[sympy.Symbol, ...]:
@@ -136,9 +137,28 @@ class ScheduleGraph:
         b = self.graph.get(name)
         return b  # type: ignore[return-value]
 
+    # the BufferGraph's accessors, at the top level (ScheduleGraph extends it)
+    @property
+    def buffer_graph(self) -> BufferGraph:
+        return self.graph
+
+    @property
+    def inputs(self) -> tuple[InputBuffer, ...]:
+        return self.graph.inputs
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return self.graph.buffers
+
     @property
     def outputs(self) -> tuple[str | None, ...]:
         return self.graph.outputs
+
+    def get(self, name: str) -> InputBuffer | Buffer:
+        return self.graph.get(name)
+
+    def layout(self, name: str) -> Layout:
+        return self.graph.layout(name)
 
     def mutation_names(self) -> dict[str, str]:
         return dict(self.mutation_real_name)

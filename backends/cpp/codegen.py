@@ -29,7 +29,7 @@ class CppBackend:
         return ["from coil.backends.cpp import build as _cpp_build"]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
-        return tuple(kernel_source(k, program, options) for k in program.plan.schedule.kernels)
+        return tuple(kernel_source(k, program, options) for k in program.kernels)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:
@@ -53,7 +53,7 @@ class CppBackend:
         k = kernels_of(program)[line.kernel]
         ptrs = [f"{a}.data_ptr()" for a in line.args]
         out = [f"{line.kernel}({', '.join([*ptrs, str(k.group[0]), str(k.group[1])])})"]
-        g = program.plan.schedule.graph
+        g = program.schedule_graph
         if any(runtime_checks(b.body) for b in kernel_buffers(k, g)):
             out.append("if _cpp_err[0]: _cpp_build.raise_check(_cpp_err)")
         return out

@@ -63,4 +63,4 @@ def translation_unit(kernels: Sequence[KernelSource]) -> str:
 
 
 def kernels_of(program: WrapperProgram) -> dict[str, FusedKernel]:
-    return {k.name: k for k in program.plan.schedule.kernels}
+    return {k.name: k for k in program.kernels}

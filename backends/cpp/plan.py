@@ -58,7 +58,7 @@ class KernelPlan:
 
 
 def plan_kernel(k: FusedKernel, program: WrapperProgram) -> KernelPlan:
-    g = program.plan.schedule.graph
+    g = program.schedule_graph
     bufs = kernel_buffers(k, g)
     params = kernel_params(k, g, program.plan.removed)
     layouts = kernel_layouts(g)

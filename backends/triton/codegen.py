@@ -47,21 +47,21 @@ CHECKED_LAUNCH = {"debug": True, "sanitize_overflow": False}
 
 
 def _kernel(program: WrapperProgram, name: str) -> FusedKernel:
-    for k in program.plan.schedule.kernels:
+    for k in program.kernels:
         if k.name == name:
             return k
     raise KeyError(name)
 
 
 def kernel_device(program: WrapperProgram, k: FusedKernel) -> str:
-    return program.plan.schedule.graph.graph.layout(k.nodes[0]).device
+    return program.layout(k.nodes[0]).device
 
 
 def asserts(k: FusedKernel, program: WrapperProgram) -> bool:
     """Whether k's source has device asserts: a run-time check of an index (on
     CUDA) or of any value (interpreted, on CPU tensors; handler.check)."""
     cuda = kernel_device(program, k).startswith("cuda")
-    bodies = (b.body for b in kernel_buffers(k, program.plan.schedule.graph))
+    bodies = (b.body for b in kernel_buffers(k, program.schedule_graph))
     return any(c.kind == "index" or not cuda for body in bodies for c in runtime_checks(body))
 
 
@@ -156,7 +156,7 @@ def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], froz
     kernel arguments whose alignment is not fixed ahead (an alias an extern
     returns).  Everything else a kernel takes was allocated by coil or returned
     fresh by an aten kernel: aligned on every call alike."""
-    graph = program.plan.schedule.graph.graph
+    graph = program.buffer_graph
     inputs = set(program.inputs)
     base: dict[str, str] = {}
     fresh: dict[str, bool] = {}
@@ -185,7 +185,7 @@ def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], froz
 def precompile_specs(program: WrapperProgram) -> list[str]:
     """One `(kernel, argument dtypes and sizes, launch meta, device)` line per plain
     launch, for runtime.precompile."""
-    graph = program.plan.schedule.graph.graph
+    graph = program.buffer_graph
     out = []
     for ln in program.lines:
         if not isinstance(ln, KernelCall):
@@ -275,7 +275,7 @@ class TritonBackend:
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
         out = []
-        for k in program.plan.schedule.kernels:
+        for k in program.kernels:
             split = split_of(k, program)
             out.append(kernel_source(k, program, options.emulate_precision_casts) if split is None
                        else split_source(k, program, split, options.emulate_precision_casts))
@@ -284,7 +284,7 @@ class TritonBackend:
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:
         out: list[str] = []
-        native = any(kernel_device(program, k).startswith("cuda") for k in program.plan.schedule.kernels)
+        native = any(kernel_device(program, k).startswith("cuda") for k in program.kernels)
         for text in helpers_for((k.source for k in kernels), native) + [k.source for k in kernels]:
             out += ["", text, ""]
         if native and not options.autotune:  # bound launches: Triton's binding runs once (runtime.Launcher)
@@ -334,7 +334,7 @@ class TritonBackend:
         guard = _guard_device(program)
         if guard is None:
             return []
-        graph = program.plan.schedule.graph.graph
+        graph = program.buffer_graph
         inputs, _ = aligned_by_allocation(program)
         # a CPU scalar tensor a CUDA kernel reads (x * torch.tensor(2.0)) goes to the device first
         moved = [f"{n} = {n}.to({guard!r})" for n in sorted(inputs, key=program.inputs.index)
@@ -353,7 +353,7 @@ class TritonBackend:
 
     def device_guard(self, program: WrapperProgram) -> str | None:
         """The `with` line the wrapper puts around the body of `call`."""
-        if not program.plan.schedule.kernels:
+        if not program.kernels:
             return None
         cuda = _guard_device(program)
         if cuda is not None:
@@ -363,5 +363,5 @@ class TritonBackend:
 
 def _guard_device(program: WrapperProgram) -> str | None:
     """The CUDA device of the call's device guard: its first CUDA kernel's."""
-    return next((d for d in (kernel_device(program, k) for k in program.plan.schedule.kernels)
+    return next((d for d in (kernel_device(program, k) for k in program.kernels)
                  if d.startswith("cuda")), None)

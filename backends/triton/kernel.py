@@ -123,7 +123,7 @@ class KernelContext:
 
 
 def kernel_context(k: FusedKernel, program: WrapperProgram) -> KernelContext:
-    g = program.plan.schedule.graph
+    g = program.schedule_graph
     nodes = kernel_buffers(k, g)
     params = kernel_params(k, g, program.plan.removed)
     layouts = kernel_layouts(g)
@@ -178,12 +178,12 @@ def count_reductions(nodes: Iterable[ComputedBuffer]) -> int:
 
 
 def row_reductions(k: FusedKernel, program: WrapperProgram) -> int:
-    return count_reductions(kernel_buffers(k, program.plan.schedule.graph))
+    return count_reductions(kernel_buffers(k, program.schedule_graph))
 
 
 def down_columns(k: FusedKernel, program: WrapperProgram) -> bool:
     """Whether k is a looped reduction down the columns of what it reads."""
-    g = program.plan.schedule.graph
+    g = program.schedule_graph
     return k.kind == "reduction" and reads_down_columns(kernel_buffers(k, g), kernel_layouts(g), k.group)
 
 
@@ -558,7 +558,7 @@ def codegen_context(k: FusedKernel, program: WrapperProgram, emulate_precision_c
 
 def kernel_source(k: FusedKernel, program: WrapperProgram, emulate_precision_casts: bool = True) -> KernelSource:
     if k.group[0] == 0:  # every buffer is empty: the wrapper does not launch it
-        sig = signature_of(k, kernel_params(k, program.plan.schedule.graph, program.plan.removed))
+        sig = signature_of(k, kernel_params(k, program.schedule_graph, program.plan.removed))
         return KernelSource(k.name, f"@triton.jit\n{sig}\n    pass  # xnumel = 0", "triton")
     ctx = codegen_context(k, program, emulate_precision_casts)
     out = Emitter()

@@ -94,7 +94,7 @@ def tiling(k: FusedKernel, program: WrapperProgram) -> Tile | None:
     split whose rows and columns both overflow axis 1 is not taken."""
     if k.kind != "pointwise" or k.group[0] == 0:
         return None
-    g = program.plan.schedule.graph
+    g = program.schedule_graph
     nodes = kernel_buffers(k, g)
     if any(b.is_reduction or indirect_loads(b.body) for b in nodes):
         return None
