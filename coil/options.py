@@ -12,9 +12,59 @@ TARGETS = ("auto", "triton", "cpp", "reference")
 
 
 @attrs.frozen
+class SplitTraits:
+    """When and how a reduction of few long rows, or down long columns, spreads
+    over many programs and then combines their partial results
+    (passes/schedule/split.py)."""
+
+    row_min: int  # rows at least this long split (below, one program a row is quick enough)
+    max_rows: int  # in kernels of at most this many rows (more already give every SM programs)
+    programs: int  # programs of the first stage, all rows together, about
+    min_chunk: int  # elements each reduces, at least
+    max_parts: int  # programs a row, at most
+    max_rblock: int  # a program's step along its chunk, at most
+    column_min: int  # columns at least this many rows long split
+    column_xblock: int  # in blocks of this many columns
+    column_rblock: int  # rows a step (for a full block of columns)
+    min_column_chunk: int  # rows a program, at least
+    max_column_parts: int  # programs a block of columns, at most (the combine holds them all)
+
+
+@attrs.frozen
+class TileTraits:
+    """2-D tiles for pointwise kernels that read some input along the other axis
+    (passes/schedule/tiling.py)."""
+
+    min_side: int  # narrower rows or columns are not worth a 2-D tile
+    max_grid_y: int  # the programs grid axis 1 may have (row blocks, at least one row each)
+
+
+@attrs.frozen
+class LaunchTraits:
+    """The block sizes and warps the launch heuristics choose from
+    (passes/schedule/launch.py).  Every block size is a power of two."""
+
+    pointwise_block: int  # XBLOCK of a pointwise kernel, at most
+    min_block: int  # and at least
+    tile_block: int  # YBLOCK and XBLOCK of a tile, at most
+    persistent_rows: int  # rows a persistent program, at most
+    persistent_elements: int  # elements of a persistent program's tile, at most
+    loop_block: int  # RBLOCK of a looped reduction of many rows
+    few_rows: int  # at most this many rows (a full reduction's last stage) ...
+    few_rows_block: int  # ... loop in steps this wide
+    column_block: int  # neighbouring columns a program of a reduction down columns
+    column_elements: int  # elements of its tile
+    chain_reductions: int  # a persistent kernel with this many row reductions is a chain: one row a program
+    unaligned_rows_min: int  # looped rows at least this long of a length not a multiple of 8 take more warps
+    max_warps: int  # the most warps a heuristic gives a program
+
+
+@attrs.frozen
 class TargetTraits:
     """What a target tells the passes about itself, so that no pass branches on a
-    target's name: each pass reads the trait it needs (Options.traits())."""
+    target's name: each pass reads the trait it needs (Options.traits()).  A
+    trait that is None leaves that decision out: the target's renderer makes it
+    (today the C++ target schedules its loops in backends/cpp)."""
 
     # kernel names: the prefix of a pointwise, looped-reduction and persistent kernel
     prefixes: tuple[str, str, str]
@@ -22,18 +72,45 @@ class TargetTraits:
     persistent_limit: int
     # most nodes in one kernel (Options.fusion_limit)
     fusion_limit: int
-    # fuse keeps a second pass over long rows out of the reduction before it, so the
-    # reduction splits over many programs (Options.split_second_pass)
-    splits_rows: bool
     # a reduction down the columns of what it reads loops, a block of columns a program
-    # (kernel_model.reads_down_columns), instead of reducing a column a program
-    column_loops: bool
+    # (kernel_model.reads_down_columns), instead of reducing a column a program, from
+    # this many rows on; None: never
+    column_loop_min: int | None
     # passes/layout.py computes the tensors around 2-d convolutions channels-last
     channels_last: bool
     # realize's "reuse" rule (a pointwise node with several readers and more than one
     # nontrivial read becomes a buffer; Options.realize_reuse)
     realize_reuse: bool = True
+    # reductions of few long rows split over many programs, and fuse keeps a second
+    # pass over such rows out of the reduction before it (Options.split_second_pass)
+    splits: SplitTraits | None = None
+    # pointwise kernels that read transposed run on 2-d tiles
+    tiles: TileTraits | None = None
+    # launch configs are chosen at compile time, with their tails
+    launch: LaunchTraits | None = None
+    # a looped sum of exp(v - max v) runs in its max's loop, rescaled as the max grows
+    online_softmax: bool = False
+    # with Options.emulate_precision_casts off, a float32 -> half -> float32 round trip
+    # between fused ops is dropped (values stay float32 until they are stored)
+    keeps_float32_between_ops: bool = False
 
+
+# Triton's constants, read on the H200: a split pass's column splits from 1024 rows
+# (ViT's LayerNorm weight gradients, 1576 x 512, ran on 16 programs at 13 us each,
+# where Inductor's split pair takes about 3); a chain of 8 or more row reductions one
+# row a program (graph_2000's 1024-wide rows: 64 steps in 18.4 us on 1 warp a row,
+# 22.3 on 2, bench/probes/streaming.py); 16 warps for looped rows of 4096 or more
+# elements of an odd length (Wav2Vec2's GroupNorm rows of 16383: 388 us on 2 warps,
+# 200 on 16, bench/probes/long_row_norm.py); 1024-wide steps of many rows on 2 warps
+# (the online softmax of 32000-wide rows runs fastest so)
+TRITON_SPLITS = SplitTraits(row_min=16384, max_rows=128, programs=1024, min_chunk=256, max_parts=1024,
+                            max_rblock=2048, column_min=1024, column_xblock=32, column_rblock=64,
+                            min_column_chunk=128, max_column_parts=256)
+TRITON_TILES = TileTraits(min_side=16, max_grid_y=65535)  # CUDA's limit on grid dimension 1
+TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, persistent_rows=64,
+                             persistent_elements=4096, loop_block=1024, few_rows=8, few_rows_block=8192,
+                             column_block=32, column_elements=2048, chain_reductions=8,
+                             unaligned_rows_min=4096, max_warps=16)
 
 # each target's traits: triton's limits are the GPU's (registers for 8192-wide rows,
 # graph_2000's 256-step chain ran 62.6 µs on the H200 at 128 nodes a kernel against
@@ -41,9 +118,12 @@ class TargetTraits:
 # convolutions run about 2x faster channels-last on one CPU thread; Triton's
 # channels-last is off until measured on a GPU
 TARGET_TRAITS: dict[str, TargetTraits] = {
-    "triton": TargetTraits(("triton_poi", "triton_red", "triton_per"), 8192, 128, True, True, False),
-    "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, False, False, True),
-    "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, False, False, False),
+    "triton": TargetTraits(("triton_poi", "triton_red", "triton_per"), 8192, 128, column_loop_min=128,
+                           channels_last=False, splits=TRITON_SPLITS, tiles=TRITON_TILES, launch=TRITON_LAUNCH,
+                           online_softmax=True, keeps_float32_between_ops=True),
+    "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True),
+    "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
+                              channels_last=False),
 }
 
 
@@ -118,6 +198,11 @@ class Options:
     # is also written to this folder, named by its graph, inputs and options; the
     # environment's COIL_DUMP_SOURCES applies to Options built directly too
     dump_sources: str | None = None
+    # torch.compile, a training forward: the graph outputs whose strides coil chooses
+    # (the activations saved for the backward, which only coil's backward reads; the
+    # strides chosen are reported back to AOTAutograd, as Inductor's are), so that a
+    # channels-last region need not be copied back into eager's strides
+    free_output_strides: tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
     def traits(self) -> TargetTraits:
         """The target's traits ("auto", not yet resolved to a target: the reference's)."""
@@ -169,6 +254,8 @@ class Options:
             if raw is None:
                 continue
             default = f.default
+            if isinstance(default, tuple):  # set by the torch.compile backend, not by a person
+                continue
             if isinstance(default, bool):
                 changes[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
             elif isinstance(default, int):

@@ -22,7 +22,6 @@ from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, FusionDecision
 from coil.ir.schedule import ScheduleGraph, WeakDep
 from coil.options import Options, TargetTraits
 from coil.passes.kernel_model import (
-    COLUMN_LOOP_MIN,
     kernel_layouts,
     node_role,
     reads_down_columns,
@@ -108,8 +107,9 @@ class _Fuser:
             for p in self.producers[c]:
                 if p in inside and not self.in_registers(c, p, grp):
                     return f"index: {c} reads {p} at another position than {p} writes it"
-        if (self.o.traits().splits_rows and self.o.split_second_pass > 0 and grp[1] > 1
-                and splits_rows(grp, self.o.split_second_pass)):
+        splits = self.o.traits().splits
+        if (splits is not None and self.o.split_second_pass > 0 and grp[1] > 1
+                and splits_rows(grp, splits, self.o.split_second_pass)):
             for c in members:
                 if node_role(self.bufs[c], grp) == "outer":
                     continue  # computed once a row, after the row is reduced
@@ -290,7 +290,8 @@ class _Fuser:
             return NopStep(node.name)
         grp = self.groups[self.group_of[nodes[0]]]
         kind = _kind(grp.group, self.o)
-        if kind == "persistent" and self.o.traits().column_loops and grp.group[1] >= COLUMN_LOOP_MIN:
+        column_min = self.o.traits().column_loop_min
+        if kind == "persistent" and column_min is not None and grp.group[1] >= column_min:
             bufs = tuple(self.bufs[n] for n in nodes)
             if reads_down_columns(bufs, kernel_layouts(self.g), grp.group):
                 kind = "reduction"  # looped, a block of columns a program (kernel_model.reads_down_columns)

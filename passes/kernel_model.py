@@ -22,37 +22,29 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import attrs
 import sympy
 
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Load, indirect_loads, loads, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.indexing import numel, simplify_index, unflatten
+from coil.ir.kernel import RINDEX, XINDEX, YINDEX, Param
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
-
-XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
-RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
-YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)  # rows of a 2-D tiled kernel
+from coil.options import SplitTraits
 
 
 def kernel_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:
     return {XINDEX: max(group[0], 1), RINDEX: max(group[1], 1)}
 
 
-# Triton: a reduction kernel of at most SPLIT_MAX_ROWS rows, each at least SPLIT_MIN
-# long, runs split over many programs (backends/triton/split.py) when it reads each
-# row once; one that needs a second pass over its rows runs one program a row
-SPLIT_MIN = 16384
-SPLIT_MAX_ROWS = 128
-
-
-def splits_rows(group: tuple[int, int], row_min: int = SPLIT_MIN) -> bool:
-    """Whether a Triton reduction kernel of this group is one of few rows at least
-    `row_min` long."""
+def splits_rows(group: tuple[int, int], splits: SplitTraits, row_min: int = 0) -> bool:
+    """Whether a reduction kernel of this group is one of few rows long enough to
+    split over many programs (at least `row_min` long too): it does when it reads
+    each row once (passes/schedule/split.py); one that needs a second pass over its
+    rows runs one program a row."""
     rows, rnumel = group
-    return rnumel >= max(row_min, SPLIT_MIN) and rows <= SPLIT_MAX_ROWS
+    return rnumel >= max(row_min, splits.row_min) and rows <= splits.max_rows
 
 
 def node_role(b: ComputedBuffer, group: tuple[int, int]) -> str | None:
@@ -114,12 +106,6 @@ def reads_in_registers(consumer: ComputedBuffer, producer: ComputedBuffer, group
     return True
 
 
-# Triton: a kernel whose reduction reads run along xindex and across rindex (a
-# column reduction) loops over its rows from this many on, a block of columns a
-# program, instead of holding whole rows in registers one column at a time
-COLUMN_LOOP_MIN = 128
-
-
 def offset_step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     """How far one step of index `sym` moves an access, an offset over a kernel's
     index symbols (from the origin, every index at 0)."""
@@ -159,13 +145,6 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
 def kernel_layouts(g: ScheduleGraph) -> dict[str, Layout]:
     """Every input's and buffer's layout, by name."""
     return {b.name: b.layout for b in (*g.graph.inputs, *g.graph.buffers) if b.layout is not None}
-
-
-@attrs.frozen
-class Param:
-    name: str  # buffer name
-    role: str  # in | out | in_out
-    arg: str  # in_ptr0, out_ptr0, in_out_ptr0
 
 
 def kernel_params(kernel: FusedKernel, g: ScheduleGraph, removed: frozenset[str]) -> tuple[Param, ...]:

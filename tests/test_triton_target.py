@@ -858,16 +858,18 @@ def test_row_reductions_keep_their_kernels(device: str) -> None:
 
 def test_reads_down_columns_decides_the_kind_on_triton_only() -> None:
     """The kernel model's test, and fuse's use of it: looped on triton (from
-    COLUMN_LOOP_MIN rows), persistent on the other targets and for shorter columns."""
-    from coil.passes.kernel_model import COLUMN_LOOP_MIN
+    the triton trait's column_loop_min rows on), persistent on the other targets and
+    for shorter columns."""
+    column_loop_min = coil.Options(target="triton").traits().column_loop_min
+    assert column_loop_min is not None
 
     def kinds(x: torch.Tensor, target: str) -> list[str]:
         gm = make_fx(lambda a: a.sum(0))(x)
         sched = coil.default_pipeline().run(gm, [x], until="fuse", options=coil.Options(target=target))
         return [k.kind for k in sched.kernels]
 
-    tall = torch.empty(COLUMN_LOOP_MIN, 64, device="meta")
-    short = torch.empty(COLUMN_LOOP_MIN - 1, 64, device="meta")
+    tall = torch.empty(column_loop_min, 64, device="meta")
+    short = torch.empty(column_loop_min - 1, 64, device="meta")
     assert kinds(tall, "triton") == ["reduction"]
     assert kinds(short, "triton") == ["persistent"]
     assert kinds(tall, "cpp") == ["persistent"]

@@ -55,7 +55,10 @@ from coil.ir.expr import Expr, evaluate
 from coil.ir.fused import FusedKernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import WrapperProgram
-from coil.passes.kernel_model import SPLIT_MAX_ROWS, SPLIT_MIN, splits_rows  # noqa: F401 - tests import them here
+from coil.options import TRITON_SPLITS
+from coil.passes.kernel_model import splits_rows
+
+SPLIT_MIN, SPLIT_MAX_ROWS = TRITON_SPLITS.row_min, TRITON_SPLITS.max_rows  # tests import them here
 
 # a row at least SPLIT_MIN long is split (below it one program is quick enough), in
 # kernels of at most SPLIT_MAX_ROWS rows (more rows already give every SM programs):
@@ -103,7 +106,7 @@ def split_of(k: FusedKernel, program: WrapperProgram) -> Split | None:
     if k.kind != "reduction":
         return None
     ctx = codegen_context(k, program, True)
-    if not ctx.columns and not splits_rows(k.group):
+    if not ctx.columns and not splits_rows(k.group, TRITON_SPLITS):
         return None
     return _split_of_context(ctx)
 

@@ -1,0 +1,319 @@
+"""KernelProgram: every scheduling decision a fused kernel needs, as a value.
+
+vs MemoryPlan: + one KernelSpec per fused kernel: its iteration space (flat,
+tiled y by x, rows held whole or looped, down the columns of what it reads, split
+into parts), its parameters and the buffers it stores, its nodes in kernel
+coordinates, its stages (the outer body, and reduction loops with their
+accumulators), its tails and its launches with the rule that chose each; - nothing
+(the plan is kept whole, `plan`, and what wrap and the backends read of it is at
+the top level).
+
+Grammar::
+
+    KernelProgram ::= (plan: MemoryPlan, specs: KernelSpec*)
+    KernelSpec ::= (name, kind, group, device, space: Space, params: Param*,
+                    nodes: KernelNode*, stages: Stage*, wide_index,
+                    tails: Tails | None, launches: KernelLaunch*)
+    Space ::= Flat(numel, rnumel)            xindex over numel; reductions over <= 1
+                                             element fold to their value or identity
+            | Tiled(rows, cols, transposed)  yindex [YBLOCK] x xindex [XBLOCK]
+            | Rows(xnumel, rnumel, looped, columns)
+                                             xindex over rows, rindex along each row:
+                                             held whole (persistent) or looped in
+                                             RBLOCK steps; columns: a kernel row is a
+                                             column in memory
+            | Split(xnumel, rnumel, parts, chunk, xblock, columns, workspaces)
+                                             each row (a block of xblock rows) reduced
+                                             in `parts` chunks by as many programs,
+                                             then combined
+    KernelNode ::= (name, role, body, dtype, reduction_type, store, origins, deps)
+    Stage ::= Body(nodes)                    one scope, nodes in kernel order
+            | Outer(level, nodes)            per-row nodes before loop `level`
+                                             (after the last loop: level = loops)
+            | Loop(level, nodes, computes, accumulators)
+    Accumulator ::= (node, reduction_type, update, partner, second_pass)
+    KernelLaunch ::= (function, grid, sizes, config: LaunchConfig, rule, why)
+
+Bodies are the nodes' bodies over the kernel's index symbols (xindex, rindex; a
+tiled kernel's yindex, xindex), as the nodes of the FusedKernel compute them; the
+expression language is unchanged.  A Loop's `nodes` are the inner and reduction
+nodes of its level (each node sits in exactly one stage); its `computes` are what
+each step evaluates, in kernel order: the loop's reductions and stored inner
+nodes, and the inner nodes they read, recomputed from their bodies rather than kept
+across loops.  A target whose traits leave a decision to its renderer (no launch
+heuristics: the C++ and reference targets) gets `tails` None and no launches.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+import attrs
+import sympy
+import torch
+
+from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
+from coil.ir.expr import Expr
+from coil.ir.fused import FusedKernel, Step
+from coil.ir.layout import Layout
+from coil.ir.memory import MemoryPlan
+
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)  # rows of a 2-D tiled kernel
+
+
+class Role(str, enum.Enum):
+    """How a node runs in its kernel (passes/kernel_model.py: node_role)."""
+
+    REDUCTION = "reduction"  # one value per row, reduced over rindex
+    OUTER = "outer"  # one value per row (xindex)
+    INNER = "inner"  # one value per (xindex, rindex)
+    TILED = "tiled"  # one value per (yindex, xindex) of a tiled pointwise kernel
+
+
+class Update(str, enum.Enum):
+    """How a looped reduction's accumulator takes each step's values."""
+
+    LANES = "lanes"  # per-lane partial results, reduced across lanes after the loop
+    ROW_MAX = "row_max"  # a max whose online sums share its running row max: no lanes of its own
+    ONLINE_SUM = "online_sum"  # a sum of exp(v - max v), rescaled whenever the row max grows
+
+
+class LaunchRule(str, enum.Enum):
+    """Which rule of the launch heuristics chose a launch's config."""
+
+    POINTWISE = "pointwise"
+    TILED = "tiled"
+    PERSISTENT = "persistent"
+    CHAINED = "chained"  # a persistent kernel of many chained row reductions: one row a program
+    LOOPED = "looped"
+    FEW_ROWS = "few_rows"  # a few long rows: wide steps, many warps
+    UNALIGNED = "unaligned"  # long rows whose starts are not 16 bytes apart: more warps issue the loads
+    COLUMNS = "columns"  # looped down the columns: a block of neighbouring columns a program
+    SPLIT = "split"  # partial results of a row's chunks
+    COMBINE = "combine"  # the partial results merged, a row (a block of columns) a program
+
+
+@attrs.frozen
+class Param:
+    name: str  # buffer name
+    role: str  # in | out
+    arg: str  # in_ptr0, out_ptr0
+
+
+@attrs.frozen
+class KernelNode:
+    name: str
+    role: Role
+    body: Expr  # over the kernel's index symbols
+    dtype: torch.dtype  # its buffer's: the value is cast to it, as a store and reload would
+    reduction_type: str | None
+    store: sympy.Expr | None  # where it is stored, from the start of its buffer's view; None: registers only
+    origins: tuple[str, ...]
+    deps: tuple[str, ...]  # the nodes of this kernel it reads
+
+
+@attrs.frozen
+class Flat:
+    numel: int
+    rnumel: int  # 0 or 1: a reduction over no element takes its identity, over one its value
+
+
+@attrs.frozen
+class Tiled:
+    """A pointwise kernel's flat range split into `rows` x `cols` (flat = row * cols
+    + col) and laid on the tile's two axes: yindex (YBLOCK, grid axis 1) and xindex
+    (XBLOCK, grid axis 0, whose programs start one after another).  Plain: xindex
+    runs along the columns; transposed: along the rows, so programs start in the
+    order a column-major output is written."""
+
+    rows: int
+    cols: int
+    transposed: bool = False
+
+    @property
+    def ynumel(self) -> int:
+        return self.rows if not self.transposed else self.cols
+
+    @property
+    def xnumel(self) -> int:
+        return self.cols if not self.transposed else self.rows
+
+    @property
+    def ranges(self) -> dict[sympy.Symbol, int]:
+        return {YINDEX: self.ynumel, XINDEX: self.xnumel}
+
+    def flat(self) -> sympy.Expr:
+        return YINDEX * self.cols + XINDEX if not self.transposed else XINDEX * self.cols + YINDEX
+
+
+@attrs.frozen
+class Rows:
+    xnumel: int
+    rnumel: int
+    looped: bool  # False: the whole row is one tile (persistent)
+    columns: bool = False  # looped down the columns of what it reads, a block of columns a program
+
+
+@attrs.frozen
+class Split:
+    xnumel: int
+    rnumel: int
+    parts: int  # programs of the first stage per row (per block of columns)
+    chunk: int  # elements each reduces
+    xblock: int  # rows a program: 1, or a block of columns in memory
+    columns: bool
+    workspaces: tuple[tuple[str, torch.dtype], ...]  # (reduction node, dtype) of each partial result stored
+
+    def row_blocks(self) -> int:
+        return -(-self.xnumel // self.xblock)
+
+
+Space = Union[Flat, Tiled, Rows, Split]
+
+
+@attrs.frozen
+class Accumulator:
+    node: str
+    reduction_type: str
+    update: Update
+    partner: str | None = None  # ONLINE_SUM: its max; ROW_MAX: its first online sum
+    second_pass: bool = False  # a later loop reads its value: the row is read again after it
+
+
+@attrs.frozen
+class Body:
+    nodes: tuple[str, ...]
+
+
+@attrs.frozen
+class Outer:
+    level: int
+    nodes: tuple[str, ...]
+
+
+@attrs.frozen
+class Loop:
+    level: int
+    nodes: tuple[str, ...]
+    computes: tuple[str, ...]  # empty: nothing stored or reduced here (its nodes are recomputed later)
+    accumulators: tuple[Accumulator, ...]
+
+
+Stage = Union[Body, Outer, Loop]
+
+
+@attrs.frozen
+class LaunchConfig:
+    xblock: int
+    rblock: int  # 0 for pointwise kernels
+    num_warps: int
+    yblock: int = 0  # tiled kernels only
+
+    def meta(self) -> dict[str, int]:
+        out = {"YBLOCK": self.yblock} if self.yblock else {}
+        out["XBLOCK"] = self.xblock
+        if self.rblock:
+            out["RBLOCK"] = self.rblock
+        return out
+
+    def as_kwargs(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.meta().items()] + [f"num_warps={self.num_warps}"]
+        return ", ".join(parts)
+
+
+@attrs.frozen
+class KernelLaunch:
+    function: str  # the kernel, or its combine function
+    grid: tuple[int, int, int]
+    sizes: tuple[int, ...]  # the size arguments after the pointers
+    config: LaunchConfig
+    rule: LaunchRule
+    why: str
+
+
+@attrs.frozen
+class Tails:
+    """Whether some launch config (the heuristic's or one autotuning tries) may
+    leave a partial block: where not, that mask is a constant True."""
+
+    outer: bool  # xnumel (tiled: ynumel; split: the rows a program)
+    inner: bool  # rnumel (tiled: xnumel)
+
+
+@attrs.frozen
+class KernelSpec:
+    name: str
+    kind: str  # the FusedKernel's: pointwise | reduction | persistent
+    group: tuple[int, int]
+    device: str
+    space: Space
+    params: tuple[Param, ...]  # reads from outside (in_ptrN), then writes (out_ptrN)
+    nodes: tuple[KernelNode, ...]
+    stages: tuple[Stage, ...]
+    wide_index: bool  # index math in int64: some offset or the iteration space reaches 2**31
+    tails: Tails | None
+    launches: tuple[KernelLaunch, ...]  # none: nothing to compute, or left to the renderer
+
+    def node(self, name: str) -> KernelNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def ptr(self) -> dict[str, str]:
+        """Buffer -> its pointer argument (in_ptrN / out_ptrN)."""
+        return {p.name: p.arg for p in self.params}
+
+    @property
+    def config_kind(self) -> str:
+        """The kind the launch heuristics (and autotuning) pick this kernel's configs by:
+        pointwise | tiled | persistent | reduction | columns."""
+        match self.space:
+            case Tiled():
+                return "tiled"
+            case Rows(columns=True) | Split(columns=True):
+                return "columns"
+        return self.kind
+
+    @property
+    def reductions(self) -> int:
+        return sum(1 for n in self.nodes if n.reduction_type)
+
+
+@attrs.frozen
+class KernelProgram:
+    plan: MemoryPlan
+    specs: tuple[KernelSpec, ...]  # one per fused kernel, in plan order
+
+    def spec(self, name: str) -> KernelSpec:
+        for k in self.specs:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    # the plan's accessors, at the top level (KernelProgram extends MemoryPlan)
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return tuple(ps.step for ps in self.plan.steps)
+
+    @property
+    def kernels(self) -> tuple[FusedKernel, ...]:
+        return self.plan.schedule.kernels
+
+    @property
+    def removed(self) -> frozenset[str]:
+        return self.plan.removed
+
+    @property
+    def buffer_graph(self) -> BufferGraph:
+        return self.plan.schedule.graph.graph
+
+    def get(self, name: str) -> InputBuffer | Buffer:
+        return self.buffer_graph.get(name)
+
+    def layout(self, name: str) -> Layout:
+        return self.buffer_graph.layout(name)

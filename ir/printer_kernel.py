@@ -1,0 +1,109 @@
+"""The KernelProgram as text: per kernel its space, parameters, tails, nodes (with
+their bodies in kernel coordinates), stages and launches.  Every line that
+describes a kernel or a node starts with its name, so a verifier's error can
+point at it."""
+
+from __future__ import annotations
+
+import torch
+
+from coil.ir.expr import dtype_name
+from coil.ir.kernel import (
+    Body,
+    Flat,
+    KernelLaunch,
+    KernelNode,
+    KernelProgram,
+    KernelSpec,
+    Loop,
+    Outer,
+    Rows,
+    Space,
+    Split,
+    Stage,
+    Tiled,
+)
+from coil.ir.printer import body_lines
+
+
+def show_space(space: Space) -> str:
+    match space:
+        case Flat():
+            return f"flat {space.numel}" + (f" (rnumel {space.rnumel})" if space.rnumel != 1 else "")
+        case Tiled():
+            order = ", transposed: xindex along the rows" if space.transposed else ""
+            return f"tiled {space.rows} rows x {space.cols} cols (yindex {space.ynumel} x xindex {space.xnumel}{order})"
+        case Rows():
+            how = "looped" if space.looped else "persistent"
+            return f"rows {space.xnumel} x {space.rnumel}, {how}" + (", down the columns" if space.columns else "")
+        case Split():
+            what = "columns" if space.columns else "row(s)"
+            ws = ", ".join(f"{n}:{dtype_name(dt)}" for n, dt in space.workspaces)
+            return (f"split {space.xnumel} {what} x {space.rnumel} into {space.parts} parts of {space.chunk}, "
+                    f"{space.xblock} a program; workspaces [{ws}]")
+    raise TypeError(f"no space {space!r}")
+
+
+def _dtype(dt: torch.dtype) -> str:
+    return dtype_name(dt)
+
+
+def show_node(n: KernelNode, indent: str) -> list[str]:
+    what = n.reduction_type or "pointwise"
+    store = f" store={n.store}" if n.store is not None else " registers"
+    reads = f" reads [{', '.join(n.deps)}]" if n.deps else ""
+    head = f"{indent}{n.name}: {n.role.value} {what} {_dtype(n.dtype)}{store}{reads} from [{', '.join(n.origins)}]"
+    return [head, *body_lines(n.body, indent + "  ")]
+
+
+def show_stage(st: Stage, indent: str) -> list[str]:
+    match st:
+        case Body():
+            return [f"{indent}body: {', '.join(st.nodes)}"]
+        case Outer():
+            return [f"{indent}outer {st.level}: {', '.join(st.nodes)}"]
+        case Loop():
+            computes = ", ".join(st.computes) if st.computes else "nothing (recomputed where read)"
+            out = [f"{indent}loop {st.level}: {', '.join(st.nodes)}; computes {computes}"]
+            for a in st.accumulators:
+                partner = f" with {a.partner}" if a.partner else ""
+                again = ", read again by a later loop" if a.second_pass else ""
+                out.append(f"{indent}  {a.node}: {a.reduction_type} accumulator, {a.update.value}{partner}{again}")
+            return out
+    raise TypeError(f"no stage {st!r}")
+
+
+def show_launch(ln: KernelLaunch, indent: str) -> str:
+    grid = ", ".join(map(str, ln.grid))
+    return (f"{indent}{ln.function}[({grid})] sizes={list(ln.sizes)} {ln.config.as_kwargs()}  "
+            f"rule={ln.rule.value}: {ln.why}")
+
+
+def show_spec(k: KernelSpec) -> list[str]:
+    out = [f"  {k.name}: {k.kind} group={k.group} {k.device}"]
+    out.append(f"    space: {show_space(k.space)}")
+    out.append("    params: " + (", ".join(f"{p.arg}={p.name}" for p in k.params) or "none"))
+    tails = "" if k.tails is None else (f"; tails: outer {'yes' if k.tails.outer else 'no'}, "
+                                         f"inner {'yes' if k.tails.inner else 'no'}")
+    out.append(f"    index: {'int64' if k.wide_index else 'int32'}{tails}")
+    out.append("    nodes:")
+    for n in k.nodes:
+        out += show_node(n, "      ")
+    out.append("    stages:")
+    for st in k.stages:
+        out += show_stage(st, "      ")
+    if k.launches:
+        out.append("    launches:")
+        out += [show_launch(ln, "      ") for ln in k.launches]
+    elif k.group[0] == 0:
+        out.append("    launches: none (nothing to compute)")
+    else:
+        out.append("    launches: chosen by the target's renderer")
+    return out
+
+
+def show_kernel_program(p: KernelProgram) -> str:
+    out = [f"KernelProgram ({len(p.specs)} kernel{'s' if len(p.specs) != 1 else ''})"]
+    for k in p.specs:
+        out += show_spec(k)
+    return "\n".join(out)

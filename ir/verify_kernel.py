@@ -1,0 +1,144 @@
+"""The KernelProgram's invariants.  An error names the stage, the kernel or node,
+and the broken rule (ir/verify.py: fail).
+
+K1 one spec per fused kernel of the plan, in plan order, each of its kernel's
+   nodes in the same order
+K2 every node sits in exactly one stage
+K3 a node's dependencies sit in an earlier stage or come before it in its own
+K4 a loop computes only nodes of its own or an earlier loop; an outer stage and a
+   body only their own nodes
+K5 a stored node is a parameter the kernel writes; parameters are named once,
+   reads (in_ptrN) before writes (out_ptrN)
+K6 every reduction node of a loop has one accumulator there, and only those; an
+   online sum's partner is a max accumulator of the same loop that keeps the row max
+K7 the space fits the group and the kind: flat for pointwise (tiled: rows x cols
+   = numel), rows (or a split) for reductions, persistent rows in one body, looped
+   rows and splits in loops; tiled nodes only in a tiled space
+K8 a launch has a positive grid and sizes, power-of-two blocks and warps; a split
+   launches twice, anything else once (none: nothing to compute, or left to the
+   target's renderer)
+"""
+
+from __future__ import annotations
+
+from coil.ir.kernel import (
+    Body,
+    Flat,
+    KernelProgram,
+    KernelSpec,
+    Loop,
+    Outer,
+    Role,
+    Rows,
+    Split,
+    Tiled,
+    Update,
+)
+from coil.ir.verify import fail
+
+
+def _power_of_2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def verify_kernel_program(p: KernelProgram, stage: str) -> None:
+    kernels = p.plan.schedule.kernels
+    if tuple(k.name for k in kernels) != tuple(s.name for s in p.specs):
+        fail(p, stage, p.specs[0].name if p.specs else "KernelProgram", "K1 specs do not match the plan's kernels")
+    for k, spec in zip(kernels, p.specs):
+        if tuple(n.name for n in spec.nodes) != k.nodes or spec.group != k.group or spec.kind != k.kind:
+            fail(p, stage, spec.name, "K1 nodes, group or kind differ from the fused kernel's")
+        _verify_spec(p, stage, spec)
+
+
+def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    where: dict[str, int] = {}
+    for i, st in enumerate(k.stages):
+        for name in st.nodes:
+            if name in where:
+                fail(p, stage, name, f"K2 sits in stages {where[name]} and {i} of {k.name}")
+            where[name] = i
+    order = {n.name: i for i, n in enumerate(k.nodes)}
+    for n in k.nodes:
+        if n.name not in where:
+            fail(p, stage, n.name, f"K2 sits in no stage of {k.name}")
+        for d in n.deps:
+            if d not in where or where[d] > where[n.name] or (where[d] == where[n.name] and order[d] > order[n.name]):
+                fail(p, stage, n.name, f"K3 reads {d}, which does not run before it")
+    _verify_computes(p, stage, k, where)
+    writes = [q.name for q in k.params if q.role == "out"]
+    if len({q.name for q in k.params}) != len(k.params) or len({q.arg for q in k.params}) != len(k.params):
+        fail(p, stage, k.name, "K5 a parameter is named twice")
+    if [q.role for q in k.params] != sorted((q.role for q in k.params), key=("in", "out").index):
+        fail(p, stage, k.name, "K5 a read parameter comes after a written one")
+    for n in k.nodes:
+        if n.store is not None and n.name not in writes:
+            fail(p, stage, n.name, f"K5 stored, but not a parameter {k.name} writes")
+    _verify_accumulators(p, stage, k)
+    _verify_space(p, stage, k)
+    _verify_launches(p, stage, k)
+
+
+def _verify_computes(p: KernelProgram, stage: str, k: KernelSpec, where: dict[str, int]) -> None:
+    for i, st in enumerate(k.stages):
+        if not isinstance(st, Loop):
+            continue
+        for c in st.computes:
+            if c not in where or where[c] > i or not isinstance(k.stages[where[c]], Loop):
+                fail(p, stage, c, f"K4 computed in loop {st.level} of {k.name}, but not a node of it or an earlier loop")
+
+
+def _verify_accumulators(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    for st in k.stages:
+        if not isinstance(st, Loop):
+            continue
+        reds = [n for n in st.nodes if k.node(n).role is Role.REDUCTION]
+        accs = {a.node: a for a in st.accumulators}
+        if sorted(accs) != sorted(reds) or len(accs) != len(st.accumulators):
+            fail(p, stage, k.name, f"K6 loop {st.level} accumulates {sorted(accs)}, its reductions are {sorted(reds)}")
+        for a in st.accumulators:
+            if a.reduction_type != k.node(a.node).reduction_type:
+                fail(p, stage, a.node, f"K6 a {a.reduction_type} accumulator of a {k.node(a.node).reduction_type}")
+            if a.update is Update.ONLINE_SUM:
+                partner = accs.get(a.partner or "")
+                if a.reduction_type != "sum" or partner is None or partner.update is not Update.ROW_MAX:
+                    fail(p, stage, a.node, f"K6 an online sum whose partner {a.partner} keeps no row max in its loop")
+
+
+def _verify_space(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    n, r = k.group
+    s = k.space
+    looped = isinstance(s, Split) or (isinstance(s, Rows) and s.looped)
+    match s:
+        case Flat():
+            ok = k.kind == "pointwise" and (s.numel, s.rnumel) == (n, r)
+        case Tiled():
+            ok = k.kind == "pointwise" and s.rows * s.cols == n and s.rows > 0 and s.cols > 0
+        case Rows():
+            ok = k.kind != "pointwise" and (s.xnumel, s.rnumel) == (n, r) and s.looped == (k.kind == "reduction")
+        case Split():
+            ok = (k.kind == "reduction" and (s.xnumel, s.rnumel) == (n, r) and s.parts > 0
+                  and s.parts * s.chunk >= r > (s.parts - 1) * s.chunk and _power_of_2(s.xblock))
+    if not ok:
+        fail(p, stage, k.name, f"K7 a {k.kind} kernel of group {k.group} cannot run on that space")
+    for st in k.stages:
+        if isinstance(st, Body) == looped or (isinstance(st, (Outer, Loop)) and not looped):
+            fail(p, stage, k.name, f"K7 a {type(st).__name__.lower()} stage in a {'looped' if looped else 'one-scope'} space")
+    tiled = isinstance(s, Tiled)
+    for node in k.nodes:
+        if (node.role is Role.TILED) != tiled:
+            fail(p, stage, node.name, f"K7 a {node.role.value} node in a {'tiled' if tiled else 'untiled'} space")
+
+
+def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    if not k.launches:
+        return
+    if k.group[0] == 0:
+        fail(p, stage, k.name, "K8 launched with nothing to compute")
+    if len(k.launches) != (2 if isinstance(k.space, Split) else 1):
+        fail(p, stage, k.name, f"K8 {len(k.launches)} launches for its space")
+    for ln in k.launches:
+        c = ln.config
+        blocks = [c.xblock, c.num_warps] + [b for b in (c.rblock, c.yblock) if b]
+        if any(g <= 0 for g in ln.grid) or any(v <= 0 for v in ln.sizes) or not all(map(_power_of_2, blocks)):
+            fail(p, stage, k.name, f"K8 launch of {ln.function}: grid {ln.grid}, sizes {ln.sizes}, {c.as_kwargs()}")

@@ -1,0 +1,190 @@
+"""Launch configs from the static sizes: the heuristic config each kernel launches
+with, the configs autotuning times on a GPU, the tails they may leave, and the
+rule (and a sentence) that chose each launch.
+
+Every block size is a power of two.  The limits come from the target's
+LaunchTraits (coil/options.py, with the measurements behind Triton's values);
+what stays here is the shape of each rule:
+
+    tiled       YBLOCK x XBLOCK tiles up to tile_block a side, 4 warps (8 above
+                2048 elements)
+    pointwise   XBLOCK up to pointwise_block, a warp per 256 elements, at most 4
+    persistent  whole rows, as many as fit persistent_elements (at most
+                persistent_rows), a warp per 1024 elements; a chain of
+                chain_reductions or more row reductions runs a row a program
+                (`chain_config`), so each reduction stays within a few warps
+    columns     a block of column_block neighbouring columns, column_elements a step
+    reduction   few_rows rows or fewer: steps of few_rows_block, many warps;
+                else loop_block-wide steps on about 2 warps, many programs in
+                flight; rows of unaligned_rows_min or more whose length is not a
+                multiple of 8 take max_warps (they load element by element)
+"""
+
+from __future__ import annotations
+
+from coil.ir.kernel import KernelLaunch, LaunchConfig, LaunchRule, Split, Tails, Tiled
+from coil.options import LaunchTraits, SplitTraits
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def warps(elements: int, most: int = 8) -> int:
+    """About 128-512 elements per warp; a power of two."""
+    return max(1, min(most, next_power_of_2(elements) // 512))
+
+
+def chain_config(traits: LaunchTraits, rnumel: int) -> LaunchConfig:
+    """One row per program and a warp per 1024 of its elements: each of a long
+    chain of dependent row reductions then stays inside a warp or a few, with no
+    block-wide barrier."""
+    rblock = next_power_of_2(rnumel)
+    return LaunchConfig(1, rblock, max(1, min(traits.max_warps, rblock // 1024)))
+
+
+def heuristic_config(traits: LaunchTraits, kind: str, xnumel: int, rnumel: int, reductions: int = 1) -> LaunchConfig:
+    """Block sizes and warps from the sizes (and, for persistent kernels, how many
+    row reductions they chain).  Tiled kernels: xnumel is the tile's ynumel (the
+    YBLOCK axis), rnumel its xnumel (the XBLOCK axis).  "columns": a looped
+    reduction down the columns of what it reads (kernel_model.reads_down_columns)."""
+    return _heuristic(traits, kind, xnumel, rnumel, reductions)[0]
+
+
+def _heuristic(t: LaunchTraits, kind: str, xnumel: int, rnumel: int, reductions: int) -> tuple[LaunchConfig, LaunchRule]:
+    x = next_power_of_2(max(xnumel, 1))
+    if kind == "tiled":
+        yb, xb = min(t.tile_block, x), min(t.tile_block, next_power_of_2(rnumel))
+        return LaunchConfig(xb, 0, 4 if yb * xb <= 2048 else 8, yb), LaunchRule.TILED
+    if kind == "pointwise":
+        xblock = min(t.pointwise_block, max(x, t.min_block))
+        return LaunchConfig(xblock, 0, max(1, min(4, xblock // 256))), LaunchRule.POINTWISE
+    if kind == "persistent":
+        if reductions >= t.chain_reductions:
+            return chain_config(t, rnumel), LaunchRule.CHAINED
+        rblock = next_power_of_2(rnumel)
+        xblock = max(1, min(x, t.persistent_rows, t.persistent_elements // rblock))
+        return LaunchConfig(xblock, rblock, warps(xblock * rblock // 2, t.max_warps)), LaunchRule.PERSISTENT
+    if kind == "columns":  # neighbouring columns side by side: coalesced
+        xblock = min(x, t.column_block)
+        rblock = min(next_power_of_2(rnumel), t.column_elements // xblock)
+        return LaunchConfig(xblock, rblock, warps(xblock * rblock)), LaunchRule.COLUMNS
+    if x <= t.few_rows:
+        rblock = min(t.few_rows_block, next_power_of_2(rnumel))
+        return LaunchConfig(1, rblock, warps(rblock, t.max_warps)), LaunchRule.FEW_ROWS
+    rblock = min(t.loop_block, next_power_of_2(rnumel))
+    xblock = max(1, min(x, t.loop_block // rblock))
+    if rnumel >= t.unaligned_rows_min and rnumel % 8:
+        return LaunchConfig(xblock, rblock, t.max_warps), LaunchRule.UNALIGNED
+    return LaunchConfig(xblock, rblock, warps(xblock * rblock)), LaunchRule.LOOPED
+
+
+# the configs autotuning times after the heuristic's: (YBLOCK, XBLOCK, warps) of a
+# tile, (XBLOCK, warps) of a pointwise kernel, (XBLOCK, RBLOCK, warps) down columns,
+# (XBLOCK, RBLOCK) of a looped reduction, each clipped to the sizes
+TILED_CANDIDATES = ((32, 32, 4), (64, 64, 4), (64, 64, 8), (32, 128, 4), (128, 32, 4), (64, 128, 8))
+POINTWISE_CANDIDATES = ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8))
+COLUMN_CANDIDATES = ((32, 64, 4), (64, 32, 4), (32, 128, 8), (64, 64, 8), (16, 128, 4), (128, 16, 4))
+PERSISTENT_ROWS = (1, 2, 4, 8, 16, 32, 64)
+PERSISTENT_MAX_TILE = 16384
+LOOPED_CANDIDATES = ((1, 2048), (1, 1024), (4, 512), (8, 256), (16, 128), (64, 64))
+
+
+def candidate_configs(traits: LaunchTraits, kind: str, xnumel: int, rnumel: int,
+                      reductions: int = 1) -> tuple[LaunchConfig, ...]:
+    """A handful of configs to time, the heuristic one first."""
+    x = next_power_of_2(max(xnumel, 1))
+    out = [heuristic_config(traits, kind, xnumel, rnumel, reductions)]
+    if kind == "tiled":
+        c = next_power_of_2(rnumel)
+        for yb, xb, w in TILED_CANDIDATES:
+            out.append(LaunchConfig(min(xb, c), 0, w, max(traits.min_block, min(yb, x))))
+    elif kind == "pointwise":
+        for xb, w in POINTWISE_CANDIDATES:
+            out.append(LaunchConfig(min(xb, max(x, traits.min_block)), 0, w))
+    elif kind == "columns":
+        r = next_power_of_2(rnumel)
+        for xb, rb, w in COLUMN_CANDIDATES:
+            out.append(LaunchConfig(min(xb, x), min(rb, r), w))
+    elif kind == "persistent":
+        rb = next_power_of_2(rnumel)
+        for xb in PERSISTENT_ROWS:
+            if xb <= x and xb * rb <= PERSISTENT_MAX_TILE:
+                out.append(LaunchConfig(xb, rb, warps(xb * rb, traits.max_warps)))
+        out.append(chain_config(traits, rnumel))
+    else:
+        r = next_power_of_2(rnumel)
+        for xb, rb in LOOPED_CANDIDATES:
+            out.append(LaunchConfig(min(xb, x), min(rb, r), warps(min(xb, x) * min(rb, r))))
+    return tuple(dict.fromkeys(out))
+
+
+def tails(traits: LaunchTraits, kind: str, xnumel: int, rnumel: int, reductions: int) -> Tails:
+    """Whether any config a launch may use (the heuristic's, or one autotuning
+    tries) leaves a partial block of xnumel (outer) or rnumel (inner): where none
+    does, that mask is a constant True and Triton drops the masking.  Tiled
+    kernels: xnumel is ynumel (YBLOCK), rnumel the tile's xnumel (XBLOCK)."""
+    cfgs = candidate_configs(traits, kind, xnumel, rnumel, reductions)
+    if kind == "tiled":
+        return Tails(not all(xnumel % c.yblock == 0 for c in cfgs), not all(rnumel % c.xblock == 0 for c in cfgs))
+    inner = kind == "pointwise" or not all(rnumel % c.rblock == 0 for c in cfgs)
+    return Tails(not all(xnumel % c.xblock == 0 for c in cfgs), inner)
+
+
+def launch(traits: LaunchTraits, name: str, kind: str, xnumel: int, rnumel: int, reductions: int,
+           space_tile: Tiled | None) -> KernelLaunch:
+    """The one launch of a kernel that is not split: its heuristic config, grid
+    and why (kind: the kernel's config kind, KernelSpec.config_kind)."""
+    if space_tile is not None:
+        ny, nx = space_tile.ynumel, space_tile.xnumel
+        cfg, rule = _heuristic(traits, "tiled", ny, nx, 1)
+        why = (f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, each access along its contiguous axis; "
+               + ("programs start down the columns, as the output is written" if space_tile.transposed
+                  else "programs start along the rows"))
+        return KernelLaunch(name, (cdiv(nx, cfg.xblock), cdiv(ny, cfg.yblock), 1), (ny, nx), cfg, rule, why)
+    cfg, rule = _heuristic(traits, kind, xnumel, rnumel, reductions)
+    if rule is LaunchRule.POINTWISE:
+        why = f"{cfg.xblock} elements a program, {cfg.xblock / (32 * cfg.num_warps):g} a thread"
+    elif rule is LaunchRule.CHAINED:
+        why = (f"{reductions} chained row reductions (>= {traits.chain_reductions}): one row a program, "
+               f"{cfg.num_warps} warp(s), so each reduction stays within few warps")
+    elif rule is LaunchRule.PERSISTENT:
+        why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
+    elif rule is LaunchRule.COLUMNS:
+        why = (f"reduced down the columns of what it reads: {cfg.xblock} neighbouring columns a program, "
+               f"{cfg.rblock} rows a step")
+    else:
+        why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
+    sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
+    return KernelLaunch(name, (cdiv(xnumel, cfg.xblock), 1, 1), sizes, cfg, rule, why)
+
+
+def combine_name(kernel: str) -> str:
+    return f"{kernel}_combine"
+
+
+def split_launches(name: str, split: Split, rblock: int, traits: SplitTraits) -> tuple[KernelLaunch, ...]:
+    """A split reduction's two launches: the partial results of every chunk, then
+    their combination, a row (a block of columns) a program."""
+    rows, rnumel = split.xnumel, split.rnumel
+    blocks = split.row_blocks()
+    if split.xblock > 1:
+        why = (f"{rows} columns reduced down {rnumel} rows: {split.parts} programs a block of "
+               f"{split.xblock} columns each reduce {split.chunk} rows into workspaces")
+        merge = f"one program a block of {split.xblock} columns merges its partials in a fixed order"
+    else:
+        why = (f"{rows} row(s) (<= {traits.max_rows}) of {rnumel} (>= {traits.row_min}): {split.parts} "
+               f"programs a row each reduce {split.chunk} elements into workspaces")
+        merge = "one program a row merges its partials in a fixed order"
+    combine_rblock = next_power_of_2(split.parts)
+    return (
+        KernelLaunch(name, (split.parts, blocks, 1), (rows, rnumel),
+                     LaunchConfig(split.xblock, rblock, warps(split.xblock * rblock)), LaunchRule.SPLIT, why),
+        KernelLaunch(combine_name(name), (blocks, 1, 1), (rows, rnumel),
+                     LaunchConfig(split.xblock, combine_rblock, warps(split.xblock * combine_rblock)),
+                     LaunchRule.COMBINE, merge),
+    )

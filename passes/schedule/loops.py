@@ -1,0 +1,156 @@
+"""Where each node of a row kernel runs: the stages of a kernel, the loop each node
+belongs to (`loop_levels`), what each reduction loop recomputes, and which sums
+run online in their max's loop.
+
+A looped reduction reads its rows in RBLOCK steps.  A node runs in the first loop
+after every reduction it depends on is finished; per-row values (outer nodes,
+reduction results) live between loops, inner values are recomputed from their
+bodies in each loop that needs them rather than kept across loops (a loop's
+`computes`).  A sum of exp(v - max v) over the row (softmax, log-softmax,
+cross_entropy) runs in its max's own loop as an online softmax where the target
+has it (`online_sums`): each step rescales the lanes' sums to the row's running
+max, which is also the max node's value, so the row is read once for both.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from coil.ir.expr import Cast, Expr, Load, Op, masked_value, rewrite
+from coil.ir.kernel import Accumulator, Body, KernelNode, Loop, Outer, Role, Stage, Update
+
+
+def expanded(nodes: Sequence[KernelNode], body: Expr) -> Expr:
+    """`body` with the inner nodes of this kernel it reads replaced by their own
+    (expanded) bodies, cast to their buffers' dtypes as a store would."""
+    inner = {n.name: n for n in nodes if n.role is Role.INNER}
+
+    def fn(e: Expr) -> Expr | None:
+        if isinstance(e, Load) and e.name in inner:
+            n = inner[e.name]
+            sub = expanded(nodes, n.body)
+            sub = sub if sub.dtype == n.dtype else Cast(sub, n.dtype)
+            return sub if e.mask is None else masked_value(sub, e.mask)
+        return None
+
+    return rewrite(body, fn)
+
+
+def online_sums(nodes: Sequence[KernelNode]) -> dict[str, str]:
+    """Sum reductions of exp(v - m), m the max reduction of the same v in this
+    kernel: sum node -> max node.  Floating v only."""
+    maxes = {n.name: n for n in nodes if n.reduction_type == "max" and n.body.dtype.is_floating_point}
+    out: dict[str, str] = {}
+    for b in nodes:
+        if b.reduction_type != "sum" or not maxes:
+            continue
+        e = expanded(nodes, b.body)
+        if not (isinstance(e, Op) and e.name == "exp" and isinstance(e.args[0], Op) and e.args[0].name == "sub"):
+            continue
+        v, m = e.args[0].args
+        if (isinstance(m, Load) and m.name in maxes and m.dtype == e.dtype == v.dtype
+                and expanded(nodes, maxes[m.name].body) == v):
+            out[b.name] = m.name
+    return out
+
+
+def loop_levels(nodes: Sequence[KernelNode], online: Mapping[str, str]) -> dict[str, int]:
+    """For inner and reduction nodes, the loop they run in; for outer nodes, the
+    loop before which they run.  A node comes after every loop whose reduction it
+    reads (directly, or through the inner nodes it recomputes); an online sum runs
+    in its max's loop."""
+    role = {n.name: n.role for n in nodes}
+    level: dict[str, int] = {}
+    for b in nodes:
+        if b.name in online:
+            level[b.name] = level[online[b.name]]
+            continue
+        level[b.name] = max((level[d] + (1 if role[d] is Role.REDUCTION else 0) for d in b.deps), default=0)
+    return level
+
+
+def needed(nodes: Sequence[KernelNode], roots: Sequence[str], online: Mapping[str, str]) -> set[str]:
+    """Roots plus the inner nodes they read, transitively (recomputed in the loop);
+    an online sum reads its max's value instead of its own body."""
+    by_name = {n.name: n for n in nodes}
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in online:
+            stack.append(online[n])
+            continue
+        stack += [d for d in by_name[n].deps if by_name[d].role is Role.INNER]
+    return seen
+
+
+def looped_stages(nodes: Sequence[KernelNode], online: Mapping[str, str]) -> tuple[Stage, ...]:
+    """Outer 0, Loop 0, Outer 1, Loop 1, ..., Outer n (the empty ones left out).  A
+    loop computes its reductions and the inner nodes it stores, and the inner nodes
+    they read; a max with online sums keeps no lane accumulator of its own (its
+    value is the running row max they share)."""
+    level = loop_levels(nodes, online)
+    looped = [level[n.name] for n in nodes if n.role is not Role.OUTER]
+    loops = max(looped) + 1 if looped else 0
+    stages: list[Stage] = []
+    for k in range(loops + 1):
+        outer = tuple(n.name for n in nodes if n.role is Role.OUTER and level[n.name] == k)
+        if outer:
+            stages.append(Outer(k, outer))
+        if k == loops:
+            break
+        here = [n for n in nodes if n.role is not Role.OUTER and level[n.name] == k]
+        if not here:
+            continue
+        roots = [n.name for n in here if n.role is Role.REDUCTION or n.store is not None]
+        computes = needed(nodes, roots, online) if roots else set()
+        stages.append(Loop(k, tuple(n.name for n in here), tuple(n.name for n in nodes if n.name in computes),
+                           _accumulators([n for n in here if n.role is Role.REDUCTION], online)))
+    return tuple(_second_passes(nodes, stages))
+
+
+def _accumulators(reds: Sequence[KernelNode], online: Mapping[str, str]) -> tuple[Accumulator, ...]:
+    sums = {n.name: online[n.name] for n in reds if n.name in online}
+    first_sum = {m: s for s, m in reversed(sums.items())}
+    out = []
+    for n in reds:
+        rt = n.reduction_type
+        assert rt is not None
+        if n.name in sums:
+            out.append(Accumulator(n.name, rt, Update.ONLINE_SUM, sums[n.name]))
+        elif n.name in first_sum:
+            out.append(Accumulator(n.name, rt, Update.ROW_MAX, first_sum[n.name]))
+        else:
+            out.append(Accumulator(n.name, rt, Update.LANES))
+    return tuple(out)
+
+
+def _second_passes(nodes: Sequence[KernelNode], stages: list[Stage]) -> list[Stage]:
+    """Mark the accumulators whose value a later loop reads: the row is read again
+    after they are reduced (a split kernel cannot have them)."""
+    deps = {n.name: n.deps for n in nodes}
+    out: list[Stage] = []
+    for i, st in enumerate(stages):
+        if isinstance(st, Loop) and st.accumulators:
+            later = {d for s in stages[i + 1:] if isinstance(s, Loop) for c in s.computes for d in deps[c]}
+            st = Loop(st.level, st.nodes, st.computes,
+                      tuple(Accumulator(a.node, a.reduction_type, a.update, a.partner, a.node in later)
+                            for a in st.accumulators))
+        out.append(st)
+    return out
+
+
+def single_scope(nodes: Sequence[KernelNode]) -> tuple[Stage, ...]:
+    """A pointwise, tiled or persistent kernel: one scope, every value in registers."""
+    return (Body(tuple(n.name for n in nodes)),)
+
+
+def has_bool_extreme(nodes: Sequence[KernelNode]) -> bool:
+    """A max or min of bools (their partial results would be int1 tiles, which
+    Triton's tl.max does not take)."""
+    return any(n.body.dtype == torch.bool and n.reduction_type in ("max", "min") for n in nodes)

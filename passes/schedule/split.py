@@ -1,0 +1,95 @@
+"""Split reductions: a reduction of a few long rows (a full sum, a loss's mean,
+per-sample norms of a small batch) spread over many programs, then combined.
+
+One program per row is how every other reduction kernel runs; for a kernel with
+one long row that leaves one SM doing the work (a latency-bound gather per
+element, as cross_entropy's final mean has, took 20 us that way on an H200 for
+16,384 rows).  A kernel of at most `max_rows` rows of at least `row_min` elements
+(SplitTraits) runs in two launches: (parts, rows) programs each reduce a chunk of
+a row into workspaces, then one program a row combines the row's partial results
+and computes the per-row nodes that follow.
+
+A reduction down the columns of what it reads (x.sum(0) of a row-major x:
+kernel_model.reads_down_columns) splits the same way, over blocks of
+`column_xblock` neighbouring columns instead of single rows, when its columns are
+long and its column blocks too few to fill the GPU: each step is then a coalesced
+tile of a block of columns.
+
+Only single-loop kernels split: no online softmax, no row-wide value after a
+reduction (those need the reduced value back in every program), no max/min of
+bools.  The order of the additions is fixed, so results do not vary from run to
+run.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import torch
+
+from coil.ir.kernel import Loop, Role, Split, Stage
+from coil.ir.kernel import KernelNode
+from coil.options import SplitTraits
+from coil.passes.schedule.launch import cdiv, next_power_of_2
+from coil.passes.schedule.loops import has_bool_extreme
+
+
+def result_dtype(reduction_type: str, value: torch.dtype) -> torch.dtype:
+    if reduction_type in ("argmax", "argmin"):
+        return torch.int64
+    if reduction_type in ("any", "all"):
+        return torch.bool
+    return value
+
+
+def work_dtype(dt: torch.dtype) -> torch.dtype:
+    """bool compares and reduces as int8 (Triton's tl.max has no int1 form)."""
+    return torch.int8 if dt == torch.bool else dt
+
+
+def partial_dtypes(reduction_type: str, dt: torch.dtype) -> list[torch.dtype]:
+    """The dtype of each partial result one program stores for the combine: one per
+    reduction, three for Welford's mean / M2 / count, two for argmax's value and
+    index."""
+    match reduction_type:
+        case "welford_m2":
+            return [dt, dt, dt]
+        case "argmax" | "argmin":
+            return [work_dtype(dt), torch.int64]
+    return [result_dtype(reduction_type, dt)]
+
+
+@attrs.frozen
+class SplitPlan:
+    """A split and the RBLOCK of its first launch (its steps along a chunk)."""
+
+    space: Split
+    rblock: int
+
+
+def plan_split(nodes: Sequence[KernelNode], stages: Sequence[Stage], group: tuple[int, int], columns: bool,
+               traits: SplitTraits) -> SplitPlan | None:
+    """The split of a looped reduction kernel whose rows are few and long (or whose
+    columns are long: `columns`), or None when it runs one program a row."""
+    loops = [s for s in stages if isinstance(s, Loop)]
+    reds = [n for n in nodes if n.role is Role.REDUCTION]
+    if not reds or len(loops) != 1 or loops[0].level != 0 or has_bool_extreme(reds):
+        return None
+    if any(a.partner is not None for a in loops[0].accumulators):  # an online softmax
+        return None
+    rows, rnumel = group
+    workspaces = tuple((n.name, dt) for n in reds for dt in partial_dtypes(n.reduction_type or "", n.body.dtype))
+    if columns:
+        xblock = min(traits.column_xblock, next_power_of_2(rows))
+        rblock = traits.column_xblock * traits.column_rblock // xblock  # narrow blocks take more rows a step
+        # at most max_column_parts partials a column: the combine holds XBLOCK x parts of them
+        per_block = min(traits.max_column_parts, traits.programs // cdiv(rows, xblock))
+        if per_block < 2 or rnumel < traits.column_min:
+            return None  # enough column blocks to fill the GPU, or short columns: one loop a block
+        chunk = max(rblock, traits.min_column_chunk, next_power_of_2(cdiv(rnumel, per_block)))
+        return SplitPlan(Split(rows, rnumel, cdiv(rnumel, chunk), chunk, xblock, True, workspaces), rblock)
+    per_row = max(1, min(traits.max_parts, traits.programs // rows))
+    chunk = max(traits.min_chunk, next_power_of_2(cdiv(rnumel, per_row)))
+    return SplitPlan(Split(rows, rnumel, cdiv(rnumel, chunk), chunk, 1, False, workspaces),
+                     min(chunk, traits.max_rblock))

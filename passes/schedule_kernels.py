@@ -1,0 +1,169 @@
+"""schedule_kernels : MemoryPlan -> KernelProgram
+
+Every decision a fused kernel needs before a backend can spell it, made once, by
+one policy, from the target's frozen traits (coil/options.py: TargetTraits):
+
+- each node's role and its body in kernel coordinates (kernel_model.var_map; a
+  tiled kernel's yindex, xindex), and where it is stored, if at all;
+- the iteration space: flat, tiled (tiling.py: a transposed read), rows held
+  whole or looped, down the columns of what it reads (kernel_model
+  .reads_down_columns), or split over many programs (split.py);
+- the stages: one scope, or outer stages and reduction loops with their
+  accumulators, online softmax included (loops.py);
+- the launches, their configs and tails, and the rule that chose each (launch.py).
+
+A decision whose trait is None is left to the target's renderer: the C++ target
+gets the nodes, spaces and stages, and no launches or tails (its loop nests,
+vector lanes and row scratch are still its own, backends/cpp).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+import sympy
+import torch
+
+from coil.ir.buffers import ComputedBuffer
+from coil.ir.expr import Cast, Expr, read_names, rewrite, substitute_symbols
+from coil.ir.fused import FusedKernel
+from coil.ir.kernel import (
+    RINDEX,
+    Flat,
+    KernelLaunch,
+    KernelNode,
+    KernelProgram,
+    KernelSpec,
+    Param,
+    Role,
+    Split,
+    Rows,
+    Space,
+    Stage,
+    Tails,
+    Tiled,
+)
+from coil.ir.layout import Layout
+from coil.ir.memory import MemoryPlan
+from coil.options import Options, TargetTraits
+from coil.passes.kernel_model import (
+    kernel_buffers,
+    kernel_layouts,
+    kernel_params,
+    node_role,
+    reads_down_columns,
+    splits_rows,
+    store_position,
+    var_map,
+)
+from coil.passes.schedule import launch, loops, split, tiling
+
+# index math in int64 from this offset or iteration space on
+INT32_LIMIT = 2**31
+
+
+def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
+    """One KernelSpec per fused kernel of the plan, in plan order."""
+    g = plan.schedule.graph
+    layouts = kernel_layouts(g)
+    traits = options.traits()
+    drop = traits.keeps_float32_between_ops and not options.emulate_precision_casts
+    specs = tuple(schedule_kernel(k, kernel_buffers(k, g), kernel_params(k, g, plan.removed), layouts, traits, drop)
+                  for k in plan.schedule.kernels)
+    return KernelProgram(plan, specs)
+
+
+def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[Param, ...],
+                    layouts: Mapping[str, Layout], traits: TargetTraits, drop_round_trips: bool) -> KernelSpec:
+    """One kernel's spec (drop_round_trips: its bodies keep float32 between ops)."""
+    n, r = k.group
+    stored = {p.name for p in params if p.role != "in"}
+    tile = None
+    if k.kind == "pointwise" and traits.tiles is not None:
+        tile = tiling.tiling(bufs, layouts, stored, n, traits.tiles)
+    nodes = tuple(_node(k, b, tile, b.name in stored, drop_round_trips) for b in bufs)
+    space: Space
+    if k.kind != "reduction":
+        space = tile if tile is not None else Flat(n, r) if k.kind == "pointwise" else Rows(n, r, False)
+        stages = loops.single_scope(nodes)
+        return _launched(k, space, params, nodes, stages, layouts, traits)
+    online = loops.online_sums(nodes) if traits.online_softmax else {}
+    stages = loops.looped_stages(nodes, online)
+    columns = traits.column_loop_min is not None and reads_down_columns(bufs, layouts, k.group)
+    space = Rows(n, r, True, columns)
+    splits = traits.splits
+    if splits is not None and n > 0 and (columns or splits_rows(k.group, splits)):
+        plan = split.plan_split(nodes, stages, k.group, columns, splits)
+        if plan is not None:
+            return _launched(k, plan.space, params, nodes, stages, layouts, traits, plan.rblock)
+    return _launched(k, space, params, nodes, stages, layouts, traits)
+
+
+def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tuple[KernelNode, ...],
+              stages: tuple[Stage, ...], layouts: Mapping[str, Layout], traits: TargetTraits,
+              split_rblock: int = 0) -> KernelSpec:
+    """The spec with its launches and tails, where the target plans them (none for
+    a kernel with nothing to compute)."""
+    spec = KernelSpec(k.name, k.kind, k.group, layouts[k.nodes[0]].device, space, params, nodes, stages,
+                      _largest(k, params, layouts) >= INT32_LIMIT, None, ())
+    lt = traits.launch
+    n, r = k.group
+    if lt is None or n == 0:
+        return spec
+    launches: tuple[KernelLaunch, ...]
+    match space:
+        case Split():
+            assert traits.splits is not None
+            launches = launch.split_launches(k.name, space, split_rblock, traits.splits)
+            tails = Tails(n % space.xblock != 0, True)
+        case Tiled():
+            launches = (launch.launch(lt, k.name, "tiled", n, r, spec.reductions, space),)
+            tails = launch.tails(lt, "tiled", space.ynumel, space.xnumel, 1)
+        case _:
+            kind = spec.config_kind
+            launches = (launch.launch(lt, k.name, kind, n, r, spec.reductions, None),)
+            tails = launch.tails(lt, kind, n, r, spec.reductions)
+    return attrs.evolve(spec, tails=tails, launches=launches)
+
+
+def _largest(k: FusedKernel, params: tuple[Param, ...], layouts: Mapping[str, Layout]) -> int:
+    """The largest offset a kernel computes: its parameters' storage or its space."""
+    return max([layouts[p.name].storage_size() for p in params] + [k.group[0] * max(k.group[1], 1)])
+
+
+def _node(k: FusedKernel, b: ComputedBuffer, tile: Tiled | None, stored: bool, drop: bool) -> KernelNode:
+    """b in kernel coordinates: its role, body and store position (from the start of
+    its buffer's view)."""
+    if tile is not None:
+        m = tiling.tiled_map(b, tile)
+        role = Role.TILED
+        store = tiling.store_offset(b, tile, m) if stored else None
+    else:
+        found = node_role(b, k.group)
+        assert found is not None, f"{b.name} does not fit {k.name}'s group {k.group}"
+        role = Role(found)
+        m = var_map(b, k.group)
+        if k.kind == "pointwise":  # reductions over <= 1 element: r* = 0
+            m = {s: e.xreplace({RINDEX: sympy.Integer(0)}) for s, e in m.items()}
+        store = store_position(b, k.group) if stored else None
+    body = substitute_symbols(b.body, m)
+    if drop:
+        body = drop_round_trips(body)
+    inside = set(k.nodes)
+    deps = tuple(dict.fromkeys(d for d in read_names(b.body) if d in inside and d != b.name))
+    return KernelNode(b.name, role, body, b.layout.dtype, b.reduction_type,
+                      None if store is None else sympy.expand(store - b.layout.offset), b.origins, deps)
+
+
+def drop_round_trips(body: Expr) -> Expr:
+    """float32 -> float16/bfloat16 -> float32 inside a body is the float32 value
+    itself (no rounding between fused ops, as Inductor computes them)."""
+
+    def fn(e: Expr) -> Expr | None:
+        if (isinstance(e, Cast) and e.dtype == torch.float32 and isinstance(e.arg, Cast)
+                and e.arg.dtype in (torch.float16, torch.bfloat16) and e.arg.arg.dtype == torch.float32):
+            return e.arg.arg
+        return None
+
+    return rewrite(body, fn)
