@@ -85,8 +85,11 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         if not _static(example_inputs):
             log.warning("coil: %s graph has symbolic shapes; running it eagerly", kind)
             return gm.forward
+        opts = options
+        if kind == "forward" and opts.prefers_channels_last() and _has_convolution(gm):
+            opts = opts.replace(free_output_strides=_saved_outputs(gm))
         try:
-            compiled = compile_graph(gm, list(example_inputs), options, kind=kind)
+            compiled = compile_graph(gm, list(example_inputs), opts, kind=kind)
         except CoilError as e:
             if not options.eager_fallback:
                 raise
@@ -94,6 +97,8 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
             log.warning("coil: %s graph cannot be compiled, running it eagerly: %s", kind, e)
             return gm.forward
         log.debug("coil: compiled %s graph (%d nodes)", kind, len(gm.graph.nodes))
+        if kind == "forward":
+            _report_output_strides(compiled)
         # a forward or inference graph takes the Dynamo graph's inputs, which Dynamo's
         # guards have just checked (CompiledFn.call_guarded); a backward graph's are checked
         call = compiled.call_guarded if kind != "backward" else compiled.call_boxed
@@ -108,6 +113,50 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         return _boxed(compiled, call)
 
     return compile_one
+
+
+def _has_convolution(gm: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and n.target is torch.ops.aten.convolution.default for n in gm.graph.nodes)
+
+
+def _saved_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """The positions of a training forward's outputs that AOTAutograd saves for
+    the backward (not the user's outputs, nor mutated inputs): their strides are
+    coil's to choose, as Inductor chooses them (its user-visible outputs alone keep
+    eager's strides).  () where this torch's metadata does not say."""
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    outputs = [n for n in gm.graph.nodes if n.op == "output"]
+    if meta is None or not outputs:
+        return ()
+    try:
+        saved = meta.tensors_saved_for_backwards_slice
+    except (AttributeError, AssertionError, TypeError):
+        return ()
+    n = len(torch.utils._pytree.tree_leaves(outputs[0].args[0]))
+    return tuple(range(n))[saved]
+
+
+def _report_output_strides(compiled: Any) -> None:
+    """Tell AOTAutograd the strides of the forward's outputs, as Inductor does
+    (TracingContext.output_strides), so the backward graph is compiled for the
+    saved activations as they are (channels-last ones, say), not as eager has them."""
+    from torch._guards import TracingContext
+
+    from coil.ir.wrapper import Return
+
+    ctx = TracingContext.try_get()
+    strides = getattr(ctx, "output_strides", None)
+    if strides is None or strides:
+        return
+    program = compiled.module.program
+    returns = [line for line in program.lines if isinstance(line, Return)]
+    if not returns:
+        return
+    for name in returns[-1].names:
+        strides.append(None if name is None else tuple(program.layout(name).stride))
 
 
 def _partition_fn() -> Callable[..., Any]:

@@ -37,9 +37,13 @@ convolution:
 
 Graph outputs keep eager's strides: realize copies an output laid out otherwise
 into the strides the FX graph promises (rule `output_stride`).  A graph that
-returns rank-4 tensors of the channels-last region (a training forward's saved
-activations) is left as it is: a copy of each
-output a call costs more than the convolutions gain (`_kept_outputs`).
+returns rank-4 tensors of the channels-last region is left as it is (a copy of
+each output a call costs more than the convolutions gain: `_kept_outputs`),
+except for the outputs whose strides are free (Options.free_output_strides): a
+training forward's saved activations, which the torch.compile backend marks and
+whose strides it reports back to AOTAutograd, as Inductor does.  The backward
+graph then gets them channels-last, and its convolution_backward runs
+channels-last too (its incoming gradient made so), where its forward did.
 
 Whether the rewrite runs is the target's trait, `Options.prefers_channels_last()`
 (on for the C++ target, whose convolutions are mkldnn's; off elsewhere until
@@ -63,16 +67,22 @@ from coil.options import Options
 log = logging.getLogger("coil.trace")
 
 # the 2-d convolutions: (kernel, positions of the arguments that are activations).
-# Not convolution_backward: a backward graph reads its activations as saved by the
-# forward, in eager's strides (see _kept_outputs), so it would copy each of them
+# convolution_backward reads the incoming gradient and the forward's input; a
+# training forward saves that input channels-last when its strides are coil's to
+# choose (Options.free_output_strides), so the backward reads it as it is
 CONVOLUTIONS: dict[str, tuple[int, ...]] = {
     "aten.convolution.default": (0,),
+    "aten.convolution_backward.default": (0, 1),
 }
-# the arguments a convolution gets channels-last: its input and its weight (mkldnn
-# reorders a contiguous weight for a channels-last input on every call: ResNet's
-# twelve convolutions at the CPU size, one thread, 845 µs contiguous, 957 µs with a
-# channels-last input alone, 680 µs with the weight channels-last too)
-CHANNELS_LAST_ARGS = (0, 1)
+# the arguments each convolution gets channels-last: the forward's input and weight
+# (mkldnn reorders a contiguous weight for a channels-last input on every call:
+# ResNet's twelve convolutions at the CPU size, one thread, 845 µs contiguous, 957
+# µs with a channels-last input alone, 680 µs with the weight channels-last too);
+# the backward's gradient and input (its weight is read as the forward's parameter)
+CHANNELS_LAST_ARGS: dict[str, tuple[int, ...]] = {
+    "aten.convolution.default": (0, 1),
+    "aten.convolution_backward.default": (0, 1),
+}
 # their tensors' rank: the permutation below is for 2-d images
 RANK = 4
 # (N, C, H, W) -> (N, H, W, C): the new node's dim k is the old node's dim PERM[k]
@@ -91,8 +101,15 @@ def _permutable(size: tuple[int, ...]) -> bool:
 
 
 def _convolutions(g: LoweredGraph) -> list[Extern]:
+    """The 2-d convolutions to run channels-last.  A backward's only where its
+    forward went channels-last (some rank-4 input of the graph comes in so): else
+    its saved activations are in eager's strides, and copying them costs more."""
+    forward_went = any(isinstance(n, Input) and _permutable(n.layout.size)
+                       and n.layout.stride == channels_last_strides(n.layout.size) for n in g.nodes)
     out = []
     for n in g.nodes:
+        if isinstance(n, Extern) and n.kernel == "aten.convolution_backward.default" and not forward_went:
+            continue
         if isinstance(n, Extern) and n.kernel in CONVOLUTIONS:
             acts = [n.args[i] for i in CONVOLUTIONS[n.kernel]]
             if all(isinstance(a, TensorRef) and len(g.node(a.name).size) == RANK for a in acts):
@@ -132,7 +149,11 @@ def preferred(g: LoweredGraph, convs: list[Extern]) -> set[str]:
         for r in aligned_reads(n):
             readers.setdefault(r, []).append(n.name)
     up = [a.name for c in convs for i in CONVOLUTIONS[c.kernel] for a in (c.args[i],) if isinstance(a, TensorRef)]
-    down = [c.name for c in convs]
+    # a convolution's result: the Extern's own, or the first of a tuple (the
+    # backward's gradient of its input)
+    conv_names = {c.name for c in convs}
+    down = [c.name for c in convs] + [n.name for n in g.nodes if isinstance(n, MultiOutput)
+                                      and n.extern in conv_names and n.index == (0,)]
     out: set[str] = set()
     while up:
         name = up.pop()
@@ -160,14 +181,19 @@ def _permuted(n: Pointwise | Reduction, name: str) -> Pointwise | Reduction:
 
 
 def _kept_outputs(g: LoweredGraph, prefer: set[str]) -> list[str]:
-    """Graph outputs of rank 4 that would be channels-last: each must come back in
+    """Graph outputs of rank 4 that would be channels-last and must come back in
     eager's strides, a copy a call.  A training forward returns its saved
-    activations so; there the copies cost more than the convolutions gain
+    activations so unless their strides are free (Options.free_output_strides, set
+    by the torch.compile backend, which reports the strides chosen to AOTAutograd);
+    where they are not, the copies cost more than the convolutions gain
     (MobileNetV2 at the CPU size, one thread, module times with the forward and
     backward both channels-last: forward 5.7 -> 8.0 ms, backward 7.0 -> 10.8 ms of
     externs), so such a graph is left contiguous."""
     out = []
-    for o in g.outputs:
+    strides = g.output_strides or (None,) * len(g.outputs)
+    for o, st in zip(g.outputs, strides):
+        if st is None:  # free: the graph hands it out in whatever strides it has
+            continue
         n = g.node(o) if o is not None else None
         if n is None or o not in prefer or (isinstance(n, Extern) and n.layout is None):
             continue
@@ -192,9 +218,10 @@ def _fresh(name: str, taken: set[str]) -> str:
     return out
 
 
-def _meta_layout(ext: Extern, layouts: dict[str, Layout], device: str) -> Layout:
+def _meta_layout(ext: Extern, layouts: dict[str, Layout], device: str) -> Layout | tuple[Layout | None, ...]:
     """The Extern's result layout as its meta function gives it for its
-    arguments' layouts."""
+    arguments' layouts (a tuple of them, None for a result that is not a tensor,
+    for an Extern that returns several)."""
 
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
@@ -210,9 +237,16 @@ def _meta_layout(ext: Extern, layouts: dict[str, Layout], device: str) -> Layout
     # its result's memory format by the device (meta tensors come back contiguous)
     with unset_fake_temporarily(), FakeTensorMode():
         out = resolve_kernel(ext.kernel)(*[fake(a) for a in ext.args], **{k: fake(v) for k, v in ext.kwargs})
+    def layout(t: Any) -> Layout | None:
+        return Layout(tuple(t.shape), tuple(t.stride()), t.dtype, device) if isinstance(t, torch.Tensor) else None
+
+    if isinstance(out, (tuple, list)):
+        return tuple(layout(t) for t in out)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{ext.kernel} returned {type(out).__name__}")
-    return Layout(tuple(out.shape), tuple(out.stride()), out.dtype, device)
+    lay = layout(out)
+    assert lay is not None
+    return lay
 
 
 def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
@@ -233,6 +267,8 @@ def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
     layouts: dict[str, Layout] = {}
     nodes: list[LNode] = []
     conv_names = {c.name for c in convs}
+    # the layouts a tuple-returning convolution's meta function gives its results, by index
+    results: dict[str, dict[tuple[int, ...], Layout]] = {}
     for n in g.nodes:
         if isinstance(n, (Pointwise, Reduction)) and n.name in prefer and _permutable(n.size):
             inner = _permuted(n, _fresh(f"{n.name}__cl", taken))
@@ -241,7 +277,9 @@ def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
             log.debug("prefer_channels_last %s -> %s over %s", n.name, inner.name, list(inner.ranges))
             continue
         if isinstance(n, Extern) and n.name in conv_names:
-            n = _channels_last_conv(n, layouts, nodes, taken)
+            n = _channels_last_conv(n, layouts, nodes, taken, results)
+        elif isinstance(n, MultiOutput) and n.index in results.get(n.extern, {}):
+            n = MultiOutput(n.name, n.extern, n.index, results[n.extern][n.index], n.origin, n.op)
         nodes.append(n)
         match n:
             case Input() | MultiOutput():
@@ -253,11 +291,13 @@ def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
     return LoweredGraph(tuple(nodes), g.outputs, g.output_strides)
 
 
-def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode], taken: set[str]) -> Extern:
+def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode], taken: set[str],
+                        results: dict[str, dict[tuple[int, ...], Layout]]) -> Extern:
     """The convolution reading a channels-last copy of an input that is not one,
-    with the layout its meta function gives."""
+    with the layout its meta function gives (for a tuple result, into `results`,
+    which the MultiOutputs that follow take)."""
     args = list(c.args)
-    for i in CHANNELS_LAST_ARGS:
+    for i in CHANNELS_LAST_ARGS[c.kernel]:
         ref = args[i]
         if not isinstance(ref, TensorRef):
             continue
@@ -276,11 +316,18 @@ def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode
         args[i] = TensorRef(view.name)
         log.debug("prefer_channels_last %s reads a channels-last copy of %s (%s)", c.name, ref.name, copy.name)
     c = Extern(c.name, c.kernel, tuple(args), c.kwargs, c.layout, c.origin, c.op, c.mutated, c.sized_by_data)
-    if c.layout is None:
-        return c
+    device = c.layout.device if c.layout is not None else _device_of(c, layouts)
     try:
-        result = _meta_layout(c, layouts, c.layout.device)
+        result = _meta_layout(c, layouts, device)
     except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:  # keep the traced layout
         log.debug("prefer_channels_last %s: no meta layout (%s)", c.name, e)
         return c
-    return Extern(c.name, c.kernel, c.args, c.kwargs, result, c.origin, c.op, c.mutated, c.sized_by_data)
+    if isinstance(result, Layout):
+        return Extern(c.name, c.kernel, c.args, c.kwargs, result, c.origin, c.op, c.mutated, c.sized_by_data)
+    results[c.name] = {(k,): lay for k, lay in enumerate(result) if lay is not None}
+    return c
+
+
+def _device_of(c: Extern, layouts: dict[str, Layout]) -> str:
+    refs = [a for a in c.args if isinstance(a, TensorRef)]
+    return layouts[refs[0].name].device

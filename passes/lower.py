@@ -336,6 +336,9 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
             raise CoilError(f"unsupported FX op {n.op}", stage="lower", node=n.name)
     if len(output_strides) != len(outputs):
         output_strides = (None,) * len(outputs)
+    if options.free_output_strides:  # strides coil may choose (a training forward's saved activations)
+        free = set(options.free_output_strides)
+        output_strides = tuple(None if i in free else st for i, st in enumerate(output_strides))
     return prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides), options)
 
 

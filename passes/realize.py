@@ -213,6 +213,10 @@ class _Realizer:
         self.full_readers = _full_readers(g)
         self.pos = {n.name: i for i, n in enumerate(g.nodes)}
         self.outputs = set(o for o in g.outputs if o is not None)
+        # outputs whose strides coil chooses (Options.free_output_strides): a view of
+        # a computed node among them is handed out as an alias of that node, realized
+        self.free_outputs = {g.outputs[i] for i in options.free_output_strides
+                             if i < len(g.outputs) and g.outputs[i] is not None}
         self.out_stride = {o: st for o, st in zip(g.outputs, g.output_strides) if o is not None and st is not None}
         self.mutations = [(self.pos[n.name], m) for n in g.nodes if isinstance(n, Extern) for m in n.mutated]
 
@@ -313,6 +317,10 @@ class _Realizer:
             return "output"
         if any(isinstance(self.g.node(r), Extern) for r in readers) and not isinstance(node, View):
             return "extern_input"
+        if any(r in self.free_outputs and isinstance(self.g.node(r), View) for r in readers) \
+                and not isinstance(node, View):
+            # a channels-last node whose (N, C, H, W) view is saved for the backward
+            return "free_output_base"
         if not readers:
             return None
         rule = self.multi_reader_rule(node.name, body) if not isinstance(node, View) else None

@@ -181,3 +181,64 @@ def test_conv_net_through_torch_compile_matches_eager() -> None:
     torch.testing.assert_close(got_loss, loss)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref[n], msg=n)
+
+
+def test_free_output_strides_let_a_forward_save_channels_last() -> None:
+    """A training forward whose saved activations are coil's to lay out
+    (Options.free_output_strides, which the torch.compile backend sets for them)
+    computes them channels-last and hands them out so: no copy back to eager's."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.conv2d(x, w).relu()
+        return y.sum(), y
+
+    inputs = [torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)]
+    g = _lower(fn, inputs, free_output_strides=(1,))
+    assert any(n.name.endswith("__cl") for n in g.nodes)
+    assert g.output_strides[1] is None
+    if target_available("cpp"):
+        gm = make_fx(fn)(*inputs)
+        compiled = coil.compile_graph(gm, inputs, options=coil.Options(target="cpp", free_output_strides=(1,)))
+        total, y = compiled(*inputs)
+        torch.testing.assert_close(y, fn(*inputs)[1])
+        assert y.stride() == channels_last_strides(tuple(y.shape))
+
+
+@pytest.mark.skipif(not target_available("cpp"), reason="no C++ compiler")
+def test_training_step_saves_channels_last_and_the_backward_reads_it() -> None:
+    """Through torch.compile: the forward reports its outputs' strides to
+    AOTAutograd (channels-last saved activations), the backward graph is compiled
+    for them, its convolution_backward reads a channels-last gradient and input,
+    and the gradients equal eager's."""
+    torch.manual_seed(0)
+    model = _ConvNet()
+    x = torch.randn(2, 3, 16, 16)
+    compiled_graphs: list[tuple[str, object]] = []
+    real = coil.compile_graph
+
+    def spy(*a: object, **k: object) -> object:
+        out = real(*a, **k)  # type: ignore[arg-type]
+        compiled_graphs.append((str(k.get("kind")), out))
+        return out
+
+    torch._dynamo.reset()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(coil, "compile_graph", spy)
+        compiled = torch.compile(model, backend="coil",
+                                 options={"target": "cpp", "eager_fallback": False, "graph_cache": False})
+        got = compiled(x).square().sum()
+        got.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    want = model(x).square().sum()
+    want.backward()
+    torch.testing.assert_close(got, want)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, msg=n)
+    kinds = dict(compiled_graphs)
+    backward = kinds["backward"]
+    cl_inputs = [lay for lay in backward.input_layouts  # type: ignore[attr-defined]
+                 if len(lay.size) == 4 and lay.size[1] > 1 and lay.stride == channels_last_strides(lay.size)]
+    assert cl_inputs, "the backward got no channels-last saved activation"
+    source = backward.source  # type: ignore[attr-defined]
+    assert "convolution_backward" in source
