@@ -1,5 +1,7 @@
 """`show(ir) -> str`: every IR language as text a person can read.  Shared
-subtrees of a body print once, as numbered temporaries."""
+subtrees of a body print once, as numbered temporaries.  This module prints the
+front half of the chain (printer_back the rest); which function prints which
+language is the table in coil.ir.registry."""
 
 from __future__ import annotations
 
@@ -10,25 +12,17 @@ from coil.ir.expr import Expr, dtype_name, result_name, show_expr
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, Pointwise, Reduction, TensorRef, View
 from coil.ir.schedule import ScheduleGraph
 
-PRINTERS: dict[type, Callable[[Any], str]] = {}
 
+def printer_of(ir: Any) -> Callable[[Any], str] | None:
+    """The printer of ir's language, or None when coil knows no such language."""
+    from coil.ir.registry import PRINTERS  # imported here: the table imports this module's printers
 
-def printer(cls: type) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
-    def deco(fn: Callable[[Any], str]) -> Callable[[Any], str]:
-        PRINTERS[cls] = fn
-        return fn
-
-    return deco
+    return PRINTERS.get(type(ir))
 
 
 def show(ir: Any) -> str:
     """Print any IR language (LoweredGraph ... CompiledModule)."""
-    fn = PRINTERS.get(type(ir))
-    if fn is None:
-        # later languages register their printers on import
-        import coil.ir.printer_back  # noqa: F401
-
-        fn = PRINTERS.get(type(ir))
+    fn = printer_of(ir)
     if fn is None:
         raise TypeError(f"no printer for {type(ir).__name__}")
     return fn(ir)
@@ -51,7 +45,6 @@ def fmt_size(size: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(s) for s in size) + "]"
 
 
-@printer(LoweredGraph)
 def show_lowered(g: LoweredGraph) -> str:
     out = ["LoweredGraph"]
     for n in g.nodes:
@@ -83,7 +76,6 @@ def show_lowered(g: LoweredGraph) -> str:
     return "\n".join(out)
 
 
-@printer(BufferGraph)
 def show_buffers(g: BufferGraph) -> str:
     out = ["BufferGraph"]
     for i in g.inputs:
@@ -107,7 +99,6 @@ def show_buffers(g: BufferGraph) -> str:
     return "\n".join(out)
 
 
-@printer(ScheduleGraph)
 def show_schedule(g: ScheduleGraph) -> str:
     out = ["ScheduleGraph"]
     for n in g.nodes:

@@ -1,12 +1,12 @@
 """Printers for the back half of the chain: FusedSchedule, MemoryPlan,
-WrapperProgram, CompiledModule."""
+WrapperProgram, CompiledModule (listed in coil.ir.registry)."""
 
 from __future__ import annotations
 
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, NopStep
 from coil.ir.memory import MemoryPlan
 from coil.ir.module import CompiledModule
-from coil.ir.printer import fmt_arg, printer
+from coil.ir.printer import fmt_arg
 from coil.ir.wrapper import (
     Alloc,
     ExternCall,
@@ -35,7 +35,6 @@ def step_label(step: object) -> str:
     return repr(step)
 
 
-@printer(FusedSchedule)
 def show_fused(s: FusedSchedule) -> str:
     out = ["FusedSchedule"]
     out += ["  " + step_label(st) for st in s.steps]
@@ -46,7 +45,6 @@ def show_fused(s: FusedSchedule) -> str:
     return "\n".join(out)
 
 
-@printer(MemoryPlan)
 def show_plan(p: MemoryPlan) -> str:
     cands = ", ".join(f"{n}={b}" for n, b in p.candidates)
     out = [f"MemoryPlan order={p.strategy} peak_bytes={p.peak_bytes}" + (f" (candidates: {cands})" if cands else "")]
@@ -63,7 +61,6 @@ def show_plan(p: MemoryPlan) -> str:
     return "\n".join(out)
 
 
-@printer(WrapperProgram)
 def show_wrapper(w: WrapperProgram) -> str:
     out = [f"WrapperProgram({', '.join(w.inputs)})"]
     for ln in w.lines:
@@ -89,6 +86,5 @@ def show_wrapper(w: WrapperProgram) -> str:
     return "\n".join(out)
 
 
-@printer(CompiledModule)
 def show_module(m: CompiledModule) -> str:
     return m.source

@@ -19,7 +19,8 @@ ScheduleGraph
   S1 one node per buffer, in buffer order
   S2 every dep names an input or a buffer defined before the node (WeakDeps: any)
   S3 a node's writes include itself
-The later languages register their checks in `coil.ir.verify_back`.
+The later languages' checks are in `coil.ir.verify_back`; which function checks
+which language is the table in `coil.ir.registry`.
 """
 
 from __future__ import annotations
@@ -35,19 +36,9 @@ from coil.ir.expr import REDUCTION_TYPES, Expr, IndexExpr, IndirectLoad, Load, w
 from coil.ir.lowered import LoweredGraph, Pointwise, Reduction, View, extern_tensor_names, Extern, MultiOutput
 from coil.ir.schedule import ScheduleGraph, WeakDep
 
-VERIFIERS: dict[type, Callable[[Any, str], None]] = {}
-
 
 class VerifyError(CoilError):
     """A broken IR invariant."""
-
-
-def verifier(cls: type) -> Callable[[Callable[[Any, str], None]], Callable[[Any, str], None]]:
-    def deco(fn: Callable[[Any, str], None]) -> Callable[[Any, str], None]:
-        VERIFIERS[cls] = fn
-        return fn
-
-    return deco
 
 
 class UnknownLanguage(TypeError):
@@ -56,13 +47,11 @@ class UnknownLanguage(TypeError):
 
 
 def verifier_of(ir: Any) -> Callable[[Any, str], None] | None:
-    """The verifier of ir's language, or None when coil knows no such language."""
-    fn = VERIFIERS.get(type(ir))
-    if fn is None:
-        import coil.ir.verify_back  # noqa: F401
+    """The verifier of ir's language, or None when coil knows no such language:
+    a lookup in one table, so a TypeError from here is never the verifier's own."""
+    from coil.ir.registry import VERIFIERS  # imported here: the table imports this module's verifiers
 
-        fn = VERIFIERS.get(type(ir))
-    return fn
+    return VERIFIERS.get(type(ir))
 
 
 def verify(ir: Any, stage: str = "?") -> None:
@@ -110,7 +99,6 @@ def _bad_mask(body: Expr) -> str | None:
     return None
 
 
-@verifier(LoweredGraph)
 def verify_lowered(g: LoweredGraph, stage: str) -> None:
     seen: dict[str, int] = {}
     for n in g.nodes:
@@ -146,7 +134,6 @@ def verify_lowered(g: LoweredGraph, stage: str) -> None:
             fail(g, stage, o, "L4 output names no node")
 
 
-@verifier(BufferGraph)
 def verify_buffers(g: BufferGraph, stage: str) -> None:
     rank: dict[str, int] = {i.name: len(i.layout.size) for i in g.inputs}
     for k, b in enumerate(g.buffers):
@@ -176,7 +163,6 @@ def verify_buffers(g: BufferGraph, stage: str) -> None:
             fail(g, stage, o, "B2 output names no buffer")
 
 
-@verifier(ScheduleGraph)
 def verify_schedule(g: ScheduleGraph, stage: str) -> None:
     if tuple(n.name for n in g.nodes) != tuple(b.name for b in g.graph.buffers):
         fail(g, stage, g.nodes[0].name if g.nodes else "?", "S1 nodes do not match buffers one to one")

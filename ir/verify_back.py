@@ -1,5 +1,6 @@
-"""Verifiers for the back half: they run coil.ir.invariants, the same checks
-users run on their own passes (coil.properties.invariants re-exports them).
+"""Verifiers for the back half (listed in coil.ir.registry): they run
+coil.ir.invariants, the same checks users run on their own passes
+(coil.properties.invariants re-exports them).
 
 FusedSchedule   F1 each scheduler node in exactly one step; order topological
 MemoryPlan      M1 removed buffers are never allocated or freed; M2 no name freed twice
@@ -12,12 +13,11 @@ from __future__ import annotations
 from coil.ir.fused import FusedSchedule
 from coil.ir.memory import MemoryPlan
 from coil.ir.module import CompiledModule
-from coil.ir.verify import fail, verifier
+from coil.ir.verify import fail
 from coil.ir.wrapper import WrapperProgram
 from coil.ir.invariants import InvariantError, check_all, check_schedule_topological
 
 
-@verifier(FusedSchedule)
 def verify_fused(s: FusedSchedule, stage: str) -> None:
     try:
         check_schedule_topological(s)
@@ -25,7 +25,6 @@ def verify_fused(s: FusedSchedule, stage: str) -> None:
         fail(s, stage, s.steps[0].nodes[0] if s.steps else "?", f"F1 {e}")
 
 
-@verifier(MemoryPlan)
 def verify_plan(p: MemoryPlan, stage: str) -> None:
     freed: set[str] = set()
     for ps in p.steps:
@@ -38,7 +37,6 @@ def verify_plan(p: MemoryPlan, stage: str) -> None:
             freed.add(n)
 
 
-@verifier(WrapperProgram)
 def verify_wrapper(w: WrapperProgram, stage: str) -> None:
     try:
         check_all(w)
@@ -46,7 +44,6 @@ def verify_wrapper(w: WrapperProgram, stage: str) -> None:
         fail(w, stage, "WrapperProgram", str(e))
 
 
-@verifier(CompiledModule)
 def verify_module(m: CompiledModule, stage: str) -> None:
     try:
         compile(m.source, "<output_code.py>", "exec")

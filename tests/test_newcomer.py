@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -296,19 +297,22 @@ def test_a_checker_that_returns_what_it_got_is_fine() -> None:
 
 
 def test_a_verifiers_own_type_error_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coil.ir import registry
     from coil.ir.fused import FusedSchedule
-    from coil.ir.verify import VERIFIERS, UnknownLanguage, verifier_of, verify
-
-    verifier_of(FusedSchedule.__new__(FusedSchedule))  # registers the back half's verifiers
+    from coil.ir.verify import UnknownLanguage, verify
 
     def broken(ir: Any, stage: str) -> None:
         raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
 
-    monkeypatch.setitem(VERIFIERS, FusedSchedule, broken)
+    monkeypatch.setitem(registry.VERIFIERS, FusedSchedule, broken)  # type: ignore[index]
     gm, inputs = _seed()
     with pytest.raises(coil.CoilError) as info:
         coil.default_pipeline().run(gm, inputs, options=coil.Options(target="reference"))
     assert info.value.stage == "fuse"
     assert "verifying FusedSchedule: TypeError: unsupported operand" in str(info.value)
+    # the verifier's own error is the cause, with its traceback down to the line that raised
+    cause = info.value.__cause__
+    assert type(cause) is TypeError
+    assert traceback.extract_tb(cause.__traceback__)[-1].name == "broken"
     with pytest.raises(UnknownLanguage, match="no verifier for dict"):
         verify({}, "x")

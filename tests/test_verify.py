@@ -131,3 +131,13 @@ def test_buffers_mask_that_is_not_bool_or_uses_foreign_symbols():
     bad = attrs.evolve(g, buffers=(attrs.evolve(b0, body=_masked(b0.body, foreign)),) + g.buffers[1:])
     with pytest.raises(VerifyError, match="buf0: B4 uses symbol r5 outside its loops"):
         verify(bad, "realize")
+
+
+def test_every_language_of_the_chain_has_a_printer_and_a_verifier():
+    """The registry is one explicit table: each language a default stage returns
+    has its row there, whatever modules happen to have been imported."""
+    from coil.ir.registry import LANGUAGES, PRINTERS, VERIFIERS
+    from coil.passes.pipeline import stage_languages
+
+    assert [lang.cls for lang in LANGUAGES] == list(stage_languages()[1].values())
+    assert set(PRINTERS) == set(VERIFIERS) == {lang.cls for lang in LANGUAGES}
