@@ -9,11 +9,23 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import attrs
+
 from coil.errors import CoilError
 from coil.options import Options
-from coil.passes.pipeline import Pipeline, default_pipeline
+from coil.passes.pipeline import Pipeline
 
 __all__ = ["CoilError", "Options", "Pipeline", "backend", "compile_graph", "default_pipeline"]
+
+
+def default_pipeline() -> Pipeline:
+    """The default passes with coil's observers: Options.debug_dir's files (one
+    folder per graph) and Options.dump_sources's source (process replay)."""
+    from coil.graph_cache import dump_sources_observer
+    from coil.passes.pipeline import default_pipeline as default_passes
+    from coil.report import debug_dir_observer
+
+    return attrs.evolve(default_passes(), observers=(debug_dir_observer, dump_sources_observer))
 
 
 def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | None = None,

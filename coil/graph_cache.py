@@ -50,6 +50,7 @@ import torch
 
 from coil.ir.module import CompiledModule
 from coil.options import Options
+from coil.passes.pipeline import Run, StageHook
 
 log = logging.getLogger("coil")
 
@@ -239,6 +240,18 @@ def dump_source(source: str, gm: torch.fx.GraphModule, example_inputs: Sequence[
         _write_dump(folder, name, source)
     except OSError as e:  # a folder that cannot be written: the compile goes on, the log says so
         log.warning("coil: cannot dump a source to %s: %s", folder, e)
+
+
+def dump_sources_observer(run: Run) -> StageHook | None:
+    """Options.dump_sources as a pipeline observer: kernel_gen's source, dumped."""
+    if not (run.options.dump_sources or os.environ.get("COIL_DUMP_SOURCES")):
+        return None
+
+    def hook(index: int, stage: str, ir: Any) -> None:
+        if stage == "kernel_gen" and hasattr(ir, "source"):
+            dump_source(ir.source, run.gm, run.example_inputs, run.options)
+
+    return hook
 
 
 def _write_dump(folder: str, name: str, source: str) -> None:

@@ -17,6 +17,7 @@ what it is given.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any, Callable, Sequence
@@ -28,8 +29,9 @@ from coil.ir.buffers import AliasBuffer, BufferGraph, ExternBuffer, InputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, NopStep, Step
 from coil.ir.memory import MemoryPlan
 from coil.ir.module import CompiledModule
-from coil.ir.printer import realize_table, show
+from coil.ir.printer import printer_of, realize_table, show
 from coil.ir.schedule import ScheduleGraph
+from coil.passes.pipeline import Run, StageHook
 
 MIB = 1 << 20
 
@@ -406,11 +408,18 @@ def write_debug_dir(index: int, stage: str, ir: Any, directory: str) -> None:
     (realize_table.txt, read_writes.txt, fusion_log.txt, memory_plan.txt,
     lifetimes.png, output_code.py)."""
     os.makedirs(directory, exist_ok=True)
-    try:
-        text = show(ir)
-    except TypeError:
-        text = repr(ir)  # a user's stage may return a language coil cannot print
+    show_ir = printer_of(ir)
+    text = repr(ir) if show_ir is None else show_ir(ir)  # a user's stage may return a language coil cannot print
     _write(directory, f"{index:02d}_{stage}.txt", text)
     extra = DEBUG_EXTRAS.get(type(ir))
     if extra is not None:
         extra(ir, directory)
+
+
+def debug_dir_observer(run: Run) -> StageHook | None:
+    """Options.debug_dir as a pipeline observer: a new folder for the run's graph
+    (named by its kind), then each stage's files in it."""
+    if not run.options.debug_dir:
+        return None
+    directory = new_graph_dir(run.options.debug_dir, run.kind)
+    return functools.partial(write_debug_dir, directory=directory)

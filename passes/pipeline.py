@@ -1,12 +1,14 @@
-"""Pipeline: a flat tuple of named passes with a between-pass callback that
-verifies, traces and dumps.  `replace` and `insert_after` return new pipelines."""
+"""Pipeline: a flat tuple of named passes, run in order, with a between-pass step
+that verifies and traces, and observers that see each stage's IR (coil's write
+Options.debug_dir's files and Options.dump_sources's; coil.default_pipeline adds
+them).  `replace` and `insert_after` return new pipelines."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
 import attrs
 import torch
@@ -14,9 +16,53 @@ import torch
 from coil.errors import CoilError
 from coil.options import Options
 
+if TYPE_CHECKING:
+    from coil.ir.buffers import BufferGraph
+    from coil.ir.fused import FusedSchedule
+    from coil.ir.lowered import LoweredGraph
+    from coil.ir.kernel import KernelProgram
+    from coil.ir.memory import MemoryPlan
+    from coil.ir.module import CompiledModule
+    from coil.ir.schedule import ScheduleGraph
+    from coil.ir.wrapper import WrapperProgram
+    from coil.passes.lower import FxGraph
+
 log = logging.getLogger("coil.trace")
 
-Pass = Callable[[Any, Options], Any]
+In = TypeVar("In", contravariant=True)
+Out = TypeVar("Out", covariant=True)
+
+
+class Pass(Protocol[In, Out]):
+    """A pass from language In to language Out: `def name(ir: In, options) -> Out`,
+    pure.  A user's pass of any parameter names fits; Pass[Any, Any] is any pass."""
+
+    def __call__(self, ir: In, options: Options, /) -> Out: ...
+
+
+# the default stages, by the languages they read and return
+Lower = Pass["FxGraph", "LoweredGraph"]
+Realize = Pass["LoweredGraph", "BufferGraph"]
+ExtractDeps = Pass["BufferGraph", "ScheduleGraph"]
+Fuse = Pass["ScheduleGraph", "FusedSchedule"]
+PlanMemory = Pass["FusedSchedule", "MemoryPlan"]
+ScheduleKernels = Pass["MemoryPlan", "KernelProgram"]
+Wrap = Pass["KernelProgram", "WrapperProgram"]
+KernelGen = Pass["WrapperProgram", "CompiledModule"]
+
+
+@attrs.frozen
+class Run:
+    """What one Pipeline.run compiles, handed to each observer as the run starts."""
+
+    gm: torch.fx.GraphModule
+    example_inputs: tuple[Any, ...]
+    options: Options  # its target resolved
+    kind: str  # forward, backward, inference or graph: names the graph's debug_dir folder
+
+
+StageHook = Callable[[int, str, Any], None]  # after each stage: (its index, its name, the IR it returned)
+Observer = Callable[[Run], "StageHook | None"]  # per run: its stage hook, or None when it has nothing to do
 
 
 def resolve_target(options: Options, example_inputs: Sequence[Any]) -> Options:
@@ -39,7 +85,12 @@ def enable_trace() -> None:
 
 @attrs.frozen
 class Pipeline:
-    passes: tuple[tuple[str, Pass], ...]
+    """The passes, and the observers each run hands every stage's IR to (after it is
+    verified).  A pipeline made from `coil.default_pipeline()` keeps its observers
+    through replace and insert_after; one built from bare passes has none."""
+
+    passes: tuple[tuple[str, Pass[Any, Any]], ...]
+    observers: tuple[Observer, ...] = ()
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -50,22 +101,21 @@ class Pipeline:
             raise KeyError(f"no stage {name!r}; stages are {self.stages}")
         return self.stages.index(name)
 
-    def replace(self, name: str, fn: Pass) -> "Pipeline":
+    def replace(self, name: str, fn: Pass[Any, Any]) -> Pipeline:
         i = self._index(name)
-        return Pipeline(self.passes[:i] + ((name, fn),) + self.passes[i + 1 :])
+        return attrs.evolve(self, passes=self.passes[:i] + ((name, fn),) + self.passes[i + 1 :])
 
-    def insert_after(self, name: str, fn: Pass, new_name: str | None = None) -> "Pipeline":
+    def insert_after(self, name: str, fn: Pass[Any, Any], new_name: str | None = None) -> Pipeline:
         i = self._index(name)
         label = new_name or str(getattr(fn, "__name__", "custom"))
-        return Pipeline(self.passes[: i + 1] + ((label, fn),) + self.passes[i + 1 :])
+        return attrs.evolve(self, passes=self.passes[: i + 1] + ((label, fn),) + self.passes[i + 1 :])
 
     def run(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], until: str | None = None,
             options: Options | None = None, *, kind: str = "graph") -> Any:
         """Run the stages in order; return the IR after stage `until` (the
-        CompiledModule when None).  With Options.debug_dir, this graph's files go
-        to a folder of their own, `<debug_dir>/<n>_<kind>` (kind: forward, backward
-        or inference through torch.compile)."""
-        from coil.ir.verify import VerifyError, verifier_of
+        CompiledModule when None).  `kind` (forward, backward or inference through
+        torch.compile) is handed to the observers: the debug_dir observer names this
+        graph's folder `<debug_dir>/<n>_<kind>` by it."""
         from coil.passes.lower import FxGraph
 
         options = resolve_target(options or Options.from_env(), example_inputs)
@@ -73,11 +123,8 @@ class Pipeline:
             self._index(until)
         if options.trace:
             enable_trace()
-        debug_dir = None
-        if options.debug_dir:
-            from coil.report import new_graph_dir
-
-            debug_dir = new_graph_dir(options.debug_dir, kind)
+        run = Run(gm, tuple(example_inputs), options, kind)
+        hooks = [h for h in (observe(run) for observe in self.observers) if h is not None]
         ir: Any = FxGraph(gm, tuple(example_inputs))
         for i, (name, fn) in enumerate(self.passes):
             t0 = time.perf_counter()
@@ -91,22 +138,10 @@ class Pipeline:
                 raise CoilError(f"{type(e).__name__}: {e}", stage=name) from e
             log.debug("stage %s done in %.1f ms -> %s", name, 1e3 * (time.perf_counter() - t0), type(ir).__name__)
             self._check_language(i, ir)
-            check = verifier_of(ir) if options.verify else None  # None too: a language coil does not know
-            if check is not None:
-                try:
-                    check(ir, name)
-                except VerifyError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - a verifier that breaks on this IR names the stage
-                    raise CoilError(f"verifying {type(ir).__name__}: {type(e).__name__}: {e}", stage=name) from e
-            if debug_dir is not None:
-                from coil.report import write_debug_dir
-
-                write_debug_dir(i, name, ir, debug_dir)
-            if name == "kernel_gen" and hasattr(ir, "source"):
-                from coil.graph_cache import dump_source
-
-                dump_source(ir.source, gm, example_inputs, options)
+            if options.verify:
+                verify_stage(ir, name)
+            for hook in hooks:
+                hook(i, name, ir)
             if name == until:
                 return ir
         return ir
@@ -131,11 +166,30 @@ class Pipeline:
                             stage=name)
 
 
+def verify_stage(ir: Any, stage: str) -> None:
+    """Run the verifier of ir's language (none for a language coil does not know: a
+    user's stage may return one).  A broken invariant is the verifier's VerifyError;
+    any other exception is a bug in the verifier itself, raised as a CoilError that
+    names the stage, with the verifier's exception and traceback as its cause."""
+    from coil.ir.verify import VerifyError, verifier_of
+
+    check = verifier_of(ir)
+    if check is None:
+        return
+    try:
+        check(ir, stage)
+    except VerifyError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a verifier that breaks on this IR names the stage
+        raise CoilError(f"verifying {type(ir).__name__}: {type(e).__name__}: {e}", stage=stage) from e
+
+
 @functools.lru_cache(maxsize=1)
 def stage_languages() -> tuple[dict[str, type], dict[str, type]]:
     """The default stages' languages: (what each reads, what each returns)."""
     from coil.ir.buffers import BufferGraph
     from coil.ir.fused import FusedSchedule
+    from coil.ir.kernel import KernelProgram
     from coil.ir.lowered import LoweredGraph
     from coil.ir.memory import MemoryPlan
     from coil.ir.module import CompiledModule
@@ -145,7 +199,8 @@ def stage_languages() -> tuple[dict[str, type], dict[str, type]]:
 
     chain: tuple[tuple[str, type], ...] = (
         ("lower", LoweredGraph), ("realize", BufferGraph), ("extract_deps", ScheduleGraph),
-        ("fuse", FusedSchedule), ("plan_memory", MemoryPlan), ("wrap", WrapperProgram),
+        ("fuse", FusedSchedule), ("plan_memory", MemoryPlan), ("schedule_kernels", KernelProgram),
+        ("wrap", WrapperProgram),
         ("kernel_gen", CompiledModule),
     )
     reads = {name: (FxGraph if k == 0 else chain[k - 1][1]) for k, (name, _) in enumerate(chain)}
@@ -153,22 +208,27 @@ def stage_languages() -> tuple[dict[str, type], dict[str, type]]:
 
 
 def default_pipeline() -> Pipeline:
+    """The default passes alone; `coil.default_pipeline()` adds coil's observers
+    (Options.debug_dir, Options.dump_sources).  Each pass is typed by its stage, so
+    the type checker holds it to the languages that stage reads and returns."""
     from coil.passes.extract_deps import extract_deps
     from coil.passes.fuse import fuse
     from coil.passes.kernel_gen import kernel_gen
     from coil.passes.lower import lower
     from coil.passes.plan_memory import plan_memory
     from coil.passes.realize import realize
+    from coil.passes.schedule_kernels import schedule_kernels
     from coil.passes.wrap import wrap
 
-    return Pipeline(
-        (
-            ("lower", lower),
-            ("realize", realize),
-            ("extract_deps", extract_deps),
-            ("fuse", fuse),
-            ("plan_memory", plan_memory),
-            ("wrap", wrap),
-            ("kernel_gen", kernel_gen),
-        )
+    stages: tuple[tuple[str, Lower], tuple[str, Realize], tuple[str, ExtractDeps], tuple[str, Fuse],
+                  tuple[str, PlanMemory], tuple[str, ScheduleKernels], tuple[str, Wrap], tuple[str, KernelGen]] = (
+        ("lower", lower),
+        ("realize", realize),
+        ("extract_deps", extract_deps),
+        ("fuse", fuse),
+        ("plan_memory", plan_memory),
+        ("schedule_kernels", schedule_kernels),
+        ("wrap", wrap),
+        ("kernel_gen", kernel_gen),
     )
+    return Pipeline(stages)

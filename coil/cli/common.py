@@ -10,6 +10,7 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, Sequence, TypeVar
 
+import attrs
 import torch
 
 from coil.errors import CoilError
@@ -100,14 +101,15 @@ def run_stages(pipeline: Pipeline, gm: torch.fx.GraphModule, inputs: Sequence[An
     wrapped to keep its output, so Pipeline.run still verifies, traces and dumps."""
     outputs: dict[str, Any] = {}
 
-    def keeping(name: str, fn: Pass) -> Pass:
+    def keeping(name: str, fn: Pass[Any, Any]) -> Pass[Any, Any]:
         def stage(ir: Any, o: Options) -> Any:
             outputs[name] = fn(ir, o)
             return outputs[name]
 
         return stage
 
-    Pipeline(tuple((n, keeping(n, fn)) for n, fn in pipeline.passes)).run(gm, inputs, until=until, options=options)
+    kept = attrs.evolve(pipeline, passes=tuple((n, keeping(n, fn)) for n, fn in pipeline.passes))
+    kept.run(gm, inputs, until=until, options=options)
     return outputs
 
 

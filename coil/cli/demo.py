@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
+from coil import default_pipeline
 from coil.cli.common import describe_inputs, fx_listing, ir_of, run_stages, trace
 from coil.errors import CoilError
 from coil.ir.buffers import BufferGraph
@@ -28,7 +29,6 @@ from coil.ir.module import CompiledModule
 from coil.ir.printer import show
 from coil.ir.schedule import ScheduleGraph
 from coil.options import TARGETS, Options
-from coil.passes.pipeline import default_pipeline
 from coil.report import fusion_report, last_usage_report, peak_report, read_writes_report, realize_report, section
 
 

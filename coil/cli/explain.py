@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from coil import default_pipeline
 from coil.cli.common import USAGE_ERROR, describe_inputs, fx_listing, ir_of, load_function, run_stages, trace
 from coil.errors import CoilError
 from coil.ir.buffers import BufferGraph
@@ -23,7 +24,7 @@ from coil.ir.memory import MemoryPlan
 from coil.ir.printer import show
 from coil.ir.wrapper import WrapperProgram
 from coil.options import TARGETS, Options
-from coil.passes.pipeline import default_pipeline, resolve_target
+from coil.passes.pipeline import resolve_target
 from coil.report import extern_report, full_report, lifetime_chart, section, table
 
 
