@@ -124,7 +124,7 @@ def cpp_available() -> str | None:
     """None when coil's C++ backend imports and builds; else why not."""
     try:
         import coil.backends.cpp.codegen  # noqa: F401
-        from coil.passes.kernel_gen import backend_for
+        from coil.backends.kernel_gen import backend_for
 
         backend_for("cpp")
     except Exception as e:  # noqa: BLE001 - any failure means: not usable

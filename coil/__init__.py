@@ -19,13 +19,15 @@ __all__ = ["CoilError", "Options", "Pipeline", "backend", "compile_graph", "defa
 
 
 def default_pipeline() -> Pipeline:
-    """The default passes with coil's observers: Options.debug_dir's files (one
-    folder per graph) and Options.dump_sources's source (process replay)."""
+    """The default passes and the backends' kernel_gen, with coil's observers:
+    Options.debug_dir's files (one folder per graph) and Options.dump_sources's
+    source (process replay)."""
+    from coil.backends.kernel_gen import kernel_gen
     from coil.graph_cache import dump_sources_observer
     from coil.passes.pipeline import default_pipeline as default_passes
     from coil.report import debug_dir_observer
 
-    return attrs.evolve(default_passes(), observers=(debug_dir_observer, dump_sources_observer))
+    return attrs.evolve(default_passes(kernel_gen), observers=(debug_dir_observer, dump_sources_observer))
 
 
 def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | None = None,

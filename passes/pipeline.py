@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from coil.ir.buffers import BufferGraph
     from coil.ir.fused import FusedSchedule
     from coil.ir.lowered import LoweredGraph
-    from coil.ir.kernel import KernelProgram
     from coil.ir.memory import MemoryPlan
     from coil.ir.module import CompiledModule
     from coil.ir.schedule import ScheduleGraph
@@ -46,8 +45,7 @@ Realize = Pass["LoweredGraph", "BufferGraph"]
 ExtractDeps = Pass["BufferGraph", "ScheduleGraph"]
 Fuse = Pass["ScheduleGraph", "FusedSchedule"]
 PlanMemory = Pass["FusedSchedule", "MemoryPlan"]
-ScheduleKernels = Pass["MemoryPlan", "KernelProgram"]
-Wrap = Pass["KernelProgram", "WrapperProgram"]
+Wrap = Pass["MemoryPlan", "WrapperProgram"]
 KernelGen = Pass["WrapperProgram", "CompiledModule"]
 
 
@@ -189,7 +187,6 @@ def stage_languages() -> tuple[dict[str, type], dict[str, type]]:
     """The default stages' languages: (what each reads, what each returns)."""
     from coil.ir.buffers import BufferGraph
     from coil.ir.fused import FusedSchedule
-    from coil.ir.kernel import KernelProgram
     from coil.ir.lowered import LoweredGraph
     from coil.ir.memory import MemoryPlan
     from coil.ir.module import CompiledModule
@@ -199,35 +196,33 @@ def stage_languages() -> tuple[dict[str, type], dict[str, type]]:
 
     chain: tuple[tuple[str, type], ...] = (
         ("lower", LoweredGraph), ("realize", BufferGraph), ("extract_deps", ScheduleGraph),
-        ("fuse", FusedSchedule), ("plan_memory", MemoryPlan), ("schedule_kernels", KernelProgram),
-        ("wrap", WrapperProgram),
+        ("fuse", FusedSchedule), ("plan_memory", MemoryPlan), ("wrap", WrapperProgram),
         ("kernel_gen", CompiledModule),
     )
     reads = {name: (FxGraph if k == 0 else chain[k - 1][1]) for k, (name, _) in enumerate(chain)}
     return reads, dict(chain)
 
 
-def default_pipeline() -> Pipeline:
-    """The default passes alone; `coil.default_pipeline()` adds coil's observers
-    (Options.debug_dir, Options.dump_sources).  Each pass is typed by its stage, so
-    the type checker holds it to the languages that stage reads and returns."""
+def default_pipeline(kernel_gen: KernelGen) -> Pipeline:
+    """The default passes, ending with the backends' stage, `kernel_gen`, handed in
+    (passes/ imports no backend); `coil.default_pipeline()` hands in
+    coil.backends.kernel_gen and adds coil's observers (Options.debug_dir,
+    Options.dump_sources).  Each pass is typed by its stage, so the type checker
+    holds it to the languages that stage reads and returns."""
     from coil.passes.extract_deps import extract_deps
     from coil.passes.fuse import fuse
-    from coil.passes.kernel_gen import kernel_gen
     from coil.passes.lower import lower
     from coil.passes.plan_memory import plan_memory
     from coil.passes.realize import realize
-    from coil.passes.schedule_kernels import schedule_kernels
     from coil.passes.wrap import wrap
 
     stages: tuple[tuple[str, Lower], tuple[str, Realize], tuple[str, ExtractDeps], tuple[str, Fuse],
-                  tuple[str, PlanMemory], tuple[str, ScheduleKernels], tuple[str, Wrap], tuple[str, KernelGen]] = (
+                  tuple[str, PlanMemory], tuple[str, Wrap], tuple[str, KernelGen]] = (
         ("lower", lower),
         ("realize", realize),
         ("extract_deps", extract_deps),
         ("fuse", fuse),
         ("plan_memory", plan_memory),
-        ("schedule_kernels", schedule_kernels),
         ("wrap", wrap),
         ("kernel_gen", kernel_gen),
     )

@@ -26,7 +26,7 @@ from coil.backends.runtime import load_module
 from coil.ir.buffers import BufferGraph
 from coil.ir.lowered import TensorRef
 from coil.ir.wrapper import Alloc, ExternCall, Free, KernelCall, Line, ReinterpretView, Reuse, WrapperProgram
-from coil.passes.kernel_gen import kernel_gen
+from coil.backends.kernel_gen import kernel_gen
 from coil.properties import (
     DrawnGraph,
     InvariantError,

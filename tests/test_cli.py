@@ -14,7 +14,7 @@ import torch
 
 import coil
 from coil.__main__ import main
-from coil.passes import kernel_gen
+from coil.backends import kernel_gen
 from coil.report import fmt_bytes, is_vendor_extern, lifetimes, short_kernel_name
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

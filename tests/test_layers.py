@@ -1,6 +1,8 @@
 """The layers: `ir/` (the languages, their printers, verifiers and invariants)
 imports nothing above it: not the passes, the backends, the properties, the CLI or
-the reports.  It may use the base modules every layer may use (errors, options)."""
+the reports.  It may use the base modules every layer may use (errors, options).
+`passes/` imports no backend, report, CLI or property: what it needs of them comes
+as arguments (the target's traits, the backends' kernel_gen, observers)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,25 @@ def upper_imports() -> dict[str, list[str]]:
 
 def test_ir_imports_no_upper_layer() -> None:
     assert upper_imports() == {}
+
+
+# what passes/ may not import: the layers above it, and the modules of coil/ that
+# only the public face uses (the reports, the graph cache, the CLI)
+ABOVE_PASSES = ("coil.backends", "coil.properties", "coil.cli", "coil.report", "coil.report_chart",
+                "coil.graph_cache", "coil.__main__")
+
+
+def pass_imports_above() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "passes").rglob("*.py")):
+        bad = [m for m in _imports(path) if m == "coil" or any(m == a or m.startswith(a + ".") for a in ABOVE_PASSES)]
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    return found
+
+
+def test_passes_import_no_backend_report_or_cli() -> None:
+    assert pass_imports_above() == {}
 
 
 def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ def compile_ref(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], **option
 
 def target_available(target: str) -> bool:
     """Whether kernel_gen can load the target's backend here."""
-    from coil.passes.kernel_gen import backend_for
+    from coil.backends.kernel_gen import backend_for
 
     try:
         backend_for(target)

@@ -54,7 +54,7 @@ def choose_target(requested: str, cuda: bool) -> str:
 def available_target(target: str) -> tuple[str, str | None]:
     """The target to use and, when it had to change, why.  Only a backend that cannot
     be imported falls back to the reference target; any other failure is a failure."""
-    from coil.passes.kernel_gen import BACKENDS
+    from coil.backends.kernel_gen import BACKENDS
 
     try:
         importlib.import_module(BACKENDS[target][0])

@@ -1,7 +1,9 @@
 """kernel_gen : WrapperProgram -> CompiledModule
 
-Asks the target's KernelBackend for one source per kernel and renders the wrapper
-around them.  Backends come from a table, imported on first use."""
+The last stage, the backends' own: asks the target's KernelBackend for one source
+per kernel and renders the wrapper around them.  It lives here, not in passes/,
+because the passes know no backend; coil.default_pipeline hands it to the chain.
+Backends come from a table, imported on first use."""
 
 from __future__ import annotations
 
