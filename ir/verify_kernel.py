@@ -4,7 +4,8 @@ and the broken rule (ir/verify.py: fail).
 K1 one spec per fused kernel of the plan, in plan order, each of its kernel's
    nodes in the same order
 K2 every node sits in exactly one stage
-K3 a node's dependencies sit in an earlier stage or come before it in its own
+K3 a node's dependencies sit in an earlier stage or come before it in its own (an
+   online sum's are its max's: it reads the max's running value, not its body)
 K4 a loop computes only nodes of its own or an earlier loop; an outer stage and a
    body only their own nodes
 K5 a stored node is a parameter the kernel writes; parameters are named once,
@@ -59,10 +60,13 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
                 fail(p, stage, name, f"K2 sits in stages {where[name]} and {i} of {k.name}")
             where[name] = i
     order = {n.name: i for i, n in enumerate(k.nodes)}
+    online = {a.node: a.partner for st in k.stages if isinstance(st, Loop) for a in st.accumulators
+              if a.update is Update.ONLINE_SUM}
     for n in k.nodes:
         if n.name not in where:
             fail(p, stage, n.name, f"K2 sits in no stage of {k.name}")
-        for d in n.deps:
+        deps = k.node(online[n.name] or "").deps if n.name in online and online[n.name] in order else n.deps
+        for d in deps:
             if d not in where or where[d] > where[n.name] or (where[d] == where[n.name] and order[d] > order[n.name]):
                 fail(p, stage, n.name, f"K3 reads {d}, which does not run before it")
     _verify_computes(p, stage, k, where)

@@ -1,11 +1,12 @@
 """WrapperProgram: the lines of the `call(args)` function, before rendering.
 
-vs MemoryPlan: + one line per allocation, reuse, view, call, free and return;
-- the per-step sets (now lines).
+vs KernelProgram: + one line per allocation, reuse, view, call, free and return;
+- the per-step sets (now lines).  The kernel program stays whole, with its plan
+(`plan`) and kernel specs (`specs`, `spec(name)`) at the top level.
 
 Grammar::
 
-    WrapperProgram ::= (inputs: name*, lines: Line*, plan: MemoryPlan)
+    WrapperProgram ::= (inputs: name*, lines: Line*, kernel_program: KernelProgram)
     Line ::= Alloc(name, layout)                 bufN = empty_strided(...)
            | Reuse(new, old)                     bufB = bufA; del bufA  # reuse
            | ReinterpretView(name, base, layout, base_offset)
@@ -26,6 +27,7 @@ import attrs
 
 from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
 from coil.ir.fused import FusedKernel, FusedSchedule
+from coil.ir.kernel import KernelProgram, KernelSpec
 from coil.ir.layout import Layout
 from coil.ir.memory import MemoryPlan
 from coil.ir.schedule import ScheduleGraph, SchedulerNode
@@ -103,10 +105,21 @@ Line = Union[Alloc, Reuse, ReinterpretView, KernelCall, ExternCall, MultiOutputL
 class WrapperProgram:
     inputs: tuple[str, ...]  # the names `call` unpacks from its args (buffer_graph.inputs: their buffers)
     lines: tuple[Line, ...]
-    plan: MemoryPlan
+    kernel_program: KernelProgram
 
     # the earlier languages' accessors, at the top level (WrapperProgram extends
-    # MemoryPlan), so that no reader digs through nested fields
+    # KernelProgram), so that no reader digs through nested fields
+    @property
+    def plan(self) -> MemoryPlan:
+        return self.kernel_program.plan
+
+    @property
+    def specs(self) -> tuple[KernelSpec, ...]:
+        return self.kernel_program.specs
+
+    def spec(self, name: str) -> KernelSpec:
+        return self.kernel_program.spec(name)
+
     @property
     def schedule(self) -> FusedSchedule:
         return self.plan.schedule

@@ -1,14 +1,15 @@
-"""wrap : MemoryPlan -> WrapperProgram
+"""wrap : KernelProgram -> WrapperProgram
 
-One line per allocation, reuse, view, call and free, in plan order, then Return.
-Inputs are freed with FreeLine (`del argN_1`), buffers with FreeIfNotReusedLine
-(nothing is emitted when a later Reuse takes the storage)."""
+One line per allocation, reuse, view, call and free, in plan order, then Return;
+a kernel's call passes its spec's parameters.  Inputs are freed with FreeLine
+(`del argN_1`), buffers with FreeIfNotReusedLine (nothing is emitted when a later
+Reuse takes the storage)."""
 
 from __future__ import annotations
 
 from coil.ir.buffers import AliasBuffer, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, NopStep
-from coil.ir.memory import MemoryPlan
+from coil.ir.kernel import KernelProgram
 from coil.ir.wrapper import (
     Alloc,
     ExternCall,
@@ -22,13 +23,12 @@ from coil.ir.wrapper import (
     WrapperProgram,
 )
 from coil.options import Options
-from coil.passes.kernel_model import kernel_params
 
 
-def wrap(plan: MemoryPlan, options: Options) -> WrapperProgram:
-    """Render the plan as wrapper lines."""
-    g = plan.schedule.graph
-    bg = g.graph
+def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
+    """Render the kernel program's plan as wrapper lines."""
+    plan = program.plan
+    bg = program.buffer_graph
     inputs = {i.name for i in bg.inputs}
     reused = {old for ps in plan.steps for _, old in ps.reuses}
     lines: list[Line] = []
@@ -40,8 +40,7 @@ def wrap(plan: MemoryPlan, options: Options) -> WrapperProgram:
             lines.append(Alloc(name, bg.layout(name)))
         match step:
             case FusedKernel():
-                params = kernel_params(step, g, plan.removed)
-                lines.append(KernelCall(step.name, tuple(p.name for p in params)))
+                lines.append(KernelCall(step.name, tuple(p.name for p in program.spec(step.name).params)))
             case ExternStep():
                 b = bg.get(step.name)
                 assert isinstance(b, ExternBuffer)
@@ -61,4 +60,4 @@ def wrap(plan: MemoryPlan, options: Options) -> WrapperProgram:
             elif f not in reused:
                 lines.append(Free(f, "buffer"))
     lines.append(Return(bg.outputs))
-    return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), plan)
+    return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)

@@ -275,7 +275,7 @@ def test_an_inserted_stage_must_return_what_the_next_stage_reads() -> None:
     with pytest.raises(coil.CoilError) as info:
         p.run(gm, inputs, options=coil.Options(target="reference"))
     assert info.value.stage == "my_check"
-    assert "stage 'my_check' returned NoneType, but the next stage, 'wrap', reads a MemoryPlan" in str(info.value)
+    assert "stage 'my_check' returned NoneType, but the next stage, 'schedule_kernels', reads a MemoryPlan" in str(info.value)
 
 
 def test_a_checker_that_returns_what_it_got_is_fine() -> None:

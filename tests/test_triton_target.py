@@ -16,6 +16,7 @@ import os
 import re
 from typing import Any, Callable, Sequence
 
+import attrs
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import coil
 from coil.backends.triton import runtime
 from coil.errors import CoilError
+from coil.ir.kernel import LaunchConfig, Split
+from coil.options import TARGET_TRAITS, TRITON_LAUNCH, TRITON_SPLITS, TRITON_TILES
+from coil.passes.schedule import launch as policy
 from coil.ir.module import CompiledModule
 from op_cases import (
     CREATION_CASES,
@@ -364,10 +368,8 @@ def test_a_tile_too_wide_for_grid_axis_1_stays_plain() -> None:
     """Transposed, the split's columns go on grid axis 1 (at most 65535 blocks of at
     least 16): an output 2**21 columns wide keeps the plain tile, programs along its
     rows.  Compiled on meta tensors: nothing runs."""
-    from coil.backends.triton.tiling import MAX_GRID_Y, MIN_TILE_SIDE
-
     wide = 1 << 21
-    assert wide > MAX_GRID_Y * MIN_TILE_SIDE
+    assert wide > TRITON_TILES.max_grid_y * TRITON_TILES.min_side
     fn = lambda a, b: a.t() + b  # noqa: E731
     inputs = [torch.empty(wide, 16, device="meta"), torch.empty(16, wide, device="meta")]
     gm = make_fx(fn)(*inputs)
@@ -382,10 +384,8 @@ def test_a_tile_too_tall_for_grid_axis_1_lays_transposed() -> None:
     """A row-major output of more than 65535 x 16 rows: a plain tile's row blocks
     would overflow grid axis 1, so the tile lies transposed, rows on axis 0 (it was
     not tiled at all before, reading b.t() with a stride).  Compiled on meta tensors."""
-    from coil.backends.triton.tiling import MAX_GRID_Y, MIN_TILE_SIDE
-
     tall = 1 << 21
-    assert tall > MAX_GRID_Y * MIN_TILE_SIDE
+    assert tall > TRITON_TILES.max_grid_y * TRITON_TILES.min_side
     fn = lambda a, b: a + b.t()  # noqa: E731
     inputs = [torch.empty(tall, 16, device="meta"), torch.empty(16, tall, device="meta")]
     compiled = coil.compile_graph(make_fx(fn)(*inputs), inputs, coil.Options(target="triton", graph_cache=False))
@@ -401,9 +401,8 @@ def test_a_transposed_tall_tile_matches_eager(device: str, monkeypatch: pytest.M
     """The same rule at a size the interpreter can run: grid axis 1 cut to 2 blocks,
     a 96x24 output (more than 2 x 16 rows, at most 2 x 16 columns) lays its tile
     transposed and matches eager, tails included."""
-    from coil.backends.triton import tiling
-
-    monkeypatch.setattr(tiling, "MAX_GRID_Y", 2)
+    tiles = attrs.evolve(TRITON_TILES, max_grid_y=2)
+    monkeypatch.setitem(TARGET_TRAITS, "triton", attrs.evolve(TARGET_TRAITS["triton"], tiles=tiles))
     a, b = torch.randn(96, 24, device=device), torch.randn(24, 96, device=device)
     compiled = check(lambda x, y: x + y.t(), [a, b])
     assert "[grid2(24, 96, " in compiled.module.source
@@ -453,10 +452,10 @@ def test_tiles_match_eager_whatever_the_orientation(rows: int, cols: int, flips:
 
 
 def test_tiled_launch_configs() -> None:
-    cfg = runtime.heuristic_config("tiled", 8192, 8192)
+    cfg = policy.heuristic_config(TRITON_LAUNCH, "tiled", 8192, 8192)
     assert (cfg.yblock, cfg.xblock) == (64, 64) and cfg.meta() == {"YBLOCK": 64, "XBLOCK": 64}
     assert runtime.grid2(8192, 8192, 64, 64) == (128, 128)
-    for c in runtime.candidate_configs("tiled", 40, 33):
+    for c in policy.candidate_configs(TRITON_LAUNCH, "tiled", 40, 33):
         assert c.yblock >= 16 and c.xblock <= 64
 
 
@@ -550,18 +549,18 @@ def test_looped_reduction_with_a_tail(device: str) -> None:
 
 
 def test_reduction_heuristics() -> None:
-    assert runtime.heuristic_config("reduction", 1, 16384) == runtime.LaunchConfig(1, 8192, 16)
-    assert runtime.heuristic_config("reduction", 16384, 32000) == runtime.LaunchConfig(1, 1024, 2)
+    assert policy.heuristic_config(TRITON_LAUNCH, "reduction", 1, 16384) == LaunchConfig(1, 8192, 16)
+    assert policy.heuristic_config(TRITON_LAUNCH, "reduction", 16384, 32000) == LaunchConfig(1, 1024, 2)
     # long rows of an odd length (no row start 16-byte aligned: element-wise loads): 16 warps
-    assert runtime.heuristic_config("reduction", 4096, 16383) == runtime.LaunchConfig(1, 1024, 16)
-    assert runtime.heuristic_config("reduction", 4096, 16384) == runtime.LaunchConfig(1, 1024, 2)
-    assert runtime.heuristic_config("reduction", 4096, 3001).num_warps == 2
-    assert runtime.heuristic_config("persistent", 32768, 4096) == runtime.LaunchConfig(1, 4096, 4)
+    assert policy.heuristic_config(TRITON_LAUNCH, "reduction", 4096, 16383) == LaunchConfig(1, 1024, 16)
+    assert policy.heuristic_config(TRITON_LAUNCH, "reduction", 4096, 16384) == LaunchConfig(1, 1024, 2)
+    assert policy.heuristic_config(TRITON_LAUNCH, "reduction", 4096, 3001).num_warps == 2
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 32768, 4096) == LaunchConfig(1, 4096, 4)
     # a chain of row reductions: one row a program, a warp per 1024 elements
-    assert runtime.heuristic_config("persistent", 1024, 1024, reductions=2) == runtime.LaunchConfig(4, 1024, 4)
-    assert runtime.heuristic_config("persistent", 1024, 1024, reductions=8) == runtime.LaunchConfig(1, 1024, 1)
-    assert runtime.heuristic_config("persistent", 64, 4096, reductions=12) == runtime.LaunchConfig(1, 4096, 4)
-    assert runtime.chain_config(1024) in runtime.candidate_configs("persistent", 1024, 1024)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 1024, 1024, reductions=2) == LaunchConfig(4, 1024, 4)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 1024, 1024, reductions=8) == LaunchConfig(1, 1024, 1)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 64, 4096, reductions=12) == LaunchConfig(1, 4096, 4)
+    assert policy.chain_config(TRITON_LAUNCH, 1024) in policy.candidate_configs(TRITON_LAUNCH, "persistent", 1024, 1024)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -674,20 +673,20 @@ def test_int64_indexing_runs_on_cuda() -> None:
     ("reduction", 64, 5000), ("reduction", 1, 10**6),
 ])
 def test_configs_are_legal(kind: str, xnumel: int, rnumel: int) -> None:
-    for cfg in runtime.candidate_configs(kind, xnumel, rnumel):
+    for cfg in policy.candidate_configs(TRITON_LAUNCH, kind, xnumel, rnumel):
         assert cfg.xblock & (cfg.xblock - 1) == 0 and cfg.num_warps in (1, 2, 4, 8, 16)
         if kind == "persistent":
             assert cfg.rblock >= rnumel  # the whole row in one tile
         if kind == "pointwise":
             assert cfg.rblock == 0
-    h = runtime.heuristic_config(kind, xnumel, rnumel)
-    assert h == runtime.candidate_configs(kind, xnumel, rnumel)[0]
+    h = policy.heuristic_config(TRITON_LAUNCH, kind, xnumel, rnumel)
+    assert h == policy.candidate_configs(TRITON_LAUNCH, kind, xnumel, rnumel)[0]
     assert math.prod(runtime.grid(xnumel, h.xblock)) * h.xblock >= xnumel
 
 
 def test_pointwise_heuristic() -> None:
-    assert runtime.heuristic_config("pointwise", 1 << 20, 1) == runtime.LaunchConfig(1024, 0, 4)
-    assert runtime.heuristic_config("pointwise", 24, 1).xblock == 32
+    assert policy.heuristic_config(TRITON_LAUNCH, "pointwise", 1 << 20, 1) == LaunchConfig(1024, 0, 4)
+    assert policy.heuristic_config(TRITON_LAUNCH, "pointwise", 24, 1).xblock == 32
 
 
 @needs_interpreter
@@ -781,8 +780,7 @@ def test_a_few_long_rows_split_too(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_what_does_not_split(device: str) -> None:
     """Short rows and many rows keep one kernel."""
-    from coil.backends.triton.split import SPLIT_MAX_ROWS, SPLIT_MIN
-
+    SPLIT_MAX_ROWS, SPLIT_MIN = TRITON_SPLITS.max_rows, TRITON_SPLITS.row_min
     for fn, x in ((lambda a: a.sum(), torch.randn(SPLIT_MIN - 1, device=device)),
                   (lambda a: a.sum(-1), torch.randn(SPLIT_MAX_ROWS + 1, SPLIT_MIN, device=device))):
         compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
@@ -903,8 +901,7 @@ def test_second_passes_over_long_rows_run_as_split_kernels(device: str) -> None:
     full softmax or logsumexp) is not fused with the reduction before it: each
     reduction splits over many programs and the pass runs as its own kernel.  Rows
     shorter than Options.split_second_pass (or with it 0) keep one kernel."""
-    from coil.backends.triton.split import SPLIT_MIN
-
+    SPLIT_MIN = TRITON_SPLITS.row_min
     x = torch.randn(2 * SPLIT_MIN, generator=torch.Generator().manual_seed(5)).to(device)
     for fn, reductions in ((lambda a: a - a.mean(), 1),
                            (lambda a: torch.nn.functional.layer_norm(a, (a.shape[-1],)), 1),
@@ -1094,11 +1091,9 @@ def test_split_second_passes_match_eager(rows: int, n: int, kinds: list[str]) ->
     x = torch.randn(rows, n, generator=torch.Generator().manual_seed(n + rows))
     fns = [_SECOND_PASS[k] for k in kinds]
     compiled = check(lambda a: tuple(f(a) for f in fns), [x], atol=1e-4, rtol=1e-4, split_second_pass=16384)
-    from coil.backends.triton.split import split_of
-
     program = compiled.module.program
-    looped = [k for k in program.plan.schedule.kernels if k.kind == "reduction"]
-    assert looped and all(split_of(k, program) is not None for k in looped), compiled.source
+    looped = [k for k in program.specs if k.kind == "reduction"]
+    assert looped and all(isinstance(k.space, Split) for k in looped), compiled.source
 
 
 

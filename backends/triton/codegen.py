@@ -27,41 +27,29 @@ from typing import Iterator, Sequence
 import torch
 
 from coil.backends.triton.helpers import helpers_for
-from coil.backends.triton.kernel import down_columns, kernel_source, row_reductions
-from coil.backends.triton.split import Split, launched_names, split_launch, split_of, split_source
-from coil.backends.triton.tiling import Tile, tiling
-from coil.backends.triton.runtime import Launch, LaunchConfig, cdiv, heuristic_config
+from coil.backends.triton.kernel import kernel_source
+from coil.backends.triton.runtime import Launch
+from coil.backends.triton.split import split_source
 from coil.backends.wrapper import owns_storage
 from coil.ir.bounds import runtime_checks
 from coil.ir.buffers import ExternBuffer
 from coil.ir.expr import check_error
-from coil.ir.fused import FusedKernel
+from coil.ir.kernel import KernelLaunch, KernelSpec, LaunchRule, Split, Tiled
 from coil.ir.lowered import resolve_kernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import ExternCall, KernelCall, MultiOutputLine, ReinterpretView, WrapperProgram
 from coil.options import Options
-from coil.passes.kernel_model import kernel_buffers
+from coil.passes.kernel_model import kernel_layouts
 
 # launch options of a CUDA kernel whose device asserts must exist
 CHECKED_LAUNCH = {"debug": True, "sanitize_overflow": False}
 
 
-def _kernel(program: WrapperProgram, name: str) -> FusedKernel:
-    for k in program.kernels:
-        if k.name == name:
-            return k
-    raise KeyError(name)
-
-
-def kernel_device(program: WrapperProgram, k: FusedKernel) -> str:
-    return program.layout(k.nodes[0]).device
-
-
-def asserts(k: FusedKernel, program: WrapperProgram) -> bool:
+def asserts(k: KernelSpec, program: WrapperProgram) -> bool:
     """Whether k's source has device asserts: a run-time check of an index (on
     CUDA) or of any value (interpreted, on CPU tensors; handler.check)."""
-    cuda = kernel_device(program, k).startswith("cuda")
-    bodies = (b.body for b in kernel_buffers(k, program.schedule_graph))
+    cuda = k.device.startswith("cuda")
+    bodies = (program.get(n.name).body for n in k.nodes)  # type: ignore[union-attr]
     return any(c.kind == "index" or not cuda for body in bodies for c in runtime_checks(body))
 
 
@@ -97,55 +85,49 @@ def interpreter_checks() -> Iterator[None]:
         builder.options = saved
 
 
-def launch_kind(k: FusedKernel, program: WrapperProgram, tile: Tile | None) -> str:
-    """pointwise | tiled | persistent | reduction | columns: how the runtime
-    launches k (`tile`: its tiling, from `tiling`)."""
-    if tile is not None:
-        return "tiled"
-    return "columns" if down_columns(k, program) else k.kind
+def grid_text(k: KernelSpec, ln: KernelLaunch) -> str:
+    """How a launch's grid reads in its launch line: runtime.grid / grid2 of the
+    sizes and blocks, or a split's literal grids."""
+    c = ln.config
+    if ln.rule is LaunchRule.SPLIT:
+        return f"({ln.grid[0]}, {ln.grid[1]})"
+    if ln.rule is LaunchRule.COMBINE:
+        return f"({ln.grid[0]},)"
+    if isinstance(k.space, Tiled):
+        return f"grid2({ln.sizes[0]}, {ln.sizes[1]}, {c.yblock}, {c.xblock})"
+    return f"grid({ln.sizes[0]}, {c.xblock})"
 
 
-def launch_of(line: KernelCall, program: WrapperProgram) -> tuple[str, list[int], LaunchConfig] | Split | None:
-    """How a launch line's kernel runs: (grid, size arguments, config) for one launch
-    on the heuristic config, its Split for a split reduction (split.py launches
-    those), None when there is nothing to compute."""
-    k = _kernel(program, line.kernel)
-    xnumel, rnumel = k.group
-    if xnumel == 0:
-        return None
-    tile = tiling(k, program)
-    kind = launch_kind(k, program, tile)
-    if tile is not None:
-        ny, nx = tile.ynumel, tile.xnumel
-        cfg = heuristic_config(kind, ny, nx)
-        return f"grid2({ny}, {nx}, {cfg.yblock}, {cfg.xblock})", [ny, nx], cfg
-    split = split_of(k, program)
-    if split is not None:
-        return split
-    cfg = heuristic_config(kind, xnumel, rnumel, row_reductions(k, program))
-    return f"grid({xnumel}, {cfg.xblock})", [xnumel] + ([] if k.kind == "pointwise" else [rnumel]), cfg
+def _launch(k: KernelSpec, ln: KernelLaunch, tensors: tuple[str, ...]) -> Launch:
+    c = ln.config
+    return Launch(ln.function, ln.grid, grid_text(k, ln), tensors, ln.sizes, (*c.meta().items(), ("num_warps", c.num_warps)))
+
+
+def workspaces(k: KernelSpec) -> list[str]:
+    """A split kernel's workspace names."""
+    assert isinstance(k.space, Split)
+    return [f"ws{k.name.rsplit('_', 1)[-1]}_{i}" for i in range(len(k.space.workspaces))]
 
 
 def launches(line: KernelCall, program: WrapperProgram) -> tuple[list[str], list[Launch], list[str]] | None:
-    """A launch line's kernel launches, with the lines before them (workspaces) and
-    after them (their frees); None when there is nothing to compute.  A kernel with
-    device asserts launches on CUDA with CHECKED_LAUNCH."""
-    k = _kernel(program, line.kernel)
-    plan = launch_of(line, program)
-    if plan is None:
+    """A launch line's kernel launches, with the lines before them (a split's
+    workspaces) and after them (their frees); None when there is nothing to
+    compute.  A kernel with device asserts launches on CUDA with CHECKED_LAUNCH."""
+    k = program.spec(line.kernel)
+    if not k.launches:
         return None
-    if isinstance(plan, Split):
-        before, out, after = split_launch(k, plan, list(line.args), kernel_device(program, k))
-    else:
-        grid_text, sizes, cfg = plan
-        if cfg.yblock:
-            ny, nx = sizes
-            g = (cdiv(nx, cfg.xblock), cdiv(ny, cfg.yblock), 1)
-        else:
-            g = (cdiv(sizes[0], cfg.xblock), 1, 1)
-        meta = (*cfg.meta().items(), ("num_warps", cfg.num_warps))
-        before, out, after = [], [Launch(k.name, g, grid_text, tuple(line.args), tuple(sizes), meta)], []
-    if asserts(k, program) and kernel_device(program, k).startswith("cuda"):
+    before: list[str] = []
+    after: list[str] = []
+    tensors = tuple(line.args)
+    if isinstance(k.space, Split):
+        ws = workspaces(k)
+        rows = k.space.xnumel
+        before = [f"{w} = empty_strided(({rows * k.space.parts},), (1,), dtype={dt}, device={k.device!r})"
+                  for w, (_, dt) in zip(ws, k.space.workspaces)]
+        tensors = (*tensors, *ws)
+        after = [f"del {', '.join(ws)}"]
+    out = [_launch(k, ln, tensors) for ln in k.launches]
+    if asserts(k, program) and k.device.startswith("cuda"):
         out = [ln.with_meta(CHECKED_LAUNCH) for ln in out]
     return before, out, after
 
@@ -184,80 +166,38 @@ def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], froz
 
 def precompile_specs(program: WrapperProgram) -> list[str]:
     """One `(kernel, argument dtypes and sizes, launch meta, device)` line per plain
-    launch, for runtime.precompile."""
-    graph = program.buffer_graph
+    launch (a split's two are left to their first call), for runtime.precompile."""
     out = []
     for ln in program.lines:
         if not isinstance(ln, KernelCall):
             continue
-        plan = launch_of(ln, program)
-        if not isinstance(plan, tuple):
+        k = program.spec(ln.kernel)
+        if not k.launches or isinstance(k.space, Split):
             continue
-        _, sizes, cfg = plan
-        k = _kernel(program, ln.kernel)
-        args = [str(graph.layout(a).dtype) for a in ln.args] + [str(n) for n in sizes]
+        (launch,) = k.launches
+        cfg = launch.config
+        args = [str(program.layout(a).dtype) for a in ln.args] + [str(n) for n in launch.sizes]
         meta = ", ".join(f"{key!r}: {v}" for key, v in (*cfg.meta().items(), ("num_warps", cfg.num_warps)))
         if asserts(k, program):
             meta += "".join(f", {key!r}: {v}" for key, v in CHECKED_LAUNCH.items())
-        out.append(f"    ({k.name}, ({', '.join(args)},), {{{meta}}}, {kernel_device(program, k)!r}),")
+        out.append(f"    ({k.name}, ({', '.join(args)},), {{{meta}}}, {k.device!r}),")
     return out
 
 
 def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]:
     """(kernel, kind, launch, why) for every kernel launch of the program: the grid
-    and config the wrapper will print, and the rule that chose them."""
-    from coil.backends.triton.runtime import CHAIN_REDUCTIONS
-    from coil.backends.triton.split import SPLIT_MAX_ROWS, SPLIT_MIN, combine_name
-
+    and config the wrapper will print, and why schedule_kernels chose them."""
     out = []
     for ln in program.lines:
         if not isinstance(ln, KernelCall):
             continue
-        k = _kernel(program, ln.kernel)
-        xnumel, rnumel = k.group
-        plan = launch_of(ln, program)
-        if plan is None:
+        k = program.spec(ln.kernel)
+        if not k.launches:
             out.append((k.name, k.kind, "-", "nothing to compute: no launch"))
             continue
-        if isinstance(plan, Split):
-            split = plan
-            blocks = split.row_blocks(xnumel)
-            if split.xblock > 1:
-                why = (f"{xnumel} columns reduced down {rnumel} rows: {split.parts} programs a block of "
-                       f"{split.xblock} columns each reduce {split.chunk} rows into workspaces")
-                merge = f"one program a block of {split.xblock} columns merges its partials in a fixed order"
-            else:
-                why = (f"{xnumel} row(s) (<= {SPLIT_MAX_ROWS}) of {rnumel} (>= {SPLIT_MIN}): {split.parts} "
-                       f"programs a row each reduce {split.chunk} elements into workspaces")
-                merge = "one program a row merges its partials in a fixed order"
-            out.append((k.name, "split", f"({split.parts}, {blocks}) XBLOCK={split.xblock}, RBLOCK={split.rblock}, "
-                        f"num_warps={split.num_warps}", why))
-            out.append((combine_name(k.name), "combine", f"({blocks},) XBLOCK={split.xblock}, "
-                        f"RBLOCK={split.combine_rblock}, num_warps={split.combine_warps}", merge))
-            continue
-        grid_text, _, cfg = plan
-        launch = f"{grid_text} {cfg.as_kwargs()}"
-        tile = tiling(k, program)
-        kind = launch_kind(k, program, tile)
-        if tile is not None:
-            why = (f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, each access along its contiguous axis; "
-                   + ("programs start down the columns, as the output is written" if tile.transposed
-                      else "programs start along the rows"))
-        elif k.kind == "pointwise":
-            why = f"{cfg.xblock} elements a program, {cfg.xblock / (32 * cfg.num_warps):g} a thread"
-        elif k.kind == "persistent":
-            chained = row_reductions(k, program)
-            if chained >= CHAIN_REDUCTIONS:
-                why = (f"{chained} chained row reductions (>= {CHAIN_REDUCTIONS}): one row a program, "
-                       f"{cfg.num_warps} warp(s), so each reduction stays within few warps")
-            else:
-                why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
-        elif kind == "columns":
-            why = (f"reduced down the columns of what it reads: {cfg.xblock} neighbouring columns a program, "
-                   f"{cfg.rblock} rows a step")
-        else:
-            why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
-        out.append((k.name, kind, launch, why))
+        for launch in k.launches:
+            kind = launch.rule.value if isinstance(k.space, Split) else k.config_kind
+            out.append((launch.function, kind, f"{grid_text(k, launch)} {launch.config.as_kwargs()}", launch.why))
     return out
 
 
@@ -274,17 +214,14 @@ class TritonBackend:
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
-        out = []
-        for k in program.kernels:
-            split = split_of(k, program)
-            out.append(kernel_source(k, program, options.emulate_precision_casts) if split is None
-                       else split_source(k, program, split, options.emulate_precision_casts))
-        return tuple(out)
+        layouts = kernel_layouts(program.schedule_graph)
+        return tuple(split_source(k, layouts) if isinstance(k.space, Split) else kernel_source(k, layouts)
+                     for k in program.specs)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:
         out: list[str] = []
-        native = any(kernel_device(program, k).startswith("cuda") for k in program.kernels)
+        native = any(k.device.startswith("cuda") for k in program.specs)
         for text in helpers_for((k.source for k in kernels), native) + [k.source for k in kernels]:
             out += ["", text, ""]
         if native and not options.autotune:  # bound launches: Triton's binding runs once (runtime.Launcher)
@@ -294,8 +231,7 @@ class TritonBackend:
             for ln in program.lines:
                 if not isinstance(ln, KernelCall) or (planned := launches(ln, program)) is None:
                     continue
-                device = kernel_device(program, _kernel(program, ln.kernel))
-                bind = device == guard and not unknown.intersection(ln.args)
+                bind = program.spec(ln.kernel).device == guard and not unknown.intersection(ln.args)
                 out += [launch.definition(bind) for launch in planned[1]]
             specs = precompile_specs(program) if options.precompile else []
             if specs:  # compiled now, several at a time, instead of one by one at their first launch
@@ -304,20 +240,19 @@ class TritonBackend:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
             cache = f", cache_dir={options.cache_dir!r}" if options.cache_dir else ""
-            for src in kernels:
-                if len(launched_names(src)) > 1:  # a split reduction: two fixed launches (split.py)
+            for k in program.specs:
+                if isinstance(k.space, Split):  # two fixed launches (split.py)
                     continue
-                k = _kernel(program, src.name)
-                out.append(f"{k.name} = autotuned({k.name}, {launch_kind(k, program, tiling(k, program))!r}{cache})")
+                out.append(f"{k.name} = autotuned({k.name}, {k.config_kind!r}{cache})")
         return out
 
     def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
-        k = _kernel(program, line.kernel)
+        k = program.spec(line.kernel)
         planned = launches(line, program)
         if planned is None:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
         before, out, after = planned
-        if kernel_device(program, k).startswith("cuda"):
+        if k.device.startswith("cuda"):
             if options.autotune:
                 return [*before, *(ln.line() for ln in out), *after]
             return [*before, *(ln.bound_line("stream0") for ln in out), *after]
@@ -353,7 +288,7 @@ class TritonBackend:
 
     def device_guard(self, program: WrapperProgram) -> str | None:
         """The `with` line the wrapper puts around the body of `call`."""
-        if not program.kernels:
+        if not program.specs:
             return None
         cuda = _guard_device(program)
         if cuda is not None:
@@ -363,5 +298,4 @@ class TritonBackend:
 
 def _guard_device(program: WrapperProgram) -> str | None:
     """The CUDA device of the call's device guard: its first CUDA kernel's."""
-    return next((d for d in (kernel_device(program, k) for k in program.kernels)
-                 if d.startswith("cuda")), None)
+    return next((k.device for k in program.specs if k.device.startswith("cuda")), None)

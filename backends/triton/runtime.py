@@ -1,11 +1,12 @@
-"""What Triton-target output_code.py calls at run time: grids, launch configs from
-the sizes (heuristics), autotuning with an on-disk cache of the winners, and the
-guard that CPU tensors only run under the Triton interpreter.
+"""What Triton-target output_code.py calls at run time: grids, launchers,
+autotuning with an on-disk cache of the winners, and the guard that CPU tensors
+only run under the Triton interpreter.
 
-Sizes are static, so codegen picks the heuristic config and prints it into the
-launch line; with Options.autotune, output_code.py rebinds each kernel name to
-`autotuned(kernel, kind)`, which keeps that line but launches the timed winner on
-CUDA.
+Sizes are static, so schedule_kernels picks the heuristic config
+(passes/schedule/launch.py) and codegen prints it into the launch line; with
+Options.autotune, output_code.py rebinds each kernel name to `autotuned(kernel,
+kind)`, which keeps that line but launches the timed winner on CUDA, out of the
+same policy's candidate configs.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ import attrs
 import torch
 
 from coil.errors import CoilError
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+from coil.ir.kernel import LaunchConfig
+from coil.options import TRITON_LAUNCH
+from coil.passes.schedule.launch import candidate_configs
 
 
 def cdiv(a: int, b: int) -> int:
@@ -40,25 +40,6 @@ def grid(xnumel: int, xblock: int) -> tuple[int]:
 def grid2(ynumel: int, xnumel: int, yblock: int, xblock: int) -> tuple[int, int]:
     """Tiled kernels: column blocks on axis 0, row blocks on axis 1."""
     return (cdiv(xnumel, xblock), cdiv(ynumel, yblock))
-
-
-@attrs.frozen
-class LaunchConfig:
-    xblock: int
-    rblock: int  # 0 for pointwise kernels
-    num_warps: int
-    yblock: int = 0  # tiled kernels only
-
-    def meta(self) -> dict[str, int]:
-        out = {"YBLOCK": self.yblock} if self.yblock else {}
-        out["XBLOCK"] = self.xblock
-        if self.rblock:
-            out["RBLOCK"] = self.rblock
-        return out
-
-    def as_kwargs(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.meta().items()] + [f"num_warps={self.num_warps}"]
-        return ", ".join(parts)
 
 
 @attrs.frozen
@@ -98,95 +79,6 @@ class Launch:
         """The call of its Launcher, and as a comment the launch as Triton's own
         line would read."""
         return f"{self.launcher}({stream}, {', '.join(self.tensors)})  # {self.line()}"
-
-
-def _warps(elements: int, most: int = 8) -> int:
-    """About 128-512 elements per warp; a power of two."""
-    return max(1, min(most, next_power_of_2(elements) // 512))
-
-
-# looped rows at least this long whose length is not a multiple of 8 elements
-UNALIGNED_ROWS_MIN = 4096
-
-# a persistent kernel with this many row reductions is a chain that waits on each one
-CHAIN_REDUCTIONS = 8
-
-
-def chain_config(rnumel: int) -> LaunchConfig:
-    """One row per program and a warp per 1024 of its elements: each of a long
-    chain of dependent row reductions then stays inside a warp or a few, with no
-    block-wide barrier.  H200, graph_2000's 1024-wide rows: 64 steps ran in 18.4 µs
-    on 1 warp a row, 22.3 on 2, 26.8 with 4 rows on 4 warps (bench/probes/streaming.py)."""
-    rblock = next_power_of_2(rnumel)
-    return LaunchConfig(1, rblock, max(1, min(16, rblock // 1024)))
-
-
-def heuristic_config(kind: str, xnumel: int, rnumel: int, reductions: int = 1) -> LaunchConfig:
-    """Block sizes and warps from the sizes (and, for persistent kernels, how many
-    row reductions they chain).  Tiled kernels: xnumel is the tile's ynumel (the
-    YBLOCK axis), rnumel its xnumel (the XBLOCK axis).  "columns": a looped
-    reduction down the columns of what it reads (kernel_model.reads_down_columns)."""
-    x = next_power_of_2(max(xnumel, 1))
-    if kind == "tiled":
-        yb, xb = min(64, x), min(64, next_power_of_2(rnumel))
-        return LaunchConfig(xb, 0, 4 if yb * xb <= 2048 else 8, yb)
-    if kind == "pointwise":
-        xblock = min(1024, max(x, 16))
-        return LaunchConfig(xblock, 0, max(1, min(4, xblock // 256)))
-    if kind == "persistent":
-        if reductions >= CHAIN_REDUCTIONS:
-            return chain_config(rnumel)
-        rblock = next_power_of_2(rnumel)
-        xblock = max(1, min(x, 64, 4096 // rblock))
-        # ~1024 elements per warp (H200: a 4096-wide bf16 row runs best on 4 warps)
-        return LaunchConfig(xblock, rblock, _warps(xblock * rblock // 2, 16))
-    if kind == "columns":  # looped down the columns: neighbouring columns side by side, coalesced
-        xblock = min(x, 32)
-        rblock = min(next_power_of_2(rnumel), 2048 // xblock)
-        return LaunchConfig(xblock, rblock, _warps(xblock * rblock))
-    if x <= 8:  # a few long rows (a full reduction's last stage): wide steps, many warps
-        rblock = min(8192, next_power_of_2(rnumel))
-        return LaunchConfig(1, rblock, _warps(rblock, 16))
-    # one 1024-wide step per program and loop iteration, 2 warps: many programs
-    # in flight hide the latency of the loop's loads (H200: the online softmax of
-    # 32000-wide rows runs fastest so)
-    rblock = min(1024, next_power_of_2(rnumel))
-    xblock = max(1, min(x, 1024 // rblock))
-    if rnumel >= UNALIGNED_ROWS_MIN and rnumel % 8:
-        # rows whose starts are not 16 bytes apart load element by element, eight
-        # times the load instructions of a vector load: 16 warps issue them (H200,
-        # Wav2Vec2's GroupNorm of 4096 rows of 16383: 388 µs on 2 warps, 200 on 16;
-        # bench/probes/long_row_norm.py)
-        return LaunchConfig(xblock, rblock, 16)
-    return LaunchConfig(xblock, rblock, _warps(xblock * rblock))
-
-
-def candidate_configs(kind: str, xnumel: int, rnumel: int, reductions: int = 1) -> tuple[LaunchConfig, ...]:
-    """A handful of configs to time, the heuristic one first."""
-    x = next_power_of_2(max(xnumel, 1))
-    out = [heuristic_config(kind, xnumel, rnumel, reductions)]
-    if kind == "tiled":
-        c = next_power_of_2(rnumel)
-        for yb, xb, w in ((32, 32, 4), (64, 64, 4), (64, 64, 8), (32, 128, 4), (128, 32, 4), (64, 128, 8)):
-            out.append(LaunchConfig(min(xb, c), 0, w, max(16, min(yb, x))))
-    elif kind == "pointwise":
-        for xb, w in ((256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8)):
-            out.append(LaunchConfig(min(xb, max(x, 16)), 0, w))
-    elif kind == "columns":
-        r = next_power_of_2(rnumel)
-        for xb, rb, w in ((32, 64, 4), (64, 32, 4), (32, 128, 8), (64, 64, 8), (16, 128, 4), (128, 16, 4)):
-            out.append(LaunchConfig(min(xb, x), min(rb, r), w))
-    elif kind == "persistent":
-        rb = next_power_of_2(rnumel)
-        for xb in (1, 2, 4, 8, 16, 32, 64):
-            if xb <= x and xb * rb <= 16384:
-                out.append(LaunchConfig(xb, rb, _warps(xb * rb, 16)))
-        out.append(chain_config(rnumel))
-    else:
-        r = next_power_of_2(rnumel)
-        for xb, rb in ((1, 2048), (1, 1024), (4, 512), (8, 256), (16, 128), (64, 64)):
-            out.append(LaunchConfig(min(xb, x), min(rb, r), _warps(min(xb, x) * min(rb, r))))
-    return tuple(dict.fromkeys(out))
 
 
 def launch(kernel: Any, kind: str, xnumel: int, rnumel: int, cfg: LaunchConfig, args: tuple[Any, ...]) -> None:
@@ -271,7 +163,7 @@ def autotuned_launch(kernel: Any, kind: str, xnumel: int, rnumel: int, args: tup
         if cfg is None:
             scratch = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
             timed = [(_time(kernel, kind, xnumel, rnumel, c, scratch), i, c)
-                     for i, c in enumerate(candidate_configs(kind, xnumel, rnumel))]
+                     for i, c in enumerate(candidate_configs(TRITON_LAUNCH, kind, xnumel, rnumel))]
             cfg = min(timed)[2]
             _store_config(path, cfg)
         _BEST[mem_key] = cfg
