@@ -12,14 +12,17 @@ import attrs
 
 from coil.ir.buffers import BufferGraph
 from coil.ir.fused import FusedSchedule
+from coil.ir.kernel import KernelProgram
 from coil.ir.lowered import LoweredGraph
 from coil.ir.memory import MemoryPlan
 from coil.ir.module import CompiledModule
 from coil.ir.printer import show_buffers, show_lowered, show_schedule
 from coil.ir.printer_back import show_fused, show_module, show_plan, show_wrapper
+from coil.ir.printer_kernel import show_kernel_program
 from coil.ir.schedule import ScheduleGraph
 from coil.ir.verify import verify_buffers, verify_lowered, verify_schedule
 from coil.ir.verify_back import verify_fused, verify_module, verify_plan, verify_wrapper
+from coil.ir.verify_kernel import verify_kernel_program
 from coil.ir.wrapper import WrapperProgram
 
 Printer = Callable[[Any], str]
@@ -40,6 +43,7 @@ LANGUAGES: tuple[Language, ...] = (
     Language(ScheduleGraph, show_schedule, verify_schedule),
     Language(FusedSchedule, show_fused, verify_fused),
     Language(MemoryPlan, show_plan, verify_plan),
+    Language(KernelProgram, show_kernel_program, verify_kernel_program),
     Language(WrapperProgram, show_wrapper, verify_wrapper),
     Language(CompiledModule, show_module, verify_module),
 )

@@ -19,6 +19,7 @@ from coil.options import Options
 if TYPE_CHECKING:
     from coil.ir.buffers import BufferGraph
     from coil.ir.fused import FusedSchedule
+    from coil.ir.kernel import KernelProgram
     from coil.ir.lowered import LoweredGraph
     from coil.ir.memory import MemoryPlan
     from coil.ir.module import CompiledModule
@@ -45,7 +46,8 @@ Realize = Pass["LoweredGraph", "BufferGraph"]
 ExtractDeps = Pass["BufferGraph", "ScheduleGraph"]
 Fuse = Pass["ScheduleGraph", "FusedSchedule"]
 PlanMemory = Pass["FusedSchedule", "MemoryPlan"]
-Wrap = Pass["MemoryPlan", "WrapperProgram"]
+ScheduleKernels = Pass["MemoryPlan", "KernelProgram"]
+Wrap = Pass["KernelProgram", "WrapperProgram"]
 KernelGen = Pass["WrapperProgram", "CompiledModule"]
 
 
@@ -187,6 +189,7 @@ def stage_languages() -> tuple[dict[str, type], dict[str, type]]:
     """The default stages' languages: (what each reads, what each returns)."""
     from coil.ir.buffers import BufferGraph
     from coil.ir.fused import FusedSchedule
+    from coil.ir.kernel import KernelProgram
     from coil.ir.lowered import LoweredGraph
     from coil.ir.memory import MemoryPlan
     from coil.ir.module import CompiledModule
@@ -196,8 +199,8 @@ def stage_languages() -> tuple[dict[str, type], dict[str, type]]:
 
     chain: tuple[tuple[str, type], ...] = (
         ("lower", LoweredGraph), ("realize", BufferGraph), ("extract_deps", ScheduleGraph),
-        ("fuse", FusedSchedule), ("plan_memory", MemoryPlan), ("wrap", WrapperProgram),
-        ("kernel_gen", CompiledModule),
+        ("fuse", FusedSchedule), ("plan_memory", MemoryPlan), ("schedule_kernels", KernelProgram),
+        ("wrap", WrapperProgram), ("kernel_gen", CompiledModule),
     )
     reads = {name: (FxGraph if k == 0 else chain[k - 1][1]) for k, (name, _) in enumerate(chain)}
     return reads, dict(chain)
@@ -214,15 +217,18 @@ def default_pipeline(kernel_gen: KernelGen) -> Pipeline:
     from coil.passes.lower import lower
     from coil.passes.plan_memory import plan_memory
     from coil.passes.realize import realize
+    from coil.passes.schedule_kernels import schedule_kernels
     from coil.passes.wrap import wrap
 
     stages: tuple[tuple[str, Lower], tuple[str, Realize], tuple[str, ExtractDeps], tuple[str, Fuse],
-                  tuple[str, PlanMemory], tuple[str, Wrap], tuple[str, KernelGen]] = (
+                  tuple[str, PlanMemory], tuple[str, ScheduleKernels], tuple[str, Wrap],
+                  tuple[str, KernelGen]] = (
         ("lower", lower),
         ("realize", realize),
         ("extract_deps", extract_deps),
         ("fuse", fuse),
         ("plan_memory", plan_memory),
+        ("schedule_kernels", schedule_kernels),
         ("wrap", wrap),
         ("kernel_gen", kernel_gen),
     )
