@@ -79,7 +79,7 @@ def show_launch(ln: KernelLaunch, indent: str) -> str:
             f"rule={ln.rule.value}: {ln.why}")
 
 
-def show_spec(k: KernelSpec) -> list[str]:
+def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     out = [f"  {k.name}: {k.kind} group={k.group} {k.device}"]
     out.append(f"    space: {show_space(k.space)}")
     out.append("    params: " + (", ".join(f"{p.arg}={p.name}" for p in k.params) or "none"))
@@ -88,7 +88,7 @@ def show_spec(k: KernelSpec) -> list[str]:
     out.append(f"    index: {'int64' if k.wide_index else 'int32'}{tails}")
     out.append("    nodes:")
     for n in k.nodes:
-        out += show_node(n, "      ")
+        out += show_node(n, "      ") if bodies else show_node(n, "      ")[:1]
     out.append("    stages:")
     for st in k.stages:
         out += show_stage(st, "      ")
@@ -102,8 +102,9 @@ def show_spec(k: KernelSpec) -> list[str]:
     return out
 
 
-def show_kernel_program(p: KernelProgram) -> str:
+def show_kernel_program(p: KernelProgram, bodies: bool = True) -> str:
+    """The whole program; without `bodies`, each node on one line (coil explain)."""
     out = [f"KernelProgram ({len(p.specs)} kernel{'s' if len(p.specs) != 1 else ''})"]
     for k in p.specs:
-        out += show_spec(k)
+        out += show_spec(k, bodies)
     return "\n".join(out)

@@ -134,6 +134,9 @@ def test_explain_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "{a_1, b_1, c_1}" in step0.group(0) and "a_1, b_1, c_1" in step0.group(0)
     assert "peak 98560 bytes (0.094 MiB) at step 0" in out
     assert "order strategy: original" in out
+    kernels = out.split("== kernels (schedule_kernels): space, stages, accumulators, launches and why ==", 1)[1]
+    assert "  ref_per_fused_add_mul_relu_sum_0: persistent group=(64, 128) cpu" in kernels
+    assert "      body: buf" in kernels and "launches: chosen by the target's renderer" in kernels
     png = out_dir / "lifetimes.png"
     assert f"lifetime chart: {png}" in out
     check_png(png)
@@ -215,7 +218,7 @@ def test_explain_triton_launches(tmp_path: Path, capsys: pytest.CaptureFixture[s
     src = write(tmp_path, "launch.py", LAUNCH_FILE)
     assert main(["explain", f"{src}:fn", "--target", "triton", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    launches = out.split("== launches (kernel_gen, triton): grid, config and why ==", 1)[1]
+    launches = out.split("== launches (schedule_kernels, as triton launches them): grid, config and why ==", 1)[1]
     rows = {ln.split()[0]: ln for ln in launches.strip().splitlines()[1:] if ln.startswith("triton_")}
     by_kind = {ln.split()[1]: ln for ln in rows.values()}
     assert set(by_kind) == {"persistent", "split", "combine", "tiled", "columns"}, rows
@@ -232,6 +235,10 @@ def test_explain_triton_launches(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "8 chained row reductions (>= 8): one row a program" in by_kind["persistent"]
     assert sum("1 row(s) (<= 128) of 40000 (>= 16384): 157 programs a row" in ln for ln in rows.values()) == 1
     assert "a transposed read: 64x64 tiles" in by_kind["tiled"]
+    kernels = out.split("== kernels (schedule_kernels)", 1)[1].split("== wrapper", 1)[0]
+    assert "space: split 1 row(s) x 40000 into 157 parts of 256" in kernels  # big.sum()
+    assert "space: rows 70 x 600, looped, down the columns" in kernels  # short.amax(0)
+    assert "max accumulator, lanes" in kernels
     assert main(["explain", f"{src}:fn", "--target", "cpp", "--out", str(tmp_path)]) == 0
     assert "== launches" not in capsys.readouterr().out
 

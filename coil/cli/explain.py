@@ -7,8 +7,10 @@ DIR/lifetimes.png.
 FILE.py defines FN and its example inputs: `FN_inputs` or `example_inputs`, each a
 tuple/list of tensors or a function returning one.  The function is traced with
 make_fx; the pipeline runs through `wrap` (kernel source is `coil demo`'s and
-debug_dir's business).  On the triton target a last table gives each launch's grid
-and config and the rule that chose them (split, tiled, chained reductions...)."""
+debug_dir's business).  The KernelProgram follows, each kernel's space, stages,
+accumulators and launches (its nodes one a line); on the triton target a last table
+gives each launch's grid and config and the rule that chose them (split, tiled,
+chained reductions...)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ from coil import default_pipeline
 from coil.cli.common import USAGE_ERROR, describe_inputs, fx_listing, ir_of, load_function, run_stages, trace
 from coil.errors import CoilError
 from coil.ir.buffers import BufferGraph
+from coil.ir.kernel import KernelProgram
 from coil.ir.memory import MemoryPlan
 from coil.ir.printer import show
+from coil.ir.printer_kernel import show_kernel_program
 from coil.ir.wrapper import WrapperProgram
 from coil.options import TARGETS, Options
 from coil.passes.pipeline import resolve_target
@@ -62,13 +66,16 @@ def run(args: argparse.Namespace) -> int:
     print(section("FX graph (make_fx)", fx_listing(gm)))
     print(full_report(bg, plan))
     print(section("externs that split fusion (not matmul, convolution or attention)", extern_report(bg)))
+    kernels = ir_of(stages, KernelProgram)
+    print(section("kernels (schedule_kernels): space, stages, accumulators, launches and why",
+                  show_kernel_program(kernels, bodies=False)))
     program = ir_of(stages, WrapperProgram)
     print(section("wrapper (wrap): allocations, calls, dels", show(program)))
     if resolve_target(options, inputs).target == "triton":
         body = launch_table(program)
         if options.autotune:
             body += "\n(autotune is on: on CUDA each kernel but a split one launches the fastest of a few configs instead)"
-        print(section("launches (kernel_gen, triton): grid, config and why", body))
+        print(section("launches (schedule_kernels, as triton launches them): grid, config and why", body))
     os.makedirs(args.out, exist_ok=True)
     path = lifetime_chart(plan, os.path.join(args.out, "lifetimes.png"), title=f"{name}: buffer lifetimes")
     print(f"lifetime chart: {path}")
