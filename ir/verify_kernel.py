@@ -3,9 +3,10 @@ and the broken rule (ir/verify.py: fail).
 
 K1 one spec per fused kernel of the plan, in plan order, each of its kernel's
    nodes in the same order
-K2 every node sits in exactly one stage
+K2 every node sits in exactly one stage, and a stage names only the kernel's nodes
 K3 a node's dependencies sit in an earlier stage or come before it in its own (an
-   online sum's are its max's: it reads the max's running value, not its body)
+   online sum's are its max's: it reads the max's running value, not its body); a
+   reduction is read only after the loop that reduces it
 K4 a loop computes only nodes of its own or an earlier loop; an outer stage and a
    body only their own nodes
 K5 a stored node is a parameter the kernel writes; parameters are named once,
@@ -54,11 +55,15 @@ def verify_kernel_program(p: KernelProgram, stage: str) -> None:
 
 def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     where: dict[str, int] = {}
+    known = {n.name for n in k.nodes}
     for i, st in enumerate(k.stages):
         for name in st.nodes:
+            if name not in known:
+                fail(p, stage, k.name, f"K2 stage {i} names {name}, no node of it")
             if name in where:
                 fail(p, stage, name, f"K2 sits in stages {where[name]} and {i} of {k.name}")
             where[name] = i
+    _verify_accumulators(p, stage, k)
     order = {n.name: i for i, n in enumerate(k.nodes)}
     online = {a.node: a.partner for st in k.stages if isinstance(st, Loop) for a in st.accumulators
               if a.update is Update.ONLINE_SUM}
@@ -69,6 +74,8 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         for d in deps:
             if d not in where or where[d] > where[n.name] or (where[d] == where[n.name] and order[d] > order[n.name]):
                 fail(p, stage, n.name, f"K3 reads {d}, which does not run before it")
+            if where[d] == where[n.name] and isinstance(k.stages[where[d]], Loop) and k.node(d).reduction_type:
+                fail(p, stage, n.name, f"K3 reads {d} in the loop that reduces it")
     _verify_computes(p, stage, k, where)
     writes = [q.name for q in k.params if q.role == "out"]
     if len({q.name for q in k.params}) != len(k.params) or len({q.arg for q in k.params}) != len(k.params):
@@ -78,7 +85,6 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     for n in k.nodes:
         if n.store is not None and n.name not in writes:
             fail(p, stage, n.name, f"K5 stored, but not a parameter {k.name} writes")
-    _verify_accumulators(p, stage, k)
     _verify_space(p, stage, k)
     _verify_launches(p, stage, k)
 

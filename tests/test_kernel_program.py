@@ -1,0 +1,277 @@
+"""schedule_kernels : MemoryPlan -> KernelProgram.  Golden text pins the decisions
+for a handful of graphs (where each node runs, loops and their accumulators, the
+online softmax, tiles, splits, columns, launches and why); the verifier rejects
+hand-corrupted programs and says which kernel or node and which rule; and the
+pass is pure and leaves the Triton-only decisions to targets whose traits ask
+for them."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import attrs
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coil
+from coil.ir.kernel import (
+    Accumulator,
+    Flat,
+    KernelLaunch,
+    KernelProgram,
+    KernelSpec,
+    LaunchRule,
+    Loop,
+    Outer,
+    Rows,
+    Split,
+    Tiled,
+    Update,
+)
+from coil.ir.printer import show
+from coil.ir.verify import VerifyError, verify
+from golden_util import assert_golden
+from tests_helpers import run_until
+
+
+def program(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], target: str = "triton",
+            **options: Any) -> KernelProgram:
+    kp = run_until(fn, inputs, "schedule_kernels", target=target, **options)
+    assert isinstance(kp, KernelProgram)
+    return kp
+
+
+def _softmax() -> KernelProgram:
+    return program(lambda a: torch.softmax(a, -1), [torch.randn(4, 10000)])
+
+
+def _layer_norm() -> KernelProgram:
+    return program(lambda a, w, b: F.layer_norm(a, (10000,), w, b),
+                   [torch.randn(4, 10000), torch.randn(10000), torch.randn(10000)])
+
+
+def _column_sum() -> KernelProgram:
+    return program(lambda a: a.sum(0), [torch.randn(600, 70)])
+
+
+def _long_row() -> KernelProgram:
+    return program(lambda a: a.sum(), [torch.randn(40000)])
+
+
+def _transpose_add() -> KernelProgram:
+    return program(lambda a, b: a + b.t(), [torch.randn(64, 96), torch.randn(96, 64)])
+
+
+def _ce(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(a, t)
+
+
+def _ce_inputs() -> list[torch.Tensor]:
+    return [torch.randn(16, 10000), torch.randint(0, 10000, (16,))]
+
+
+def _cross_entropy() -> KernelProgram:
+    return program(_ce, _ce_inputs())
+
+
+GOLDEN: dict[str, Callable[[], KernelProgram]] = {
+    "softmax": _softmax,
+    "layer_norm": _layer_norm,
+    "column_sum": _column_sum,
+    "long_row_sum": _long_row,
+    "transpose_add": _transpose_add,
+    "cross_entropy": _cross_entropy,
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_golden(name: str) -> None:
+    assert_golden(f"kernels_{name}.txt", show(GOLDEN[name]()))
+
+
+def test_golden_softmax_on_cpp() -> None:
+    """The C++ target's program: the same nodes and stages, no launches (its renderer
+    still schedules loop nests and lanes), and no online softmax (it has no such trait)."""
+    assert_golden("kernels_softmax_cpp.txt", show(program(lambda a: torch.softmax(a, -1), [torch.randn(4, 10000)],
+                                                          target="cpp", persistent_reduction_threshold=1024)))
+
+
+# ---- the decisions, read from the program ------------------------------------------------------
+
+
+def test_online_softmax_runs_the_sum_in_its_maxs_loop() -> None:
+    (k,) = _softmax().specs
+    assert k.space == Rows(4, 10000, looped=True)
+    loops = [st for st in k.stages if isinstance(st, Loop)]
+    assert [st.level for st in loops] == [0, 1]
+    mx, sm = loops[0].accumulators
+    assert (mx.reduction_type, mx.update, sm.reduction_type, sm.update) == ("max", Update.ROW_MAX, "sum",
+                                                                            Update.ONLINE_SUM)
+    assert sm.partner == mx.node and mx.partner == sm.node
+    assert loops[1].computes == (k.nodes[1].name, k.nodes[3].name)  # exp(x - max) recomputed, then divided
+
+
+def test_online_softmax_needs_the_trait() -> None:
+    """Without the online_softmax trait, the sum of exp runs in a loop of its own,
+    after its max's: three loops, each reading the row."""
+    from coil.options import TARGET_TRAITS
+
+    traits = attrs.evolve(TARGET_TRAITS["triton"], online_softmax=False)
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(TARGET_TRAITS, "triton", traits)
+        (k,) = _softmax().specs
+    loops = [st for st in k.stages if isinstance(st, Loop)]
+    assert len(loops) == 3 and all(a.update is Update.LANES for st in loops for a in st.accumulators)
+    assert [a.second_pass for st in loops for a in st.accumulators] == [True, True]
+
+
+def test_layer_norm_reads_its_rows_twice() -> None:
+    (k,) = _layer_norm().specs
+    first, second = (st for st in k.stages if isinstance(st, Loop))
+    assert {a.reduction_type for a in first.accumulators} == {"welford_m2", "sum"}
+    assert all(a.second_pass for a in first.accumulators) and not second.accumulators
+
+
+def test_split_and_column_decisions() -> None:
+    (k,) = _long_row().specs
+    assert isinstance(k.space, Split) and (k.space.parts, k.space.chunk, k.space.xblock) == (157, 256, 1)
+    assert [ln.rule for ln in k.launches] == [LaunchRule.SPLIT, LaunchRule.COMBINE]
+    assert [ln.grid for ln in k.launches] == [(157, 1, 1), (1, 1, 1)]
+    (c,) = _column_sum().specs
+    assert c.space == Rows(70, 600, looped=True, columns=True) and c.config_kind == "columns"
+    assert c.launches[0].rule is LaunchRule.COLUMNS and c.launches[0].config.xblock == 32
+    (tall,) = program(lambda a: a.sum(0), [torch.randn(3000, 40)]).specs
+    assert isinstance(tall.space, Split) and tall.space.columns and tall.space.xblock == 32
+
+
+def test_tiles_and_their_tails() -> None:
+    (k,) = _transpose_add().specs
+    assert k.space == Tiled(64, 96) and k.tails is not None and not k.tails.outer and k.tails.inner
+    assert k.launches[0].config.yblock and k.launches[0].sizes == (64, 96)
+    (plain,) = program(lambda a, b: a + b, [torch.randn(64, 96), torch.randn(64, 96)]).specs
+    assert plain.space == Flat(64 * 96, 1) and plain.launches[0].rule is LaunchRule.POINTWISE
+
+
+def test_chains_and_wide_rows_have_their_rules() -> None:
+    def chain(y: torch.Tensor) -> torch.Tensor:
+        for _ in range(8):
+            y = y - y.amax(-1, keepdim=True) * 0.5
+        return y
+
+    (k,) = program(chain, [torch.randn(64, 1024)]).specs
+    assert k.launches[0].rule is LaunchRule.CHAINED and k.launches[0].config.xblock == 1
+    (odd,) = program(lambda a: a.sum(-1), [torch.randn(16, 16383)]).specs
+    assert odd.launches[0].rule is LaunchRule.UNALIGNED and odd.launches[0].config.num_warps == 16
+
+
+def test_other_targets_get_stages_but_no_launches() -> None:
+    for target in ("cpp", "reference"):
+        (k,) = program(lambda a: torch.softmax(a, -1), [torch.randn(4, 10000)], target=target).specs
+        assert k.launches == () and k.tails is None
+        assert not any(a.update is not Update.LANES for st in k.stages if isinstance(st, Loop)
+                       for a in st.accumulators)
+
+
+def test_the_pass_is_pure() -> None:
+    """Equal inputs give equal programs (names and all), and the plan is kept whole."""
+    a, b = _cross_entropy(), _cross_entropy()
+    assert a == b and show(a) == show(b)
+    assert a.plan == run_until(_ce, _ce_inputs(), "plan_memory", target="triton")
+
+
+def test_the_wrapper_calls_with_the_specs_parameters() -> None:
+    w = run_until(lambda a: torch.softmax(a, -1), [torch.randn(4, 10000)], "wrap", target="triton")
+    (k,) = w.specs
+    call = next(ln for ln in w.lines if getattr(ln, "kernel", None) == k.name)
+    assert call.args == tuple(p.name for p in k.params)
+
+
+# ---- the verifier ------------------------------------------------------------------------------
+
+
+def _with(kp: KernelProgram, spec: KernelSpec) -> KernelProgram:
+    return attrs.evolve(kp, specs=tuple(spec if s.name == spec.name else s for s in kp.specs))
+
+
+def _reject(kp: KernelProgram, message: str) -> None:
+    with pytest.raises(VerifyError, match=message):
+        verify(kp, "schedule_kernels")
+
+
+def test_the_verifier_accepts_what_the_pass_makes() -> None:
+    for make in GOLDEN.values():
+        verify(make(), "schedule_kernels")
+
+
+def test_a_node_in_two_stages_or_none() -> None:
+    kp = _softmax()
+    (k,) = kp.specs
+    assert not any(isinstance(st, Outer) for st in k.stages)  # softmax's per-row values all come from loops
+    first = k.stages[0]
+    assert isinstance(first, Loop)
+    doubled = attrs.evolve(k, stages=(*k.stages, Outer(2, (first.nodes[0],))))
+    _reject(_with(kp, doubled), rf"\[schedule_kernels\].*{first.nodes[0]}: K2 sits in stages 0 and 2 of {k.name}")
+    dropped = attrs.evolve(k, stages=k.stages[:1])
+    _reject(_with(kp, dropped), rf"{k.nodes[1].name}: K2 sits in no stage of {k.name}")
+
+
+def test_a_node_before_what_it_reads() -> None:
+    kp = _layer_norm()
+    (k,) = kp.specs
+    first, second = (st for st in k.stages if isinstance(st, Loop))
+    last = k.nodes[-1]
+    mean = next(d for d in last.deps if k.node(d).reduction_type)
+    early = attrs.evolve(k, stages=(attrs.evolve(first, nodes=(*first.nodes, last.name),
+                                                 computes=(*first.computes, last.name)),))
+    _reject(_with(kp, early), rf"{last.name}: K3 reads {mean} in the loop that reduces it")
+    swapped = attrs.evolve(k, stages=(second, first))
+    _reject(_with(kp, swapped), rf"{last.name}: K3 reads \w+, which does not run before it")
+
+
+def test_a_stored_node_that_is_no_parameter() -> None:
+    kp = _softmax()
+    (k,) = kp.specs
+    node = k.nodes[0]
+    assert node.store is None
+    stored = attrs.evolve(k, nodes=(attrs.evolve(node, store=k.nodes[-1].store), *k.nodes[1:]))
+    _reject(_with(kp, stored), rf"{node.name}: K5 stored, but not a parameter {k.name} writes")
+
+
+def test_accumulators_match_the_reductions() -> None:
+    kp = _softmax()
+    (k,) = kp.specs
+    loop = k.stages[0]
+    assert isinstance(loop, Loop)
+    mx, sm = loop.accumulators
+    missing = attrs.evolve(k, stages=(attrs.evolve(loop, accumulators=(mx,)), *k.stages[1:]))
+    _reject(_with(kp, missing), rf"{k.name}: K6 loop 0 accumulates \['{mx.node}'\], its reductions are")
+    lonely = attrs.evolve(k, stages=(attrs.evolve(loop, accumulators=(Accumulator(mx.node, "max", Update.LANES), sm)),
+                                     *k.stages[1:]))
+    _reject(_with(kp, lonely), rf"{sm.node}: K6 an online sum whose partner {mx.node} keeps no row max in its loop")
+
+
+def test_a_space_that_does_not_fit() -> None:
+    kp = _softmax()
+    (k,) = kp.specs
+    _reject(_with(kp, attrs.evolve(k, space=Flat(4, 10000))),
+            rf"{k.name}: K7 a reduction kernel of group \(4, 10000\) cannot run on that space")
+    _reject(_with(kp, attrs.evolve(k, space=Rows(4, 10000, looped=False))),
+            rf"{k.name}: K7 a reduction kernel of group \(4, 10000\) cannot run on that space")
+
+
+def test_a_launch_with_an_empty_grid() -> None:
+    kp = _transpose_add()
+    (k,) = kp.specs
+    (ln,) = k.launches
+    empty = attrs.evolve(k, launches=(attrs.evolve(ln, grid=(0, 1, 1)),))
+    _reject(_with(kp, empty), rf"{k.name}: K8 launch of {k.name}: grid \(0, 1, 1\)")
+    odd = attrs.evolve(k, launches=(attrs.evolve(ln, config=attrs.evolve(ln.config, xblock=48)),))
+    _reject(_with(kp, odd), rf"{k.name}: K8 launch of {k.name}: grid")
+    twice = attrs.evolve(k, launches=(ln, KernelLaunch(ln.function, ln.grid, ln.sizes, ln.config, ln.rule, ln.why)))
+    _reject(_with(kp, twice), rf"{k.name}: K8 2 launches for its space")
+
+
+def test_specs_follow_the_plans_kernels() -> None:
+    kp = _cross_entropy()
+    _reject(attrs.evolve(kp, specs=kp.specs[::-1]), "K1 specs do not match the plan's kernels")
