@@ -71,7 +71,7 @@ _INIT = {"sum": 0, "prod": 1, "any": False, "all": True, "welford_m2": float("na
 
 
 def kernel_source(k: FusedKernel, program: WrapperProgram) -> KernelSource:
-    g = program.plan.schedule.graph
+    g = program.schedule_graph
     params = kernel_params(k, g, program.plan.removed)
     ptr = {p.name: p.arg for p in params}
     layouts = kernel_layouts(g)
@@ -113,7 +113,7 @@ class ReferenceBackend:
         return ["from coil.backends import reference_rt as _rt"]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
-        return tuple(kernel_source(k, program) for k in program.plan.schedule.kernels)
+        return tuple(kernel_source(k, program) for k in program.kernels)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:

@@ -114,7 +114,7 @@ class CompiledFn:
         self._call = namespace["call"]
         self.namespace = namespace
         self.cache_key: str | None = None  # its graph cache entry, where compile_graph stored one
-        bg = module.program.plan.schedule.graph.graph
+        bg = module.buffer_graph
         # the caller's inputs; the graph's tensor constants follow them in `call`'s args
         self.input_layouts = tuple(i.layout for i in bg.inputs if i.value is None)
         self.input_names = tuple(i.name for i in bg.inputs if i.value is None)

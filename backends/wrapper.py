@@ -48,7 +48,7 @@ def owns_storage(program: WrapperProgram, name: str) -> bool:
     """Only storage coil owns may be poisoned: a view's storage is its base's (maybe
     a caller's input); an extern's result is its own unless the op returns an alias
     of an argument or a tuple."""
-    b = program.plan.schedule.graph.graph.get(name)
+    b = program.get(name)
     if isinstance(b, ComputedBuffer):
         return True
     if isinstance(b, ExternBuffer) and b.layout is not None:
@@ -75,7 +75,7 @@ def _ensure_layout(program: WrapperProgram, name: str, indexed: frozenset[str]) 
     """After an extern: hold its result to the layout coil planned for it (a no-op
     unless the aten kernel disagrees with its meta function).  Kernels and views
     index it by size, strides and dtype; anything else needs its dtype only."""
-    b = program.plan.schedule.graph.graph.get(name)
+    b = program.get(name)
     if b.layout is None or (isinstance(b, ExternBuffer) and b.mutated):
         return []
     dtype = b.layout.dtype
@@ -129,7 +129,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 else:
                     out.append(f"    {ln.name} = empty_strided({layout_args(ln.layout)}, dtype={ln.layout.dtype}, device={ln.layout.device!r})")
             case Reuse():
-                old = program.plan.schedule.graph.graph.layout(ln.old)
+                old = program.layout(ln.old)
                 if (old.size, old.stride) == (ln.layout.size, ln.layout.stride):
                     out.append(f"    {ln.new} = {ln.old}; del {ln.old}  # reuse")
                 else:
@@ -166,7 +166,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
 
 
 def render_main(program: WrapperProgram) -> list[str]:
-    bg = program.plan.schedule.graph.graph
+    bg = program.buffer_graph
     lines = [
         "",
         "def get_args():",

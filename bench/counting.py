@@ -100,7 +100,7 @@ def coil_launches(compiled: Iterable[Any]) -> int | None:
 
 def coil_plan_peak(compiled: Iterable[Any]) -> int | None:
     """The largest planned peak among the compiled graphs (coil's own accounting)."""
-    peaks = [c.module.program.plan.peak_bytes for c in compiled if c is not None]
+    peaks = [c.module.plan.peak_bytes for c in compiled if c is not None]
     return max(peaks) if peaks else None
 
 

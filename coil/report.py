@@ -84,7 +84,7 @@ def section(title: str, body: str) -> str:
 
 def extern_kernel(plan: MemoryPlan, name: str) -> str:
     """The aten op an extern step calls, shortened: `aten.mm.default` -> `mm`."""
-    b = plan.schedule.graph.graph.get(name)
+    b = plan.get(name)
     return aten_op_name(b.kernel) if isinstance(b, ExternBuffer) else "extern"
 
 
@@ -190,7 +190,7 @@ def last_usage_report(plan: MemoryPlan) -> str:
 
 def reuse_report(plan: MemoryPlan) -> str:
     """Each reuse: the new buffer, the freed buffer whose storage it takes, and when."""
-    bg = plan.schedule.graph.graph
+    bg = plan.buffer_graph
     lines = []
     for i, ps in enumerate(plan.steps):
         for new, old in ps.reuses:
@@ -309,7 +309,7 @@ def returned_storage(bg: BufferGraph) -> frozenset[str]:
 
 def lifetimes(plan: MemoryPlan) -> tuple[Lifetime, ...]:
     """Every buffer that holds storage or names a view, inputs first, then by birth."""
-    bg = plan.schedule.graph.graph
+    bg = plan.buffer_graph
     outputs = returned_storage(bg)
     born: dict[str, int] = {i.name: -1 for i in bg.inputs}
     reused: dict[str, str] = {}

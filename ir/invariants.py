@@ -121,14 +121,14 @@ def check_lifetimes(w: WrapperProgram) -> None:
                 raise InvariantError(f"line {k}: {ln.name} freed but never allocated")
             live.discard(ln.name)
             freed.add(ln.name)
-    outputs = {n for n in w.plan.schedule.graph.outputs if n is not None}
+    outputs = {n for n in w.schedule_graph.outputs if n is not None}
     if outputs & freed:
         raise InvariantError(f"outputs freed before return: {sorted(outputs & freed)}")
 
 
 def check_reuse(w: WrapperProgram) -> None:
     """The old owner's last use is before the Reuse line and it is never used after."""
-    bg = w.plan.schedule.graph.graph
+    bg = w.buffer_graph
     for k, ln in enumerate(w.lines):
         if not isinstance(ln, Reuse):
             continue
@@ -150,7 +150,7 @@ def _bytes(bg: BufferGraph, name: str) -> int:
 
 
 def replay_peak(w: WrapperProgram) -> int:
-    bg = w.plan.schedule.graph.graph
+    bg = w.buffer_graph
     live = sum(i.layout.nbytes for i in bg.inputs)
     peak = live
     for ln in w.lines:
@@ -169,8 +169,8 @@ def check_peak(w: WrapperProgram) -> None:
 
 
 def check_kernel_params(w: WrapperProgram) -> None:
-    g = w.plan.schedule.graph
-    kernels = {k.name: k for k in w.plan.schedule.kernels}
+    g = w.schedule_graph
+    kernels = {k.name: k for k in w.kernels}
     for ln in w.lines:
         if not isinstance(ln, KernelCall):
             continue
@@ -187,8 +187,8 @@ def check_kernel_params(w: WrapperProgram) -> None:
 def check_indirect_reads(w: WrapperProgram) -> None:
     """Re-derived from the bodies: an indirect read may touch any element, so the
     whole buffer must exist in memory before the kernel that reads it starts."""
-    bg = w.plan.schedule.graph.graph
-    for k in w.plan.schedule.kernels:
+    bg = w.buffer_graph
+    for k in w.kernels:
         for n in k.nodes:
             b = bg.get(n)
             if not isinstance(b, ComputedBuffer):
@@ -201,7 +201,7 @@ def check_indirect_reads(w: WrapperProgram) -> None:
 
 
 def check_all(w: WrapperProgram) -> None:
-    check_schedule_topological(w.plan.schedule)
+    check_schedule_topological(w.schedule)
     check_lifetimes(w)
     check_reuse(w)
     check_peak(w)

@@ -302,7 +302,7 @@ class KernelProgram:
 
     @property
     def kernels(self) -> tuple[FusedKernel, ...]:
-        return self.plan.schedule.kernels
+        return self.plan.kernels
 
     @property
     def removed(self) -> frozenset[str]:
@@ -310,7 +310,7 @@ class KernelProgram:
 
     @property
     def buffer_graph(self) -> BufferGraph:
-        return self.plan.schedule.graph.graph
+        return self.plan.buffer_graph
 
     def get(self, name: str) -> InputBuffer | Buffer:
         return self.buffer_graph.get(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 
 from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
+from coil.ir.fused import FusedSchedule
 from coil.ir.layout import Layout
 from coil.ir.memory import MemoryPlan
 from coil.ir.schedule import ScheduleGraph
@@ -35,6 +36,10 @@ class CompiledModule:
     @property
     def plan(self) -> MemoryPlan:
         return self.program.plan
+
+    @property
+    def schedule(self) -> FusedSchedule:
+        return self.program.schedule
 
     @property
     def schedule_graph(self) -> ScheduleGraph:

@@ -44,7 +44,7 @@ def _power_of_2(n: int) -> bool:
 
 
 def verify_kernel_program(p: KernelProgram, stage: str) -> None:
-    kernels = p.plan.schedule.kernels
+    kernels = p.kernels
     if tuple(k.name for k in kernels) != tuple(s.name for s in p.specs):
         fail(p, stage, p.specs[0].name if p.specs else "KernelProgram", "K1 specs do not match the plan's kernels")
     for k, spec in zip(kernels, p.specs):

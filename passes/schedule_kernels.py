@@ -65,7 +65,7 @@ INT32_LIMIT = 2**31
 
 def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
     """One KernelSpec per fused kernel of the plan, in plan order."""
-    g = plan.schedule.graph
+    g = plan.schedule_graph
     layouts = kernel_layouts(g)
     traits = options.traits()
     drop = traits.keeps_float32_between_ops and not options.emulate_precision_casts

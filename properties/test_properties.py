@@ -261,7 +261,7 @@ def test_check_lifetimes_catches_free_before_alias_use(aliased_case: Any) -> Non
 
 
 def test_swapped_steps_are_not_topological(chain_case: Any) -> None:
-    schedule = chain_case[0].plan.schedule
+    schedule = chain_case[0].schedule
     s0, s1, *rest = schedule.steps
     swapped = attrs.evolve(schedule, steps=(s1, s0, *rest))
     with pytest.raises(InvariantError, match=re.escape(f"step 0 ({s1.nodes[0]}) reads {s0.nodes[0]}, produced later at step 1: not topological")):
@@ -269,7 +269,7 @@ def test_swapped_steps_are_not_topological(chain_case: Any) -> None:
 
 
 def test_a_step_twice_is_caught(chain_case: Any) -> None:
-    schedule = chain_case[0].plan.schedule
+    schedule = chain_case[0].schedule
     twice = attrs.evolve(schedule, steps=(*schedule.steps, schedule.steps[0]))
     last = len(schedule.steps)
     with pytest.raises(InvariantError, match=re.escape(f"{schedule.steps[0].nodes[0]} appears in steps 0 and {last}")):
@@ -277,7 +277,7 @@ def test_a_step_twice_is_caught(chain_case: Any) -> None:
 
 
 def test_a_dropped_step_is_caught(chain_case: Any) -> None:
-    schedule = chain_case[0].plan.schedule
+    schedule = chain_case[0].schedule
     dropped = attrs.evolve(schedule, steps=schedule.steps[1:])
     with pytest.raises(InvariantError, match=re.escape(f"scheduler nodes in no step: {list(schedule.steps[0].nodes)}")):
         check_schedule_topological(dropped)
@@ -344,7 +344,7 @@ def test_use_after_reuse_is_caught(chain_case: Any) -> None:
 
 def test_reuse_of_another_size_is_caught(chain_case: Any) -> None:
     program = chain_case[0]
-    bg = program.plan.schedule.graph.graph
+    bg = program.buffer_graph
     k = index_of(program, lambda ln: isinstance(ln, Reuse))
     reuse = program.lines[k]
     other = next(b.name for b in bg.buffers

@@ -47,7 +47,7 @@ def test_second_compile_loads_from_the_cache(tmp_path: Path, no_pipeline: Callab
     second = _compile(fn, [a, b], tmp_path)
     assert second.source == first.source
     torch.testing.assert_close(second(a, b)[0], fn(a, b))
-    assert second.module.program.plan.peak_bytes == first.module.program.plan.peak_bytes
+    assert second.module.plan.peak_bytes == first.module.plan.peak_bytes
 
 
 @pytest.mark.parametrize("change", ["layout", "dtype", "options", "graph"])

@@ -101,3 +101,49 @@ def test_the_target_branch_check_sees_comparisons_and_lookups(tmp_path: Path) ->
     src.write_text('if o.target == "triton":\n    pass\nok = o.target in ("cpp", "reference")\n'
                    'p = PREFIX["cpp"]\nfine = o.target != "auto"\n')
     assert _target_branches(src) == ["x.py:1", "x.py:3", "x.py:4"]
+
+
+# the fields by which one language holds the one before it
+LANGUAGE_FIELDS = {"graph", "schedule", "plan", "kernel_program", "program"}
+
+
+def _reach_throughs(path: Path) -> list[str]:
+    """Attribute chains through two or more language fields (`w.plan.schedule`,
+    `s.graph.graph`): code that digs into a language the value it holds extends,
+    instead of using that value's top-level accessors.  A language's own accessor
+    may reach one level down (`self.program.plan`), no further."""
+    out: list[tuple[int, str]] = []
+    tree = ast.parse(path.read_text(), str(path))
+    # a chain is judged from its outermost language field, not again from each link inside
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in LANGUAGE_FIELDS}
+    for node in ast.walk(tree):
+        if id(node) in inner:
+            continue
+        names: list[str] = []
+        e: ast.expr = node  # type: ignore[assignment]
+        while isinstance(e, ast.Attribute) and e.attr in LANGUAGE_FIELDS:
+            names.append(e.attr)
+            e = e.value
+        hops = len(names)
+        own = isinstance(e, ast.Name) and e.id == "self"
+        if hops > 2 or (hops == 2 and not own):
+            where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+            out.append((node.lineno, f"{where}:{node.lineno}: .{'.'.join(reversed(names))}"))
+    return [hit for _, hit in sorted(out)]
+
+
+def test_no_code_reaches_through_nested_languages() -> None:
+    """Each language offers its buffers, layout(name) and the earlier languages it
+    extends at its top level (buffer_graph, schedule_graph, kernels, ...)."""
+    files = [p for d in ("ir", "passes", "backends", "coil", "properties", "tests", "bench", "scripts")
+             for p in sorted((ROOT / d).rglob("*.py"))]
+    assert [hit for path in files for hit in _reach_throughs(path)] == []
+
+
+def test_the_reach_through_check_sees_chains(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text("bg = w.plan.schedule.graph.graph\nk = w.plan.schedule.kernels\nr = w.plan.removed\n"
+                   "n = len(s.graph.graph.buffers)\nf = self.program.plan\ng = self.plan.schedule.graph\n"
+                   "h = gm.graph.nodes\n")
+    assert _reach_throughs(src) == ["x.py:1: .plan.schedule.graph.graph", "x.py:2: .plan.schedule",
+                                    "x.py:4: .graph.graph", "x.py:6: .plan.schedule.graph"]

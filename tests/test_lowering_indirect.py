@@ -187,8 +187,8 @@ def _reused_inputs() -> list[torch.Tensor]:
 def test_indirectly_read_buffer_is_not_fused_nor_removed() -> None:
     inputs = _reused_inputs()
     w = run_until(_reused_then_gathered, inputs, "wrap")
-    s = w.plan.schedule
-    bg = s.graph.graph
+    s = w.schedule
+    bg = w.buffer_graph
     y = next(b for b in bg.buffers if b.rule == "reuse")
     gather = next(b for b in bg.buffers if isinstance(b, ComputedBuffer) and indirect_loads(b.body))
     assert indirect_loads(gather.body)[0].name == y.name
@@ -206,16 +206,17 @@ def test_indirectly_read_buffer_is_not_fused_nor_removed() -> None:
 
 def test_invariant_catches_an_indirectly_read_buffer_in_registers() -> None:
     w = run_until(_reused_then_gathered, _reused_inputs(), "wrap")
-    y = next(b.name for b in w.plan.schedule.graph.graph.buffers if b.rule == "reuse")
+    y = next(b.name for b in w.buffers if b.rule == "reuse")
     check_indirect_reads(w)
-    bad = attrs.evolve(w, plan=attrs.evolve(w.plan, removed=w.plan.removed | {y}))
+    plan = attrs.evolve(w.plan, removed=w.plan.removed | {y})
+    bad = attrs.evolve(w, kernel_program=attrs.evolve(w.kernel_program, plan=plan))
     with pytest.raises(InvariantError, match=f"reads {y} indirectly, but {y} is kept in registers"):
         check_indirect_reads(bad)
-    s = w.plan.schedule
-    gather = next(k for k in s.kernels if any(indirect_loads(s.graph.graph.get(n).body) for n in k.nodes))
+    s = w.schedule
+    gather = next(k for k in s.kernels if any(indirect_loads(w.get(n).body) for n in k.nodes))
     merged = attrs.evolve(gather, nodes=(y, *gather.nodes))
-    bad = attrs.evolve(w, plan=attrs.evolve(w.plan, schedule=attrs.evolve(
-        s, steps=tuple(merged if st is gather else st for st in s.steps))))
+    plan = attrs.evolve(w.plan, schedule=attrs.evolve(s, steps=tuple(merged if st is gather else st for st in s.steps)))
+    bad = attrs.evolve(w, kernel_program=attrs.evolve(w.kernel_program, plan=plan))
     with pytest.raises(InvariantError, match=f"reads {y} indirectly, but the same kernel writes it"):
         check_indirect_reads(bad)
 
@@ -249,7 +250,7 @@ def test_cross_entropy_writes_no_log_softmax(target: str, dtype: torch.dtype) ->
     logits, t = torch.randn(n, c).to(dtype), torch.randint(0, c, (n,))
     gm = make_fx(_cross_entropy)(logits, t)
     w = coil.default_pipeline().run(gm, [logits, t], until="wrap", options=coil.Options(target=target))
-    bg = w.plan.schedule.graph.graph
+    bg = w.buffer_graph
     assert not [b.name for b in bg.buffers if b.layout is not None and b.layout.numel == n * c], show(bg)
     assert not [b for b in bg.buffers if isinstance(b, ExternBuffer)], show(bg)
     assert all(ln.layout.numel < n * c for ln in w.lines if isinstance(ln, Alloc))
@@ -302,9 +303,9 @@ def test_cross_entropy_forward_and_backward_keep_no_extern() -> None:
     torch.testing.assert_close(x1.grad, x2.grad)
     assert len(programs) == 2
     for w in programs:
-        assert not [b for b in w.plan.schedule.graph.graph.buffers if isinstance(b, ExternBuffer)], show(w)
+        assert not [b for b in w.buffers if isinstance(b, ExternBuffer)], show(w)
         check_all(w)
-    assert len(programs[1].plan.schedule.kernels) == 1, show(programs[1].plan.schedule)
+    assert len(programs[1].kernels) == 1, show(programs[1].schedule)
 
 
 @pytest.mark.parametrize("target", TARGETS)
