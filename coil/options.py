@@ -115,11 +115,11 @@ TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, 
 # each target's traits: triton's limits are the GPU's (registers for 8192-wide rows,
 # graph_2000's 256-step chain ran 62.6 µs on the H200 at 128 nodes a kernel against
 # 71.4 at 64); the C++ target's compile time grows with a kernel's size, and mkldnn's
-# convolutions run about 2x faster channels-last on one CPU thread; Triton's
-# channels-last is off until measured on a GPU
+# convolutions run about 2x faster channels-last on one CPU thread; on a GPU,
+# cuDNN's do without the NCHW <-> NHWC conversions it makes around NCHW tensors
 TARGET_TRAITS: dict[str, TargetTraits] = {
     "triton": TargetTraits(("triton_poi", "triton_red", "triton_per"), 8192, 128, column_loop_min=128,
-                           channels_last=False, splits=TRITON_SPLITS, tiles=TRITON_TILES, launch=TRITON_LAUNCH,
+                           channels_last=True, splits=TRITON_SPLITS, tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
@@ -159,9 +159,10 @@ class Options:
     # dominate (bench/probes/long_rows.py)
     split_second_pass: int = 1 << 18
     # lower: in a graph with 2-d convolutions, compute the tensors around them
-    # channels-last (passes/layout.py); "auto": by target (cpp: on, mkldnn's
-    # convolutions run about 2x faster so on one CPU thread; triton: off until
-    # measured on a GPU), "on", "off"
+    # channels-last (passes/layout.py); "auto": by target (cpp and triton: on, as
+    # Inductor's layout optimisation: mkldnn's convolutions run about 2x faster so
+    # on one CPU thread, and cuDNN's without it converts NCHW to NHWC and back
+    # around each call), "on", "off"
     channels_last: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
     # realize: "reuse" makes a pointwise node with several readers and more than one
     # nontrivial read a buffer; "auto": by target (on everywhere for now).  Inductor

@@ -107,7 +107,9 @@ def test_trait_off_leaves_the_graph() -> None:
     inputs = _block_inputs()
     off = _lower(_block, inputs, channels_last="off")
     assert not any(n.name.endswith("__cl") for n in off.nodes)
-    assert prefer_channels_last(off, coil.Options(target="triton")) is off
+    assert prefer_channels_last(off, coil.Options(target="reference")) is off
+    assert prefer_channels_last(off, coil.Options(target="triton", channels_last="off")) is off
+    assert prefer_channels_last(off, coil.Options(target="triton")) != off
     assert prefer_channels_last(off, coil.Options(target="cpp")) != off
 
 
