@@ -13,7 +13,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.layout import Layout
-from coil.ir.module import KernelSource
+from coil.ir.module import KernelSource, SourceLanguage
 from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
 from coil.options import Options
@@ -82,7 +82,7 @@ def kernel_source(k: FusedKernel, program: WrapperProgram) -> KernelSource:
         lines += ["    " + ln for ln in _node_lines(b, ptr, layouts)]
         if b.name not in ptr:  # kept in registers: a local temporary
             ptr[b.name] = b.name
-    return KernelSource(k.name, "\n".join(lines), "python")
+    return KernelSource(k.name, "\n".join(lines), SourceLanguage.PYTHON)
 
 
 def _node_lines(b: ComputedBuffer, ptr: dict[str, str], layouts: dict[str, Layout]) -> list[str]:

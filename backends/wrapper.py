@@ -17,6 +17,7 @@ from coil.ir.wrapper import (
     Alloc,
     ExternCall,
     Free,
+    FreeKind,
     KernelCall,
     MultiOutputLine,
     ReinterpretView,
@@ -155,7 +156,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i}]' for i in ln.index)}")
                 out += _ensure_layout(program, ln.name, indexed)
             case Free():
-                if ln.kind == "buffer" and options.sanitize and owns_storage(program, ln.name):
+                if ln.kind is FreeKind.BUFFER and options.sanitize and owns_storage(program, ln.name):
                     out.append(f"    poison({ln.name}); del {ln.name}")
                 else:
                     out.append(f"    del {ln.name}")

@@ -14,6 +14,7 @@ Grammar::
              | MultiOutputBuffer(name, extern, index, layout, rule, origins)
              | AliasBuffer(name, base, layout, rule, origins)
                                      a view of another buffer or input, no copy
+    rule ::= Rule                    output | reduction | extern | reuse | ... (Rule)
 
 Bodies load only InputBuffers and Buffers, by logical index; the loaded buffer's
 layout turns a logical index into a storage offset.
@@ -21,6 +22,7 @@ layout turns a logical index into a storage offset.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Union
 
 import attrs
@@ -31,6 +33,32 @@ from coil.ir.layout import Layout
 
 def _ints(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
+
+
+class Rule(enum.StrEnum):
+    """Why realize gave a node a buffer (the seed's realize reasons), or, for the
+    last four, why a node of the realize table has none."""
+
+    OUTPUT = "output"  # a graph output
+    REDUCTION = "reduction"  # a reduction is always realized
+    EXTERN = "extern"  # an aten kernel's result
+    DATA_DEPENDENT = "data_dependent"  # an extern whose size depends on data (nonzero, ...)
+    MULTI_OUTPUT = "multi_output"  # one result of a tuple-valued extern
+    EXTERN_INPUT = "extern_input"  # read by an extern, which needs a real tensor
+    FREE_OUTPUT_BASE = "free_output_base"  # the channels-last node under a saved view
+    OPCOUNT_THRESHOLD = "opcount_threshold"  # too many ops to inline into several readers
+    READS_THRESHOLD = "reads_threshold"  # too many distinct reads to inline into several readers
+    REUSE = "reuse"  # read whole by several readers while itself reading several tensors
+    ACC_READS_THRESHOLD = "acc_reads_threshold"  # reads too many buffers to be inlined
+    MUTATION = "mutation"  # reads a buffer that is mutated before its last reader runs
+    OUTPUT_STRIDE = "output_stride"  # a copy that holds an output to the strides FX promised
+    OUTPUT_VIEW = "output_view"  # an output that is a view of a buffer: an alias, no copy
+    EXTERN_INPUT_VIEW = "extern_input_view"  # an extern's input that is a view: an alias
+    # realize-table rows only
+    GRAPH_INPUT = "graph_input"
+    DEAD = "dead"  # read by nothing
+    INLINED = "inlined"  # its body is substituted into its readers'
+    INDEX_REMAP = "index_remap"  # a view folded into its readers' indices
 
 
 @attrs.frozen(cache_hash=True)
@@ -49,7 +77,7 @@ class ComputedBuffer:
     reduction_ranges: tuple[int, ...] = attrs.field(converter=_ints)
     reduction_type: str | None
     body: Expr
-    rule: str
+    rule: Rule
     origins: tuple[str, ...]  # FX nodes whose compute lives in this buffer
     ops: tuple[str, ...]  # their aten ops' short names, for kernel names
 
@@ -65,7 +93,7 @@ class ExternBuffer:
     args: tuple[Any, ...]  # nested tuples of TensorRef / constants; refs name buffers
     kwargs: tuple[tuple[str, Any], ...]
     layout: Layout | None  # None for a tuple result, read through MultiOutputBuffers
-    rule: str
+    rule: Rule
     origins: tuple[str, ...]
     ops: tuple[str, ...]
     mutated: tuple[str, ...] = ()
@@ -77,7 +105,7 @@ class MultiOutputBuffer:
     extern: str
     index: tuple[int, ...]
     layout: Layout
-    rule: str
+    rule: Rule
     origins: tuple[str, ...]
     ops: tuple[str, ...]
 
@@ -89,7 +117,7 @@ class AliasBuffer:
     name: str
     base: str
     layout: Layout
-    rule: str
+    rule: Rule
     origins: tuple[str, ...]
     ops: tuple[str, ...]
 
@@ -105,7 +133,7 @@ class RealizeRow:
     ir_node: str  # Pointwise / Reduction / View / Extern / ...
     realized: bool
     buffer: str | None  # the bufN (or input name) it became
-    rule: str  # why realized, or why inlined
+    rule: str  # a Rule: why realized, or why not (`inlined into buf3, buf5`: where its body went)
 
 
 @attrs.frozen

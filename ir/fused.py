@@ -8,14 +8,17 @@ Grammar::
 
     FusedSchedule ::= (steps: Step*, graph: ScheduleGraph, fusion_log: FusionDecision*)
     Step ::= FusedKernel(name, nodes, kind, group)   kind: pointwise | reduction
-                                                     | persistent
+                                                     | persistent (KernelKind)
            | ExternStep(name)                        one extern scheduler node
            | NopStep(name)                           an alias: no kernel
     FusionDecision ::= (round, node1, node2, direction, verdict, reason, score)
+    direction ::= vertical | horizontal                 (Direction)
+    verdict ::= fused | illegal | refused               (Verdict)
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Union
 
 import attrs
@@ -24,14 +27,36 @@ from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, SchedulerNode
 
-KERNEL_KINDS = ("pointwise", "reduction", "persistent")
+class KernelKind(enum.StrEnum):
+    """How a fused kernel iterates: pointwise, a looped reduction, or a persistent
+    one (the whole reduction held at once)."""
+
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    PERSISTENT = "persistent"
+
+
+class Direction(enum.StrEnum):
+    """How two fusion candidates relate: a producer and its consumer, or siblings."""
+
+    VERTICAL = "vertical"
+    HORIZONTAL = "horizontal"
+
+
+class Verdict(enum.StrEnum):
+    """What fuse decided for a pair: fused; illegal (a legality rule failed); refused
+    (legal alone, but it would make a cycle)."""
+
+    FUSED = "fused"
+    ILLEGAL = "illegal"
+    REFUSED = "refused"
 
 
 @attrs.frozen(cache_hash=True)
 class FusedKernel:
     name: str  # triton_poi_fused_<ops>_N, triton_red_..., triton_per_..., cpp_fused_...
     nodes: tuple[str, ...]  # scheduler node names, in the order they run inside
-    kind: str = attrs.field(validator=attrs.validators.in_(KERNEL_KINDS))
+    kind: KernelKind = attrs.field(converter=KernelKind)
     group: tuple[int, int]  # (numel, reduction numel)
 
 
@@ -61,8 +86,8 @@ class FusionDecision:
     round: int
     node1: str
     node2: str
-    direction: str  # vertical | horizontal
-    verdict: str  # fused | illegal | refused
+    direction: Direction = attrs.field(converter=Direction)
+    verdict: Verdict = attrs.field(converter=Verdict)
     reason: str  # which legality rule failed, "cycle", or "saves N bytes"
     score: int
 

@@ -277,7 +277,7 @@ class KernelSpec:
                 return "tiled"
             case Rows(columns=True) | Split(columns=True):
                 return "columns"
-        return self.kind
+        return str(self.kind)  # a plain str, as the others: autotuning's key prints it with repr
 
     @property
     def reductions(self) -> int:

@@ -8,12 +8,15 @@ chosen; - nothing.
 Grammar::
 
     MemoryPlan ::= (steps: PlannedStep*, schedule: FusedSchedule, removed: name set,
-                    peak_bytes, strategy, candidates: (strategy, peak_bytes)*)
+                    peak_bytes, strategy: Order, candidates: (Order, peak_bytes)*)
     PlannedStep ::= (step, last_usage: name set, allocs: name*, reuses: (new, old)*,
                      frees: name*, live_bytes: int)
 """
 
 from __future__ import annotations
+
+import enum
+from typing import Iterable
 
 import attrs
 
@@ -21,6 +24,20 @@ from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
 from coil.ir.fused import FusedKernel, FusedSchedule, Step
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, SchedulerNode
+
+
+class Order(enum.StrEnum):
+    """The execution orders plan_memory tries (reorder_for_peak_memory), as
+    Inductor's memory.py names them; it keeps the one of lowest peak."""
+
+    ORIGINAL = "original"  # fuse's order
+    LPMF = "lpmf"  # least peak memory first
+    BFS = "bfs"
+    DFS = "dfs"
+
+
+def _candidates(value: Iterable[tuple[str, int]]) -> tuple[tuple[Order, int], ...]:
+    return tuple((Order(name), int(peak)) for name, peak in value)
 
 
 @attrs.frozen
@@ -39,8 +56,8 @@ class MemoryPlan:
     schedule: FusedSchedule
     removed: frozenset[str]  # written and read inside one kernel only
     peak_bytes: int
-    strategy: str = "original"
-    candidates: tuple[tuple[str, int], ...] = ()
+    strategy: Order = attrs.field(default=Order.ORIGINAL, converter=Order)
+    candidates: tuple[tuple[Order, int], ...] = attrs.field(default=(), converter=_candidates)
 
     # the earlier languages' accessors, at the top level (MemoryPlan extends
     # FusedSchedule), so that no reader digs through nested fields

@@ -7,6 +7,8 @@ vs WrapperProgram: + Python / Triton / C++ text; - the line objects (kept as
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
 from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
@@ -17,11 +19,19 @@ from coil.ir.schedule import ScheduleGraph
 from coil.ir.wrapper import WrapperProgram
 
 
+class SourceLanguage(enum.StrEnum):
+    """What a kernel's source is written in: one per target (reference, triton, cpp)."""
+
+    PYTHON = "python"
+    TRITON = "triton"
+    CPP = "cpp"
+
+
 @attrs.frozen
 class KernelSource:
     name: str
     source: str
-    language: str  # python | triton | cpp
+    language: SourceLanguage = attrs.field(converter=SourceLanguage)
 
 
 @attrs.frozen

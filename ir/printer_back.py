@@ -11,6 +11,7 @@ from coil.ir.wrapper import (
     Alloc,
     ExternCall,
     Free,
+    FreeKind,
     KernelCall,
     MultiOutputLine,
     ReinterpretView,
@@ -80,7 +81,7 @@ def show_wrapper(w: WrapperProgram) -> str:
             case MultiOutputLine():
                 out.append(f"  {ln.name} = {ln.extern}{list(ln.index)}")
             case Free():
-                out.append(f"  del {ln.name}  # {'FreeLine' if ln.kind == 'input' else 'FreeIfNotReusedLine'}")
+                out.append(f"  del {ln.name}  # {'FreeLine' if ln.kind is FreeKind.INPUT else 'FreeIfNotReusedLine'}")
             case Return():
                 out.append(f"  return ({', '.join(str(n) for n in ln.names)},)")
     return "\n".join(out)

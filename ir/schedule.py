@@ -9,7 +9,7 @@ Grammar::
     ScheduleGraph ::= (nodes: SchedulerNode*, graph: BufferGraph,
                        mutation_real_name: (name -> name)*)
     SchedulerNode ::= (name, kind, group, read_writes)
-    kind ::= "pointwise" | "reduction" | "extern" | "nop"
+    kind ::= pointwise | reduction | extern | nop          (NodeKind)
     ReadWrites ::= (reads: Dep set, writes: Dep set)
     Dep ::= MemoryDep(name, index, var_names, size)   flat storage offset over
                                                       canonical vars c0..ck
@@ -19,6 +19,7 @@ Grammar::
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Iterable, Union
 
 import attrs
@@ -107,13 +108,20 @@ class ReadWrites:
         return ReadWrites(frozenset(d for d in self.reads if d.name not in drop), self.writes)
 
 
-KINDS = ("pointwise", "reduction", "extern", "nop")
+class NodeKind(enum.StrEnum):
+    """What a scheduler node runs as: fusable loops (pointwise, reduction), an aten
+    call (extern), or nothing (nop: an alias or one result of a tuple)."""
+
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    EXTERN = "extern"
+    NOP = "nop"
 
 
 @attrs.frozen(cache_hash=True)
 class SchedulerNode:
     name: str
-    kind: str = attrs.field(validator=attrs.validators.in_(KINDS))
+    kind: NodeKind = attrs.field(converter=NodeKind)
     group: tuple[int, int]  # (numel, reduction numel); (0, 0) for extern / nop
     read_writes: ReadWrites
     origins: tuple[str, ...]

@@ -21,6 +21,7 @@ Grammar::
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Union
 
 import attrs
@@ -87,10 +88,18 @@ class MultiOutputLine:
     index: tuple[int, ...]
 
 
+class FreeKind(enum.StrEnum):
+    """Inductor's two free lines: a graph input's (FreeLine: `del argN_1`) and a
+    buffer's (FreeIfNotReusedLine: nothing when a later Reuse takes its storage)."""
+
+    INPUT = "input"
+    BUFFER = "buffer"
+
+
 @attrs.frozen
 class Free:
     name: str
-    kind: str = attrs.field(validator=attrs.validators.in_(("input", "buffer")))
+    kind: FreeKind = attrs.field(converter=FreeKind)
 
 
 @attrs.frozen

@@ -21,7 +21,7 @@ from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, O
 from coil.ir.indexing import numel
 from coil.ir.layout import Layout
 from coil.ir.lowered import extern_tensor_names
-from coil.ir.schedule import Dep, MemoryDep, ReadWrites, ScheduleGraph, SchedulerNode, StarDep, WeakDep
+from coil.ir.schedule import Dep, MemoryDep, NodeKind, ReadWrites, ScheduleGraph, SchedulerNode, StarDep, WeakDep
 from coil.options import Options
 
 log = logging.getLogger("coil.trace")
@@ -109,7 +109,7 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
         match b:
             case ComputedBuffer():
                 rw = computed_read_writes(b, layouts)
-                kind = "reduction" if b.is_reduction else "pointwise"
+                kind = NodeKind.REDUCTION if b.is_reduction else NodeKind.POINTWISE
                 group = (numel(b.ranges), numel(b.reduction_ranges) if b.is_reduction else 1)
             case ExternBuffer():
                 names = extern_tensor_names((b.args, tuple(v for _, v in b.kwargs)))
@@ -120,13 +120,13 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
                     if b.layout is not None:
                         mutation_real_name.append((b.name, m))
                 rw = ReadWrites(frozenset(reads), frozenset(writes))
-                kind, group = "extern", (0, 0)
+                kind, group = NodeKind.EXTERN, (0, 0)
             case MultiOutputBuffer():
                 rw = ReadWrites(frozenset({StarDep(b.extern)}), frozenset({StarDep(b.name)}))
-                kind, group = "nop", (0, 0)
+                kind, group = NodeKind.NOP, (0, 0)
             case AliasBuffer():
                 rw = ReadWrites(frozenset({StarDep(b.base)}), frozenset({StarDep(b.name)}))
-                kind, group = "nop", (0, 0)
+                kind, group = NodeKind.NOP, (0, 0)
         for d in rw.reads:
             readers_so_far.setdefault(d.name, []).append(b.name)
         log.debug("read_writes %s: reads=%s writes=%s", b.name,

@@ -18,8 +18,19 @@ from typing import Iterable
 import attrs
 
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, FusionDecision, NopStep, Step
-from coil.ir.schedule import ScheduleGraph, WeakDep
+from coil.ir.fused import (
+    Direction,
+    ExternStep,
+    FusedKernel,
+    FusedSchedule,
+    FusionDecision,
+    KernelKind,
+    NopStep,
+    Step,
+    Verdict,
+)
+from coil.ir.kernel import Role
+from coil.ir.schedule import NodeKind, ScheduleGraph, WeakDep
 from coil.options import Options, TargetTraits
 from coil.passes.kernel_model import (
     kernel_layouts,
@@ -80,7 +91,7 @@ class _Fuser:
                 if not isinstance(d, WeakDep):
                     self.readers_of.setdefault(d.name, []).append(n.name)
         for n in g.nodes:
-            if n.kind in ("pointwise", "reduction"):
+            if n.kind in (NodeKind.POINTWISE, NodeKind.REDUCTION):
                 grp = Group((n.name,), n.group, self.pos[n.name], self.pos[n.name])
                 self.groups[n.name] = grp
                 self.group_of[n.name] = n.name
@@ -111,7 +122,7 @@ class _Fuser:
         if (splits is not None and self.o.split_second_pass > 0 and grp[1] > 1
                 and splits_rows(grp, splits, self.o.split_second_pass)):
             for c in members:
-                if node_role(self.bufs[c], grp) == "outer":
+                if node_role(self.bufs[c], grp) is Role.OUTER:
                     continue  # computed once a row, after the row is reduced
                 for p in self.producers[c]:
                     if p in inside and self.bufs[p].is_reduction:
@@ -191,7 +202,7 @@ class _Fuser:
 
     # ---- rounds -------------------------------------------------------------------------------
 
-    def candidates(self) -> Iterable[tuple[str, str, str]]:
+    def candidates(self) -> Iterable[tuple[str, str, Direction]]:
         seen: set[tuple[str, str]] = set()
         for gname, grp in self.groups.items():
             for n in grp.nodes:
@@ -201,17 +212,17 @@ class _Fuser:
                         key = (gname, other)
                         if key not in seen:
                             seen.add(key)
-                            yield gname, other, "vertical"
+                            yield gname, other, Direction.VERTICAL
         for name, readers in self.readers_of.items():
             gs = list(dict.fromkeys(self.group_of[r] for r in readers if r in self.group_of))
             for x, y in zip(gs, gs[1:]):
                 key = (x, y) if self.groups[x].first <= self.groups[y].first else (y, x)
                 if key not in seen and (key[1], key[0]) not in seen:
                     seen.add(key)
-                    yield key[0], key[1], "horizontal"
+                    yield key[0], key[1], Direction.HORIZONTAL
 
     def run_round(self, rnd: int, prune: bool = True) -> int:
-        ranked: list[tuple[int, int, str, str, str]] = []
+        ranked: list[tuple[int, int, str, str, Direction]] = []
         for a, b, direction in self.candidates():
             ga, gb = self.groups[a], self.groups[b]
             score = self.score_fusion_memory(ga, gb)
@@ -225,15 +236,15 @@ class _Fuser:
             ga, gb = self.groups[a], self.groups[b]
             why = self.can_fuse(ga, gb)
             if why is not None:
-                self.log.append(FusionDecision(rnd, a, b, direction, "illegal", why, -neg))
+                self.log.append(FusionDecision(rnd, a, b, direction, Verdict.ILLEGAL, why, -neg))
                 continue
             if self.will_fusion_create_cycle(ga, gb, prune):
-                self.log.append(FusionDecision(rnd, a, b, direction, "refused", "cycle", -neg))
+                self.log.append(FusionDecision(rnd, a, b, direction, Verdict.REFUSED, "cycle", -neg))
                 continue
             self.merge(ga, gb)
             touched |= {a, b}
             fused += 1
-            self.log.append(FusionDecision(rnd, a, b, direction, "fused", f"saves {-neg} bytes", -neg))
+            self.log.append(FusionDecision(rnd, a, b, direction, Verdict.FUSED, f"saves {-neg} bytes", -neg))
             log.debug("fuse %s + %s (%s, score %d)", a, b, direction, -neg)
         return fused
 
@@ -284,31 +295,31 @@ class _Fuser:
 
     def _step(self, nodes: tuple[str, ...]) -> Step:
         node = self.g.node(nodes[0])
-        if node.kind == "extern":
+        if node.kind is NodeKind.EXTERN:
             return ExternStep(node.name)
-        if node.kind == "nop":
+        if node.kind is NodeKind.NOP:
             return NopStep(node.name)
         grp = self.groups[self.group_of[nodes[0]]]
         kind = _kind(grp.group, self.o)
         column_min = self.o.traits().column_loop_min
-        if kind == "persistent" and column_min is not None and grp.group[1] >= column_min:
+        if kind is KernelKind.PERSISTENT and column_min is not None and grp.group[1] >= column_min:
             bufs = tuple(self.bufs[n] for n in nodes)
             if reads_down_columns(bufs, kernel_layouts(self.g), grp.group):
-                kind = "reduction"  # looped, a block of columns a program (kernel_model.reads_down_columns)
+                kind = KernelKind.REDUCTION  # looped, a block of columns a program (kernel_model.reads_down_columns)
         return FusedKernel("", nodes, kind, grp.group)
 
 
-def _kind(group: tuple[int, int], o: Options) -> str:
+def _kind(group: tuple[int, int], o: Options) -> KernelKind:
     if group[1] <= 1:
-        return "pointwise"
-    return "persistent" if group[1] <= o.persistent_limit() else "reduction"
+        return KernelKind.POINTWISE
+    return KernelKind.PERSISTENT if group[1] <= o.persistent_limit() else KernelKind.REDUCTION
 
 
-def kernel_name(kind: str, ops: Iterable[str], k: int, traits: TargetTraits) -> str:
+def kernel_name(kind: KernelKind, ops: Iterable[str], k: int, traits: TargetTraits) -> str:
     names = sorted(set(ops))
     if len(names) > 8:
         names = names[:8]
-    prefix = traits.prefixes[("pointwise", "reduction", "persistent").index(kind)]
+    prefix = traits.prefixes[tuple(KernelKind).index(kind)]  # in KernelKind's order
     return f"{prefix}_fused_{'_'.join(names)}_{k}"
 
 

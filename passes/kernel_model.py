@@ -28,7 +28,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Load, indirect_loads, loads, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.indexing import numel, simplify_index, unflatten
-from coil.ir.kernel import RINDEX, XINDEX, YINDEX, Param
+from coil.ir.kernel import RINDEX, XINDEX, YINDEX, Param, Role
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
 from coil.options import SplitTraits
@@ -47,16 +47,16 @@ def splits_rows(group: tuple[int, int], splits: SplitTraits, row_min: int = 0) -
     return rnumel >= max(row_min, splits.row_min) and rows <= splits.max_rows
 
 
-def node_role(b: ComputedBuffer, group: tuple[int, int]) -> str | None:
+def node_role(b: ComputedBuffer, group: tuple[int, int]) -> Role | None:
     """reduction | outer | inner, or None when the buffer cannot run in this group."""
     n, r = group
     if b.is_reduction:
-        return "reduction" if (numel(b.ranges), numel(b.reduction_ranges)) == (n, r) else None
+        return Role.REDUCTION if (numel(b.ranges), numel(b.reduction_ranges)) == (n, r) else None
     size = numel(b.ranges)
     if size == n:
-        return "outer"
+        return Role.OUTER
     if r > 1 and size == n * r:
-        return "inner"
+        return Role.INNER
     return None
 
 
@@ -65,12 +65,12 @@ def var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sym
     role = node_role(b, group)
     rng = kernel_ranges(group)
     xs = xsyms(len(b.ranges))
-    if role == "inner":
+    if role is Role.INNER:
         flat: sympy.Expr = XINDEX * group[1] + RINDEX
     else:
         flat = XINDEX
     m = {s: simplify_index(e, rng) for s, e in zip(xs, unflatten(flat, b.ranges))}
-    if role == "reduction":
+    if role is Role.REDUCTION:
         rs = rsyms(len(b.reduction_ranges))
         m.update({s: simplify_index(e, rng) for s, e in zip(rs, unflatten(RINDEX, b.reduction_ranges))})
     return m
@@ -101,7 +101,7 @@ def reads_in_registers(consumer: ComputedBuffer, producer: ComputedBuffer, group
     # reduction dimension is trivial: its value is per-xindex, fine; inner -> outer
     # would need a value per rindex, which an outer node cannot see.
     pr, cr = node_role(producer, group), node_role(consumer, group)
-    if pr == "inner" and cr == "outer":
+    if pr is Role.INNER and cr is Role.OUTER:
         return False
     return True
 
@@ -128,7 +128,7 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
     inside = {b.name for b in nodes}
     along_x = False
     for b in nodes:
-        if node_role(b, group) not in ("reduction", "inner"):
+        if node_role(b, group) not in (Role.REDUCTION, Role.INNER):
             continue
         m = var_map(b, group)
         for ld in loads(b.body):

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, MultiOutputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, Step
-from coil.ir.memory import MemoryPlan, PlannedStep
+from coil.ir.memory import MemoryPlan, Order, PlannedStep
 from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names
 from coil.options import Options
 
@@ -157,14 +157,14 @@ def _step_graph(steps: Sequence[Step], g: ScheduleGraph) -> tuple[dict[int, set[
     return succ, indeg
 
 
-def _kahn(steps: Sequence[Step], g: ScheduleGraph, pick: str) -> list[Step]:
+def _kahn(steps: Sequence[Step], g: ScheduleGraph, pick: Order) -> list[Step]:
     """Topological order: `bfs` takes the oldest ready step, `dfs` the newest."""
     succ, indeg = _step_graph(steps, g)
     indeg = dict(indeg)
     ready: deque[int] = deque(sorted(i for i, d in indeg.items() if d == 0))
     order: list[int] = []
     while ready:
-        i = ready.popleft() if pick == "bfs" else ready.pop()
+        i = ready.popleft() if pick is Order.BFS else ready.pop()
         order.append(i)
         ready.extend(sorted(j for j in succ[i] if _dec(indeg, j)))
     return [steps[i] for i in order]
@@ -226,15 +226,15 @@ def _kahn_with_update(steps: Sequence[Step], g: ScheduleGraph, cost: Callable[[i
 def plan_memory(s: FusedSchedule, options: Options) -> MemoryPlan:
     """Lifetimes, frees, reuse and the peak estimate (best of several orders)."""
     removed = removed_buffers(s)
-    candidates: list[tuple[str, Sequence[Step]]] = [("original", s.steps)]
+    candidates: list[tuple[Order, Sequence[Step]]] = [(Order.ORIGINAL, s.steps)]
     if options.reorder_for_peak_memory and len(s.steps) > 2:
         candidates += [
-            ("lpmf", _lpmf(s.steps, s, removed)),
-            ("bfs", _kahn(s.steps, s.graph, "bfs")),
-            ("dfs", _kahn(s.steps, s.graph, "dfs")),
+            (Order.LPMF, _lpmf(s.steps, s, removed)),
+            (Order.BFS, _kahn(s.steps, s.graph, Order.BFS)),
+            (Order.DFS, _kahn(s.steps, s.graph, Order.DFS)),
         ]
-    best: tuple[str, tuple[PlannedStep, ...], int] | None = None
-    peaks: list[tuple[str, int]] = []
+    best: tuple[Order, tuple[PlannedStep, ...], int] | None = None
+    peaks: list[tuple[Order, int]] = []
     for name, order in candidates:
         steps, peak = plan_order(order, s, removed)
         peaks.append((name, peak))
@@ -248,6 +248,6 @@ def plan_memory(s: FusedSchedule, options: Options) -> MemoryPlan:
                       sorted(ps.last_usage))
         for f in ps.frees:
             log.debug("free %s", f)
-    log.debug("peak %d bytes with order %s (candidates %s)", peak, name, peaks)
+    log.debug("peak %d bytes with order %s (candidates %s)", peak, name, [(str(n), b) for n, b in peaks])
     return MemoryPlan(steps, s, removed, peak, name, tuple(peaks))
 

@@ -42,6 +42,7 @@ from coil.ir.buffers import (
     InputBuffer,
     MultiOutputBuffer,
     RealizeRow,
+    Rule,
 )
 from coil.ir.expr import (
     Cast,
@@ -253,7 +254,7 @@ class _Realizer:
 
     # ---- registration ---------------------------------------------------------------------
 
-    def register(self, make: Any, lnode_name: str, rule: str, fx: str, kind: str) -> str:
+    def register(self, make: Any, lnode_name: str, rule: Rule, fx: str, kind: str) -> str:
         name = f"buf{len(self.buffers)}"
         buf = make(name)
         self.buffers.append(buf)
@@ -266,11 +267,11 @@ class _Realizer:
         return name
 
     def computed(self, lnode_name: str, fx: str, kind: str, body: Expr, ranges: tuple[int, ...],
-                 red: tuple[int, ...], rtype: str | None, dtype: torch.dtype, device: str, rule: str,
+                 red: tuple[int, ...], rtype: str | None, dtype: torch.dtype, device: str, rule: Rule,
                  origins: frozenset[str], ops: tuple[str, ...]) -> str:
         rng = {**ranges_of(xsyms(len(ranges)), ranges), **ranges_of(rsyms(len(red)), red)}
         body = _simplify_body(body, rng)
-        stride = self.out_stride.get(lnode_name) if rule == "output" else None
+        stride = self.out_stride.get(lnode_name) if rule is Rule.OUTPUT else None
         if stride is not None and _dense(tuple(ranges), stride):
             layout = Layout(ranges, stride, dtype, device)  # the strides the graph promises
         else:
@@ -284,22 +285,22 @@ class _Realizer:
 
     # ---- the rules ---------------------------------------------------------------------------
 
-    def multi_reader_rule(self, name: str, body: Expr) -> str | None:
+    def multi_reader_rule(self, name: str, body: Expr) -> Rule | None:
         readers = self.readers.get(name, [])
         if len(readers) + (name in self.outputs) <= 1:
             return None
         distinct = {(e.name, e.index, getattr(e, "values", ())) for e in walk(body) if isinstance(e, (Load, IndirectLoad))}
         nontrivial = {(n, i, v) for n, i, v in distinct if numel(self.layouts[n].size if n in self.layouts else ()) > 1}
         if count_ops(body) > self.o.realize_opcount_threshold:
-            return "opcount_threshold"
+            return Rule.OPCOUNT_THRESHOLD
         if len(distinct) > self.o.realize_reads_threshold:
-            return "reads_threshold"
+            return Rule.READS_THRESHOLD
         if (self.o.realizes_reused() and len(nontrivial) > 1
                 and self.full_readers[name] + (name in self.outputs) > 1):
-            return "reuse"
+            return Rule.REUSE
         return None
 
-    def mutation_rule(self, node: LNode, body: Expr) -> str | None:
+    def mutation_rule(self, node: LNode, body: Expr) -> Rule | None:
         here = self.pos[node.name]
         reads = set(read_names(body))
         for at, mutated in self.mutations:
@@ -308,26 +309,26 @@ class _Realizer:
             target = self.env.get(mutated)
             tname = target.name if isinstance(target, _Realized) else mutated
             if tname in reads and any(self.pos[r] > at for r in self.readers.get(node.name, [])):
-                return "mutation"
+                return Rule.MUTATION
         return None
 
-    def realize_rule(self, node: Union[Pointwise, View], body: Expr) -> str | None:
+    def realize_rule(self, node: Union[Pointwise, View], body: Expr) -> Rule | None:
         readers = self.readers.get(node.name, [])
         if node.name in self.outputs and not isinstance(node, View):
-            return "output"
+            return Rule.OUTPUT
         if any(isinstance(self.g.node(r), Extern) for r in readers) and not isinstance(node, View):
-            return "extern_input"
+            return Rule.EXTERN_INPUT
         if any(r in self.free_outputs and isinstance(self.g.node(r), View) for r in readers) \
                 and not isinstance(node, View):
             # a channels-last node whose (N, C, H, W) view is saved for the backward
-            return "free_output_base"
+            return Rule.FREE_OUTPUT_BASE
         if not readers:
             return None
         rule = self.multi_reader_rule(node.name, body) if not isinstance(node, View) else None
         if rule:
             return rule
         if len(read_names(body)) > self.o.realize_acc_reads_threshold:
-            return "acc_reads_threshold"
+            return Rule.ACC_READS_THRESHOLD
         return self.mutation_rule(node, body)
 
     # ---- per node kind ---------------------------------------------------------------------
@@ -338,42 +339,43 @@ class _Realizer:
                 self.inputs.append(InputBuffer(n.name, n.layout, n.value, n.token))
                 self.layouts[n.name] = n.layout
                 self.env[n.name] = _Realized(n.name)
-                self.rows[n.name] = RealizeRow(n.name, "Input", True, n.name, "graph_input")
+                self.rows[n.name] = RealizeRow(n.name, "Input", True, n.name, Rule.GRAPH_INPUT)
             case Pointwise():
                 body, origins, ops = self.resolve(n.body, n.name)
                 if not self.readers.get(n.name) and n.name not in self.outputs:
-                    self.rows[n.name] = RealizeRow(n.origin, "Pointwise", False, None, "dead")
+                    self.rows[n.name] = RealizeRow(n.origin, "Pointwise", False, None, Rule.DEAD)
                     return
                 rule = self.realize_rule(n, body)
                 if rule is None:
                     self.env[n.name] = _Inline(body, n.ranges, origins | {n.origin}, (*ops, n.op))
-                    self.rows[n.name] = RealizeRow(n.origin, "Pointwise", False, None, "inlined")
+                    self.rows[n.name] = RealizeRow(n.origin, "Pointwise", False, None, Rule.INLINED)
                 else:
                     self.computed(n.name, n.origin, "Pointwise", body, n.ranges, (), None, n.dtype, n.device, rule, origins, ops)
             case Reduction():
                 body, origins, ops = self.resolve(n.body, n.name)
                 if not self.readers.get(n.name) and n.name not in self.outputs:
-                    self.rows[n.name] = RealizeRow(n.origin, "Reduction", False, None, "dead")
+                    self.rows[n.name] = RealizeRow(n.origin, "Reduction", False, None, Rule.DEAD)
                     return
-                rule = "output" if n.name in self.outputs else "reduction"
+                rule = Rule.OUTPUT if n.name in self.outputs else Rule.REDUCTION
                 self.computed(n.name, n.origin, "Reduction", body, n.ranges, n.reduction_ranges,
                               n.reduction_type, n.dtype, n.device, rule, origins, ops)
             case View():
                 if not self.readers.get(n.name) and n.name not in self.outputs:
                     # a dead view makes its base dead too (readers look through views): skip it
-                    self.rows[n.name] = RealizeRow(n.origin, "View", False, None, "dead")
+                    self.rows[n.name] = RealizeRow(n.origin, "View", False, None, Rule.DEAD)
                     return
                 body, origins, ops = self.resolve(Load(n.base, n.index, n.dtype), n.name)
                 self.env[n.name] = _Inline(body, n.ranges, origins | {n.origin}, (*ops, n.op))
-                self.rows[n.name] = RealizeRow(n.origin, "View", False, None, "index_remap")
+                self.rows[n.name] = RealizeRow(n.origin, "View", False, None, Rule.INDEX_REMAP)
             case Extern():
                 self.visit_extern(n)
             case MultiOutput():
                 ext = self.env[n.extern]
                 assert isinstance(ext, _Realized)
                 self.register(
-                    lambda name: MultiOutputBuffer(name, ext.name, n.index, n.layout, "multi_output", (n.origin,), (n.op,)),
-                    n.name, "multi_output", n.origin, "MultiOutput",
+                    lambda name: MultiOutputBuffer(name, ext.name, n.index, n.layout, Rule.MULTI_OUTPUT,
+                                                   (n.origin,), (n.op,)),
+                    n.name, Rule.MULTI_OUTPUT, n.origin, "MultiOutput",
                 )
 
     def visit_extern(self, n: Extern) -> None:
@@ -388,15 +390,15 @@ class _Realizer:
 
         def arg(a: Any) -> Any:
             if isinstance(a, TensorRef):
-                return TensorRef(self.materialize(a.name, "extern_input"))
+                return TensorRef(self.materialize(a.name, Rule.EXTERN_INPUT))
             if isinstance(a, tuple):
                 return tuple(arg(x) for x in a)
             return a
 
         args = arg(n.args)
         kwargs = tuple((k, arg(v)) for k, v in n.kwargs)
-        mutated = tuple(self.materialize(m, "extern_input") for m in n.mutated)
-        rule = "data_dependent" if n.op in DATA_DEPENDENT else "extern"
+        mutated = tuple(self.materialize(m, Rule.EXTERN_INPUT) for m in n.mutated)
+        rule = Rule.DATA_DEPENDENT if n.op in DATA_DEPENDENT else Rule.EXTERN
         self.register(
             lambda name: ExternBuffer(name, n.kernel, args, kwargs, n.layout, rule, (n.origin,), (n.op,), mutated),
             n.name, rule, n.origin, "Extern",
@@ -416,13 +418,13 @@ class _Realizer:
         name = f"buf{len(self.buffers)}"
         body = Load(buf, xsyms(len(lay.size)), lay.dtype)
         layout = Layout(lay.size, stride, lay.dtype, lay.device)
-        self.buffers.append(ComputedBuffer(name, layout, lay.size, (), None, body, "output_stride",
+        self.buffers.append(ComputedBuffer(name, layout, lay.size, (), None, body, Rule.OUTPUT_STRIDE,
                                            (getattr(node, "origin", lnode),), (getattr(node, "op", "copy"),)))
         self.layouts[name] = layout
         log.debug("realize %s -> %s, rule output_stride", lnode, name)
         return name
 
-    def materialize(self, name: str, rule: str) -> str:
+    def materialize(self, name: str, rule: Rule) -> str:
         """A real tensor for `name`: itself, an alias of a buffer, or a copy."""
         entry = self.env[name]
         if isinstance(entry, _Realized):
@@ -440,9 +442,10 @@ class _Realizer:
                 # already relative to it, and lifetimes extend the owner's
                 base = next((b.base for b in self.buffers if isinstance(b, AliasBuffer) and b.name == body.name),
                             body.name)
+                view = Rule(f"{rule}_view")  # output_view, extern_input_view
                 return self.register(
-                    lambda nm: AliasBuffer(nm, base, layout, rule + "_view", tuple(sorted(entry.origins)), entry.ops),
-                    name, rule + "_view", getattr(node, "origin", name), "View",
+                    lambda nm: AliasBuffer(nm, base, layout, view, tuple(sorted(entry.origins)), entry.ops),
+                    name, view, getattr(node, "origin", name), "View",
                 )
         dtype = body.dtype
         device = getattr(node, "device", "cpu")
@@ -454,7 +457,7 @@ class _Realizer:
             self.visit(n)
         strides = self.g.output_strides or (None,) * len(self.g.outputs)
         outputs = tuple(
-            None if o is None else self.output_in_strides(self.materialize(o, "output"), o, st)
+            None if o is None else self.output_in_strides(self.materialize(o, Rule.OUTPUT), o, st)
             for o, st in zip(self.g.outputs, strides)
         )
         rows = tuple(self._final_rows())
@@ -477,7 +480,7 @@ class _Realizer:
             row = self.rows.get(n.name)
             if row is None:
                 continue
-            if not row.realized and row.rule in ("inlined", "index_remap"):
+            if not row.realized and row.rule in (Rule.INLINED, Rule.INDEX_REMAP):
                 targets = sorted(self._buffers_holding(n.name), key=lambda b: (len(b), b))
                 if targets:
                     row = attrs.evolve(row, rule=f"{row.rule} into {', '.join(targets)}")

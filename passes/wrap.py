@@ -14,6 +14,7 @@ from coil.ir.wrapper import (
     Alloc,
     ExternCall,
     Free,
+    FreeKind,
     KernelCall,
     Line,
     MultiOutputLine,
@@ -56,8 +57,8 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
                     lines.append(MultiOutputLine(b.name, b.extern, b.index))
         for f in ps.frees:
             if f in inputs:
-                lines.append(Free(f, "input"))
+                lines.append(Free(f, FreeKind.INPUT))
             elif f not in reused:
-                lines.append(Free(f, "buffer"))
+                lines.append(Free(f, FreeKind.BUFFER))
     lines.append(Return(bg.outputs))
     return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)

@@ -141,3 +141,27 @@ def test_every_language_of_the_chain_has_a_printer_and_a_verifier():
 
     assert [lang.cls for lang in LANGUAGES] == list(stage_languages()[1].values())
     assert set(PRINTERS) == set(VERIFIERS) == {lang.cls for lang in LANGUAGES}
+
+
+def test_kinds_verdicts_and_rules_are_enums_of_the_seeds_words():
+    """Kinds, verdicts, orders and rules are StrEnums: closed sets (an unknown word is
+    refused when a node is built) whose members print, compare and hash as the
+    words the printed IR and users' code use."""
+    from coil.ir.buffers import Rule
+    from coil.ir.fused import FusedKernel, KernelKind, Verdict
+    from coil.ir.memory import Order
+    from coil.ir.schedule import NodeKind
+    from coil.ir.wrapper import Free, FreeKind
+
+    w = _ir("wrap")
+    assert all(type(b.rule) is Rule for b in w.buffers)
+    assert all(type(n.kind) is NodeKind for n in w.schedule_graph.nodes)
+    assert all(type(k.kind) is KernelKind for k in w.kernels) and w.kernels
+    assert all(type(d.verdict) is Verdict for d in w.schedule.fusion_log) and w.schedule.fusion_log
+    assert type(w.plan.strategy) is Order
+    assert all(type(ln.kind) is FreeKind for ln in w.lines if isinstance(ln, Free))
+    assert f"{Verdict.FUSED} {KernelKind.PERSISTENT}" == "fused persistent" and Rule.REUSE == "reuse"
+    with pytest.raises(ValueError):
+        FusedKernel("k", ("buf0",), "looped", (4, 8))
+    with pytest.raises(ValueError):
+        Free("buf0", "tensor")
