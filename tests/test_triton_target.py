@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import coil
 from coil.backends.triton import runtime
 from coil.errors import CoilError
-from coil.ir.kernel import LaunchConfig, Split
+from coil.ir.kernel import Flat, KernelSpec, LaunchConfig, LaunchRule, Loop, Rows, Split, Tiled, Update
 from coil.options import TARGET_TRAITS, TRITON_LAUNCH, TRITON_SPLITS, TRITON_TILES
 from coil.passes.schedule import launch as policy
 from coil.ir.module import CompiledModule
@@ -88,6 +88,20 @@ def check(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], atol: float | 
 
 def kernel_sources(compiled: Any) -> list[str]:
     return [k.source for k in compiled.module.kernels]
+
+
+def specs(compiled: Any) -> tuple[KernelSpec, ...]:
+    """The KernelProgram's specs behind a compiled module: its decisions."""
+    return compiled.module.program.specs  # type: ignore[no-any-return]
+
+
+def loops(k: KernelSpec) -> list[Loop]:
+    return [st for st in k.stages if isinstance(st, Loop)]
+
+
+def online(k: KernelSpec) -> dict[str, str | None]:
+    """Online sum -> its max, over the kernel's loops."""
+    return {a.node: a.partner for st in loops(k) for a in st.accumulators if a.update is Update.ONLINE_SUM}
 
 
 # ---- every op case -------------------------------------------------------------------------------
@@ -171,7 +185,9 @@ def test_seed_is_one_kernel_loading_three_inputs(device: str) -> None:
     assert "tl.sum(" in src
     assert re.search(r"def triton_per_fused_add_mul_relu_sum_0\(in_ptr0, in_ptr1, in_ptr2, out_ptr0, "
                      r"xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr\)", src)
-    assert "triton_per_fused_add_mul_relu_sum_0[grid(64, " in compiled.source
+    (k,) = specs(compiled)
+    assert k.name == "triton_per_fused_add_mul_relu_sum_0" and k.space == Rows(64, 128, looped=False)
+    assert k.launches[0].sizes == (64, 128) and k.launches[0].rule is LaunchRule.PERSISTENT
     guard = "with torch.cuda.device('cuda:0'):" if device == "cuda" else "with interpreted():"
     assert f"    {guard}\n" in compiled.source
 
@@ -184,8 +200,10 @@ def test_pointwise_tail(device: str) -> None:
     """1043 elements: the second program's lanes past the end are masked."""
     x = torch.randn(7, 149, device=device)
     compiled = check(lambda a: a * 2 + 1, [x])
-    assert "xmask = xindex < xnumel" in kernel_sources(compiled)[0]
-    assert "grid(1043, 1024)" in compiled.source
+    (k,) = specs(compiled)
+    assert k.space == Flat(1043, 1) and k.tails is not None and k.tails.outer
+    (launch,) = k.launches
+    assert (launch.sizes, launch.config.xblock, launch.grid) == ((1043,), 1024, (2, 1, 1))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -227,6 +245,7 @@ def test_bool_outputs(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_zero_size_kernel_is_not_launched(device: str) -> None:
     compiled = check(lambda a: a * 2, [torch.randn(0, 5, device=device)])
+    assert [k.launches for k in specs(compiled)] == [()]
     assert "nothing to compute" in compiled.source
 
 
@@ -241,15 +260,17 @@ KINDS = [pytest.param({}, id="persistent"), pytest.param(LOOPED, id="looped")]
 def test_softmax_is_one_kernel(device: str, opts: dict[str, Any]) -> None:
     compiled = check(lambda a: torch.softmax(a, -1), [torch.randn(12, 40, device=device)], **opts)
     (src,) = kernel_sources(compiled)
+    (k,) = specs(compiled)
     # max, sum and the output: registers, not memory, carry buf0..buf2
+    assert [n.name for n in k.nodes if n.store is not None] == ["buf3"]
     if not opts:
         assert src.count("tl.store(") == 1 and src.count("tl.load(") == 1
-    else:  # max and the sum of exp online in one loop; the division in a second.  Each
-        # loop's body is written twice: unmasked for full steps, masked for the tail
-        assert src.count("for roffset in range(0, 40 - 40 % RBLOCK, RBLOCK):") == 2
+    else:  # max and the sum of exp online in one loop; the division in a second, with a tail
+        assert k.space == Rows(12, 40, looped=True) and k.tails is not None and k.tails.inner
+        assert [st.nodes for st in loops(k)] == [("buf0", "buf2"), ("buf1", "buf3")]
+        assert online(k) == {"buf2": "buf0"} and k.name.startswith("triton_red_")
+        # each loop's body is written twice: unmasked for full steps, masked for the tail
         assert src.count("if 40 % RBLOCK != 0:") == 2
-        assert src.count("tl.store(") == 2 and src.count("tl.load(") == 4
-        assert "buf2 online with buf0" in src and "triton_red_" in src
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -264,7 +285,7 @@ def test_online_softmax_edge_values(device: str) -> None:
     x[4, 49] = 80.0  # a new max in the last (partial) step rescales the whole sum
     for fn in (lambda a: torch.softmax(a, -1), lambda a: torch.log_softmax(a, -1)):
         compiled = check(fn, [x], **LOOPED)
-        assert "online with" in kernel_sources(compiled)[0]
+        assert online(specs(compiled)[0])
     # logsumexp subtracts where(|max| == inf, 0, max), not the max itself: two loops
     check(lambda a: a.logsumexp(-1), [x], **LOOPED)
 
@@ -274,14 +295,15 @@ def test_online_sum_needs_the_same_values(device: str) -> None:
     """sum(exp(y - max(x))) with y != x keeps the two-loop form."""
     x, y = torch.randn(4, 40, device=device), torch.randn(4, 40, device=device)
     compiled = check(lambda a, b: torch.exp(b - a.amax(-1, keepdim=True)).sum(-1), [x, y], **LOOPED)
-    assert "online with" not in compiled.source
+    (k,) = specs(compiled)
+    assert not online(k) and len(loops(k)) == 2
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_cross_entropy_reads_logits_in_one_loop(device: str) -> None:
     x, t = torch.randn(8, 300, device=device), torch.randint(0, 300, (8,), device=device)
     compiled = check(lambda a, b: torch.nn.functional.cross_entropy(a, b), [x, t], atol=1e-5, rtol=1e-5, **LOOPED)
-    assert "online with" in compiled.source
+    assert any(online(k) for k in specs(compiled))
 
 
 def test_persistent_threshold_by_target() -> None:
@@ -307,9 +329,9 @@ def test_persistent_threshold_by_target() -> None:
 ])
 def test_transposed_reads_are_tiled(device: str, fn: Callable[..., Any], shapes: list[tuple[int, ...]]) -> None:
     compiled = check(fn, [torch.randn(s, device=device) for s in shapes])
-    (src,) = kernel_sources(compiled)
-    assert "YBLOCK: tl.constexpr" in src and "yxmask" in src
-    assert re.search(r"\[grid2\(\d+, \d+, \d+, \d+\)\]", compiled.source)
+    (k,) = specs(compiled)
+    assert isinstance(k.space, Tiled) and k.launches[0].rule is LaunchRule.TILED
+    assert k.launches[0].sizes == (k.space.ynumel, k.space.xnumel)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -317,7 +339,7 @@ def test_contiguous_and_small_pointwise_stay_1d(device: str) -> None:
     for fn, shapes in ((lambda a, b: a + b, [(64, 48), (64, 48)]), (lambda a, b: a + b.t(), [(8, 8), (8, 8)]),
                        (lambda a, b: a + b, [(64, 48), (48,)])):
         compiled = check(fn, [torch.randn(s, device=device) for s in shapes])
-        assert "YBLOCK" not in compiled.source
+        assert [type(k.space) for k in specs(compiled)] == [Flat]
 
 
 def _stores_and_loads(src: str) -> tuple[list[str], list[str]]:
@@ -340,7 +362,8 @@ def test_a_column_major_output_lays_its_tile_transposed(device: str, shapes: lis
     rows, cols = shapes[1]
     assert re.search(rf"\(xindex \+ {rows}\*yindex\)", store), store
     # ynumel is the split's column count, xnumel its row count
-    assert re.search(rf"\[grid2\({cols}, {rows}, \d+, \d+\)\]", compiled.source), compiled.source
+    (k,) = specs(compiled)
+    assert k.space == Tiled(rows, cols, transposed=True) and (k.space.ynumel, k.space.xnumel) == (cols, rows)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -364,6 +387,15 @@ def test_tiled_loads_along_the_store_come_first(device: str, fn: Callable[..., A
     assert along == sorted(along, reverse=True), lds  # every along-load before every across-load
 
 
+def _tile(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> tuple[int, int, bool]:
+    """(ynumel, xnumel, transposed) of the one kernel's tile, scheduled on meta tensors."""
+    kp = coil.default_pipeline().run(make_fx(fn)(*inputs), inputs, until="schedule_kernels",
+                                     options=coil.Options(target="triton"))
+    (k,) = kp.specs
+    assert isinstance(k.space, Tiled)
+    return k.space.ynumel, k.space.xnumel, k.space.transposed
+
+
 def test_a_tile_too_wide_for_grid_axis_1_stays_plain() -> None:
     """Transposed, the split's columns go on grid axis 1 (at most 65535 blocks of at
     least 16): an output 2**21 columns wide keeps the plain tile, programs along its
@@ -372,12 +404,9 @@ def test_a_tile_too_wide_for_grid_axis_1_stays_plain() -> None:
     assert wide > TRITON_TILES.max_grid_y * TRITON_TILES.min_side
     fn = lambda a, b: a.t() + b  # noqa: E731
     inputs = [torch.empty(wide, 16, device="meta"), torch.empty(16, wide, device="meta")]
-    gm = make_fx(fn)(*inputs)
-    compiled = coil.compile_graph(gm, inputs, coil.Options(target="triton", graph_cache=False))
-    assert f"[grid2(16, {wide}, " in compiled.module.source
+    assert _tile(fn, inputs) == (16, wide, False)
     narrow = [torch.empty(64, 16, device="meta"), torch.empty(16, 64, device="meta")]
-    compiled = coil.compile_graph(make_fx(fn)(*narrow), narrow, coil.Options(target="triton", graph_cache=False))
-    assert "[grid2(64, 16, " in compiled.module.source
+    assert _tile(fn, narrow) == (64, 16, True)
 
 
 def test_a_tile_too_tall_for_grid_axis_1_lays_transposed() -> None:
@@ -388,12 +417,10 @@ def test_a_tile_too_tall_for_grid_axis_1_lays_transposed() -> None:
     assert tall > TRITON_TILES.max_grid_y * TRITON_TILES.min_side
     fn = lambda a, b: a + b.t()  # noqa: E731
     inputs = [torch.empty(tall, 16, device="meta"), torch.empty(16, tall, device="meta")]
-    compiled = coil.compile_graph(make_fx(fn)(*inputs), inputs, coil.Options(target="triton", graph_cache=False))
-    assert f"[grid2(16, {tall}, " in compiled.module.source
+    assert _tile(fn, inputs) == (16, tall, True)
     both = [torch.empty(tall, tall >> 4, device="meta"), torch.empty(tall >> 4, tall, device="meta")]
     assert (tall >> 4) * 16 == tall  # 2**17 columns fit axis 1 ...
-    compiled = coil.compile_graph(make_fx(fn)(*both), both, coil.Options(target="triton", graph_cache=False))
-    assert f"[grid2({tall >> 4}, {tall}, " in compiled.module.source
+    assert _tile(fn, both) == (tall >> 4, tall, True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -405,7 +432,8 @@ def test_a_transposed_tall_tile_matches_eager(device: str, monkeypatch: pytest.M
     monkeypatch.setitem(TARGET_TRAITS, "triton", attrs.evolve(TARGET_TRAITS["triton"], tiles=tiles))
     a, b = torch.randn(96, 24, device=device), torch.randn(24, 96, device=device)
     compiled = check(lambda x, y: x + y.t(), [a, b])
-    assert "[grid2(24, 96, " in compiled.module.source
+    (k,) = specs(compiled)
+    assert k.space == Tiled(96, 24, transposed=True) and k.launches[0].sizes == (24, 96)
 
 
 @pytest.mark.cuda
@@ -444,7 +472,7 @@ def test_tiles_match_eager_whatever_the_orientation(rows: int, cols: int, flips:
     compiled = check(fn, inputs)
     assert compiled(*inputs)[0].stride() == fn(*inputs).stride()
     (src,) = kernel_sources(compiled)
-    assert "YBLOCK: tl.constexpr" in src
+    assert isinstance(specs(compiled)[0].space, Tiled)
     (store,), lds = _stores_and_loads(src)
     assert re.search(r"\(xindex \+ \d+\*yindex\)|\+ xindex,", store), store
     along = [bool(re.search(r"\(xindex \+ \d+\*yindex\)", ld)) for ld in lds]
@@ -542,10 +570,11 @@ def test_looped_reduction_with_a_tail(device: str) -> None:
     fn = lambda a: (a.sum(-1), a.amax(-1), a.argmin(-1), a.var(-1))  # noqa: E731
     # sums of 1500 terms in another order: a few float32 ulps of the terms' size
     compiled = check(fn, [x], atol=1e-4, rtol=1e-5, **LOOPED)
-    assert "RBLOCK=1024" in compiled.source
+    assert {k.launches[0].config.rblock for k in specs(compiled)} == {1024}
+    assert all(k.tails is not None and k.tails.inner for k in specs(compiled))
     # a few rows take steps as wide as 8192 elements (here the whole row at once)
     compiled = check(fn, [x[:3]], atol=1e-4, rtol=1e-5, **LOOPED)
-    assert "RBLOCK=2048" in compiled.source
+    assert {(k.launches[0].rule, k.launches[0].config.rblock) for k in specs(compiled)} == {(LaunchRule.FEW_ROWS, 2048)}
 
 
 def test_reduction_heuristics() -> None:
@@ -574,9 +603,11 @@ def test_reduction_chain_launches_a_row_per_program(device: str) -> None:
 
     x = torch.randn(16, 1024, generator=torch.Generator().manual_seed(3)).to(device)
     compiled = check(chain, [x], atol=1e-5, rtol=1e-5)
-    assert "XBLOCK=4, RBLOCK=1024, num_warps=4" in compiled.source  # six reductions: the usual config
+    ((launch,),) = [k.launches for k in specs(compiled)]
+    assert launch.rule is LaunchRule.PERSISTENT and launch.config == LaunchConfig(4, 1024, 4)  # six: the usual
     compiled = check(lambda y: chain(chain(y)), [x], atol=1e-5, rtol=1e-5)
-    assert "XBLOCK=1, RBLOCK=1024, num_warps=1" in compiled.source
+    ((launch,),) = [k.launches for k in specs(compiled)]
+    assert launch.rule is LaunchRule.CHAINED and launch.config == LaunchConfig(1, 1024, 1)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -727,12 +758,14 @@ def test_full_reductions_split_over_programs(device: str) -> None:
                      atol=1e-4, rtol=1e-5)
     (src,) = kernel_sources(compiled)
     assert src.count("@triton.jit") == 2 and "_combine(" in src
-    assert "[(157, 1)](" in compiled.source and "_combine[(1,)](" in compiled.source
-    assert "rstart = tl.program_id(0) * 256" in src
+    (k,) = specs(compiled)
+    assert isinstance(k.space, Split) and (k.space.parts, k.space.chunk) == (157, 256)
+    assert [ln.grid for ln in k.launches] == [(157, 1, 1), (1, 1, 1)]
     check(lambda a: (a.amax(), a.amin(), a.sum()), [x], atol=1e-4, rtol=1e-5)  # NaN reaches max and min
     # an elementwise output of the same kernel: each program stores its own chunk of it
     compiled = check(lambda a: ((a * 2).exp(), (a * 2).exp().sum()), [y], atol=1e-3, rtol=1e-5)
-    assert "_combine[(1,)](" in compiled.source
+    (k,) = specs(compiled)
+    assert isinstance(k.space, Split) and [n.role.value for n in k.nodes if n.store is not None] == ["inner", "reduction"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -743,7 +776,9 @@ def test_split_keeps_integer_sums_and_gathers(device: str) -> None:
     t = torch.randint(0, 6, (16384,), device=device)
     t[::7] = -100
     compiled = check(lambda a, b: torch.nn.functional.cross_entropy(a, b), [x, t], atol=1e-5, rtol=1e-5)
-    assert "dtype=torch.int64" in compiled.source and "_combine[(1,)](" in compiled.source
+    split = [k.space for k in specs(compiled) if isinstance(k.space, Split)]
+    assert len(split) == 1 and split[0].xnumel == 1
+    assert torch.int64 in [dt for _, dt in split[0].workspaces]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -757,8 +792,10 @@ def test_welford_and_arg_reductions_split(device: str) -> None:
     x[[9000, 39999]] = -400.0
     compiled = check(lambda a: (a.var(), a.std(correction=0), a.argmax(), a.argmin()), [x], atol=1e-3, rtol=1e-4)
     # workspaces: mean, M2 and count for var and for std, value and index for argmax and for argmin
-    assert "_combine[(1,)](" in compiled.source
-    assert compiled.source.count("empty_strided((157,), (1,), dtype=torch.float32") == 8
+    (k,) = specs(compiled)
+    assert isinstance(k.space, Split) and (k.space.xnumel, k.space.parts) == (1, 157)
+    dtypes = [dt for _, dt in k.space.workspaces]
+    assert (dtypes.count(torch.float32), dtypes.count(torch.int64), len(dtypes)) == (8, 2, 10)
     assert compiled.source.count("empty_strided((157,), (1,), dtype=torch.int64") == 2
     y = x.clone()
     y[[12345, 20000]] = float("nan")
@@ -774,7 +811,8 @@ def test_a_few_long_rows_split_too(device: str) -> None:
     x[2, 123] = 50.0
     fn = lambda a: (a.sum(-1), a.amax(-1), a.var(-1), a.argmax(-1), a.argmin(-1), (a * 2).exp().sum(-1))  # noqa: E731
     compiled = check(fn, [x], atol=1e-3, rtol=1e-4)
-    assert "[(79, 3)](" in compiled.source and "_combine[(3,)](" in compiled.source
+    (k,) = specs(compiled)
+    assert [(ln.rule, ln.grid) for ln in k.launches] == [(LaunchRule.SPLIT, (79, 3, 1)), (LaunchRule.COMBINE, (3, 1, 1))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -784,16 +822,10 @@ def test_what_does_not_split(device: str) -> None:
     for fn, x in ((lambda a: a.sum(), torch.randn(SPLIT_MIN - 1, device=device)),
                   (lambda a: a.sum(-1), torch.randn(SPLIT_MAX_ROWS + 1, SPLIT_MIN, device=device))):
         compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
-        assert "_combine[" not in compiled.source  # no combining launch (the GPU's max helper is a *_combine)
+        assert not any(isinstance(k.space, Split) for k in specs(compiled))
 
 
 # ---- reductions down columns: a block of neighbouring columns a program -------------------------
-
-
-def _launches(compiled: Any) -> list[str]:
-    """The launch lines, as Triton's own would read (on CUDA, the comment after
-    each Launcher call)."""
-    return [ln.split("  # ")[-1].strip() for ln in compiled.source.splitlines() if "XBLOCK=" in ln and "](" in ln]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -812,9 +844,9 @@ def test_column_reductions_split_over_blocks_of_columns(device: str) -> None:
            lambda a: (a > 4).any(0), lambda a: (a > -9).all(0))
     for fn in fns:
         compiled = check(fn, [x], atol=1e-3, rtol=1e-4)
-        first, combine = _launches(compiled)
-        assert "[(20, 3)](" in first and "XBLOCK=32, RBLOCK=64" in first, first
-        assert "_combine[(3,)](" in combine and "XBLOCK=32" in combine, combine
+        ((first, combine),) = [k.launches for k in specs(compiled)]
+        assert first.grid == (20, 3, 1) and (first.config.xblock, first.config.rblock) == (32, 64), first
+        assert combine.grid == (3, 1, 1) and combine.config.xblock == 32, combine
     ints = torch.randint(-5, 5, (2500, 70), generator=g, dtype=torch.int32).to(device)
     check(lambda a: a.sum(0), [ints])
     # layer_norm's weight gradient: per-row mean and rstd (the same for every column) do
@@ -822,12 +854,13 @@ def test_column_reductions_split_over_blocks_of_columns(device: str) -> None:
     mean, rstd = torch.randn(2500, generator=g).to(device), torch.rand(2500, generator=g).to(device)
     compiled = check(lambda dy, a, m, r: (dy * (a - m[:, None]) * r[:, None]).sum(0), [x.nan_to_num(), x * 0.5, mean, rstd],
                      atol=1e-3, rtol=1e-4)
-    assert "[(20, 3)](" in _launches(compiled)[0]
+    assert specs(compiled)[0].launches[0].grid == (20, 3, 1)
     check(lambda a: a.sum((0, 1)), [x.view(25, 100, 70)], atol=1e-3, rtol=1e-4)  # two leading dims as rows
     # ViT's LayerNorm weight gradient: 1576 rows (from COLUMN_SPLIT_MIN) of 512 columns split too
     vit = torch.randn(1576, 512, generator=g).to(device)
-    first, combine = _launches(check(lambda a, b: (a * b).sum(0), [vit, vit * 0.5], atol=1e-3, rtol=1e-4))
-    assert "[(13, 16)](" in first and "_combine[(16,)](" in combine, (first, combine)
+    ((first, combine),) = [k.launches for k in specs(check(lambda a, b: (a * b).sum(0), [vit, vit * 0.5],
+                                                             atol=1e-3, rtol=1e-4))]
+    assert (first.grid, combine.grid) == ((13, 16, 1), (16, 1, 1)), (first, combine)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -837,8 +870,10 @@ def test_short_or_wide_column_reductions_loop_without_splitting(device: str) -> 
     over the columns (softmax(0)) keeps its reductions and passes correct."""
     x = torch.randn(600, 70, device=device)
     compiled = check(lambda a: a.sum(0), [x], atol=1e-4, rtol=1e-4)
-    (launch,) = _launches(compiled)
-    assert launch.startswith("triton_red_") and "XBLOCK=32, RBLOCK=64" in launch and "_combine" not in launch
+    (k,) = specs(compiled)
+    assert k.space == Rows(70, 600, looped=True, columns=True)
+    ((launch,),) = [k.launches]
+    assert launch.rule is LaunchRule.COLUMNS and (launch.config.xblock, launch.config.rblock) == (32, 64)
     check(lambda a: a.softmax(0), [torch.randn(2500, 40, device=device)], atol=1e-5, rtol=1e-4)
     check(lambda a: a - a.mean(0), [torch.randn(700, 33, device=device)], atol=1e-5, rtol=1e-4)
 
@@ -850,8 +885,8 @@ def test_row_reductions_keep_their_kernels(device: str) -> None:
     persistent, one or a few rows a program."""
     x = torch.randn(300, 200, device=device)
     for fn, inp in ((lambda a: a.sum(-1), x), (lambda a: a.sum(0), x.t().contiguous().t())):
-        (launch,) = _launches(check(fn, [inp], atol=1e-4, rtol=1e-4))
-        assert launch.startswith("triton_per_"), launch
+        (k,) = specs(check(fn, [inp], atol=1e-4, rtol=1e-4))
+        assert isinstance(k.space, Rows) and not k.space.looped and not k.space.columns, k.space
 
 
 def test_reads_down_columns_decides_the_kind_on_triton_only() -> None:
@@ -891,8 +926,8 @@ def test_column_reductions_match_eager(rows: int, cols: int, op: str, scale: boo
 
     compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
     want = min(32, 1 << (cols - 1).bit_length())
-    for launch in _launches(compiled):
-        assert f"XBLOCK={want}," in launch, launch
+    for k in specs(compiled):
+        assert all(ln.config.xblock == want for ln in k.launches), k.launches
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -903,17 +938,16 @@ def test_second_passes_over_long_rows_run_as_split_kernels(device: str) -> None:
     shorter than Options.split_second_pass (or with it 0) keep one kernel."""
     SPLIT_MIN = TRITON_SPLITS.row_min
     x = torch.randn(2 * SPLIT_MIN, generator=torch.Generator().manual_seed(5)).to(device)
-    for fn, reductions in ((lambda a: a - a.mean(), 1),
+    for fn, split_kernels in ((lambda a: a - a.mean(), 1),
                            (lambda a: torch.nn.functional.layer_norm(a, (a.shape[-1],)), 1),
                            (lambda a: a.logsumexp(0), 2),
                            (lambda a: a.softmax(0), 2)):
         compiled = check(fn, [x], atol=1e-5, rtol=1e-4, split_second_pass=2 * SPLIT_MIN)
-        assert compiled.source.count("_combine[") == reductions, compiled.source
+        assert sum(isinstance(k.space, Split) for k in specs(compiled)) == split_kernels, compiled.source
         assert any(d.reason.startswith("split: ") for d in compiled.module.schedule.fusion_log)
         for limit in (0, 2 * SPLIT_MIN + 1):
             whole = check(fn, [x], atol=1e-5, rtol=1e-4, split_second_pass=limit)
-            assert "_combine[" not in whole.source
-            assert len(_launches(whole)) == 1
+            assert [len(k.launches) for k in specs(whole)] == [1]
 
 
 def test_precompile_specs_match_the_launch_lines() -> None:
@@ -1066,7 +1100,7 @@ def test_split_reductions_match_eager(rows: int, n: int, kinds: list[str], speci
         x[flat // n, flat % n] = value
     fns = [_FULL[k] for k in kinds]
     compiled = check(lambda a: tuple(f(a) for f in fns), [x], atol=1e-3, rtol=1e-4)
-    assert f"_combine[({rows},)](" in compiled.source
+    assert [k.launches[1].grid for k in specs(compiled) if isinstance(k.space, Split)] == [(rows, 1, 1)]
 
 
 # second passes over a row, each reading one or two reductions of it element by element
