@@ -95,14 +95,13 @@ class TargetTraits:
     keeps_float32_between_ops: bool = False
 
 
-# Triton's constants, read on the H200: a split pass's column splits from 1024 rows
-# (ViT's LayerNorm weight gradients, 1576 x 512, ran on 16 programs at 13 us each,
-# where Inductor's split pair takes about 3); a chain of 8 or more row reductions one
-# row a program (graph_2000's 1024-wide rows: 64 steps in 18.4 us on 1 warp a row,
-# 22.3 on 2, bench/probes/streaming.py); 16 warps for looped rows of 4096 or more
-# elements of an odd length (Wav2Vec2's GroupNorm rows of 16383: 388 us on 2 warps,
-# 200 on 16, bench/probes/long_row_norm.py); 1024-wide steps of many rows on 2 warps
-# (the online softmax of 32000-wide rows runs fastest so)
+# Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
+# split pass's column splits from 1024 rows (too few programs for ViT's LayerNorm
+# weight gradients otherwise); a chain of 8 or more row reductions one row a
+# program (bench/probes/streaming.py); 16 warps for looped rows of 4096 or more
+# elements of an odd length (Wav2Vec2's GroupNorm, bench/probes/long_row_norm.py);
+# 1024-wide steps of many rows on 2 warps (the online softmax of 32000-wide rows
+# runs fastest so)
 TRITON_SPLITS = SplitTraits(row_min=16384, max_rows=128, programs=1024, min_chunk=256, max_parts=1024,
                             max_rblock=2048, column_min=1024, column_xblock=32, column_rblock=64,
                             min_column_chunk=128, max_column_parts=256)
@@ -112,9 +111,9 @@ TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, 
                              column_block=32, column_elements=2048, chain_reductions=8,
                              unaligned_rows_min=4096, max_warps=16)
 
-# each target's traits: triton's limits are the GPU's (registers for 8192-wide rows,
-# graph_2000's 256-step chain ran 62.6 µs on the H200 at 128 nodes a kernel against
-# 71.4 at 64); the C++ target's compile time grows with a kernel's size, and mkldnn's
+# each target's traits: triton's limits are the GPU's (registers for 8192-wide rows;
+# a long chain runs faster at 128 nodes a kernel than at 64, bench/probes/README.md);
+# the C++ target's compile time grows with a kernel's size, and mkldnn's
 # convolutions run about 2x faster channels-last on one CPU thread; on a GPU,
 # cuDNN's do without the NCHW <-> NHWC conversions it makes around NCHW tensors
 TARGET_TRAITS: dict[str, TargetTraits] = {
@@ -142,9 +141,9 @@ class Options:
     realize_reads_threshold: int = 4
     realize_opcount_threshold: int = 30
     realize_acc_reads_threshold: int = 8
-    # fuse: most nodes in one kernel; 0: by target (triton 128: graph_2000's 256-step
-    # chain ran 62.6 µs on the H200 at 128 against 71.4 µs at 64, compiled in the
-    # same time; else 64, where a C++ kernel's compile time grows with its size)
+    # fuse: most nodes in one kernel; 0: by target (triton 128: a long chain runs
+    # faster than at 64 and compiles in the same time, bench/probes/README.md; else
+    # 64, where a C++ kernel's compile time grows with its size)
     max_fusion_size: int = 0
     fusion_rounds: int = 10
     # rows up to this many elements reduce in one tile (the whole row in registers);
@@ -154,9 +153,8 @@ class Options:
     # the rows (x - x.mean(), layer_norm of one row, a full softmax or logsumexp) is
     # not fused with the reduction before it, so the reduction splits over many
     # programs and the pass runs as its own kernel; 0: never (one program a row).
-    # H200, one row, with against without: 30 vs 151 µs (x - x.mean()) and 89 vs 245
-    # µs (softmax) at 2^20 elements; 70 vs 20 µs (softmax) at 2^16, where launches
-    # dominate (bench/probes/long_rows.py)
+    # Worth it for rows of 2^20 elements, not at 2^16, where launches dominate
+    # (bench/probes/long_rows.py; the figures: bench/probes/README.md)
     split_second_pass: int = 1 << 18
     # lower: in a graph with 2-d convolutions, compute the tensors around them
     # channels-last (passes/layout.py); "auto": by target (cpp and triton: on, as
@@ -168,8 +166,8 @@ class Options:
     # nontrivial read a buffer; "auto": by target (on everywhere for now).  Inductor
     # applies that rule on the CPU only (should_realize_on_cpu) and recomputes such a
     # node in every reader on a GPU: with it off, ResNet's BatchNorm backward is 2
-    # kernels, not 3 (the H200 ResNet training step ran 455 kernels against
-    # Inductor's 284).  Off for Triton is not measured on a GPU yet; "off" tries it
+    # kernels, not 3 (bench/probes/README.md).  Off for Triton is not measured on a
+    # GPU yet; "off" tries it
     realize_reuse: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
     # plan_memory
     reorder_for_peak_memory: bool = True

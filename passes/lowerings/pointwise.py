@@ -219,7 +219,7 @@ def true_divide(ctx: LowerCtx, a: Any, b: Any) -> TensorValue:
 # x ** n for a constant integer 2 <= |n| <= POW_MAX_MULTIPLY is lowered as
 # products.  Every target pays for a general pow: Triton's goes through exp2/log2
 # plus the sign fix-ups of a negative base (GELU's x ** 3 made the tanh-GELU kernel
-# take 10.9 µs on an H200 where Inductor's products take 7.8), libm's powf costs
+# slower than Inductor's products: bench/probes/README.md), libm's powf costs
 # ~25 ns an element and libmvec's vector powf hands negative bases to the scalar
 # one.  ATen's pow_tensor_scalar computes 2, 3 and -2 as products too (x * x * x,
 # left to right, as here); 4 rounds twice, within an ulp.
@@ -320,8 +320,7 @@ def _gelu_body(approximate: str) -> Callable[..., Expr]:
         if approximate == "tanh":
             # 0.5 * x * (1 + tanh(z)) = x * sigmoid(2z), z = sqrt(2/pi) * (x + 0.044715 x^3):
             # one exp and a division instead of tanh, which made the kernel compute-bound at
-            # the copy rate (H200, gelu(x + b) + r bf16: 190.8 µs against 201.9 with libdevice's
-            # tanh, bench/probes/pointwise_math.py), and
+            # the copy rate (bench/probes/README.md: pointwise_math.py), and
             # no cancellation in 1 + tanh(z) for negative x (float32, x in [-30, 30]: 1.2e-6
             # relative error against 5e-5 for eager's form, 5e-7 absolute for both)
             k2 = constant(2 * 0.7978845608028654, dtype)  # 2 sqrt(2 / pi)

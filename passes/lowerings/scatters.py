@@ -134,9 +134,9 @@ def index_put(ctx: LowerCtx, x: TensorValue, indices: Sequence[Any], values: Ten
 def index_add(ctx: LowerCtx, x: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) -> Any:
     """index_add as a fresh copy of x, made by a kernel (fused with whatever makes
     x: the zeros of an embedding gradient), and aten's in-place index_add_ on that
-    buffer.  The functional aten op clones x itself first: for a 32000 x 512
-    float32 embedding gradient that is a 65 MB device-to-device copy, 33 µs of an
-    H200 Llama training step.  The Extern records the buffer it mutates, so its
+    buffer.  The functional aten op clones x itself first: for an embedding
+    gradient, a copy of the whole table every training step (its cost:
+    bench/probes/README.md).  The Extern records the buffer it mutates, so its
     result is that buffer.  Anything but three tensors declines to the aten op."""
     from coil.passes.lower import lower_extern
 

@@ -3,8 +3,7 @@ per-sample norms of a small batch) spread over many programs, then combined.
 
 One program per row is how every other reduction kernel runs; for a kernel with
 one long row that leaves one SM doing the work (a latency-bound gather per
-element, as cross_entropy's final mean has, took 20 us that way on an H200 for
-16,384 rows).  A kernel of at most `max_rows` rows of at least `row_min` elements
+element, as cross_entropy's final mean has, is slowest so: bench/probes/README.md).  A kernel of at most `max_rows` rows of at least `row_min` elements
 (SplitTraits) runs in two launches: (parts, rows) programs each reduce a chunk of
 a row into workspaces, then one program a row combines the row's partial results
 and computes the per-row nodes that follow.
