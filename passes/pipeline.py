@@ -1,7 +1,7 @@
 """Pipeline: a flat tuple of named passes, run in order, with a between-pass step
-that verifies and traces, and observers that see each stage's IR (coil's write
-Options.debug_dir's files and Options.dump_sources's; coil.default_pipeline adds
-them).  `replace` and `insert_after` return new pipelines."""
+that verifies and traces, and observers handed each stage's IR (coil.default_pipeline
+adds coil's two: Options.debug_dir's files and Options.dump_sources's sources).
+`replace` and `insert_after` return new pipelines."""
 
 from __future__ import annotations
 
