@@ -17,7 +17,7 @@ from coil.ir.module import KernelSource, SourceLanguage
 from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
 from coil.options import Options
-from coil.passes.kernel_model import kernel_buffers, kernel_layouts, kernel_params
+from coil.passes.kernel_model import kernel_buffers, kernel_layouts
 
 pyindex = IndexPrinter()
 
@@ -72,7 +72,7 @@ _INIT = {"sum": 0, "prod": 1, "any": False, "all": True, "welford_m2": float("na
 
 def kernel_source(k: FusedKernel, program: WrapperProgram) -> KernelSource:
     g = program.schedule_graph
-    params = kernel_params(k, g, program.plan.removed)
+    params = program.spec(k.name).params
     ptr = {p.name: p.arg for p in params}
     layouts = kernel_layouts(g)
     lines = [f"def {k.name}({', '.join(p.arg for p in params)}):"]

@@ -27,7 +27,7 @@ from coil.ir.fused import FusedKernel
 from coil.ir.layout import Layout
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
-from coil.passes.kernel_model import Param, kernel_buffers, kernel_layouts, kernel_params
+from coil.passes.kernel_model import Param, kernel_buffers, kernel_layouts
 
 # Below this many element-iterations a parallel region costs more than it saves.
 PARALLEL_MIN_WORK = 32768
@@ -60,7 +60,7 @@ class KernelPlan:
 def plan_kernel(k: FusedKernel, program: WrapperProgram) -> KernelPlan:
     g = program.schedule_graph
     bufs = kernel_buffers(k, g)
-    params = kernel_params(k, g, program.plan.removed)
+    params = program.spec(k.name).params
     layouts = kernel_layouts(g)
     stored = frozenset(b.name for b in bufs if b.name not in program.plan.removed)
     nest = initial_nest(bufs, k.group)
