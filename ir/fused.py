@@ -12,8 +12,8 @@ Grammar::
            | ExternStep(name)                        one extern scheduler node
            | NopStep(name)                           an alias: no kernel
     FusionDecision ::= (round, node1, node2, direction, verdict, reason, score)
-    direction ::= vertical | horizontal                 (Direction)
-    verdict ::= fused | illegal | refused               (Verdict)
+    direction ::= vertical | horizontal              (Direction)
+    verdict ::= fused | illegal | refused            (Verdict)
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import attrs
 from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, SchedulerNode
+
 
 class KernelKind(enum.StrEnum):
     """How a fused kernel iterates: pointwise, a looped reduction, or a persistent
