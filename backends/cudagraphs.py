@@ -36,6 +36,7 @@ decides, and where a person can see it (each decision is logged, and
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -98,27 +99,42 @@ class _Recording:
         # the counts are taken once every storage object here exists (outputs may share one)
         storages = [outputs[i].untyped_storage() for i in watched]
         self._storages = [(s, torch._C._storage_Use_Count(s._cdata)) for s in storages]
+        # the same, as two tuples walked by C loops on every call (a training step checks
+        # and hands out a few hundred outputs: Python-level loops cost more than the checks)
+        self._cdatas = tuple(s._cdata for s, _ in self._storages)
+        self._bases = tuple(base for _, base in self._storages)
+        self._all_tensors = all(isinstance(o, torch.Tensor) for o in outputs)
+        self._placeholder_pairs = tuple(placeholders.items())
 
     def outputs_free(self) -> bool:
         """Whether nothing outside this recording refers to its outputs' memory."""
-        return all(torch._C._storage_Use_Count(s._cdata) <= base for s, base in self._storages)
+        return all(map(operator.le, map(_use_count, self._cdatas), self._bases))
 
     def replayable(self) -> bool:
         """Whether a replay overwrites nothing anyone holds: its own outputs and
         those of the recordings made after it in its pool are all unreferenced."""
-        later = self.pool.recordings[self.pool.recordings.index(self):]
-        return all(r.outputs_free() for r in later)
+        recs = self.pool.recordings
+        if recs[-1] is self:
+            return self.outputs_free()
+        return all(r.outputs_free() for r in recs[recs.index(self):])
 
     def run(self, args: list[Any]) -> tuple[Any, ...]:
-        for i, ph in self.placeholders.items():
+        for i, ph in self._placeholder_pairs:
             ph.copy_(args[i])
         aliased = {k: _view_of(args, v) for k, v in self.aliases.items()} if self.aliases else None
         args.clear()
         self.graph.replay()
-        out = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        if self._all_tensors:
+            out = tuple(map(_detach, self.outputs))
+        else:
+            out = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs)
         if aliased:
             out = tuple(aliased.get(k, o) for k, o in enumerate(out))
         return out
+
+
+_use_count = torch._C._storage_Use_Count
+_detach = torch.Tensor.detach
 
 
 def _input_of(how: Any) -> int:

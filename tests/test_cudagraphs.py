@@ -68,6 +68,45 @@ def test_backward_graphs_read_saved_tensors_in_place() -> None:
     assert any("tangents" in n for n in names)
 
 
+def test_replay_bookkeeping_sees_every_holder_of_an_output() -> None:
+    """The liveness checks behind a replay, on CPU tensors and a stand-in graph:
+    a recording is replayable only while nobody holds its outputs (the tensor
+    handed out, or a view of it), nor those of a later recording in its pool."""
+
+    class Graph:
+        replays = 0
+
+        def replay(self) -> None:
+            Graph.replays += 1
+
+    pool = object.__new__(cudagraphs._Pool)
+    pool.recordings = []
+
+    def record(n_out: int) -> Any:
+        outs = tuple(torch.full((4,), float(k)) for k in range(n_out)) + (None,)
+        rec = cudagraphs._Recording(Graph(), pool, [None], {0: torch.zeros(2)}, outs, tuple(range(n_out)), {})
+        pool.recordings.append(rec)
+        return rec
+
+    first, second = record(3), record(2)
+    assert first.replayable() and second.replayable()
+    x = torch.tensor([5.0, 6.0])
+    out = first.run([x])
+    assert Graph.replays == 1 and out[-1] is None
+    assert torch.equal(first.placeholders[0], x)  # the input was copied into its placeholder
+    assert out[0].untyped_storage().data_ptr() == first.outputs[0].untyped_storage().data_ptr()
+    assert not first.replayable() and second.replayable()
+    view = out[1][1:]
+    del out
+    assert not first.replayable()  # a view still reads output 1's memory
+    del view
+    assert first.replayable()
+    held = second.run([x])
+    assert not first.replayable(), "a replay of the first would overwrite the second's memory in the pool"
+    del held
+    assert first.replayable() and second.replayable()
+
+
 # ---- recording and replay (CUDA) ------------------------------------------------------------------
 
 
