@@ -142,7 +142,7 @@ def _node(k: FusedKernel, b: ComputedBuffer, tile: Tiled | None, stored: bool, d
     else:
         found = node_role(b, k.group)
         assert found is not None, f"{b.name} does not fit {k.name}'s group {k.group}"
-        role = Role(found)
+        role = found
         m = var_map(b, k.group)
         if k.kind == "pointwise":  # reductions over <= 1 element: r* = 0
             m = {s: e.xreplace({RINDEX: sympy.Integer(0)}) for s, e in m.items()}

@@ -56,6 +56,7 @@ from coil.ir.kernel import (
 from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
 from coil.passes.kernel_model import kernel_ranges
+from coil.passes.schedule.split import result_dtype
 from coil.passes.schedule.tiling import contiguous_axis
 
 
@@ -239,7 +240,7 @@ def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
             value = reductions.trivial(out, rt, v, n.body.dtype)
         else:
             value = reductions.persistent(out, rt, node_value(ctx, out, n, registers, memo), n.body.dtype)
-        finish_node(ctx, out, n, value, reductions.result_dtype(rt, n.body.dtype), registers)
+        finish_node(ctx, out, n, value, result_dtype(rt, n.body.dtype), registers)
 
 
 # ---- looped reductions -------------------------------------------------------------------------
@@ -306,7 +307,7 @@ def _emit_loop(ctx: KernelContext, out: Emitter, loop: Loop, registers: dict[str
             value = out.assign(f"tl.sum({accs[a.node][0]}, 1)[:, None]")
         else:
             value = reductions.looped_final(out, a.reduction_type, accs[a.node], n.body.dtype)
-        finish_node(ctx, out, n, value, reductions.result_dtype(a.reduction_type, n.body.dtype), registers)
+        finish_node(ctx, out, n, value, result_dtype(a.reduction_type, n.body.dtype), registers)
 
 
 @attrs.frozen

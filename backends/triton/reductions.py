@@ -26,19 +26,7 @@ import torch
 
 from coil.backends.triton.handler import Emitter, convert, literal, tl_dtype
 from coil.errors import CoilError
-
-
-def result_dtype(reduction_type: str, value: torch.dtype) -> torch.dtype:
-    if reduction_type in ("argmax", "argmin"):
-        return torch.int64
-    if reduction_type in ("any", "all"):
-        return torch.bool
-    return value
-
-
-def _work_dtype(dt: torch.dtype) -> torch.dtype:
-    """bool compares and reduces as int8 (tl.max has no int1 form)."""
-    return torch.int8 if dt == torch.bool else dt
+from coil.passes.schedule.split import partial_dtypes, result_dtype, work_dtype
 
 
 def _extreme(dt: torch.dtype, lowest: bool) -> str:
@@ -85,7 +73,7 @@ def persistent(out: Emitter, rt: str, v: str, dt: torch.dtype) -> str:
         case "prod":
             return out.assign(f"tl.reduce(tl.where(xrmask, {v}, 1), 1, _coil_prod_combine)[:, None]")
         case "max" | "min" | "argmax" | "argmin":
-            wd = _work_dtype(dt)
+            wd = work_dtype(dt)
             w = v if wd == dt else out.assign(convert(v, dt, wd))
             tile = out.assign(f"tl.where(xrmask, {w}, {_extreme(wd, _is_max(rt))})")
             m = _nan_aware_extreme(out, rt, tile, wd)
@@ -112,7 +100,7 @@ def _tile(value: bool | int | float, dt: torch.dtype) -> str:
 
 def looped_init(out: Emitter, rt: str, dt: torch.dtype, index_dt: torch.dtype) -> tuple[str, ...]:
     """Accumulators, emitted before the loop."""
-    wd = _work_dtype(dt)
+    wd = work_dtype(dt)
 
     def acc(init: str) -> str:
         return out.assign(init, "_acc")
@@ -139,7 +127,7 @@ def looped_init(out: Emitter, rt: str, dt: torch.dtype, index_dt: torch.dtype) -
 def looped_update(out: Emitter, rt: str, accs: tuple[str, ...], v: str, dt: torch.dtype) -> None:
     """Fold this step's value tile into the accumulators (inside the loop).
     Loop-carried values keep their dtype and [XBLOCK, RBLOCK] shape."""
-    wd = _work_dtype(dt)
+    wd = work_dtype(dt)
     match rt:
         case "sum":
             out.emit(f"{accs[0]} = {accs[0]} + tl.where(xrmask, {v}, 0)")
@@ -180,7 +168,7 @@ def looped_update(out: Emitter, rt: str, accs: tuple[str, ...], v: str, dt: torc
 
 def looped_final(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) -> str:
     """Reduce the accumulators across lanes (after the loop)."""
-    wd = _work_dtype(dt)
+    wd = work_dtype(dt)
     match rt:
         case "sum":
             return out.assign(f"tl.sum({accs[0]}, 1)[:, None]")
@@ -208,22 +196,12 @@ def looped_final(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) 
 # ---- split: partial results of several programs --------------------------------------------------
 
 
-def split_dtypes(rt: str, dt: torch.dtype) -> list[torch.dtype]:
-    """The dtype of each workspace `split_partials` fills, in its order."""
-    match rt:
-        case "welford_m2":
-            return [dt, dt, dt]
-        case "argmax" | "argmin":
-            return [_work_dtype(dt), torch.int64]
-    return [result_dtype(rt, dt)]
-
-
 def split_partials(out: Emitter, rt: str, accs: tuple[str, ...], dt: torch.dtype) -> list[str]:
     """After one program's loop: what it stores for the combine, one value per
     workspace.  Most reductions store their result; Welford stores the mean, M2 and
     count of its elements (0 for the mean of none), argmax/argmin the extreme and
     its first index."""
-    wd = _work_dtype(dt)
+    wd = work_dtype(dt)
     match rt:
         case "welford_m2":
             mean, m2, weight = accs
@@ -242,13 +220,13 @@ def split_identities(rt: str, dt: torch.dtype) -> list[str]:
     """What a lane past the last partial holds, per workspace (split_partials' order)."""
     match rt:
         case "sum" | "welford_m2":
-            return [literal(0)] * len(split_dtypes(rt, dt))
+            return [literal(0)] * len(partial_dtypes(rt, dt))
         case "prod":
             return [literal(1)]
         case "max" | "min":
             return [_extreme(dt, rt == "max")]
         case "argmax" | "argmin":
-            return [_extreme(_work_dtype(dt), rt == "argmax"), literal(0)]
+            return [_extreme(work_dtype(dt), rt == "argmax"), literal(0)]
         case "any":
             return [literal(False)]
         case "all":
@@ -263,7 +241,7 @@ def split_combine(out: Emitter, rt: str, tiles: list[str], dt: torch.dtype) -> s
         case "sum" | "prod" | "max" | "min" | "welford_m2":
             return looped_final(out, rt, tuple(tiles), dt)  # Chan's merge, as across lanes
         case "argmax" | "argmin":
-            wd = _work_dtype(dt)
+            wd = work_dtype(dt)
             m = _nan_aware_extreme(out, rt, tiles[0], wd)
             return _first_index(out, tiles[0], m, tiles[1], "pmask", wd)
         case "any":

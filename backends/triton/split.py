@@ -36,6 +36,7 @@ from coil.ir.kernel import KernelSpec, Loop, Outer, Role, Split
 from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
 from coil.passes.schedule.launch import combine_name
+from coil.passes.schedule.split import result_dtype
 
 
 def _signature(spec: KernelSpec, split: Split, name: str) -> str:
@@ -120,7 +121,7 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
             tiles.append(out.assign(f"tl.load(ws_ptr{i} + {split.parts} * xindex + pindex, pmask, other={other})"))
             i += 1
         value = reductions.split_combine(out, rt, tiles, dt)
-        finish_node(ctx, out, n, value, reductions.result_dtype(rt, dt), registers)
+        finish_node(ctx, out, n, value, result_dtype(rt, dt), registers)
     _outer(ctx, out, 1, registers, memo, store=True)
     return out.lines
 
