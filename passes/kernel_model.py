@@ -1,5 +1,6 @@
 """What a fused kernel means, shared by fuse (legality), plan_memory (which buffers
-stay in registers), wrap (call arguments) and every kernel backend.
+stay in registers), schedule_kernels (parameters, roles and kernel coordinates) and
+the C++ backend's loop nests.
 
 A kernel iterates `xindex` over `numel` and, for reduction kernels, `rindex` over
 `rnumel`.  Each node in it takes one of three roles:
