@@ -29,7 +29,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Load, indirect_loads, loads, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.indexing import numel, simplify_index, unflatten
-from coil.ir.kernel import RINDEX, XINDEX, YINDEX, Param, Role
+from coil.ir.kernel import RINDEX, XINDEX, Param, Role
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
 from coil.options import SplitTraits

@@ -34,8 +34,8 @@ from coil.backends.common import IndexPrinter
 from coil.errors import CoilError
 from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, indsym, walk
 from coil.ir.indexing import simplify_index
+from coil.ir.kernel import RINDEX, XINDEX, YINDEX
 from coil.ir.layout import Layout
-from coil.passes.kernel_model import RINDEX, XINDEX, YINDEX
 
 TL_DTYPES: dict[torch.dtype, str] = {
     torch.float16: "tl.float16",
