@@ -93,6 +93,10 @@ class TargetTraits:
     # with Options.emulate_precision_casts off, a float32 -> half -> float32 round trip
     # between fused ops is dropped (values stay float32 until they are stored)
     keeps_float32_between_ops: bool = False
+    # welford_m2 reads its row twice: the mean in one loop, the squared deviations
+    # from it in the next (the C++ target, whose two plain passes vectorize; Triton's
+    # Welford updates take one), so what reads it runs a loop later
+    two_pass_welford: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -120,7 +124,8 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
     "triton": TargetTraits(("triton_poi", "triton_red", "triton_per"), 8192, 128, column_loop_min=128,
                            channels_last=True, splits=TRITON_SPLITS, tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True),
-    "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True),
+    "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
+                        two_pass_welford=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
                               channels_last=False),
 }

@@ -180,7 +180,7 @@ class Accumulator:
     reduction_type: str
     update: Update
     partner: str | None = None  # ONLINE_SUM: its max; ROW_MAX: its first online sum
-    second_pass: bool = False  # a later loop reads its value: the row is read again after it
+    second_pass: bool = False  # it reads the row again in the next loop (a two-pass welford_m2's deviations)
 
 
 @attrs.frozen

@@ -67,7 +67,7 @@ def show_stage(st: Stage, indent: str) -> list[str]:
             out = [f"{indent}loop {st.level}: {', '.join(st.nodes)}; computes {computes}"]
             for a in st.accumulators:
                 partner = f" with {a.partner}" if a.partner else ""
-                again = ", read again by a later loop" if a.second_pass else ""
+                again = f", second pass in loop {st.level + 1}" if a.second_pass else ""
                 out.append(f"{indent}  {a.node}: {a.reduction_type} accumulator, {a.update.value}{partner}{again}")
             return out
     raise TypeError(f"no stage {st!r}")

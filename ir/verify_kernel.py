@@ -6,13 +6,15 @@ K1 one spec per fused kernel of the plan, in plan order, each of its kernel's
 K2 every node sits in exactly one stage, and a stage names only the kernel's nodes
 K3 a node's dependencies sit in an earlier stage or come before it in its own (an
    online sum's are its max's: it reads the max's running value, not its body); a
-   reduction is read only after the loop that reduces it
+   reduction is read only after the loop that reduces it (two loops for a two-pass
+   welford_m2)
 K4 a loop computes only nodes of its own or an earlier loop; an outer stage and a
    body only their own nodes
 K5 a stored node is a parameter the kernel writes; parameters are named once,
    reads (in_ptrN) before writes (out_ptrN)
 K6 every reduction node of a loop has one accumulator there, and only those; an
-   online sum's partner is a max accumulator of the same loop that keeps the row max
+   online sum's partner is a max accumulator of the same loop that keeps the row max;
+   only a welford_m2 takes a second pass
 K7 the space fits the group and the kind: flat for pointwise (tiled: rows x cols
    = numel), rows (or a split) for reductions, persistent rows in one body, looped
    rows and splits in loops; tiled nodes only in a tiled space
@@ -67,6 +69,9 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     order = {n.name: i for i, n in enumerate(k.nodes)}
     online = {a.node: a.partner for st in k.stages if isinstance(st, Loop) for a in st.accumulators
               if a.update is Update.ONLINE_SUM}
+    # the level from which each looped reduction's value is known
+    ready = {a.node: st.level + (2 if a.second_pass else 1) for st in k.stages if isinstance(st, Loop)
+             for a in st.accumulators}
     for n in k.nodes:
         if n.name not in where:
             fail(p, stage, n.name, f"K2 sits in no stage of {k.name}")
@@ -74,7 +79,8 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         for d in deps:
             if d not in where or where[d] > where[n.name] or (where[d] == where[n.name] and order[d] > order[n.name]):
                 fail(p, stage, n.name, f"K3 reads {d}, which does not run before it")
-            if where[d] == where[n.name] and isinstance(k.stages[where[d]], Loop) and k.node(d).reduction_type:
+            reader = k.stages[where[n.name]]
+            if d in ready and isinstance(reader, (Outer, Loop)) and reader.level < ready[d]:
                 fail(p, stage, n.name, f"K3 reads {d} in the loop that reduces it")
     _verify_computes(p, stage, k, where)
     writes = [q.name for q in k.params if q.role == "out"]
@@ -109,6 +115,8 @@ def _verify_accumulators(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         for a in st.accumulators:
             if a.reduction_type != k.node(a.node).reduction_type:
                 fail(p, stage, a.node, f"K6 a {a.reduction_type} accumulator of a {k.node(a.node).reduction_type}")
+            if a.second_pass and (a.reduction_type != "welford_m2" or a.update is not Update.LANES):
+                fail(p, stage, a.node, f"K6 a second pass over the row for a {a.reduction_type} accumulator")
             if a.update is Update.ONLINE_SUM:
                 partner = accs.get(a.partner or "")
                 if a.reduction_type != "sum" or partner is None or partner.update is not Update.ROW_MAX:

@@ -89,7 +89,7 @@ def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tu
         stages = loops.single_scope(nodes)
         return _launched(k, space, params, nodes, stages, layouts, traits)
     online = loops.online_sums(nodes) if traits.online_softmax else {}
-    stages = loops.looped_stages(nodes, online)
+    stages = loops.looped_stages(nodes, online, traits.two_pass_welford)
     columns = traits.column_loop_min is not None and reads_down_columns(bufs, layouts, k.group)
     space = Rows(n, r, True, columns)
     splits = traits.splits

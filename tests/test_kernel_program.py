@@ -122,15 +122,25 @@ def test_online_softmax_needs_the_trait() -> None:
         m.setitem(TARGET_TRAITS, "triton", traits)
         (k,) = _softmax().specs
     loops = [st for st in k.stages if isinstance(st, Loop)]
-    assert len(loops) == 3 and all(a.update is Update.LANES for st in loops for a in st.accumulators)
-    assert [a.second_pass for st in loops for a in st.accumulators] == [True, True]
+    assert [st.level for st in loops] == [0, 1, 2]
+    assert all(a.update is Update.LANES and not a.second_pass for st in loops for a in st.accumulators)
 
 
-def test_layer_norm_reads_its_rows_twice() -> None:
+def test_layer_norm_reads_its_rows_twice_or_three_times() -> None:
+    """On Triton, Welford's updates reduce the row in one loop and the normalization
+    reads it again in a second; the C++ target's welford_m2 takes a second pass of
+    its own (the mean, then the squared deviations), so the normalization runs in a
+    third."""
     (k,) = _layer_norm().specs
     first, second = (st for st in k.stages if isinstance(st, Loop))
     assert {a.reduction_type for a in first.accumulators} == {"welford_m2", "sum"}
-    assert all(a.second_pass for a in first.accumulators) and not second.accumulators
+    assert not any(a.second_pass for a in first.accumulators) and not second.accumulators
+    assert second.level == 1
+    (c,) = program(lambda a, w, b: F.layer_norm(a, (10000,), w, b),
+                   [torch.randn(4, 10000), torch.randn(10000), torch.randn(10000)], target="cpp").specs
+    first, second = (st for st in c.stages if isinstance(st, Loop))
+    assert [(a.reduction_type, a.second_pass) for a in first.accumulators] == [("welford_m2", True), ("sum", False)]
+    assert second.level == 2
 
 
 def test_split_and_column_decisions() -> None:
@@ -171,6 +181,33 @@ def test_other_targets_get_stages_but_no_launches() -> None:
         assert k.launches == () and k.tails is None
         assert not any(a.update is not Update.LANES for st in k.stages if isinstance(st, Loop)
                        for a in st.accumulators)
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda a: torch.softmax(a, -1), [(4, 3000)]),
+    (lambda a, w, b: F.layer_norm(a, (3000,), w, b), [(4, 3000), (3000,), (3000,)]),
+    (lambda a: (a - a.mean(-1, keepdim=True)) / a.var(-1, keepdim=True), [(6, 2000)]),
+    (lambda a: (a.exp() / a.exp().sum(-1, keepdim=True)).amax(-1) + a.sum(-1), [(3, 1500)]),
+])
+def test_the_cpp_backends_phases_are_the_programs_loops(fn: Callable[..., Any], shapes: list[tuple[int, ...]]) -> None:
+    """The C++ target still schedules its own r-loops (backends/cpp/reduction.py:
+    phases); for its looped kernels they are the KernelProgram's stages: each node
+    at the level of the stage it sits in, and as many r-loops as the stages need."""
+    from coil.backends.cpp.plan import plan_kernel
+    from coil.backends.cpp.reduction import phases
+
+    w = run_until(fn, [torch.randn(s) for s in shapes], "wrap", target="cpp")
+    looped = [k for k in w.specs if isinstance(k.space, Rows) and k.space.looped]
+    assert looped
+    for k in looped:
+        ph = phases(plan_kernel(next(f for f in w.kernels if f.name == k.name), w))
+        level = {n: st.level for st in k.stages if isinstance(st, (Outer, Loop)) for n in st.nodes}
+        assert ph.at == level
+        ends = [st.level + (2 if a.second_pass else 1) for st in k.stages if isinstance(st, Loop)
+                for a in st.accumulators]
+        stored = [st.level + 1 for st in k.stages if isinstance(st, Loop) for n in st.nodes
+                  if k.node(n).store is not None and k.node(n).role.value == "inner"]
+        assert ph.loops == max([*ends, *stored], default=0)
 
 
 def test_the_pass_is_pure() -> None:
@@ -227,6 +264,19 @@ def test_a_node_before_what_it_reads() -> None:
     _reject(_with(kp, early), rf"{last.name}: K3 reads {mean} in the loop that reduces it")
     swapped = attrs.evolve(k, stages=(second, first))
     _reject(_with(kp, swapped), rf"{last.name}: K3 reads \w+, which does not run before it")
+
+
+def test_a_second_pass_only_for_welford_and_read_after_it() -> None:
+    kp = program(lambda a, w, b: F.layer_norm(a, (10000,), w, b),
+                 [torch.randn(4, 10000), torch.randn(10000), torch.randn(10000)], target="cpp")
+    (k,) = kp.specs
+    first, second = (st for st in k.stages if isinstance(st, Loop))
+    welford, mean = first.accumulators
+    early = attrs.evolve(k, stages=(first, attrs.evolve(second, level=1)))
+    _reject(_with(kp, early), rf"{second.nodes[0]}: K3 reads {welford.node} in the loop that reduces it")
+    twice = attrs.evolve(first, accumulators=(welford, attrs.evolve(mean, second_pass=True)))
+    _reject(_with(kp, attrs.evolve(k, stages=(twice, second))),
+            rf"{mean.node}: K6 a second pass over the row for a sum accumulator")
 
 
 def test_a_stored_node_that_is_no_parameter() -> None:

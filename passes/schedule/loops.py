@@ -56,19 +56,26 @@ def online_sums(nodes: Sequence[KernelNode]) -> dict[str, str]:
     return out
 
 
-def loop_levels(nodes: Sequence[KernelNode], online: Mapping[str, str]) -> dict[str, int]:
+def loop_levels(nodes: Sequence[KernelNode], online: Mapping[str, str], two_pass_welford: bool) -> dict[str, int]:
     """For inner and reduction nodes, the loop they run in; for outer nodes, the
     loop before which they run.  A node comes after every loop whose reduction it
-    reads (directly, or through the inner nodes it recomputes); an online sum runs
-    in its max's loop."""
-    role = {n.name: n.role for n in nodes}
+    reads (directly, or through the inner nodes it recomputes; a two-pass
+    welford_m2 finishes a loop later); an online sum runs in its max's loop."""
+    by_name = {n.name: n for n in nodes}
     level: dict[str, int] = {}
     for b in nodes:
         if b.name in online:
             level[b.name] = level[online[b.name]]
             continue
-        level[b.name] = max((level[d] + (1 if role[d] is Role.REDUCTION else 0) for d in b.deps), default=0)
+        level[b.name] = max((level[d] + _passes(by_name[d], two_pass_welford) for d in b.deps), default=0)
     return level
+
+
+def _passes(n: KernelNode, two_pass_welford: bool) -> int:
+    """The loops a node's value takes before a reader can use it."""
+    if n.role is not Role.REDUCTION:
+        return 0
+    return 2 if two_pass_welford and n.reduction_type == "welford_m2" else 1
 
 
 def needed(nodes: Sequence[KernelNode], roots: Sequence[str], online: Mapping[str, str]) -> set[str]:
@@ -89,13 +96,15 @@ def needed(nodes: Sequence[KernelNode], roots: Sequence[str], online: Mapping[st
     return seen
 
 
-def looped_stages(nodes: Sequence[KernelNode], online: Mapping[str, str]) -> tuple[Stage, ...]:
+def looped_stages(nodes: Sequence[KernelNode], online: Mapping[str, str],
+                  two_pass_welford: bool = False) -> tuple[Stage, ...]:
     """Outer 0, Loop 0, Outer 1, Loop 1, ..., Outer n (the empty ones left out).  A
     loop computes its reductions and the inner nodes it stores, and the inner nodes
     they read; a max with online sums keeps no lane accumulator of its own (its
-    value is the running row max they share)."""
-    level = loop_levels(nodes, online)
-    looped = [level[n.name] for n in nodes if n.role is not Role.OUTER]
+    value is the running row max they share); a two-pass welford_m2 also takes the
+    loop after its own."""
+    level = loop_levels(nodes, online, two_pass_welford)
+    looped = [level[n.name] + max(_passes(n, two_pass_welford), 1) - 1 for n in nodes if n.role is not Role.OUTER]
     loops = max(looped) + 1 if looped else 0
     stages: list[Stage] = []
     for k in range(loops + 1):
@@ -109,12 +118,14 @@ def looped_stages(nodes: Sequence[KernelNode], online: Mapping[str, str]) -> tup
             continue
         roots = [n.name for n in here if n.role is Role.REDUCTION or n.store is not None]
         computes = needed(nodes, roots, online) if roots else set()
+        reds = [n for n in here if n.role is Role.REDUCTION]
         stages.append(Loop(k, tuple(n.name for n in here), tuple(n.name for n in nodes if n.name in computes),
-                           _accumulators([n for n in here if n.role is Role.REDUCTION], online)))
-    return tuple(_second_passes(nodes, stages))
+                           _accumulators(reds, online, two_pass_welford)))
+    return tuple(stages)
 
 
-def _accumulators(reds: Sequence[KernelNode], online: Mapping[str, str]) -> tuple[Accumulator, ...]:
+def _accumulators(reds: Sequence[KernelNode], online: Mapping[str, str],
+                  two_pass_welford: bool) -> tuple[Accumulator, ...]:
     sums = {n.name: online[n.name] for n in reds if n.name in online}
     first_sum = {m: s for s, m in reversed(sums.items())}
     out = []
@@ -126,23 +137,8 @@ def _accumulators(reds: Sequence[KernelNode], online: Mapping[str, str]) -> tupl
         elif n.name in first_sum:
             out.append(Accumulator(n.name, rt, Update.ROW_MAX, first_sum[n.name]))
         else:
-            out.append(Accumulator(n.name, rt, Update.LANES))
+            out.append(Accumulator(n.name, rt, Update.LANES, second_pass=_passes(n, two_pass_welford) == 2))
     return tuple(out)
-
-
-def _second_passes(nodes: Sequence[KernelNode], stages: list[Stage]) -> list[Stage]:
-    """Mark the accumulators whose value a later loop reads: the row is read again
-    after they are reduced (a split kernel cannot have them)."""
-    deps = {n.name: n.deps for n in nodes}
-    out: list[Stage] = []
-    for i, st in enumerate(stages):
-        if isinstance(st, Loop) and st.accumulators:
-            later = {d for s in stages[i + 1:] if isinstance(s, Loop) for c in s.computes for d in deps[c]}
-            st = Loop(st.level, st.nodes, st.computes,
-                      tuple(Accumulator(a.node, a.reduction_type, a.update, a.partner, a.node in later)
-                            for a in st.accumulators))
-        out.append(st)
-    return out
 
 
 def single_scope(nodes: Sequence[KernelNode]) -> tuple[Stage, ...]:

@@ -75,7 +75,7 @@ def plan_split(nodes: Sequence[KernelNode], stages: Sequence[Stage], group: tupl
     reds = [n for n in nodes if n.role is Role.REDUCTION]
     if not reds or len(loops) != 1 or loops[0].level != 0 or has_bool_extreme(reds):
         return None
-    if any(a.partner is not None for a in loops[0].accumulators):  # an online softmax
+    if any(a.partner is not None or a.second_pass for a in loops[0].accumulators):  # online, or two passes
         return None
     rows, rnumel = group
     workspaces = tuple((n.name, dt) for n in reds for dt in partial_dtypes(n.reduction_type or "", n.body.dtype))
