@@ -9,6 +9,7 @@ each symbol's loop) are passed explicitly; nothing is global.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping, Sequence
 
@@ -123,8 +124,19 @@ def _scale_down(a: sympy.Expr, b: int, ranges: Mapping[sympy.Symbol, int]) -> tu
 
 
 def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.Expr:
-    """Range-aware simplification of FloorDiv / ModularIndexing, innermost first."""
+    """Range-aware simplification of FloorDiv / ModularIndexing, innermost first.
+    A pure function of the expression and the ranges of its symbols, so its results
+    are kept (the passes ask for the same index many times: extract_deps, fuse's
+    register model and schedule_kernels each simplify every load of a kernel, and a
+    channels-last graph's permuted indices cost sympy several times a plain one's)."""
     e = sympy.sympify(e)
+    free = e.free_symbols
+    return _simplify_index(e, frozenset((k, v) for k, v in ranges.items() if k in free))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, int]]) -> sympy.Expr:
+    ranges = dict(ranges_items)
     if not e.has(FloorDiv, ModularIndexing):
         return sympy.expand(e)
 
