@@ -86,8 +86,12 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
             log.warning("coil: %s graph has symbolic shapes; running it eagerly", kind)
             return gm.forward
         opts = options
-        if kind == "forward" and opts.prefers_channels_last() and _has_convolution(gm):
-            opts = opts.replace(free_output_strides=_saved_outputs(gm))
+        if kind == "forward" and _has_convolution(gm):
+            from coil.passes.pipeline import resolve_target
+
+            resolved = resolve_target(opts, example_inputs)
+            if resolved.prefers_channels_last() and resolved.traits().channels_last_training:
+                opts = opts.replace(free_output_strides=_saved_outputs(gm))
         try:
             compiled = compile_graph(gm, list(example_inputs), opts, kind=kind)
         except CoilError as e:

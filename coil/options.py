@@ -78,6 +78,11 @@ class TargetTraits:
     column_loop_min: int | None
     # passes/layout.py computes the tensors around 2-d convolutions channels-last
     channels_last: bool
+    # and in training too: a training forward saves its activations channels-last
+    # (Options.free_output_strides) and the backward's convolutions run so.  On a GPU
+    # that spares cuDNN's layout conversions; mkldnn's backward on one CPU thread ran
+    # slower so (ResNet at the CPU size: 21.8 against 17.1 ms a step)
+    channels_last_training: bool = False
     # realize's "reuse" rule (a pointwise node with several readers and more than one
     # nontrivial read becomes a buffer; Options.realize_reuse)
     realize_reuse: bool = True
@@ -122,7 +127,8 @@ TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, 
 # cuDNN's do without the NCHW <-> NHWC conversions it makes around NCHW tensors
 TARGET_TRAITS: dict[str, TargetTraits] = {
     "triton": TargetTraits(("triton_poi", "triton_red", "triton_per"), 8192, 128, column_loop_min=128,
-                           channels_last=True, splits=TRITON_SPLITS, tiles=TRITON_TILES, launch=TRITON_LAUNCH,
+                           channels_last=True, channels_last_training=True, splits=TRITON_SPLITS,
+                           tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         two_pass_welford=True),

@@ -6,6 +6,8 @@ strides of the graph's outputs, equal eager's."""
 
 from __future__ import annotations
 
+import os
+import re
 import pytest
 import torch
 import torch.nn.functional as F
@@ -206,12 +208,9 @@ def test_free_output_strides_let_a_forward_save_channels_last() -> None:
         assert y.stride() == channels_last_strides(tuple(y.shape))
 
 
-@pytest.mark.skipif(not target_available("cpp"), reason="no C++ compiler")
-def test_training_step_saves_channels_last_and_the_backward_reads_it() -> None:
-    """Through torch.compile: the forward reports its outputs' strides to
-    AOTAutograd (channels-last saved activations), the backward graph is compiled
-    for them, its convolution_backward reads a channels-last gradient and input,
-    and the gradients equal eager's."""
+def _trained_graphs(target: str) -> dict[str, object]:
+    """One training step of _ConvNet through torch.compile on `target`: the
+    gradients checked against eager's, and coil's compiled graphs by kind."""
     torch.manual_seed(0)
     model = _ConvNet()
     x = torch.randn(2, 3, 16, 16)
@@ -227,7 +226,7 @@ def test_training_step_saves_channels_last_and_the_backward_reads_it() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(coil, "compile_graph", spy)
         compiled = torch.compile(model, backend="coil",
-                                 options={"target": "cpp", "eager_fallback": False, "graph_cache": False})
+                                 options={"target": target, "eager_fallback": False, "graph_cache": False})
         got = compiled(x).square().sum()
         got.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -237,10 +236,36 @@ def test_training_step_saves_channels_last_and_the_backward_reads_it() -> None:
     torch.testing.assert_close(got, want)
     for n, p in model.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, msg=n)
-    kinds = dict(compiled_graphs)
-    backward = kinds["backward"]
-    cl_inputs = [lay for lay in backward.input_layouts  # type: ignore[attr-defined]
-                 if len(lay.size) == 4 and lay.size[1] > 1 and lay.stride == channels_last_strides(lay.size)]
-    assert cl_inputs, "the backward got no channels-last saved activation"
-    source = backward.source  # type: ignore[attr-defined]
-    assert "convolution_backward" in source
+    return dict(compiled_graphs)
+
+
+def _channels_last_inputs(compiled: object) -> list[object]:
+    return [lay for lay in compiled.input_layouts  # type: ignore[attr-defined]
+            if len(lay.size) == 4 and lay.size[1] > 1 and lay.stride == channels_last_strides(lay.size)]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors on triton need TRITON_INTERPRET=1")
+def test_training_step_saves_channels_last_and_the_backward_reads_it() -> None:
+    """Through torch.compile, on a target that trains channels-last (Triton's
+    trait; run here by the interpreter): the forward reports its outputs' strides
+    to AOTAutograd (channels-last saved activations), the backward graph is
+    compiled for them, its convolution_backward reads a channels-last gradient,
+    and the gradients equal eager's."""
+    graphs = _trained_graphs("triton")
+    backward = graphs["backward"]
+    assert _channels_last_inputs(backward), "the backward got no channels-last saved activation"
+    call = backward.source[backward.source.index("def call"):]  # type: ignore[attr-defined]
+    conv = next(line for line in call.splitlines() if "convolution_backward.default(" in line)
+    grad = conv.split("(")[1].split(",")[0].strip()
+    view = next(line for line in call.splitlines() if line.strip().startswith(f"{grad} = reinterpret_view("))
+    size, stride = (tuple(int(v) for v in t.split(",")) for t in re.findall(r"\(([\d, ]+)\)", view)[:2])
+    assert stride == channels_last_strides(size), view  # the gradient comes in channels-last strides
+
+
+@pytest.mark.skipif(not target_available("cpp"), reason="no C++ compiler")
+def test_cpp_training_stays_contiguous() -> None:
+    """The C++ target computes convolutions channels-last in inference only (its
+    channels_last_training trait is off: mkldnn's backward ran slower so): a
+    training forward saves its activations in eager's strides."""
+    graphs = _trained_graphs("cpp")
+    assert not _channels_last_inputs(graphs["backward"])
