@@ -102,6 +102,11 @@ class TargetTraits:
     # from it in the next (the C++ target, whose two plain passes vectorize; Triton's
     # Welford updates take one), so what reads it runs a loop later
     two_pass_welford: bool = False
+    # a row that fits one tile (a persistent kernel's, or a pointwise kernel's
+    # reduction over at most one element) is computed in one scope (Triton's
+    # registers); else every reduction's row loops (the C++ target's r-loops,
+    # whatever the row's length)
+    row_tiles: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -129,7 +134,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
     "triton": TargetTraits(("triton_poi", "triton_red", "triton_per"), 8192, 128, column_loop_min=128,
                            channels_last=True, channels_last_training=True, splits=TRITON_SPLITS,
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
-                           online_softmax=True, keeps_float32_between_ops=True),
+                           online_softmax=True, keeps_float32_between_ops=True, row_tiles=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         two_pass_welford=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,

@@ -16,8 +16,10 @@ K6 every reduction node of a loop has one accumulator there, and only those; an
    online sum's partner is a max accumulator of the same loop that keeps the row max;
    only a welford_m2 takes a second pass
 K7 the space fits the group and the kind: flat for pointwise (tiled: rows x cols
-   = numel), rows (or a split) for reductions, persistent rows in one body, looped
-   rows and splits in loops; tiled nodes only in a tiled space
+   = numel), rows (or a split) for reductions, looped ones for a looped reduction
+   kernel; rows held whole in one body, looped rows and splits in loops (and a flat
+   kernel's reductions over at most one element, on a target that loops every
+   row); tiled nodes only in a tiled space
 K8 a launch has a positive grid and sizes, power-of-two blocks and warps; a split
    launches twice, anything else once (none: nothing to compute, or left to the
    target's renderer)
@@ -133,14 +135,16 @@ def _verify_space(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         case Tiled():
             ok = k.kind == "pointwise" and s.rows * s.cols == n and s.rows > 0 and s.cols > 0
         case Rows():
-            ok = k.kind != "pointwise" and (s.xnumel, s.rnumel) == (n, r) and s.looped == (k.kind == "reduction")
+            # a persistent kernel's rows loop on a target that holds no row in one tile
+            ok = k.kind != "pointwise" and (s.xnumel, s.rnumel) == (n, r) and (s.looped or k.kind == "persistent")
         case Split():
             ok = (k.kind == "reduction" and (s.xnumel, s.rnumel) == (n, r) and s.parts > 0
                   and s.parts * s.chunk >= r > (s.parts - 1) * s.chunk and _power_of_2(s.xblock))
     if not ok:
         fail(p, stage, k.name, f"K7 a {k.kind} kernel of group {k.group} cannot run on that space")
     for st in k.stages:
-        if isinstance(st, Body) == looped or (isinstance(st, (Outer, Loop)) and not looped):
+        # a flat kernel's reductions over at most one element loop on a target that loops every row
+        if (isinstance(st, Body) and looped) or (not isinstance(st, Body) and not looped and not isinstance(s, Flat)):
             fail(p, stage, k.name, f"K7 a {type(st).__name__.lower()} stage in a {'looped' if looped else 'one-scope'} space")
     tiled = isinstance(s, Tiled)
     for node in k.nodes:

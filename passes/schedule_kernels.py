@@ -84,12 +84,14 @@ def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tu
         tile = tiling.tiling(bufs, layouts, stored, n, traits.tiles)
     nodes = tuple(_node(k, b, tile, b.name in stored, drop_round_trips) for b in bufs)
     space: Space
-    if k.kind != "reduction":
-        space = tile if tile is not None else Flat(n, r) if k.kind == "pointwise" else Rows(n, r, False)
-        stages = loops.single_scope(nodes)
-        return _launched(k, space, params, nodes, stages, layouts, traits)
+    flat: Space = tile if tile is not None else Flat(n, r)
+    if k.kind != "reduction" and (traits.row_tiles or not any(b.is_reduction for b in bufs)):
+        space = flat if k.kind == "pointwise" else Rows(n, r, False)
+        return _launched(k, space, params, nodes, loops.single_scope(nodes), layouts, traits)
     online = loops.online_sums(nodes) if traits.online_softmax else {}
     stages = loops.looped_stages(nodes, online, traits.two_pass_welford)
+    if k.kind == "pointwise":  # reductions over at most one element, looped all the same
+        return _launched(k, flat, params, nodes, stages, layouts, traits)
     columns = traits.column_loop_min is not None and reads_down_columns(bufs, layouts, k.group)
     space = Rows(n, r, True, columns)
     splits = traits.splits

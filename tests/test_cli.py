@@ -136,7 +136,7 @@ def test_explain_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "order strategy: original" in out
     kernels = out.split("== kernels (schedule_kernels): space, stages, accumulators, launches and why ==", 1)[1]
     assert "  ref_per_fused_add_mul_relu_sum_0: persistent group=(64, 128) cpu" in kernels
-    assert "      body: buf" in kernels and "launches: chosen by the target's renderer" in kernels
+    assert "      loop 0: buf" in kernels and "launches: chosen by the target's renderer" in kernels
     png = out_dir / "lifetimes.png"
     assert f"lifetime chart: {png}" in out
     check_png(png)

@@ -24,6 +24,7 @@ from coil.backends.cpp.loops import (
 )
 from coil.ir.expr import Expr, Op, loads, walk
 from coil.ir.fused import FusedKernel
+from coil.ir.kernel import KernelSpec
 from coil.ir.layout import Layout
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
@@ -47,6 +48,7 @@ class KernelPlan:
     params: tuple[Param, ...]
     stored: frozenset[str]
     layouts: dict[str, Layout]
+    spec: KernelSpec  # schedule_kernels' decisions: the r-loops each node runs in
 
     @property
     def inside(self) -> set[str]:
@@ -60,7 +62,7 @@ class KernelPlan:
 def plan_kernel(k: FusedKernel, program: WrapperProgram) -> KernelPlan:
     g = program.schedule_graph
     bufs = kernel_buffers(k, g)
-    params = program.spec(k.name).params
+    spec = program.spec(k.name)
     layouts = kernel_layouts(g)
     stored = frozenset(b.name for b in bufs if b.name not in program.plan.removed)
     nest = initial_nest(bufs, k.group)
@@ -68,7 +70,7 @@ def plan_kernel(k: FusedKernel, program: WrapperProgram) -> KernelPlan:
         nodes = tuple(node_indexing(b, k.group, nest) for b in bufs)
         merged = merged_nest(nest, index_expressions(nodes, layouts, set(k.nodes), nest.ranges, set(stored)))
         if merged is None:
-            return KernelPlan(k, nest, nodes, params, stored, layouts)
+            return KernelPlan(k, nest, nodes, spec.params, stored, layouts, spec)
         nest = merged
 
 

@@ -51,7 +51,9 @@ from coil.backends.cpp.plan import (
     render_loops,
     store_line,
 )
-from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, Load, Op, read_names
+from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, Load, Op
+from coil.ir.kernel import Loop as LoopStage
+from coil.ir.kernel import Outer
 from coil.options import Options
 
 # A reduction kernel with fewer rows than this and a long reduction splits each row
@@ -79,18 +81,19 @@ class Phases:
 
 
 def phases(plan: KernelPlan) -> Phases:
-    inside = plan.inside
-    role = {nd.buf.name: nd.role for nd in plan.nodes}
+    """The r-loops as schedule_kernels laid them out (the spec's Outer and Loop
+    stages; welford_m2 takes two r-loops, the two_pass_welford trait's)."""
     at: dict[str, int] = {}
     done: dict[str, int] = {}
-    for nd in plan.nodes:
-        deps = {n for n in read_names(nd.body) if n in inside}
-        name = nd.buf.name
-        at[name] = max((done[d] if role[d] == "reduction" else at[d] for d in deps), default=0)
-        if nd.role == "reduction":
-            done[name] = at[name] + (2 if nd.buf.reduction_type == "welford_m2" else 1)
-    stored_inner = [at[nd.buf.name] + 1 for nd in plan.nodes if nd.role == "inner" and nd.buf.name in plan.stored]
-    return Phases(at, done, max([*done.values(), *stored_inner], default=0))
+    ends = [0]
+    for st in plan.spec.stages:
+        assert isinstance(st, (Outer, LoopStage)), f"{plan.kernel.name}: a reduction kernel's rows loop on the C++ target"
+        at.update(dict.fromkeys(st.nodes, st.level))
+        if isinstance(st, LoopStage):
+            for a in st.accumulators:
+                done[a.node] = st.level + (2 if a.second_pass else 1)
+            ends += [st.level + 1 for n in st.nodes if n in plan.stored and plan.spec.node(n).role == "inner"]
+    return Phases(at, done, max([*done.values(), *ends]))
 
 
 # ---- accumulators ----------------------------------------------------------------------------------

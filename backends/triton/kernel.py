@@ -43,12 +43,14 @@ from coil.ir.kernel import (
     RINDEX,
     XINDEX,
     YINDEX,
+    Flat,
     KernelNode,
     KernelSpec,
     Loop,
     Outer,
     Param,
     Role,
+    Rows,
     Tails,
     Tiled,
     Update,
@@ -131,14 +133,14 @@ def prologue(ctx: KernelContext, out: Emitter) -> None:
         return
     pid = "tl.program_id(0).to(tl.int64)" if ctx.spec.wide_index else "tl.program_id(0)"
     out.emit(f"xoffset = {pid} * XBLOCK")
-    if ctx.spec.kind == "pointwise":
+    if isinstance(ctx.spec.space, Flat):
         out.emit("xindex = xoffset + tl.arange(0, XBLOCK)")
         mask(out, "xmask", "xindex < xnumel", "[XBLOCK]", not tails.outer)
         return
     out.emit("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
     mask(out, "xmask", "xindex < xnumel", "[XBLOCK, 1]", not tails.outer)
     arange = "tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.spec.wide_index else "")
-    if ctx.spec.kind == "persistent":
+    if not looped(ctx.spec):
         out.emit(f"rindex = {arange}")
         row_masks(out, not tails.inner)
     else:
@@ -235,7 +237,7 @@ def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
             finish_node(ctx, out, n, node_value(ctx, out, n, registers, memo), n.body.dtype, registers)
             continue
         rt = reduction_type(n)
-        if ctx.spec.kind == "pointwise":
+        if isinstance(ctx.spec.space, Flat):
             v = None if ctx.spec.group[1] == 0 else node_value(ctx, out, n, registers, memo)
             value = reductions.trivial(out, rt, v, n.body.dtype)
         else:
@@ -358,6 +360,11 @@ class LoopStep:
         out.indent -= 1
 
 
+def looped(spec: KernelSpec) -> bool:
+    """Whether the kernel's rows run in RBLOCK steps (else one scope)."""
+    return isinstance(spec.space, Rows) and spec.space.looped
+
+
 def reduction_type(n: KernelNode) -> str:
     assert n.reduction_type is not None
     return n.reduction_type
@@ -372,7 +379,7 @@ def kernel_source(spec: KernelSpec, layouts: Mapping[str, Layout]) -> KernelSour
     ctx = KernelContext(spec, layouts)
     out = Emitter()
     prologue(ctx, out)
-    if spec.kind == "reduction":
+    if looped(spec):
         emit_looped(ctx, out)
     else:
         emit_single_scope(ctx, out)
