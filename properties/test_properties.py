@@ -370,7 +370,8 @@ def test_reuse_of_an_input_is_caught(chain_case: Any) -> None:
 def test_wrong_peak_is_caught(chain_case: Any) -> None:
     program = chain_case[0]
     peak = program.plan.peak_bytes
-    wrong = attrs.evolve(program, plan=attrs.evolve(program.plan, peak_bytes=peak + 4))
+    plan = attrs.evolve(program.plan, peak_bytes=peak + 4)
+    wrong = attrs.evolve(program, kernel_program=attrs.evolve(program.kernel_program, plan=plan))
     with pytest.raises(InvariantError, match=re.escape(f"peak estimate {peak + 4} bytes, replay of the wrapper gives {peak}")):
         check_peak(wrong)
 
