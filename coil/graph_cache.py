@@ -80,6 +80,11 @@ def _input_key(x: Any) -> str:
     return f"V{type(x).__name__}:{x!r}"
 
 
+def _interpreter() -> str:
+    # Triton's interpreter mode changes the source made for CUDA tensors (no libdevice, no bound launches)
+    return f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
+
+
 def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> str | None:
     """The cache key of compiling gm for these inputs with these options, or None
     when this compile does not use the cache."""
@@ -89,7 +94,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: 
         return None  # tensor constants: lower refuses them, there is nothing to cache
     opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
     # torch's deterministic mode changes what lower makes (embedding gradients: embedding_dense_backward)
-    parts = [coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", gm.code,
+    parts = [coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(), gm.code,
              f"deterministic={torch.are_deterministic_algorithms_enabled()}",
              *map(_input_key, example_inputs), repr(sorted(opts.items()))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
@@ -146,7 +151,7 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
     opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
     state = (f"grad={torch.is_grad_enabled()} inference={torch.is_inference_mode_enabled()} "
              f"dtype={torch.get_default_dtype()} deterministic={torch.are_deterministic_algorithms_enabled()}")
-    parts = ["dynamo", coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", state, gm.code,
+    parts = ["dynamo", coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(), state, gm.code,
              *(f"{_input_key(x)}:rg={x.requires_grad}" for x in example_inputs), repr(sorted(opts.items()))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 

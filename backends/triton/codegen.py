@@ -28,7 +28,7 @@ import torch
 
 from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import kernel_source
-from coil.backends.triton.runtime import Launch
+from coil.backends.triton.runtime import Launch, interpreter_on
 from coil.backends.triton.split import split_source
 from coil.backends.wrapper import owns_storage
 from coil.ir.bounds import runtime_checks
@@ -221,10 +221,12 @@ class TritonBackend:
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:
         out: list[str] = []
-        native = any(k.device.startswith("cuda") for k in program.specs)
-        for text in helpers_for((k.source for k in kernels), native) + [k.source for k in kernels]:
+        cuda = any(k.device.startswith("cuda") for k in program.specs)
+        # the GPU's helpers (libdevice) only where kernels are compiled: the
+        # interpreter (TRITON_INTERPRET=1) has no libdevice, CUDA tensors or not
+        for text in helpers_for((k.source for k in kernels), cuda and not interpreter_on()) + [k.source for k in kernels]:
             out += ["", text, ""]
-        if native and not options.autotune:  # bound launches: Triton's binding runs once (runtime.Launcher)
+        if cuda and not options.autotune:  # bound launches: Triton's binding runs once (runtime.Launcher)
             guard = _guard_device(program)
             _, unknown = aligned_by_allocation(program)
             out.append("")
