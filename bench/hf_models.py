@@ -447,6 +447,8 @@ def compare(name: str, got: torch.Tensor | None, eager: torch.Tensor | None, ref
 @dataclass
 class Counts:
     compiled: int = 0          # graphs coil compiled (forward, backward, inference)
+    forward: int = 0           # of those, forward graphs of training
+    backward: int = 0          # and backward graphs
     cached: int = 0            # Dynamo graphs loaded through the graph cache's link
     eager_fallbacks: list[str] = field(default_factory=list)   # coil's "running it eagerly" warnings
     dynamo_graphs: int = 0
@@ -464,6 +466,8 @@ class _CoilLog(logging.Handler):
             self.counts.eager_fallbacks.append(msg)
         elif msg.startswith("coil: compiled "):
             self.counts.compiled += 1
+            self.counts.forward += msg.startswith("coil: compiled forward ")
+            self.counts.backward += msg.startswith("coil: compiled backward ")
         elif "loaded from the graph cache" in msg:
             self.counts.cached += 1
 

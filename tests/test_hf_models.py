@@ -79,8 +79,9 @@ def test_model(name: str, mode: str, attn: str | None, device: str) -> None:
     c = result.counts
     assert not c.eager_fallbacks, f"coil ran a graph eagerly: {c.eager_fallbacks}"
     assert c.compiled + c.cached > 0, "coil compiled no graph"
-    if mode == "train":  # a backward graph for each forward
-        assert c.compiled >= 2 * c.dynamo_graphs
+    if mode == "train":  # a backward graph for each forward (a graph none of whose outputs needs a
+        # gradient, as BART's mask graphs between its graph breaks, compiles for inference only)
+        assert c.forward >= 1 and c.backward == c.forward, c
     assert result.verdict.passed, result.verdict.reason
 
 
