@@ -40,6 +40,22 @@ class TileTraits:
 
 
 @attrs.frozen
+class NestTraits:
+    """How a target that runs each kernel as a loop nest on CPU threads and vector
+    lanes (OpenMP) shares out its work (passes/schedule/nest.py, threads.py)."""
+
+    parallel_min_work: int  # below this many element-iterations a parallel region costs more than it saves
+    parallel_chunks: int  # parallel loops hand out about this many dynamic chunks
+    split_below_rows: int  # a reduction of fewer rows than this, of long rows, splits each row among threads ...
+    split_parts: int  # ... in this many parts (at most)
+    lanes: int  # columns a reduction down columns runs together (one accumulator slot each)
+    lanes_min: int  # fewer neighbouring columns than this reduce row by row
+    tile: int  # side of a pointwise kernel's tiles when it reads transposed
+    block: int  # a pointwise kernel's innermost loop cut into blocks of this many elements ...
+    block_below: int  # ... when the loops outside it have fewer iterations than this
+
+
+@attrs.frozen
 class LaunchTraits:
     """The block sizes and warps the launch heuristics choose from
     (passes/schedule/launch.py).  Every block size is a power of two."""
@@ -63,8 +79,9 @@ class LaunchTraits:
 class TargetTraits:
     """What a target tells the passes about itself, so that no pass branches on a
     target's name: each pass reads the trait it needs (Options.traits()).  A
-    trait that is None leaves that decision out: the target's renderer makes it
-    (today the C++ target schedules its loops in backends/cpp)."""
+    trait that is None leaves that decision out, for a target that has no such
+    thing (a Triton kernel has no loop nest; the C++ target plans no launches:
+    OpenMP hands out its parallel loops' iterations)."""
 
     # kernel names: the prefix of a pointwise, looped-reduction and persistent kernel
     prefixes: tuple[str, str, str]
@@ -107,6 +124,8 @@ class TargetTraits:
     # registers); else every reduction's row loops (the C++ target's r-loops,
     # whatever the row's length)
     row_tiles: bool = False
+    # kernels run as loop nests, their work shared among threads and vector lanes
+    nests: NestTraits | None = None
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -119,6 +138,12 @@ class TargetTraits:
 TRITON_SPLITS = SplitTraits(row_min=16384, max_rows=128, programs=1024, min_chunk=256, max_parts=1024,
                             max_rblock=2048, column_min=1024, column_xblock=32, column_rblock=64,
                             min_column_chunk=128, max_column_parts=256)
+# the C++ target's: a tile of 64 (a multiple of 8: 4-byte tiles are transposed 8x8 in
+# registers): each tile row is 256 contiguous bytes of every stream, and a float32
+# tile (16 KiB) still sits in L1 (x + y.t(), 2048x2048 float32, one thread: 2.45 ms at
+# 64, 2.56 at 32, 3.1 at 128)
+CPP_NESTS = NestTraits(parallel_min_work=32768, parallel_chunks=64, split_below_rows=16, split_parts=64, lanes=64,
+                       lanes_min=8, tile=64, block=4096, block_below=64)
 TRITON_TILES = TileTraits(min_side=16, max_grid_y=65535)  # CUDA's limit on grid dimension 1
 TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, persistent_rows=64,
                              persistent_elements=4096, loop_block=1024, few_rows=8, few_rows_block=8192,
@@ -136,7 +161,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
-                        two_pass_welford=True),
+                        two_pass_welford=True, nests=CPP_NESTS),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
                               channels_last=False),
 }

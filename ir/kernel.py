@@ -13,19 +13,25 @@ Grammar::
     KernelProgram ::= (plan: MemoryPlan, specs: KernelSpec*)
     KernelSpec ::= (name, kind, group, device, space: Space, params: Param*,
                     nodes: KernelNode*, stages: Stage*, wide_index,
-                    tails: Tails | None, launches: KernelLaunch*)
+                    tails: Tails | None, launches: KernelLaunch*, nest: LoopNest | None)
     Space ::= Flat(numel, rnumel)            xindex over numel; reductions over <= 1
                                              element fold to their value or identity
             | Tiled(rows, cols, transposed)  yindex [YBLOCK] x xindex [XBLOCK]
-            | Rows(xnumel, rnumel, looped, columns)
+            | Rows(xnumel, rnumel, looped, columns, lanes)
                                              xindex over rows, rindex along each row:
                                              held whole (persistent) or looped in
                                              RBLOCK steps; columns: a kernel row is a
-                                             column in memory
-            | Split(xnumel, rnumel, parts, chunk, xblock, columns, workspaces)
+                                             column in memory (lanes: a block of that
+                                             many columns runs together on a nest)
+            | Split(xnumel, rnumel, parts, chunk, xblock, columns, workspaces, even)
                                              each row (a block of xblock rows) reduced
                                              in `parts` chunks by as many programs,
-                                             then combined
+                                             then combined (even: the nest's outer r
+                                             loop dealt out evenly among threads)
+    LoopNest ::= (xsizes, rsizes, block, tile: NestTile | None, parallel: Parallel | None)
+    NestTile ::= (u, v, side, staged: StagedRead*)
+    StagedRead ::= (buffer, offset, stride)
+    Parallel ::= (loops, iterations, chunk)
     KernelNode ::= (name, role, body, dtype, reduction_type, store, origins, deps)
     Stage ::= Body(nodes)                    one scope, nodes in kernel order
             | Outer(level, nodes)            per-row nodes before loop `level`
@@ -42,6 +48,12 @@ each step evaluates, in kernel order: the loop's reductions and stored inner
 nodes, and the inner nodes they read, recomputed from their bodies rather than kept
 across loops.  A target whose traits leave a decision to its renderer (no launch
 heuristics: the C++ and reference targets) gets `tails` None and no launches.
+
+A target whose traits ask for loop nests (the C++ target) gets each kernel's
+`nest`: xindex and rindex as nests of loops (passes/schedule/nest.py: index
+expressions in the loop variables ix0, ix1, ... and ir0, ...), a pointwise
+kernel's tiles or blocks, and the loops its threads share (passes/schedule
+/threads.py); other targets get None.
 """
 
 from __future__ import annotations
@@ -155,6 +167,7 @@ class Rows:
     rnumel: int
     looped: bool  # False: the whole row is one tile (persistent)
     columns: bool = False  # looped down the columns of what it reads, a block of columns a program
+    lanes: int = 0  # on a loop nest: the columns run together, one vector lane each (0: no nest's)
 
 
 @attrs.frozen
@@ -166,12 +179,61 @@ class Split:
     xblock: int  # rows a program: 1, or a block of columns in memory
     columns: bool
     workspaces: tuple[tuple[str, torch.dtype], ...]  # (reduction node, dtype) of each partial result stored
+    # the nest's outer r loop dealt out among `parts` threads, part c taking its steps
+    # [c * size / parts, (c + 1) * size / parts); `chunk` is then the most elements a part
+    # reduces, and the partial results stay in the kernel
+    even: bool = False
 
     def row_blocks(self) -> int:
         return -(-self.xnumel // self.xblock)
 
 
 Space = Union[Flat, Tiled, Rows, Split]
+
+
+@attrs.frozen
+class StagedRead:
+    """A read that a tile transposes into a local buffer first: its offset in the
+    nest's loop variables and its stride along the innermost loop."""
+
+    buffer: str
+    offset: sympy.Expr
+    stride: int
+
+
+@attrs.frozen
+class NestTile:
+    """Loops u and v (v the innermost) of a pointwise kernel's nest in side x side
+    tiles; each staged read walks memory along u."""
+
+    u: int
+    v: int
+    side: int
+    staged: tuple[StagedRead, ...]
+
+
+@attrs.frozen
+class Parallel:
+    """The outermost `loops` loops run on threads, collapsed into one range of
+    `iterations`, handed out in dynamic chunks of `chunk` iterations (a split
+    reduction's: its parts loop)."""
+
+    loops: int
+    iterations: int
+    chunk: int
+
+
+@attrs.frozen
+class LoopNest:
+    """xindex as nested loops of `xsizes`, rindex of `rsizes` (outermost first;
+    loop i's variable ixi, iri).  A pointwise kernel's innermost loop may run in
+    blocks of `block` elements or, with an outer loop, in tiles."""
+
+    xsizes: tuple[int, ...]
+    rsizes: tuple[int, ...]
+    block: int = 0  # 0: the innermost loop is not cut
+    tile: NestTile | None = None
+    parallel: Parallel | None = None  # None: one thread
 
 
 @attrs.frozen
@@ -256,6 +318,7 @@ class KernelSpec:
     wide_index: bool  # index math in int64: some offset or the iteration space reaches 2**31
     tails: Tails | None
     launches: tuple[KernelLaunch, ...]  # none: nothing to compute, or left to the renderer
+    nest: LoopNest | None = None  # on a target whose traits ask for loop nests
 
     def node(self, name: str) -> KernelNode:
         for n in self.nodes:

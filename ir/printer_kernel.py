@@ -1,5 +1,6 @@
-"""The KernelProgram as text: per kernel its space, parameters, tails, nodes (with
-their bodies in kernel coordinates), stages and launches.  Every line that
+"""The KernelProgram as text: per kernel its space, loop nest (on a target that
+runs nests), parameters, tails, nodes (with their bodies in kernel coordinates),
+stages and launches.  Every line that
 describes a kernel or a node starts with its name, so a verifier's error can
 point at it."""
 
@@ -16,6 +17,7 @@ from coil.ir.kernel import (
     KernelProgram,
     KernelSpec,
     Loop,
+    LoopNest,
     Outer,
     Rows,
     Space,
@@ -35,13 +37,37 @@ def show_space(space: Space) -> str:
             return f"tiled {space.rows} rows x {space.cols} cols (yindex {space.ynumel} x xindex {space.xnumel}{order})"
         case Rows():
             how = "looped" if space.looped else "persistent"
-            return f"rows {space.xnumel} x {space.rnumel}, {how}" + (", down the columns" if space.columns else "")
+            lanes = f", {space.lanes} columns at a time (vector lanes)" if space.lanes else ""
+            return f"rows {space.xnumel} x {space.rnumel}, {how}" + (", down the columns" if space.columns else "") + lanes
+        case Split() if space.even:
+            return (f"split {space.xnumel} row(s) x {space.rnumel} among {space.parts} threads, the outer r loop "
+                    f"dealt out evenly (at most {space.chunk} elements each)")
         case Split():
             what = "columns" if space.columns else "row(s)"
             ws = ", ".join(f"{n}:{dtype_name(dt)}" for n, dt in space.workspaces)
             return (f"split {space.xnumel} {what} x {space.rnumel} into {space.parts} parts of {space.chunk}, "
                     f"{space.xblock} a program; workspaces [{ws}]")
     raise TypeError(f"no space {space!r}")
+
+
+def show_nest(nest: LoopNest, indent: str) -> list[str]:
+    """The loop sizes (outermost first), then how a pointwise kernel cuts its
+    innermost loop and which loops run on threads."""
+    rs = f", r loops {list(nest.rsizes)}" if nest.rsizes else ""
+    out = [f"{indent}nest: x loops {list(nest.xsizes)}{rs}"]
+    if nest.block:
+        out.append(f"{indent}  innermost x loop in blocks of {nest.block}")
+    if nest.tile is not None:
+        t = nest.tile
+        reads = ", ".join(f"{r.buffer} at {r.offset} (stride {r.stride})" for r in t.staged)
+        out.append(f"{indent}  x loops {t.u} and {t.v} in {t.side}x{t.side} tiles, staging {reads}")
+    par = nest.parallel
+    if par is None:
+        out.append(f"{indent}  one thread")
+    else:
+        loops = "the outer loop" if par.loops == 1 else f"{par.loops} loops collapsed"
+        out.append(f"{indent}  parallel: {loops}, {par.iterations} iterations in dynamic chunks of {par.chunk}")
+    return out
 
 
 def _dtype(dt: torch.dtype) -> str:
@@ -82,6 +108,8 @@ def show_launch(ln: KernelLaunch, indent: str) -> str:
 def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     out = [f"  {k.name}: {k.kind} group={k.group} {k.device}"]
     out.append(f"    space: {show_space(k.space)}")
+    if k.nest is not None:
+        out += show_nest(k.nest, "    ")
     out.append("    params: " + (", ".join(f"{p.arg}={p.name}" for p in k.params) or "none"))
     tails = "" if k.tails is None else (f"; tails: outer {'yes' if k.tails.outer else 'no'}, "
                                          f"inner {'yes' if k.tails.inner else 'no'}")

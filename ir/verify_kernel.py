@@ -17,15 +17,25 @@ K6 every reduction node of a loop has one accumulator there, and only those; an
    only a welford_m2 takes a second pass
 K7 the space fits the group and the kind: flat for pointwise (tiled: rows x cols
    = numel), rows (or a split) for reductions, looped ones for a looped reduction
-   kernel; rows held whole in one body, looped rows and splits in loops (and a flat
-   kernel's reductions over at most one element, on a target that loops every
-   row); tiled nodes only in a tiled space
+   kernel, a split's parts of `chunk` covering the row (an even split's: K9); rows
+   held whole in one body, looped rows and splits in loops (and a flat kernel's
+   reductions over at most one element, on a target that loops every row); tiled
+   nodes only in a tiled space
 K8 a launch has a positive grid and sizes, power-of-two blocks and warps; a split
    launches twice, anything else once (none: nothing to compute, or left to the
    target's renderer)
+K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
+   its r loops', if any, to rnumel); a tile pairs an outer x loop with the
+   innermost, both at least the tile's side, in a nest without r loops; a space's
+   lanes need a nest and at most fill its innermost x loop; an even split needs a
+   nest, at most as many parts as the outer r loop's steps, and its chunk is the
+   most any part reduces; parallel loops exist and their chunks are positive and
+   at most their iterations
 """
 
 from __future__ import annotations
+
+import math
 
 from coil.ir.kernel import (
     Body,
@@ -95,6 +105,7 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
             fail(p, stage, n.name, f"K5 stored, but not a parameter {k.name} writes")
     _verify_space(p, stage, k)
     _verify_launches(p, stage, k)
+    _verify_nest(p, stage, k)
 
 
 def _verify_computes(p: KernelProgram, stage: str, k: KernelSpec, where: dict[str, int]) -> None:
@@ -138,8 +149,10 @@ def _verify_space(p: KernelProgram, stage: str, k: KernelSpec) -> None:
             # a persistent kernel's rows loop on a target that holds no row in one tile
             ok = k.kind != "pointwise" and (s.xnumel, s.rnumel) == (n, r) and (s.looped or k.kind == "persistent")
         case Split():
-            ok = (k.kind == "reduction" and (s.xnumel, s.rnumel) == (n, r) and s.parts > 0
-                  and s.parts * s.chunk >= r > (s.parts - 1) * s.chunk and _power_of_2(s.xblock))
+            # an even split's rows are long, whatever the kind (a raised persistent threshold)
+            ok = ((k.kind == "reduction" or (s.even and k.kind == "persistent")) and (s.xnumel, s.rnumel) == (n, r)
+                  and s.parts > 0 and _power_of_2(s.xblock)
+                  and (s.even or s.parts * s.chunk >= r > (s.parts - 1) * s.chunk))  # an even one's chunk: K9
     if not ok:
         fail(p, stage, k.name, f"K7 a {k.kind} kernel of group {k.group} cannot run on that space")
     for st in k.stages:
@@ -164,3 +177,28 @@ def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         blocks = [c.xblock, c.num_warps] + [b for b in (c.rblock, c.yblock) if b]
         if any(g <= 0 for g in ln.grid) or any(v <= 0 for v in ln.sizes) or not all(map(_power_of_2, blocks)):
             fail(p, stage, k.name, f"K8 launch of {ln.function}: grid {ln.grid}, sizes {ln.sizes}, {c.as_kwargs()}")
+
+
+def _verify_nest(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    nest, s = k.nest, k.space
+    lanes = s.lanes if isinstance(s, Rows) else 0
+    even = isinstance(s, Split) and s.even
+    if nest is None:
+        if lanes or even:
+            fail(p, stage, k.name, f"K9 {'lanes' if lanes else 'an even split'} without a loop nest")
+        return
+    n, r = k.group
+    if math.prod(nest.xsizes) != n or (nest.rsizes and math.prod(nest.rsizes) != r) or not nest.xsizes:
+        fail(p, stage, k.name, f"K9 loop nest {list(nest.xsizes)} x {list(nest.rsizes)} does not cover group {k.group}")
+    t = nest.tile
+    if t is not None and (nest.rsizes or not 0 <= t.u < t.v == len(nest.xsizes) - 1
+                          or min(nest.xsizes[t.u], nest.xsizes[t.v]) < t.side):
+        fail(p, stage, k.name, f"K9 tiles of x loops {t.u} and {t.v}, {t.side} a side, do not fit the nest")
+    if lanes and (lanes > nest.xsizes[-1] or not nest.rsizes):
+        fail(p, stage, k.name, f"K9 {lanes} lanes, more than the innermost x loop's {nest.xsizes[-1]} columns")
+    if isinstance(s, Split) and even and (not nest.rsizes or s.parts > nest.rsizes[0]
+                                          or s.chunk != -(-nest.rsizes[0] // s.parts) * math.prod(nest.rsizes[1:])):
+        fail(p, stage, k.name, f"K9 an even split into {s.parts} parts of {s.chunk} does not fit the outer r loop")
+    par = nest.parallel
+    if par is not None and not (par.loops >= 1 and 1 <= par.chunk <= par.iterations):
+        fail(p, stage, k.name, f"K9 {par.loops} parallel loop(s) of {par.iterations} iterations in chunks of {par.chunk}")

@@ -10,11 +10,15 @@ one policy, from the target's frozen traits (coil/options.py: TargetTraits):
   .reads_down_columns), or split over many programs (split.py);
 - the stages: one scope, or outer stages and reduction loops with their
   accumulators, online softmax included (loops.py);
-- the launches, their configs and tails, and the rule that chose each (launch.py).
+- the launches, their configs and tails, and the rule that chose each (launch.py);
+- on a target that runs loop nests, each kernel's nest (nest.py) and how its
+  threads and vector lanes share the work: lanes down columns, rows split among
+  threads, tiles or blocks, parallel loops (threads.py).
 
-A decision whose trait is None is left to the target's renderer: the C++ target
-gets the nodes, spaces and stages, and no launches or tails (its loop nests,
-vector lanes and row scratch are still its own, backends/cpp).
+A decision whose trait is None is not made: the C++ target gets no launches or
+tails, the Triton target no loop nests.  (The C++ renderer still chooses its row
+scratch arrays, from a dry run of its own common-subexpression memo, and its
+streaming stores.)
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from coil.passes.kernel_model import (
     store_position,
     var_map,
 )
-from coil.passes.schedule import launch, loops, split, tiling
+from coil.passes.schedule import launch, loops, split, threads, tiling
 
 # index math in int64 from this offset or iteration space on
 INT32_LIMIT = 2**31
@@ -69,9 +73,14 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
     layouts = kernel_layouts(g)
     traits = options.traits()
     drop = traits.keeps_float32_between_ops and not options.emulate_precision_casts
-    specs = tuple(schedule_kernel(k, kernel_buffers(k, g), kernel_params(k, g, plan.removed), layouts, traits, drop)
-                  for k in plan.schedule.kernels)
-    return KernelProgram(plan, specs)
+    specs = []
+    for k in plan.schedule.kernels:
+        bufs = kernel_buffers(k, g)
+        spec = schedule_kernel(k, bufs, kernel_params(k, g, plan.removed), layouts, traits, drop)
+        if traits.nests is not None:
+            spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests)
+        specs.append(spec)
+    return KernelProgram(plan, tuple(specs))
 
 
 def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[Param, ...],

@@ -310,7 +310,7 @@ def test_loop_index_keeps_divisions_out_of_inner_loops() -> None:
     copies instead of a division per element."""
     import sympy
 
-    from coil.backends.cpp.loops import loop_index
+    from coil.passes.schedule.nest import loop_index
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     i, j, x = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("ix0", "ix1", "ix2"))

@@ -2,8 +2,8 @@
 for a handful of graphs (where each node runs, loops and their accumulators, the
 online softmax, tiles, splits, columns, launches and why); the verifier rejects
 hand-corrupted programs and says which kernel or node and which rule; and the
-pass is pure and leaves the Triton-only decisions to targets whose traits ask
-for them."""
+pass is pure and makes each target's decisions (launches, loop nests) only for the
+targets whose traits ask for them."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ from coil.ir.kernel import (
     KernelSpec,
     LaunchRule,
     Loop,
+    LoopNest,
+    NestTile,
     Outer,
+    Parallel,
     Rows,
     Split,
     Tiled,
@@ -91,10 +94,72 @@ def test_golden(name: str) -> None:
 
 
 def test_golden_softmax_on_cpp() -> None:
-    """The C++ target's program: the same nodes and stages, no launches (its renderer
-    still schedules loop nests and lanes), and no online softmax (it has no such trait)."""
+    """The C++ target's program: the same nodes and stages, no launches (OpenMP hands
+    out the iterations of the loops the nest makes parallel), a loop nest, and no
+    online softmax (it has no such trait)."""
     assert_golden("kernels_softmax_cpp.txt", show(program(lambda a: torch.softmax(a, -1), [torch.randn(4, 10000)],
                                                           target="cpp", persistent_reduction_threshold=1024)))
+
+
+# the C++ target's loop nests (passes/schedule/nest.py, threads.py): each case's program as golden
+# text, and the decisions it pins
+CPP_GOLDEN: dict[str, Callable[[], KernelProgram]] = {
+    "column_sum": lambda: program(lambda a: a.sum(0), [torch.randn(600, 70)], target="cpp"),
+    "long_row_sum": lambda: program(lambda a: a.sum(), [torch.randn(40000)], target="cpp"),
+    "transpose_add": lambda: program(lambda a, b: a + b.t(), [torch.randn(128, 320), torch.randn(320, 128)],
+                                     target="cpp"),
+    "nest_merge": lambda: program(lambda a: a.permute(1, 0, 2, 3) * 2, [torch.randn(4, 8, 32, 64)], target="cpp"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CPP_GOLDEN))
+def test_golden_on_cpp(name: str) -> None:
+    assert_golden(f"kernels_{name}_cpp.txt", show(CPP_GOLDEN[name]()))
+
+
+def test_cpp_column_sum_runs_columns_in_lanes() -> None:
+    """x.sum(0): the innermost x loop walks memory, the r loop strides it: 64
+    neighbouring columns run together, one vector lane each, and every x loop
+    is shared among threads, the lanes' loop in blocks."""
+    (k,) = CPP_GOLDEN["column_sum"]().specs
+    assert k.space == Rows(70, 600, looped=True, columns=True, lanes=64)
+    assert k.nest == LoopNest((70,), (600,), parallel=Parallel(1, 2, 1))
+    (narrow,) = program(lambda a: a.sum(0), [torch.randn(600, 7)], target="cpp").specs
+    assert narrow.space == Rows(7, 600, looped=True) and narrow.nest is not None and narrow.nest.parallel is None
+
+
+def test_cpp_long_row_splits_among_threads() -> None:
+    """One row of 40000: its r loop dealt out to 64 threads, into partial results
+    combined in order; the parts loop is the parallel one."""
+    (k,) = CPP_GOLDEN["long_row_sum"]().specs
+    assert k.space == Split(1, 40000, 64, 625, 1, False, (), even=True)
+    assert k.nest == LoopNest((1,), (40000,), parallel=Parallel(1, 64, 1))
+    (short,) = program(lambda a: a.sum(-1), [torch.randn(4, 1000)], target="cpp").specs
+    assert isinstance(short.space, Rows) and short.nest == LoopNest((4,), (1000,))
+
+
+def test_cpp_transposed_read_runs_in_tiles() -> None:
+    """a + b.t(): b's read walks memory along the outer loop, so both loops run in
+    64x64 tiles with b's staged, the tile loops shared among threads."""
+    (k,) = CPP_GOLDEN["transpose_add"]().specs
+    assert isinstance(k.space, Flat) and k.nest is not None and k.nest.xsizes == (128, 320)
+    tile = k.nest.tile
+    assert isinstance(tile, NestTile) and (tile.u, tile.v, tile.side) == (0, 1, 64)
+    assert [(r.buffer, r.stride) for r in tile.staged] == [("b_1", 128)]
+    assert k.nest.parallel == Parallel(2, 2 * 5, 1)
+    (plain,) = program(lambda a, b: a + b, [torch.randn(128, 320), torch.randn(128, 320)], target="cpp").specs
+    assert plain.nest is not None and plain.nest.xsizes == (128 * 320,) and plain.nest.tile is None
+
+
+def test_cpp_nest_merges_the_dims_every_index_walks_as_one() -> None:
+    """A permuted copy: the two inner dims are contiguous in both the read and
+    the write and merge into one loop; the permuted outer two stay apart, and as
+    the loops outside the innermost they are shared among threads.  A long
+    innermost loop with few iterations outside it runs in blocks."""
+    (k,) = CPP_GOLDEN["nest_merge"]().specs
+    assert k.nest == LoopNest((8, 4, 32 * 64), (), parallel=Parallel(2, 32, 1))
+    (flat,) = program(lambda a: a * 2, [torch.randn(2, 20000)], target="cpp").specs
+    assert flat.nest == LoopNest((40000,), (), block=4096, parallel=Parallel(1, 10, 1))
 
 
 # ---- the decisions, read from the program ------------------------------------------------------
@@ -215,7 +280,7 @@ def _reject(kp: KernelProgram, message: str) -> None:
 
 
 def test_the_verifier_accepts_what_the_pass_makes() -> None:
-    for make in GOLDEN.values():
+    for make in (*GOLDEN.values(), *CPP_GOLDEN.values()):
         verify(make(), "schedule_kernels")
 
 
@@ -298,6 +363,33 @@ def test_a_launch_with_an_empty_grid() -> None:
     _reject(_with(kp, odd), rf"{k.name}: K8 launch of {k.name}: grid")
     twice = attrs.evolve(k, launches=(ln, KernelLaunch(ln.function, ln.grid, ln.sizes, ln.config, ln.rule, ln.why)))
     _reject(_with(kp, twice), rf"{k.name}: K8 2 launches for its space")
+
+
+def test_a_loop_nest_that_does_not_fit() -> None:
+    kp = CPP_GOLDEN["nest_merge"]()
+    (k,) = kp.specs
+    assert k.nest is not None
+    short = attrs.evolve(k, nest=attrs.evolve(k.nest, xsizes=(8, 4, 64)))
+    _reject(_with(kp, short), rf"{k.name}: K9 loop nest \[8, 4, 64\] x \[\] does not cover group \(65536, 1\)")
+    par = attrs.evolve(k, nest=attrs.evolve(k.nest, parallel=Parallel(2, 32, 0)))
+    _reject(_with(kp, par), rf"{k.name}: K9 2 parallel loop\(s\) of 32 iterations in chunks of 0")
+    tiled = attrs.evolve(k, nest=attrs.evolve(k.nest, tile=NestTile(1, 2, 64, ())))
+    _reject(_with(kp, tiled), rf"{k.name}: K9 tiles of x loops 1 and 2, 64 a side, do not fit the nest")
+
+
+def test_lanes_and_even_splits_need_their_nest() -> None:
+    kp = CPP_GOLDEN["column_sum"]()
+    (k,) = kp.specs
+    assert isinstance(k.space, Rows)
+    wide = attrs.evolve(k, space=attrs.evolve(k.space, lanes=128))
+    _reject(_with(kp, wide), rf"{k.name}: K9 128 lanes, more than the innermost x loop's 70 columns")
+    _reject(_with(kp, attrs.evolve(k, nest=None)), rf"{k.name}: K9 lanes without a loop nest")
+    kp = CPP_GOLDEN["long_row_sum"]()
+    (k,) = kp.specs
+    assert isinstance(k.space, Split)
+    uneven = attrs.evolve(k, space=attrs.evolve(k.space, chunk=640))
+    _reject(_with(kp, uneven), rf"{k.name}: K9 an even split into 64 parts of 640 does not fit the outer r loop")
+    _reject(_with(kp, attrs.evolve(k, nest=None)), rf"{k.name}: K9 an even split without a loop nest")
 
 
 def test_specs_follow_the_plans_kernels() -> None:

@@ -24,7 +24,7 @@ import torch
 from coil.backends.common import IndexPrinter
 from coil.backends.cpp import prelude
 from coil.errors import CoilError
-from coil.backends.cpp.loops import loop_index
+from coil.passes.schedule.nest import loop_index
 from coil.ir.expr import (
     CHECK_ERROR_CODES,
     Cast,

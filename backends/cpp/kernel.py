@@ -2,8 +2,9 @@
 
 Semantics come from passes/kernel_model.py: the kernel runs xindex over numel and,
 for reduction kernels, rindex over rnumel; each node is a reduction, an outer node
-(once per xindex) or an inner node (once per (xindex, rindex)).  plan.py turns that
-into a loop nest, pointwise.py and reduction.py into code.  Every kernel takes its
+(once per xindex) or an inner node (once per (xindex, rindex)).  plan.py puts the
+nodes in the loop variables of the nest the kernel's spec chose, pointwise.py and
+reduction.py spell the spec as code.  Every kernel takes its
 pointers (inputs `const`, all `__restrict__`: plan_memory never gives an output
 the storage of something the kernel reads), then xnumel and rnumel.
 """

@@ -1,6 +1,6 @@
-"""What every C++ kernel shares: the plan (loop nest, nodes in loop variables,
-parameters, which buffers are stored), loop rendering and OpenMP pragmas, and how
-a node's value becomes a register and a store."""
+"""What every C++ kernel shares: the plan (the spec's loop nest, nodes in its loop
+variables, parameters, which buffers are stored), loop rendering and OpenMP
+pragmas, and how a node's value becomes a register and a store."""
 
 from __future__ import annotations
 
@@ -12,28 +12,14 @@ import sympy
 
 from coil.backends.cpp import prelude
 from coil.backends.cpp.handler import CppHandler, KernelContext, cpp_index, register_value
-from coil.backends.cpp.loops import (
-    Nest,
-    NodeIndexing,
-    affine_coeffs,
-    index_expressions,
-    initial_nest,
-    loop_index,
-    merged_nest,
-    node_indexing,
-)
-from coil.ir.expr import Expr, Op, loads, walk
+from coil.ir.expr import Expr, Op, walk
 from coil.ir.fused import FusedKernel
-from coil.ir.kernel import KernelSpec
+from coil.ir.kernel import KernelSpec, LoopNest, Parallel
 from coil.ir.layout import Layout
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
 from coil.passes.kernel_model import Param, kernel_buffers, kernel_layouts
-
-# Below this many element-iterations a parallel region costs more than it saves.
-PARALLEL_MIN_WORK = 32768
-# Parallel loops hand out about this many chunks of iterations.
-PARALLEL_CHUNKS = 64
+from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, nest_nodes
 
 
 @attrs.frozen
@@ -48,7 +34,12 @@ class KernelPlan:
     params: tuple[Param, ...]
     stored: frozenset[str]
     layouts: dict[str, Layout]
-    spec: KernelSpec  # schedule_kernels' decisions: the r-loops each node runs in
+    spec: KernelSpec  # schedule_kernels' decisions: the nest, the r-loops each node runs in, threads and lanes
+
+    @property
+    def loops(self) -> LoopNest:
+        assert self.spec.nest is not None, f"{self.kernel.name}: no loop nest in its spec"
+        return self.spec.nest
 
     @property
     def inside(self) -> set[str]:
@@ -65,13 +56,9 @@ def plan_kernel(k: FusedKernel, program: WrapperProgram) -> KernelPlan:
     spec = program.spec(k.name)
     layouts = kernel_layouts(g)
     stored = frozenset(b.name for b in bufs if b.name not in program.plan.removed)
-    nest = initial_nest(bufs, k.group)
-    while True:
-        nodes = tuple(node_indexing(b, k.group, nest) for b in bufs)
-        merged = merged_nest(nest, index_expressions(nodes, layouts, set(k.nodes), nest.ranges, set(stored)))
-        if merged is None:
-            return KernelPlan(k, nest, nodes, spec.params, stored, layouts, spec)
-        nest = merged
+    assert spec.nest is not None, f"{k.name}: the cpp target's specs have loop nests"
+    nest = Nest.of_sizes(spec.nest.xsizes, spec.nest.rsizes)
+    return KernelPlan(k, nest, nest_nodes(bufs, k.group, nest), spec.params, stored, layouts, spec)
 
 
 # ---- loops ---------------------------------------------------------------------------------
@@ -100,14 +87,11 @@ def render_loops(loops: Sequence[Loop], body: Sequence[str]) -> list[str]:
     return out
 
 
-def parallel_pragma(collapse: int, iterations: int, options: Options) -> str:
-    """`omp parallel for` over `iterations` (of `collapse` nested loops), handed out
-    in about PARALLEL_CHUNKS dynamic chunks: on a shared machine a thread that loses
-    its core for a time slice then costs the others a few chunks, not half the work."""
+def parallel_pragma(par: Parallel, options: Options) -> str:
+    """`omp parallel for` over the spec's parallel loops, in its dynamic chunks."""
     threads = f" num_threads({options.num_threads})" if options.num_threads > 0 else ""
-    collapsed = f" collapse({collapse})" if collapse > 1 else ""
-    chunk = max(1, iterations // PARALLEL_CHUNKS)
-    return f"omp parallel for{collapsed} schedule(dynamic, {chunk}){threads}"
+    collapsed = f" collapse({par.loops})" if par.loops > 1 else ""
+    return f"omp parallel for{collapsed} schedule(dynamic, {par.chunk}){threads}"
 
 
 def dim_bound(nest: Nest, i: int, reduction: bool) -> str:
@@ -205,20 +189,6 @@ def streamed(plan: KernelPlan, var: sympy.Symbol, run: int) -> list[Stream]:
         if c is not None and c[var] == 1:
             out.append(Stream(nd, f"ob{len(out)}"))
     return out
-
-
-def outside_loads(plan: KernelPlan) -> list[tuple[str, sympy.Expr]]:
-    """(buffer, storage offset in loop variables) of every direct load from memory
-    (indirect loads have no offset known at compile time); masked loads are left
-    out: where their mask is false the offset may lie outside the buffer, so
-    nothing may read them whole (a staged tile)."""
-    out: dict[tuple[str, sympy.Expr], None] = {}
-    for nd in plan.nodes:
-        for ld in loads(nd.body):
-            if ld.name not in plan.inside and ld.mask is None:
-                lay = plan.layouts[ld.name]
-                out[(ld.name, loop_index(lay.offset_of(ld.index) - lay.offset, plan.nest.ranges))] = None
-    return list(out)
 
 
 def compute_cost(bodies: Iterable[Expr]) -> int:

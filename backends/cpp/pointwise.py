@@ -1,17 +1,17 @@
 """Pointwise kernels: every node runs once per xindex, all in the innermost loop.
 
 The innermost loop is `omp simd` over the contiguous dim; the loops outside it are
-`omp parallel for` (the innermost dim is cut into blocks when they are too few to
-share).  When a load walks memory along an outer dim while the innermost dim
-strides it (`x + y.t()`), the two dims run in TILE x TILE tiles and each tile of
-that input is first transposed into a local buffer (`coil_transpose_tile`), so the
+`omp parallel for` where the spec's nest says so (its innermost loop is cut into
+blocks when they are too few to share: LoopNest.block).  A nest with a tile
+(`x + y.t()`: a read walks memory along an outer loop while the innermost strides
+it; passes/schedule/threads.py) runs those two loops in tiles and first transposes
+each tile of the staged reads into a local buffer (`coil_transpose_tile`), so the
 compute loop reads contiguous memory; ragged edge tiles use plain loads.  A large
 output of a memory-bound kernel is written by streaming stores (plan.streamed).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -19,9 +19,7 @@ import sympy
 
 from coil.backends.cpp import prelude
 from coil.backends.cpp.handler import CppHandler, KernelContext, cpp_index
-from coil.backends.cpp.loops import affine_coeffs
 from coil.backends.cpp.plan import (
-    PARALLEL_MIN_WORK,
     STREAM_MAX_COST,
     KernelPlan,
     Loop,
@@ -29,23 +27,13 @@ from coil.backends.cpp.plan import (
     compute_cost,
     dim_bound,
     emit_node,
-    outside_loads,
     parallel_pragma,
     render_loops,
     stream_chunk,
     streamed,
 )
+from coil.ir.kernel import NestTile
 from coil.options import Options
-
-# The innermost pointwise loop is cut into blocks of this many elements when the
-# loops outside it are too few to share among threads.
-POINTWISE_BLOCK = 4096
-# Side of the square tile for pointwise kernels that read a transposed input (a
-# multiple of 8: 4-byte tiles are transposed 8x8 in registers).  64: each tile
-# row is 256 contiguous bytes of every stream, and a float32 tile (16 KiB) still
-# sits in L1 (x + y.t(), 2048x2048 float32, one thread: 2.45 ms at 64, 2.56 at
-# 32, 3.1 at 128)
-TILE = 64
 
 
 def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, str] | None = None) -> list[str]:
@@ -57,9 +45,8 @@ def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, 
 
 
 def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> list[str]:
-    tiling = transposed_tiling(plan)
-    if tiling is not None:
-        return tiled_body(plan, ctx, options, tiling)
+    if plan.loops.tile is not None:
+        return tiled_body(plan, ctx, options, plan.loops.tile)
     loops = pointwise_loops(plan, options)
     inner = plan.nest.xdims[-1]
     streams = streamed(plan, inner.sym, inner.size) if memory_bound(plan) else []
@@ -88,83 +75,50 @@ def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, streams: Se
     return [*render_loops([Loop(chunk, inner.lo, inner.hi, step=n)], body), "coil_sfence();"]
 
 
-@attrs.frozen
-class Tiling:
-    """Run dims u and v in TILE x TILE tiles; each staged load (buffer, offset,
-    stride along v) walks memory along u, so each tile of it is transposed into a
-    local buffer first."""
-
-    u: int
-    v: int
-    staged: tuple[tuple[str, sympy.Expr, int], ...]
-
-
-def transposed_tiling(plan: KernelPlan) -> Tiling | None:
-    """A tiling when a load's innermost index is strided while one of the outer
-    dims walks it contiguously (x + y.t())."""
-    dims = plan.nest.xdims
-    if len(dims) < 2 or dims[-1].size < TILE:
-        return None
-    syms = [d.sym for d in dims]
-    v = len(dims) - 1
-    found: dict[int, list[tuple[str, sympy.Expr, int]]] = {}
-    for name, e in outside_loads(plan):
-        c = affine_coeffs(e, syms)
-        if c is None or c[syms[v]] in (0, 1):
-            continue
-        for u in reversed(range(v)):
-            if c[syms[u]] == 1 and dims[u].size >= TILE:
-                found.setdefault(u, []).append((name, e, c[syms[v]]))
-                break
-    if not found:
-        return None
-    u = max(found, key=lambda k: len(found[k]))
-    return Tiling(u, v, tuple(found[u]))
-
-
-def tiled_body(plan: KernelPlan, ctx: KernelContext, options: Options, t: Tiling) -> list[str]:
+def tiled_body(plan: KernelPlan, ctx: KernelContext, options: Options, t: NestTile) -> list[str]:
+    side = t.side
     dims = plan.nest.xdims
     names = [str(d.sym) for d in dims]
     bounds = [dim_bound(plan.nest, i, False) for i in range(len(dims))]
     tu, tv = names[t.u] + "_t", names[t.v] + "_t"
-    origin = {dims[t.u].sym: TILE * _index_symbol(tu), dims[t.v].sym: TILE * _index_symbol(tv)}
+    origin = {dims[t.u].sym: side * _index_symbol(tu), dims[t.v].sym: side * _index_symbol(tv)}
     staging: list[str] = []
-    for k, (name, e, stride) in enumerate(t.staged):
+    for k, read in enumerate(t.staged):
+        name, e, stride = read.buffer, read.offset, read.stride
         tile = f"st{k}"
-        staging += [f"alignas(64) {prelude.storage_type(plan.layouts[name].dtype)} {tile}[{TILE * TILE}];",
-                    f"coil_transpose_tile<{TILE}>({ctx.ptrs[name]} + {cpp_index(e.xreplace(origin))}, {stride}, {tile});"]
-        element = f"{tile}[({names[t.u]} - {tu} * {TILE}) * {TILE} + ({names[t.v]} - {tv} * {TILE})]"
+        staging += [f"alignas(64) {prelude.storage_type(plan.layouts[name].dtype)} {tile}[{side * side}];",
+                    f"coil_transpose_tile<{side}>({ctx.ptrs[name]} + {cpp_index(e.xreplace(origin))}, {stride}, {tile});"]
+        element = f"{tile}[({names[t.u]} - {tu} * {side}) * {side} + ({names[t.v]} - {tv} * {side})]"
         ctx.staged[(name, cpp_index(e))] = element
     # full tiles of a large output go to a local tile too, then out by streaming stores, row by row
-    streams = streamed(plan, dims[t.v].sym, TILE) if memory_bound(plan) else []
-    in_tile = f"({names[t.u]} - {tu} * {TILE}) * {TILE} + ({names[t.v]} - {tv} * {TILE})"
+    streams = streamed(plan, dims[t.v].sym, side) if memory_bound(plan) else []
+    in_tile = f"({names[t.u]} - {tu} * {side}) * {side} + ({names[t.v]} - {tv} * {side})"
     fast = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{in_tile}]" for st in streams})
     ctx.staged.clear()
     edge = pointwise_scope(plan, ctx)
     row = names[t.u] + "_r"
-    at_row = {dims[t.u].sym: TILE * _index_symbol(tu) + _index_symbol(row), dims[t.v].sym: TILE * _index_symbol(tv)}
-    staging += [st.declare(TILE * TILE) for st in streams]
-    copy_out = [*render_loops([Loop(row, "0", str(TILE))],
-                              [st.copy_out(ctx, st.node.store.xreplace(at_row), str(TILE), f"{row} * {TILE}")
+    at_row = {dims[t.u].sym: side * _index_symbol(tu) + _index_symbol(row), dims[t.v].sym: side * _index_symbol(tv)}
+    staging += [st.declare(side * side) for st in streams]
+    copy_out = [*render_loops([Loop(row, "0", str(side))],
+                              [st.copy_out(ctx, st.node.store.xreplace(at_row), str(side), f"{row} * {side}")
                                for st in streams]),
                 "coil_sfence();"] if streams else []
 
     def tile_loops(clip: bool) -> list[Loop]:
         out = []
         for i, blk in ((t.u, tu), (t.v, tv)):
-            hi = f"{blk} * {TILE} + {TILE}"
-            out.append(Loop(names[i], f"{blk} * {TILE}", f"coil_min_index({bounds[i]}, {hi})" if clip else hi,
+            hi = f"{blk} * {side} + {side}"
+            out.append(Loop(names[i], f"{blk} * {side}", f"coil_min_index({bounds[i]}, {hi})" if clip else hi,
                             "omp simd" if i == t.v else None))
         return out
 
-    full = f"{tu} * {TILE} + {TILE} <= {bounds[t.u]} && {tv} * {TILE} + {TILE} <= {bounds[t.v]}"
+    full = f"{tu} * {side} + {side} <= {bounds[t.u]} && {tv} * {side} + {side} <= {bounds[t.v]}"
     inner = [f"if ({full}) {{", *("  " + ln for ln in staging + render_loops(tile_loops(False), fast) + copy_out),
              "} else {", *("  " + ln for ln in render_loops(tile_loops(True), edge)), "}"]
     par = [Loop(names[i], "0", bounds[i]) for i in range(len(dims)) if i not in (t.u, t.v)]
-    par += [Loop(tu, "0", f"({bounds[t.u]} + {TILE - 1}) / {TILE}"), Loop(tv, "0", f"({bounds[t.v]} + {TILE - 1}) / {TILE}")]
-    if math.prod(d.size for d in dims) >= PARALLEL_MIN_WORK:
-        tiles = math.prod(-(-d.size // TILE) if i in (t.u, t.v) else d.size for i, d in enumerate(dims))
-        par[0] = attrs.evolve(par[0], pragma=parallel_pragma(len(par), tiles, options))
+    par += [Loop(tu, "0", f"({bounds[t.u]} + {side - 1}) / {side}"), Loop(tv, "0", f"({bounds[t.v]} + {side - 1}) / {side}")]
+    if plan.loops.parallel is not None:
+        par[0] = attrs.evolve(par[0], pragma=parallel_pragma(plan.loops.parallel, options))
     return render_loops(par, inner)
 
 
@@ -179,15 +133,14 @@ def pointwise_loops(plan: KernelPlan, options: Options) -> list[Loop]:
     bounds = [dim_bound(nest, i, False) for i in range(len(dims))]
     par = [Loop(names[i], "0", bounds[i]) for i in range(len(dims) - 1)]
     last = len(dims) - 1
-    iterations = math.prod(d.size for d in dims[:-1])
-    if dims[last].size > POINTWISE_BLOCK and iterations < 64:
-        iterations *= -(-dims[last].size // POINTWISE_BLOCK)
+    block = plan.loops.block
+    if block:
         blk = names[last] + "_b"
-        par.append(Loop(blk, "0", f"({bounds[last]} + {POINTWISE_BLOCK - 1}) / {POINTWISE_BLOCK}"))
-        inner = Loop(names[last], f"{blk} * {POINTWISE_BLOCK}",
-                     f"coil_min_index({bounds[last]}, {blk} * {POINTWISE_BLOCK} + {POINTWISE_BLOCK})", "omp simd")
+        par.append(Loop(blk, "0", f"({bounds[last]} + {block - 1}) / {block}"))
+        inner = Loop(names[last], f"{blk} * {block}",
+                     f"coil_min_index({bounds[last]}, {blk} * {block} + {block})", "omp simd")
     else:
         inner = Loop(names[last], "0", bounds[last], "omp simd")
-    if par and math.prod(d.size for d in dims) >= PARALLEL_MIN_WORK:
-        par[0] = attrs.evolve(par[0], pragma=parallel_pragma(len(par), iterations, options))
+    if plan.loops.parallel is not None:
+        par[0] = attrs.evolve(par[0], pragma=parallel_pragma(plan.loops.parallel, options))
     return par + [inner]

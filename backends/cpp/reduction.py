@@ -11,14 +11,17 @@ in rows mode a costly value a later r-loop needs again is kept in a row-sized
 scratch array instead (scratch.py), and a division by a value fixed for the row
 multiplies by its reciprocal (RowHandler).
 
-Three layouts of the same schedule:
-- rows: `omp parallel for` over xindex; each r-loop is `omp simd` with a
+Three layouts of the same schedule, as the spec's space says
+(passes/schedule/threads.py chooses):
+- rows (Rows): `omp parallel for` over xindex; each r-loop is `omp simd` with a
   `reduction(...)` clause (the row is contiguous, as in softmax(x, -1));
-- split: fewer rows than threads but long rows (x.sum()): each r-loop is cut into
-  chunks run by different threads into per-chunk accumulators, combined in order;
-- columns: the rows are strided and the xindex dim is contiguous (x.sum(0)): a
-  block of LANES xindex values runs together, each stage and r-loop ends in an
-  `omp simd` loop over the lanes, and registers are arrays with one slot per lane.
+- split (Split, even): fewer rows than threads but long rows (x.sum()): each
+  r-loop is cut into the split's parts, run by different threads into per-part
+  accumulators, combined in order;
+- columns (Rows with lanes): the rows are strided and the xindex dim is
+  contiguous (x.sum(0)): a block of `lanes` xindex values runs together, each
+  stage and r-loop ends in an `omp simd` loop over the lanes, and registers are
+  arrays with one slot per lane.
 """
 
 from __future__ import annotations
@@ -39,29 +42,20 @@ from coil.backends.cpp.handler import (
     int_literal,
     register_value,
 )
-from coil.backends.cpp.loops import NodeIndexing, affine_coeffs
 from coil.backends.cpp.plan import (
-    PARALLEL_MIN_WORK,
     KernelPlan,
     Loop,
     dim_bound,
     emit_node,
-    outside_loads,
     parallel_pragma,
     render_loops,
     store_line,
 )
 from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, Load, Op
 from coil.ir.kernel import Loop as LoopStage
-from coil.ir.kernel import Outer
+from coil.ir.kernel import Outer, Rows, Split
 from coil.options import Options
-
-# A reduction kernel with fewer rows than this and a long reduction splits each row
-# among threads (per-chunk accumulators, combined in order) instead of its rows.
-SPLIT_BELOW_NUMEL = 16
-SPLIT_CHUNKS = 64
-# xindex values a column reduction runs together (one accumulator slot each).
-LANES = 64
+from coil.passes.schedule.nest import NodeIndexing
 
 _ARG_REDUCTIONS = frozenset({"argmax", "argmin"})
 
@@ -446,11 +440,13 @@ class ReductionEmitter:
             self.lines += self.lanes.loop(init)
 
     def split_loop(self, loops: list[Loop], body: list[str], accs: Sequence[Accumulator]) -> list[str]:
-        """The r-loop cut into chunks of its outermost dim that threads run in
-        parallel, each into its own accumulators (which shadow the outer ones, so
-        the loop body is unchanged); the partials are then combined in chunk
-        order, which keeps argmax's first index on ties."""
-        chunks = min(SPLIT_CHUNKS, self.plan.nest.rdims[0].size)
+        """The r-loop cut into the split's parts of its outermost dim that threads
+        run in parallel, each into its own accumulators (which shadow the outer
+        ones, so the loop body is unchanged); the partials are then combined in
+        part order, which keeps argmax's first index on ties."""
+        space, par = self.plan.spec.space, self.plan.loops.parallel
+        assert isinstance(space, Split) and par is not None
+        chunks = space.parts
         inner = math.prod(d.size for d in self.plan.nest.rdims[1:])
         lo, hi = f"(c * ({loops[0].hi})) / {chunks}", f"((c + 1) * ({loops[0].hi})) / {chunks}"
         out: list[str] = []
@@ -466,7 +462,7 @@ class ReductionEmitter:
         chunk += render_loops([attrs.evolve(loops[0], lo=lo, hi=hi), *loops[1:]], body)
         chunk += [f"{a.name}_p[c] = {a.name};" for a in accs]
         chunk += [f"{a.name}_pi[c] = {a.name}_i;" for a in accs if a.is_arg]
-        out += render_loops([Loop("c", "0", str(chunks), parallel_pragma(1, chunks, self.options))], chunk)
+        out += render_loops([Loop("c", "0", str(chunks), parallel_pragma(par, self.options))], chunk)
         if merge:  # a second pass over the row (no accumulators) has nothing to merge
             out += render_loops([Loop("c", "0", str(chunks))], merge)
         return out
@@ -510,32 +506,7 @@ class ReductionEmitter:
         self.means[name] = f"{array}[xl]"
 
 
-# ---- choosing the layout ---------------------------------------------------------------------------
-
-
-def split_reductions(plan: KernelPlan) -> bool:
-    """Too few rows to share among threads but long rows: split each row instead."""
-    numel = math.prod(d.size for d in plan.nest.xdims)
-    rnumel = math.prod(d.size for d in plan.nest.rdims)
-    return numel < SPLIT_BELOW_NUMEL and rnumel >= PARALLEL_MIN_WORK and plan.nest.rdims[0].size >= 2
-
-
-def column_reduction(plan: KernelPlan) -> bool:
-    """Some load walks memory along the innermost x dim while it strides along
-    the innermost r dim, and no load is contiguous along r (x.sum(0))."""
-    xs, rs = plan.nest.xdims, plan.nest.rdims
-    if xs[-1].size < 8 or not rs:
-        return False
-    vx, vr = xs[-1].sym, rs[-1].sym
-    along_x = False
-    for _, e in outside_loads(plan):
-        c = affine_coeffs(e, (vx, vr))
-        if c is None:
-            continue
-        if c[vr] == 1:
-            return False
-        along_x = along_x or (c[vx] == 1 and c[vr] != 0)
-    return along_x
+# ---- the layout ----------------------------------------------------------------------------------
 
 
 def row_scratch(plan: KernelPlan, ctx: KernelContext, options: Options) -> scratch.RowScratch | None:
@@ -552,21 +523,20 @@ def row_scratch(plan: KernelPlan, ctx: KernelContext, options: Options) -> scrat
 
 
 def reduction_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> list[str]:
-    nest = plan.nest
-    numel = math.prod(d.size for d in nest.xdims)
-    rnumel = math.prod(d.size for d in nest.rdims)
+    """The x loops around the code run per xindex (a block of lanes); the spec's
+    space says rows, columns or split, its nest which loops run in parallel."""
+    nest, space, par = plan.nest, plan.spec.space, plan.loops.parallel
     loops = [Loop(str(d.sym), "0", dim_bound(nest, i, False)) for i, d in enumerate(nest.xdims)]
     lanes = None
-    if column_reduction(plan):
+    if isinstance(space, Rows) and space.lanes:
         last = loops[-1]
-        lanes = Lanes(last.var, f"{last.var}_b", min(LANES, nest.xdims[-1].size), last.hi)
+        lanes = Lanes(last.var, f"{last.var}_b", space.lanes, last.hi)
         loops[-1] = Loop(lanes.block, "0", f"({last.hi} + {lanes.width - 1}) / {lanes.width}")
-    split = lanes is None and split_reductions(plan)
+    split = isinstance(space, Split)
     rows = None
     if lanes is None and not split:
         rows = row_scratch(plan, ctx, options)
     per_x = ReductionEmitter(plan, ctx, options, lanes, split, rows).run()
-    if not split and numel > 1 and numel * max(rnumel, 1) >= PARALLEL_MIN_WORK:
-        iterations = numel if lanes is None else numel // nest.xdims[-1].size * -(-nest.xdims[-1].size // lanes.width)
-        loops[0] = attrs.evolve(loops[0], pragma=parallel_pragma(len(loops), iterations, options))
+    if not split and par is not None:
+        loops[0] = attrs.evolve(loops[0], pragma=parallel_pragma(par, options))
     return render_loops(loops, per_x)

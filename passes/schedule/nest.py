@@ -1,8 +1,9 @@
-"""Loop nests for a C++ kernel: which loops run xindex and rindex.
+"""Loop nests, for a target whose traits ask for them (TargetTraits.nests: the C++
+target): which loops run xindex and rindex.
 
 kernel_model says a kernel iterates a flat `xindex` over numel and a flat `rindex`
 over rnumel.  A flat loop would make every load compute `xindex / 128 % 64`, which
-stops vectorization, so the C++ target iterates a nest instead:
+stops vectorization, so such a target iterates a nest instead:
 
 1. refine: each node's ranges cut the flat index at their suffix products; the
    common refinement of all cuts gives loop dims (`ix0, ix1, ...`, `ir0, ...`) such
@@ -12,6 +13,10 @@ stops vectorization, so the C++ target iterates a nest instead:
 3. merge: adjacent dims that every index expression uses as one (coefficient of the
    outer = coefficient of the inner * inner size) become one loop, so a contiguous
    (4096, 1024) kernel is a single loop of 4M iterations.
+
+`kernel_nest` makes the nest (schedule_kernels records its sizes in the spec:
+ir/kernel.py LoopNest); `nest_nodes` gives the nodes in its loop variables, which
+both the policy (passes/schedule/threads.py) and the renderer read.
 """
 
 from __future__ import annotations
@@ -226,3 +231,25 @@ def merged_nest(nest: Nest, exprs: Sequence[sympy.Expr]) -> Nest | None:
     if xs is None and rs is None:
         return None
     return Nest.of_sizes(xs or [d.size for d in nest.xdims], rs or [d.size for d in nest.rdims])
+
+
+# ---- the kernel's nest ---------------------------------------------------------------------------
+
+
+def nest_nodes(bufs: Sequence[ComputedBuffer], group: tuple[int, int], nest: Nest) -> tuple[NodeIndexing, ...]:
+    """Every node of the kernel in the nest's loop variables, in kernel order."""
+    return tuple(node_indexing(b, group, nest) for b in bufs)
+
+
+def kernel_nest(bufs: Sequence[ComputedBuffer], group: tuple[int, int], layouts: dict[str, Layout],
+                stored: set[str]) -> tuple[Nest, tuple[NodeIndexing, ...]]:
+    """The nest of a kernel (refined, then merged until no adjacent dims merge)
+    and its nodes in the nest's loop variables; `stored`: the buffers it writes."""
+    nest = initial_nest(bufs, group)
+    inside = {b.name for b in bufs}
+    while True:
+        nodes = nest_nodes(bufs, group, nest)
+        merged = merged_nest(nest, index_expressions(nodes, layouts, inside, nest.ranges, stored))
+        if merged is None:
+            return nest, nodes
+        nest = merged

@@ -1,0 +1,198 @@
+"""How a kernel's loop nest shares out its work, on a target whose traits ask for
+loop nests (TargetTraits.nests: the C++ target, OpenMP threads and `omp simd`
+vector lanes).  Each decision reads the nest (passes/schedule/nest.py) and the
+reads from memory in its loop variables, and becomes a value of the spec:
+
+- the nest itself (LoopNest: its x and r loop sizes);
+- a reduction down the columns of what it reads (x.sum(0)) runs a block of
+  `lanes` neighbouring columns together (Rows.lanes): the innermost x loop walks
+  memory while the innermost r loop strides it.  kernel_model.reads_down_columns
+  asks the same question of the flat xindex / rindex (Triton's blocks of
+  columns) and answers differently in two ways, so each target keeps its rule:
+  here the contiguous run is the innermost x loop, which must be at least
+  `lanes_min` long (x.sum(1) of a (40, 50, 4) tensor: xindex steps 1, but in
+  runs of 4), and any read contiguous along the innermost r loop keeps the
+  kernel on rows, a vector the same for every column included ((a * m).sum(0)
+  with m of shape (rows, 1) runs on rows here, on blocks of columns on Triton);
+- a reduction of fewer than `split_below_rows` rows of at least
+  `parallel_min_work` elements splits each row among threads (Split, even:
+  the outer r loop dealt out in `split_parts` parts);
+- a pointwise kernel that reads some input along an outer loop while its
+  innermost loop strides it (x + y.t()) runs those two loops in `tile` x `tile`
+  tiles, the transposed reads staged (NestTile); else its innermost loop is cut
+  into blocks of `block` when the loops outside it are too few to share (fewer
+  than `block_below` iterations);
+- the outer loops run in parallel (Parallel) when the kernel does at least
+  `parallel_min_work` element-iterations, in about `parallel_chunks` dynamic
+  chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import attrs
+import sympy
+
+from coil.ir.buffers import ComputedBuffer
+from coil.ir.expr import loads
+from coil.ir.kernel import KernelSpec, LoopNest, NestTile, Parallel, Rows, Split, StagedRead
+from coil.ir.layout import Layout
+from coil.options import NestTraits
+from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, kernel_nest, loop_index
+
+
+def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[str, Layout],
+           removed: frozenset[str], traits: NestTraits) -> KernelSpec:
+    """The spec with its loop nest and the decisions made on it (the space's lanes
+    or split, a tile or blocks, parallel loops)."""
+    stored = {b.name for b in bufs if b.name not in removed}
+    nest, nodes = kernel_nest(bufs, spec.group, dict(layouts), stored)
+    reads = outside_loads(nodes, layouts, nest.ranges)
+    xsizes = tuple(d.size for d in nest.xdims)
+    rsizes = tuple(d.size for d in nest.rdims)
+    par: Parallel | None
+    if not nest.rdims:
+        tile = transposed_tile(nest, reads, traits)
+        block = 0 if tile is not None else pointwise_block(nest, traits)
+        par = tiled_parallel(nest, tile, traits) if tile is not None else pointwise_parallel(nest, block, traits)
+        return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, block, tile, par))
+    space = spec.space
+    rows = isinstance(space, Rows)  # a flat kernel's reductions over at most one element run on rows
+    lanes = column_lanes(nest, reads, traits) if rows else 0
+    parts = split_parts(nest, traits) if rows and not lanes else 0
+    if isinstance(space, Rows) and lanes:
+        space = attrs.evolve(space, columns=True, lanes=lanes)
+    if parts:
+        n, r = spec.group
+        chunk = -(-rsizes[0] // parts) * math.prod(rsizes[1:])
+        space = Split(n, r, parts, chunk, 1, False, (), even=True)
+        par = parallel(1, parts, traits)
+    else:
+        par = row_parallel(nest, lanes, traits)
+    return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par))
+
+
+def outside_loads(nodes: Sequence[NodeIndexing], layouts: Mapping[str, Layout],
+                  ranges: dict[sympy.Symbol, int]) -> list[tuple[str, sympy.Expr]]:
+    """(buffer, storage offset in loop variables) of every direct load from memory
+    (indirect loads have no offset known at compile time); masked loads are left
+    out: where their mask is false the offset may lie outside the buffer, so
+    nothing may read them whole (a staged tile)."""
+    inside = {nd.buf.name for nd in nodes}
+    out: dict[tuple[str, sympy.Expr], None] = {}
+    for nd in nodes:
+        for ld in loads(nd.body):
+            if ld.name not in inside and ld.mask is None:
+                lay = layouts[ld.name]
+                out[(ld.name, loop_index(lay.offset_of(ld.index) - lay.offset, ranges))] = None
+    return list(out)
+
+
+def parallel(loops: int, iterations: int, traits: NestTraits) -> Parallel:
+    """The outer `loops` loops (`iterations` in all) in about parallel_chunks dynamic
+    chunks: on a shared machine a thread that loses its core for a time slice then
+    costs the others a few chunks, not half the work."""
+    return Parallel(loops, iterations, max(1, iterations // traits.parallel_chunks))
+
+
+# ---- reductions ---------------------------------------------------------------------------------
+
+
+def column_lanes(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], traits: NestTraits) -> int:
+    """The lanes of a reduction down columns: some read walks memory along the
+    innermost x loop while it strides along the innermost r loop, and none is
+    contiguous along r (x.sum(0)); 0 when it runs on rows."""
+    xs, rs = nest.xdims, nest.rdims
+    if xs[-1].size < traits.lanes_min or not rs:
+        return 0
+    vx, vr = xs[-1].sym, rs[-1].sym
+    along_x = False
+    for _, e in reads:
+        c = affine_coeffs(e, (vx, vr))
+        if c is None:
+            continue
+        if c[vr] == 1:
+            return 0
+        along_x = along_x or (c[vx] == 1 and c[vr] != 0)
+    return min(traits.lanes, xs[-1].size) if along_x else 0
+
+
+def split_parts(nest: Nest, traits: NestTraits) -> int:
+    """Too few rows to share among threads but long rows: the parts each row's
+    outer r loop is dealt out in (0: the rows are shared instead)."""
+    numel = math.prod(d.size for d in nest.xdims)
+    rnumel = math.prod(d.size for d in nest.rdims)
+    if numel < traits.split_below_rows and rnumel >= traits.parallel_min_work and nest.rdims[0].size >= 2:
+        return min(traits.split_parts, nest.rdims[0].size)
+    return 0
+
+
+def row_parallel(nest: Nest, lanes: int, traits: NestTraits) -> Parallel | None:
+    """Every x loop shared among threads (a column reduction's innermost one in
+    blocks of its lanes) when there are rows to share and work enough."""
+    numel = math.prod(d.size for d in nest.xdims)
+    rnumel = math.prod(d.size for d in nest.rdims)
+    if numel <= 1 or numel * max(rnumel, 1) < traits.parallel_min_work:
+        return None
+    last = nest.xdims[-1].size
+    iterations = numel if not lanes else numel // last * -(-last // lanes)
+    return parallel(len(nest.xdims), iterations, traits)
+
+
+# ---- pointwise kernels --------------------------------------------------------------------------
+
+
+def transposed_tile(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], traits: NestTraits) -> NestTile | None:
+    """Tiles when a read's innermost index is strided while one of the outer
+    loops walks it contiguously (x + y.t()): the outer loop that most such reads
+    walk, by the innermost one."""
+    dims = nest.xdims
+    side = traits.tile
+    if len(dims) < 2 or dims[-1].size < side:
+        return None
+    syms = [d.sym for d in dims]
+    v = len(dims) - 1
+    found: dict[int, list[StagedRead]] = {}
+    for name, e in reads:
+        c = affine_coeffs(e, syms)
+        if c is None or c[syms[v]] in (0, 1):
+            continue
+        for u in reversed(range(v)):
+            if c[syms[u]] == 1 and dims[u].size >= side:
+                found.setdefault(u, []).append(StagedRead(name, e, c[syms[v]]))
+                break
+    if not found:
+        return None
+    u = max(found, key=lambda k: len(found[k]))
+    return NestTile(u, v, side, tuple(found[u]))
+
+
+def pointwise_block(nest: Nest, traits: NestTraits) -> int:
+    """The block the innermost loop is cut into when the loops outside it are too
+    few to share among threads (0: not cut)."""
+    outer = math.prod(d.size for d in nest.xdims[:-1])
+    return traits.block if nest.xdims[-1].size > traits.block and outer < traits.block_below else 0
+
+
+def pointwise_parallel(nest: Nest, block: int, traits: NestTraits) -> Parallel | None:
+    """The loops outside the innermost one (and its blocks), when there are any and
+    work enough."""
+    dims = nest.xdims
+    loops = len(dims) - 1 + (1 if block else 0)
+    if not loops or math.prod(d.size for d in dims) < traits.parallel_min_work:
+        return None
+    iterations = math.prod(d.size for d in dims[:-1])
+    if block:
+        iterations *= -(-dims[-1].size // block)
+    return parallel(loops, iterations, traits)
+
+
+def tiled_parallel(nest: Nest, tile: NestTile, traits: NestTraits) -> Parallel | None:
+    """The loops outside the tiles and the two tile loops, collapsed."""
+    dims = nest.xdims
+    if math.prod(d.size for d in dims) < traits.parallel_min_work:
+        return None
+    tiles = math.prod(-(-d.size // tile.side) if i in (tile.u, tile.v) else d.size for i, d in enumerate(dims))
+    return parallel(len(dims), tiles, traits)
