@@ -26,6 +26,17 @@ empty_strided = torch.empty_strided
 empty_strided_cuda = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None) or (
     lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device="cuda"))
 
+# on the CPU, (size, stride, dtype): the same without the dispatcher
+empty_strided_cpu = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", None) or (
+    lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device="cpu"))
+
+
+def aten_op(overload: Any) -> Any:
+    """What output_code.py calls for an extern: the operator's C++ entry point,
+    which OpOverload.__call__ only forwards to (a Python frame and 2 µs less per
+    call); the overload itself where torch has no such attribute."""
+    return getattr(overload, "_op", overload)
+
 
 def reinterpret_tensor(t: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
     return t.as_strided(tuple(size), tuple(stride), offset)

@@ -4,6 +4,7 @@ benchmark main so the file runs on its own."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -127,6 +128,8 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
             case Alloc():
                 if ln.layout.device == cuda_guard:  # torch's allocation without the dispatcher, on the guard's device
                     out.append(f"    {ln.name} = empty_strided_cuda({layout_args(ln.layout)}, {ln.layout.dtype})")
+                elif ln.layout.device == "cpu":
+                    out.append(f"    {ln.name} = empty_strided_cpu({layout_args(ln.layout)}, {ln.layout.dtype})")
                 else:
                     out.append(f"    {ln.name} = empty_strided({layout_args(ln.layout)}, dtype={ln.layout.dtype}, device={ln.layout.device!r})")
             case Reuse():
@@ -150,7 +153,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 out += ["    " + s for s in backend.call(ln, program, options)]
             case ExternCall():
                 args = [py_value(a) for a in ln.args] + [f"{k}={py_value(v)}" for k, v in ln.kwargs]
-                out.append(f"    {ln.name} = torch.ops.{ln.kernel}({', '.join(args)})")
+                out.append(f"    {ln.name} = {extern_symbol(ln.kernel)}({', '.join(args)})")
                 out += _ensure_layout(program, ln.name, indexed)
             case MultiOutputLine():
                 out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i}]' for i in ln.index)}")
@@ -164,6 +167,17 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 names = [n if n is not None else "None" for n in ln.names]
                 out.append(f"    return ({', '.join(names)}{',' if len(names) == 1 else ''})")
     return out
+
+
+def extern_symbol(kernel: str) -> str:
+    """The module-level name output_code.py calls an extern by ("aten.mm.default":
+    aten_mm_default), bound once to the operator (runtime.aten_op)."""
+    return re.sub(r"\W", "_", kernel)
+
+
+def extern_bindings(program: WrapperProgram) -> list[str]:
+    kernels = sorted({ln.kernel for ln in program.lines if isinstance(ln, ExternCall)})
+    return [f"{extern_symbol(k)} = aten_op(torch.ops.{k})" for k in kernels]
 
 
 def render_main(program: WrapperProgram) -> list[str]:
@@ -197,9 +211,12 @@ def render_module(program: WrapperProgram, backend: KernelBackend, kernels: tupl
     head = [
         f"# output_code.py written by coil (target={options.target})",
         "import torch",
-        "from coil.backends.runtime import empty_strided, empty_strided_cuda, ensure_dtype, ensure_layout, poison, reinterpret_tensor, reinterpret_view",
+        "from coil.backends.runtime import aten_op, empty_strided, empty_strided_cpu, empty_strided_cuda, ensure_dtype, ensure_layout, poison, reinterpret_tensor, reinterpret_view",
         "",
     ]
     head += backend.header(options)
     body = backend.definitions(kernels, options, program)
+    bindings = extern_bindings(program)
+    if bindings:
+        body += ["", "# the externs, called through their operators", *bindings]
     return "\n".join(head + [""] + body + [""] + render_call(program, backend, options) + render_main(program)) + "\n"
