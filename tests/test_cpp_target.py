@@ -97,7 +97,7 @@ def test_seed_is_one_cpp_kernel() -> None:
     a, b, c = (torch.randn(64, 128) for _ in range(3))
     compiled = check(seed_fn, a, b, c)
     assert kernel_names(compiled.source) == ["cpp_fused_add_mul_relu_sum_0"]
-    assert "#include <cstdint>" in compiled.source and "ATen" not in compiled.source
+    assert '#include "coil_prelude.h"' in compiled.source and "ATen" not in compiled.source
 
 
 def test_auto_target_picks_cpp_on_cpu() -> None:
@@ -125,7 +125,7 @@ def test_gelu_tanh_over_its_whole_range() -> None:
 
 
 def kernel_text(source: str) -> str:
-    """The C++ kernels of an output_code.py, without the prelude and the wrapper."""
+    """The C++ kernels of an output_code.py, without the #include and the wrapper."""
     return source[source.index("// cpp_fused"):source.index("\'\'\'\n")]
 
 

@@ -1,8 +1,9 @@
 """Compile a C++ translation unit once, cache the shared object on disk, load it
 with ctypes.
 
-The cache key hashes the source, the compiler flags, the compiler's version and
-what -march=native means on this CPU (cpu_isa), so a new compiler, flag or CPU
+The cache key hashes the source, the prelude header it includes
+(include/coil_prelude.h), the compiler flags, the compiler's version and what
+-march=native means on this CPU (cpu_isa), so a new header, compiler, flag or CPU
 never reuses an old binary.  The folder, `<cache dir>/cpp`, is created with mode
 0700 and refused when another user owns it or may write it (a planted .so with a
 matching sidecar would run as you).  Next to each `<key>.so`
@@ -11,6 +12,13 @@ sidecar with the key and the SHA-256 of the .so: an entry whose sidecar is
 missing or disagrees (a crashed writer, a corrupted file) is rebuilt, never
 loaded.  The .so is compiled to a temporary name and renamed into place, so a
 reader never sees half a file.
+
+The header is compiled once per (header, compiler, flags, CPU) into a precompiled
+header, `<cache dir>/cpp/pch/<key>/coil_prelude.h.gch`, beside a copy of the
+header; a translation unit that includes it compiles with -I of that folder, where
+GCC takes the .gch instead of parsing the text (and falls back to the text when the
+.gch does not fit the compile).  It too is written to a temporary name and renamed,
+so processes compiling at once (pytest-xdist) never see half of it.
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from typing import Any
 
 import attrs
 
-from coil.backends.runtime import write_atomic
+from coil.backends.cpp import prelude
+from coil.backends.runtime import secure_dir, write_atomic
 from coil.errors import CoilError
 from coil.ir.expr import CHECK_ERROR_CODES, check_error
 
@@ -121,11 +130,17 @@ def cpu_isa(cxx: str) -> str:
     return "\n".join([platform.machine(), platform.processor(), *picked])
 
 
+def header_hash() -> str:
+    """The SHA-256 of the prelude header a translation unit includes."""
+    return hashlib.sha256(prelude.header_text()).hexdigest()
+
+
 def cache_entry(source: str, cache_dir: str | None = None) -> CacheEntry:
     from coil.backends.runtime import cache_dir as checked_cache_dir
 
     cxx = compiler()
-    material = "\0".join([source, cxx, " ".join(compile_flags() + link_flags()), compiler_version(cxx), cpu_isa(cxx)])
+    material = "\0".join([source, header_hash(), cxx, " ".join(compile_flags() + link_flags()),
+                          compiler_version(cxx), cpu_isa(cxx)])
     key = "k" + hashlib.sha256(material.encode()).hexdigest()[:40]
     return CacheEntry(key, checked_cache_dir(cache_dir, "cpp"))
 
@@ -167,11 +182,64 @@ def compile_entry(source: str, entry: CacheEntry) -> None:
             f"({e.strerror or e}); the cpp target needs it on disk: {FIX_HINT}", stage="kernel_gen") from e
 
 
+def includes_prelude(source: str) -> bool:
+    return f'#include "{prelude.HEADER}"' in source
+
+
+def precompiled_prelude(directory: str) -> str:
+    """The folder that holds a copy of the prelude header and its precompiled form
+    (`coil_prelude.h.gch`) for this compiler, these flags and this CPU, under the
+    cpp cache folder `directory`; the .gch is built the first time, compiled with
+    exactly the flags of a translation unit (GCC refuses a .gch made with others).
+    A copy that differs from the installed header (the folder's name hashes it) is
+    rewritten and its .gch rebuilt."""
+    header = prelude.header_text()
+    cxx = compiler()
+    material = "\0".join([hashlib.sha256(header).hexdigest(), cxx, " ".join(compile_flags()),
+                          compiler_version(cxx), cpu_isa(cxx)])
+    folder = secure_dir(os.path.join(secure_dir(os.path.join(directory, "pch")),
+                                     "h" + hashlib.sha256(material.encode()).hexdigest()[:40]))
+    copy = os.path.join(folder, prelude.HEADER)
+    gch = copy + ".gch"
+    try:
+        with open(copy, "rb") as f:
+            fresh = f.read() == header
+    except FileNotFoundError:
+        fresh = False
+    if fresh and os.path.exists(gch):
+        return folder
+    if not fresh:
+        write_atomic(copy, header)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prelude.HEADER + ".", suffix=".gch.tmp")
+    os.close(fd)
+    cmd = [cxx, *compile_flags(), "-x", "c++-header", copy, "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise CoilError(f"C++ compile failed for the prelude header {copy} (exit {proc.returncode}): "
+                            f"{' '.join(cmd)}\n{proc.stderr.strip()}", stage="kernel_gen")
+        os.replace(tmp, gch)
+    finally:
+        _remove(tmp)
+    return folder
+
+
+def include_dir(source: str, entry: CacheEntry) -> str:
+    """The folder a compile of `source` takes the prelude header from: the
+    precompiled one's (built first if need be) when the source includes it."""
+    return precompiled_prelude(entry.directory) if includes_prelude(source) else prelude.header_dir()
+
+
+def compile_command(entry: CacheEntry, include: str, output: str) -> list[str]:
+    return [compiler(), *compile_flags(), "-I", include, entry.cpp, "-o", output, *link_flags()]
+
+
 def _compile_entry(source: str, entry: CacheEntry) -> None:
     write_atomic(entry.cpp, source.encode())
+    include = include_dir(source, entry)
     fd, tmp = tempfile.mkstemp(dir=entry.directory, prefix=entry.key + ".", suffix=".so.tmp")
     os.close(fd)
-    cmd = [compiler(), *compile_flags(), entry.cpp, "-o", tmp, *link_flags()]
+    cmd = compile_command(entry, include, tmp)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:

@@ -1,12 +1,13 @@
 """The `cpp` target: C++ kernels with OpenMP for CPU tensors.
 
 Every fused kernel becomes one `extern "C"` function (backends/cpp/kernel.py);
-all kernels of a graph form ONE translation unit, embedded in output_code.py as a
+all kernels of a graph form ONE translation unit, which includes the prelude
+header (include/coil_prelude.h, not inlined), embedded in output_code.py as a
 string, compiled (once, cached by hash) and loaded with ctypes when the module is
 imported (backends/cpp/build.py).  A launch passes `data_ptr()`s and the sizes.
 A kernel that makes run-time checks is followed by a look at the translation
-unit's error word (`_cpp_err`, prelude.py): when a check failed, eager's error is
-raised there.  Kernels without checks pay nothing.
+unit's error word (`_cpp_err`, the header's coil_error): when a check failed,
+eager's error is raised there.  Kernels without checks pay nothing.
 """
 
 from __future__ import annotations

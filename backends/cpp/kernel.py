@@ -59,8 +59,9 @@ def kernel_source(k: FusedKernel, program: WrapperProgram, options: Options) -> 
 
 
 def translation_unit(kernels: Sequence[KernelSource]) -> str:
-    """All kernels of a graph in one translation unit, after the prelude."""
-    return "\n\n".join([prelude.PRELUDE, *(k.source for k in kernels)]) + "\n"
+    """All kernels of a graph in one translation unit, after the #include of the
+    prelude header (include/coil_prelude.h)."""
+    return "\n\n".join([prelude.INCLUDE, *(k.source for k in kernels)]) + "\n"
 
 
 def kernels_of(program: WrapperProgram) -> dict[str, FusedKernel]:

@@ -1,13 +1,18 @@
-"""The C++ text every coil translation unit starts with, and the dtype tables.
+"""The header every coil translation unit includes, and the dtype tables.
 
-Only standard headers: a module of kernels must compile in well under a second,
-which ATen's headers (Inductor's choice) make impossible.  Everything a body needs
-beyond plain operators is a small inline function here: half-type conversions,
-NaN-propagating max/min, Python-style integer division, and the OpenMP reductions
-`omp simd` cannot express with built-in operators.
+The C++ a kernel body calls beyond plain operators (libm under one overloaded name
+per function, half-type conversions, NaN-propagating max/min, Python-style integer
+division, the run-time checks' error channel, transposed tiles, streaming stores,
+the OpenMP reductions `omp simd` cannot express with built-in operators) is
+hand-written C++ in include/coil_prelude.h, shipped as package data.  A translation
+unit starts with INCLUDE; build.py compiles with -I of the header's folder,
+precompiles the header once per build cache, and keys every library on its hash.
+The functions here spell, for each dtype, the types and conversions a body uses.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -28,6 +33,23 @@ STORAGE_TYPES: dict[torch.dtype, str] = {
 }
 
 HALF_TYPES = frozenset({torch.float16, torch.bfloat16})
+
+HEADER = "coil_prelude.h"
+# the first lines of every translation unit: no code before the #include, which a
+# precompiled header requires
+INCLUDE = f'// coil C++ kernels: one translation unit per compiled graph.\n#include "{HEADER}"\n'
+
+
+def header_dir() -> str:
+    """The folder of coil_prelude.h in the installed package."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
+def header_text() -> bytes:
+    """coil_prelude.h as it is installed (read on each use: a few microseconds, and
+    an edited header is seen without a restart)."""
+    with open(os.path.join(header_dir(), HEADER), "rb") as f:
+        return f.read()
 
 
 def storage_type(dtype: torch.dtype) -> str:
@@ -72,304 +94,3 @@ def round_value(dtype: torch.dtype, value: str) -> str:
     if dtype == torch.bool:
         return f"static_cast<bool>({value})"
     return f"static_cast<{storage_type(dtype)}>({value})"
-
-
-# libm functions a body may call, declared here instead of through <cmath>: the
-# C++ <cmath> alone costs a quarter second per compile, more than the kernels.
-# glibc declares them `noexcept`; GCC still treats them as builtins (floor becomes
-# vroundps, sqrt vsqrtps).
-_LIBM_UNARY = ["sqrt", "exp", "exp2", "expm1", "log", "log1p", "log2", "sin", "cos", "tan", "tanh", "erf", "floor", "ceil", "trunc", "nearbyint", "fabs"]
-_LIBM_BINARY = ["fmod", "copysign", "pow"]
-# Vector variants of libm functions live in glibc's libmvec (2.22: exp/log/sin/cos/pow,
-# 2.35: the rest).  The `simd` attribute lets `omp simd` loops call them.
-_MVEC = frozenset(["exp", "log", "sin", "cos", "tan", "tanh", "erf", "expm1", "log1p", "log2", "exp2", "pow"])
-
-
-# erf(float) is coil's own (below): the libmvec one is 4 ulp and slower.
-_OWN = frozenset({("erf", "float")})
-
-# erf(x) = x * A(x^2) for |x| < 1, 1 - B(|x| - 2.5) for 1 <= |x| < 4, and +-1 beyond
-# (erf(3.92) rounds to 1.0f).  Least-squares fits on Chebyshev nodes in float64,
-# evaluated in float (with FMA where the target has it): within 2.5 ulp of erf on a
-# dense sweep of [-5, 5] (libmvec's erff: 4 ulp).
-_ERF_SMALL = (1.128379225730896, -0.3761262893676758, 0.11283612251281738, -0.026854807510972023,
-              0.005190050695091486, -0.0008024327689781785, 7.898115291027352e-05)
-_ERF_LARGE = (0.0004069523711223155, -0.002178184688091278, 0.005445688497275114, -0.008351770229637623,
-              0.008622604422271252, -0.0061091091483831406, 0.002797554712742567, -0.0005603611352853477,
-              -0.00025873008416965604, 0.00027061899891123176, -8.110048656817526e-05, -1.7760552509571426e-05,
-              1.5719277143944055e-05, -4.985204782315122e-07, -8.90137926035095e-07)
-
-
-def _horner(coeffs: tuple[float, ...], var: str) -> str:
-    out = f"{coeffs[-1]!r}f"
-    for c in reversed(coeffs[:-1]):
-        out = f"COIL_FMAF({out}, {var}, {c!r}f)"
-    return out
-
-
-_ERF = "\n".join([
-    "#ifdef __FMA__",
-    "#define COIL_FMAF(a, b, c) __builtin_fmaf(a, b, c)",
-    "#else",
-    "#define COIL_FMAF(a, b, c) ((a) * (b) + (c))",
-    "#endif",
-    "static inline float coil_erf(float a) {",
-    "  const float x = a < 0.0f ? -a : a;",
-    "  const float x2 = x * x;",
-    f"  const float small = x * {_horner(_ERF_SMALL, 'x2')};",
-    "  const float t = (x < 4.0f ? x : 4.0f) - 2.5f;",
-    f"  const float large = 1.0f - {_horner(_ERF_LARGE, 't')};",
-    "  const float y = x < 1.0f ? small : (x < 4.0f ? large : 1.0f);",
-    "  return (a != a || a == 0.0f) ? a : (a < 0.0f ? -y : y);  // NaN and -0.0 pass through",
-    "}",
-])
-
-
-def _libm_decl(fn: str, ctype: str, suffix: str, arity: int) -> str:
-    args = ", ".join([ctype] * arity)
-    decl = f"{ctype} {fn}{suffix}({args}) noexcept;"
-    if fn in _MVEC:
-        return f"COIL_SIMD {decl}"
-    return decl
-
-
-_LIBM_DECLS = "\n".join(
-    [
-        "#if defined(COIL_LIBMVEC) && defined(__x86_64__)",
-        '#define COIL_SIMD __attribute__((simd("notinbranch")))',
-        "#else",
-        "#define COIL_SIMD",
-        "#endif",
-        'extern "C" {',
-        *(_libm_decl(f, t, s, 1) for f in _LIBM_UNARY for t, s in (("float", "f"), ("double", ""))),
-        *(_libm_decl(f, t, s, 2) for f in _LIBM_BINARY for t, s in (("float", "f"), ("double", ""))),
-        "}",
-        "// coil_<fn>: one overloaded name per libm function, so generated code never",
-        "// spells the float / double variant itself",
-        *(f"static inline {t} coil_{f}({t} a) {{ return {f}{s}(a); }}"
-          for f in _LIBM_UNARY for t, s in (("float", "f"), ("double", "")) if (f, t) not in _OWN),
-        *(f"static inline {t} coil_{f}({t} a, {t} b) {{ return {f}{s}(a, b); }}"
-          for f in _LIBM_BINARY for t, s in (("float", "f"), ("double", ""))),
-    ]
-)
-
-
-PRELUDE = r"""// coil C++ kernels: one translation unit per compiled graph.
-#include <cstdint>
-
-""" + _LIBM_DECLS + "\n" + _ERF + r"""
-
-// ---- half types: stored as uint16_t, computed in float, rounded to nearest even on store
-static inline float coil_bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16; float f; __builtin_memcpy(&f, &u, 4); return f;
-}
-static inline uint16_t coil_f32_to_bf16(float f) {
-  if (f != f) return 0x7fc0;  // c10::BFloat16's quiet NaN
-  uint32_t u; __builtin_memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-#ifdef __FLT16_MAX__
-static inline float coil_f16_to_f32(uint16_t h) { _Float16 v; __builtin_memcpy(&v, &h, 2); return static_cast<float>(v); }
-static inline uint16_t coil_f32_to_f16(float f) { _Float16 v = static_cast<_Float16>(f); uint16_t h; __builtin_memcpy(&h, &v, 2); return h; }
-#else
-// the bit manipulation of c10/util/Half.h (fp16_ieee_to/from_fp32_value)
-static inline float coil_bits_f32(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
-static inline uint32_t coil_f32_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
-static inline float coil_f16_to_f32(uint16_t h) {
-  const uint32_t w = static_cast<uint32_t>(h) << 16, sign = w & 0x80000000u, two_w = w + w;
-  const float normalized = coil_bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  const float denormalized = coil_bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t result = sign | (two_w < (1u << 27) ? coil_f32_bits(denormalized) : coil_f32_bits(normalized));
-  return coil_bits_f32(result);
-}
-static inline uint16_t coil_f32_to_f16(float f) {
-  float base = (coil_fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
-  const uint32_t w = coil_f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  if (bias < 0x71000000u) bias = 0x71000000u;
-  base = coil_bits_f32((bias >> 1) + 0x07800000u) + base;
-  const uint32_t bits = coil_f32_bits(base);
-  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u, mantissa_bits = bits & 0x00000FFFu;
-  const uint32_t nonsign = exp_bits + mantissa_bits;
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-#endif
-static inline float coil_round_f16(float f) { return coil_f16_to_f32(coil_f32_to_f16(f)); }
-static inline float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_to_bf16(f)); }
-
-static inline int64_t coil_min_index(int64_t a, int64_t b) { return a < b ? a : b; }
-
-// ---- run-time checks (ir/expr.py's Check).  A kernel cannot throw through ctypes:
-// the first failed check of a call records {error code, value, size, dim} in
-// coil_error (a compare-and-swap on the code: among threads, the first wins) and
-// the kernel goes on with a harmless value, so no access leaves its buffer.  The
-// wrapper reads the code after each kernel that checks (coil_errors gives its
-// address), raises eager's error and clears it.
-static int64_t coil_error[4] = {0, 0, 0, 0};
-extern "C" int64_t* coil_errors() { return coil_error; }
-__attribute__((noinline, cold)) static void coil_fail(int64_t code, int64_t value, int64_t size, int64_t dim) {
-  int64_t none = 0;
-  if (__atomic_compare_exchange_n(&coil_error[0], &none, -1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-    coil_error[1] = value;
-    coil_error[2] = size;
-    coil_error[3] = dim;
-    __atomic_store_n(&coil_error[0], code, __ATOMIC_RELEASE);
-  }
-}
-// an index into a dim of n: negatives wrapped once when `wrap`; out of [0, n): fail, read 0
-static inline int64_t coil_check_index(int64_t v, int64_t n, bool wrap, int64_t code, int64_t dim) {
-  const int64_t w = (wrap && v < 0) ? v + n : v;
-  if (__builtin_expect(w < 0 || w >= n, 0)) {
-    coil_fail(code, v, n, dim);
-    return 0;
-  }
-  return w;
-}
-// an integer divisor: 0 fails (eager raises ZeroDivisionError on the CPU), then divides by 1
-template <typename T> static inline T coil_check_divisor(T b, int64_t code) {
-  if (__builtin_expect(b == 0, 0)) {
-    coil_fail(code, 0, 0, 0);
-    return 1;
-  }
-  return b;
-}
-
-// ---- arithmetic with torch's semantics
-// maximum / minimum / amax / amin propagate NaN (for integers `a != a` is false)
-template <typename T> static inline T coil_max(T a, T b) { return (a > b || a != a) ? a : b; }
-template <typename T> static inline T coil_min(T a, T b) { return (a < b || a != a) ? a : b; }
-// integer division by zero: the divisor's Check raises (eager's CPU error); an
-// unchecked zero divisor gives 0 instead of a SIGFPE
-template <typename T> static inline T coil_floordiv_int(T a, T b) {
-  if (b == 0) return 0;
-  if (b == -1) return static_cast<T>(0 - a);
-  const T q = a / b, r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? static_cast<T>(q - 1) : q;
-}
-template <typename T> static inline T coil_truncdiv_int(T a, T b) {
-  if (b == 0) return 0;
-  if (b == -1) return static_cast<T>(0 - a);
-  return static_cast<T>(a / b);
-}
-template <typename T> static inline T coil_fmod_int(T a, T b) { return (b == 0 || b == -1) ? 0 : static_cast<T>(a % b); }
-template <typename T> static inline T coil_remainder_int(T a, T b) {
-  if (b == 0 || b == -1) return 0;
-  const T r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? static_cast<T>(r + b) : r;
-}
-// c10's div_floor_floating
-template <typename T> static inline T coil_floordiv_fp(T a, T b) {
-  if (b == 0) return a / b;
-  const T mod = coil_fmod(a, b);
-  T div = (a - mod) / b;
-  if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
-  if (div == 0) return coil_copysign(T(0), a / b);
-  T floordiv = coil_floor(div);
-  if (div - floordiv > T(0.5)) floordiv += T(1);
-  return floordiv;
-}
-template <typename T> static inline T coil_remainder_fp(T a, T b) {
-  T mod = coil_fmod(a, b);
-  if (mod != 0 && ((b < 0) != (mod < 0))) mod += b;
-  return mod;
-}
-template <typename T> static inline T coil_ipow(T base, T exp) {
-  if (exp < 0) {
-    if (base == 1) return 1;
-    if (base == -1) return (exp & 1) ? -1 : 1;
-    return 0;
-  }
-  T result = 1;
-  while (exp) {
-    if (exp & 1) result = static_cast<T>(result * base);
-    exp >>= 1;
-    base = static_cast<T>(base * base);
-  }
-  return result;
-}
-
-// ---- tiles of transposed inputs
-// dst[i * T + j] = src[i + j * stride] for i, j < T: a pointwise kernel reading an
-// input along its slow dim copies each tile here first, so the compute loop reads
-// contiguous memory.  4-byte elements go through 8x8 register transposes (GCC
-// vector extensions: no intrinsics header to parse); others are copied one by one.
-typedef float coil_v8f __attribute__((vector_size(32), aligned(4), may_alias));
-typedef int32_t coil_v8i __attribute__((vector_size(32)));
-static inline void coil_transpose8x8(const float* src, int64_t ss, float* dst, int64_t ds) {
-  const coil_v8f r0 = *(const coil_v8f*)(src), r1 = *(const coil_v8f*)(src + ss),
-    r2 = *(const coil_v8f*)(src + 2 * ss), r3 = *(const coil_v8f*)(src + 3 * ss),
-    r4 = *(const coil_v8f*)(src + 4 * ss), r5 = *(const coil_v8f*)(src + 5 * ss),
-    r6 = *(const coil_v8f*)(src + 6 * ss), r7 = *(const coil_v8f*)(src + 7 * ss);
-  const coil_v8i lo1 = {0, 8, 1, 9, 4, 12, 5, 13}, hi1 = {2, 10, 3, 11, 6, 14, 7, 15};
-  const coil_v8f t0 = __builtin_shuffle(r0, r1, lo1), t1 = __builtin_shuffle(r0, r1, hi1),
-    t2 = __builtin_shuffle(r2, r3, lo1), t3 = __builtin_shuffle(r2, r3, hi1),
-    t4 = __builtin_shuffle(r4, r5, lo1), t5 = __builtin_shuffle(r4, r5, hi1),
-    t6 = __builtin_shuffle(r6, r7, lo1), t7 = __builtin_shuffle(r6, r7, hi1);
-  const coil_v8i lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-  const coil_v8f u0 = __builtin_shuffle(t0, t2, lo2), u1 = __builtin_shuffle(t0, t2, hi2),
-    u2 = __builtin_shuffle(t1, t3, lo2), u3 = __builtin_shuffle(t1, t3, hi2),
-    u4 = __builtin_shuffle(t4, t6, lo2), u5 = __builtin_shuffle(t4, t6, hi2),
-    u6 = __builtin_shuffle(t5, t7, lo2), u7 = __builtin_shuffle(t5, t7, hi2);
-  const coil_v8i lo3 = {0, 1, 2, 3, 8, 9, 10, 11}, hi3 = {4, 5, 6, 7, 12, 13, 14, 15};
-  *(coil_v8f*)(dst) = __builtin_shuffle(u0, u4, lo3);
-  *(coil_v8f*)(dst + ds) = __builtin_shuffle(u1, u5, lo3);
-  *(coil_v8f*)(dst + 2 * ds) = __builtin_shuffle(u2, u6, lo3);
-  *(coil_v8f*)(dst + 3 * ds) = __builtin_shuffle(u3, u7, lo3);
-  *(coil_v8f*)(dst + 4 * ds) = __builtin_shuffle(u0, u4, hi3);
-  *(coil_v8f*)(dst + 5 * ds) = __builtin_shuffle(u1, u5, hi3);
-  *(coil_v8f*)(dst + 6 * ds) = __builtin_shuffle(u2, u6, hi3);
-  *(coil_v8f*)(dst + 7 * ds) = __builtin_shuffle(u3, u7, hi3);
-}
-template <int T, typename S>
-static inline void coil_transpose_tile(const S* __restrict__ src, int64_t stride, S* __restrict__ dst) {
-  if constexpr (sizeof(S) == 4 && T % 8 == 0) {
-    for (int j = 0; j < T; j += 8)
-      for (int i = 0; i < T; i += 8)
-        coil_transpose8x8(reinterpret_cast<const float*>(src + i + j * stride), stride,
-                          reinterpret_cast<float*>(dst + i * T + j), T);
-  } else {
-    for (int j = 0; j < T; ++j)
-      for (int i = 0; i < T; ++i) dst[i * T + j] = src[i + j * stride];
-  }
-}
-
-// ---- streaming stores
-// coil_stream copies n bytes of a small local buffer to dst with non-temporal
-// stores: a large output then goes to memory without first being read into the
-// cache (half the write traffic).  coil_sfence orders them before the thread's
-// later stores (call it before the thread leaves its share of the work).
-#if defined(__AVX__)
-typedef long long coil_v4di __attribute__((vector_size(32)));
-typedef long long coil_v4di_u __attribute__((vector_size(32), aligned(1)));
-#define COIL_STREAM_BYTES 32
-#define COIL_STREAM(d, s) __builtin_ia32_movntdq256((coil_v4di*)(d), *(const coil_v4di_u*)(s))
-#elif defined(__SSE2__)
-typedef long long coil_v2di __attribute__((vector_size(16)));
-typedef long long coil_v2di_u __attribute__((vector_size(16), aligned(1)));
-#define COIL_STREAM_BYTES 16
-#define COIL_STREAM(d, s) __builtin_ia32_movntdq((coil_v2di*)(d), *(const coil_v2di_u*)(s))
-#endif
-static inline void coil_stream(void* __restrict__ dst, const void* __restrict__ src, int64_t n) {
-  char* d = static_cast<char*>(dst);
-  const char* s = static_cast<const char*>(src);
-  int64_t i = 0;
-#ifdef COIL_STREAM_BYTES
-  int64_t head = static_cast<int64_t>((-reinterpret_cast<uintptr_t>(d)) & (COIL_STREAM_BYTES - 1));
-  for (; i < head && i < n; ++i) d[i] = s[i];
-  for (; i + COIL_STREAM_BYTES <= n; i += COIL_STREAM_BYTES) COIL_STREAM(d + i, s + i);
-#endif
-  for (; i < n; ++i) d[i] = s[i];
-}
-static inline void coil_sfence() {
-#ifdef COIL_STREAM_BYTES
-  __builtin_ia32_sfence();
-#endif
-}
-
-// ---- reductions `omp simd` cannot spell with a built-in operator
-#pragma omp declare reduction(coil_nanmax : float : omp_out = coil_max(omp_out, omp_in)) initializer(omp_priv = -__builtin_inf())
-#pragma omp declare reduction(coil_nanmax : double : omp_out = coil_max(omp_out, omp_in)) initializer(omp_priv = -__builtin_inf())
-#pragma omp declare reduction(coil_nanmin : float : omp_out = coil_min(omp_out, omp_in)) initializer(omp_priv = __builtin_inf())
-#pragma omp declare reduction(coil_nanmin : double : omp_out = coil_min(omp_out, omp_in)) initializer(omp_priv = __builtin_inf())
-"""
