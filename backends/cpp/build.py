@@ -242,6 +242,15 @@ def _compile_entry(source: str, entry: CacheEntry) -> None:
     cmd = compile_command(entry, include, tmp)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0 and include != prelude.header_dir():
+            # GCC ignores a .gch made for other flags, but fails on a damaged one (cut
+            # short by a crash): when the header's own text compiles, the .gch goes
+            # (the next compile builds it again)
+            plain = subprocess.run(compile_command(entry, prelude.header_dir(), tmp), capture_output=True,
+                                   text=True, check=False)
+            if plain.returncode == 0:
+                _remove(os.path.join(include, prelude.HEADER + ".gch"))
+                proc = plain
         if proc.returncode != 0:
             raise CoilError(
                 f"C++ compile failed for {entry.cpp} (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr.strip()}",
