@@ -28,7 +28,9 @@ Grammar::
                                              in `parts` chunks by as many programs,
                                              then combined (even: the nest's outer r
                                              loop dealt out evenly among threads)
-    LoopNest ::= (xsizes, rsizes, block, tile: NestTile | None, parallel: Parallel | None)
+    LoopNest ::= (xsizes, rsizes, block, tile: NestTile | None, parallel: Parallel | None,
+                  nodes: NestNode*)
+    NestNode ::= (name, body, store)
     NestTile ::= (u, v, side, staged: StagedRead*)
     StagedRead ::= (buffer, offset, stride)
     Parallel ::= (loops, iterations, chunk)
@@ -51,9 +53,9 @@ heuristics: the C++ and reference targets) gets `tails` None and no launches.
 
 A target whose traits ask for loop nests (the C++ target) gets each kernel's
 `nest`: xindex and rindex as nests of loops (passes/schedule/nest.py: index
-expressions in the loop variables ix0, ix1, ... and ir0, ...), a pointwise
-kernel's tiles or blocks, and the loops its threads share (passes/schedule
-/threads.py); other targets get None.
+expressions in the loop variables ix0, ix1, ... and ir0, ...), its nodes' bodies
+and stores in those variables, a pointwise kernel's tiles or blocks, and the
+loops its threads share (passes/schedule/threads.py); other targets get None.
 """
 
 from __future__ import annotations
@@ -224,16 +226,28 @@ class Parallel:
 
 
 @attrs.frozen
+class NestNode:
+    """A node in the nest's loop variables: its body, and where it stores (from
+    the start of its buffer's view; None: registers only)."""
+
+    name: str
+    body: Expr
+    store: sympy.Expr | None
+
+
+@attrs.frozen
 class LoopNest:
     """xindex as nested loops of `xsizes`, rindex of `rsizes` (outermost first;
-    loop i's variable ixi, iri).  A pointwise kernel's innermost loop may run in
-    blocks of `block` elements or, with an outer loop, in tiles."""
+    loop i's variable ixi, iri), and the kernel's nodes in those variables, in
+    kernel order.  A pointwise kernel's innermost loop may run in blocks of
+    `block` elements or, with an outer loop, in tiles."""
 
     xsizes: tuple[int, ...]
     rsizes: tuple[int, ...]
     block: int = 0  # 0: the innermost loop is not cut
     tile: NestTile | None = None
     parallel: Parallel | None = None  # None: one thread
+    nodes: tuple[NestNode, ...] = ()
 
 
 @attrs.frozen

@@ -50,9 +50,10 @@ def show_space(space: Space) -> str:
     raise TypeError(f"no space {space!r}")
 
 
-def show_nest(nest: LoopNest, indent: str) -> list[str]:
-    """The loop sizes (outermost first), then how a pointwise kernel cuts its
-    innermost loop and which loops run on threads."""
+def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
+    """The loop sizes (outermost first), how a pointwise kernel cuts its innermost
+    loop, which loops run on threads, and (with `bodies`) each node in the loop
+    variables."""
     rs = f", r loops {list(nest.rsizes)}" if nest.rsizes else ""
     out = [f"{indent}nest: x loops {list(nest.xsizes)}{rs}"]
     if nest.block:
@@ -67,6 +68,10 @@ def show_nest(nest: LoopNest, indent: str) -> list[str]:
     else:
         loops = "the outer loop" if par.loops == 1 else f"{par.loops} loops collapsed"
         out.append(f"{indent}  parallel: {loops}, {par.iterations} iterations in dynamic chunks of {par.chunk}")
+    if bodies:
+        for n in nest.nodes:
+            out.append(f"{indent}  {n.name}: " + (f"store={n.store}" if n.store is not None else "registers"))
+            out += body_lines(n.body, indent + "    ")
     return out
 
 
@@ -109,7 +114,7 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     out = [f"  {k.name}: {k.kind} group={k.group} {k.device}"]
     out.append(f"    space: {show_space(k.space)}")
     if k.nest is not None:
-        out += show_nest(k.nest, "    ")
+        out += show_nest(k.nest, "    ", bodies)
     out.append("    params: " + (", ".join(f"{p.arg}={p.name}" for p in k.params) or "none"))
     tails = "" if k.tails is None else (f"; tails: outer {'yes' if k.tails.outer else 'no'}, "
                                          f"inner {'yes' if k.tails.inner else 'no'}")

@@ -25,7 +25,7 @@ K8 a launch has a positive grid and sizes, power-of-two blocks and warps; a spli
    launches twice, anything else once (none: nothing to compute, or left to the
    target's renderer)
 K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
-   its r loops', if any, to rnumel); a tile pairs an outer x loop with the
+   its r loops', if any, to rnumel) and has the kernel's nodes in order; a tile pairs an outer x loop with the
    innermost, both at least the tile's side, in a nest without r loops; a space's
    lanes need a nest and at most fill its innermost x loop; an even split needs a
    nest, at most as many parts as the outer r loop's steps, and its chunk is the
@@ -190,6 +190,8 @@ def _verify_nest(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     n, r = k.group
     if math.prod(nest.xsizes) != n or (nest.rsizes and math.prod(nest.rsizes) != r) or not nest.xsizes:
         fail(p, stage, k.name, f"K9 loop nest {list(nest.xsizes)} x {list(nest.rsizes)} does not cover group {k.group}")
+    if tuple(nn.name for nn in nest.nodes) != tuple(kn.name for kn in k.nodes):
+        fail(p, stage, k.name, f"K9 loop nest's nodes {[nn.name for nn in nest.nodes]} are not the kernel's")
     t = nest.tile
     if t is not None and (nest.rsizes or not 0 <= t.u < t.v == len(nest.xsizes) - 1
                           or min(nest.xsizes[t.u], nest.xsizes[t.v]) < t.side):

@@ -19,7 +19,7 @@ from coil.ir.layout import Layout
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
 from coil.passes.kernel_model import Param, kernel_buffers, kernel_layouts
-from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, nest_nodes
+from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs
 
 
 @attrs.frozen
@@ -58,7 +58,8 @@ def plan_kernel(k: FusedKernel, program: WrapperProgram) -> KernelPlan:
     stored = frozenset(b.name for b in bufs if b.name not in program.plan.removed)
     assert spec.nest is not None, f"{k.name}: the cpp target's specs have loop nests"
     nest = Nest.of_sizes(spec.nest.xsizes, spec.nest.rsizes)
-    return KernelPlan(k, nest, nest_nodes(bufs, k.group, nest), spec.params, stored, layouts, spec)
+    nodes = tuple(NodeIndexing(b, kn.role, n.body, n.store) for b, kn, n in zip(bufs, spec.nodes, spec.nest.nodes))
+    return KernelPlan(k, nest, nodes, spec.params, stored, layouts, spec)
 
 
 # ---- loops ---------------------------------------------------------------------------------
@@ -114,6 +115,7 @@ def store_line(plan: KernelPlan, ctx: KernelContext, nd: NodeIndexing, value: st
     """`out_ptrN[offset] = value`, converted to the buffer's storage type; a
     streamed buffer's element goes to its staging buffer (`streams`) instead."""
     dtype = nd.buf.layout.dtype
+    assert nd.store is not None, f"{nd.buf.name} is not stored"
     target = (streams or {}).get(nd.buf.name, f"{ctx.ptrs[nd.buf.name]}[{cpp_index(nd.store)}]")
     return f"{target} = {prelude.store_value(dtype, value)};"
 
@@ -164,6 +166,12 @@ class Stream:
     node: NodeIndexing
     buffer: str  # the local staging buffer
 
+    @property
+    def store(self) -> sympy.Expr:
+        """Where the streamed node's element goes (streamed nodes are stored)."""
+        assert self.node.store is not None
+        return self.node.store
+
     def declare(self, elements: int) -> str:
         return f"alignas(64) {prelude.storage_type(self.node.buf.layout.dtype)} {self.buffer}[{elements}];"
 
@@ -183,7 +191,8 @@ def streamed(plan: KernelPlan, var: sympy.Symbol, run: int) -> list[Stream]:
     out: list[Stream] = []
     for nd in plan.nodes:
         lay = nd.buf.layout
-        if nd.buf.name not in plan.stored or lay.nbytes < STREAM_MIN_BYTES or run * lay.dtype.itemsize < 64:
+        if (nd.buf.name not in plan.stored or nd.store is None or lay.nbytes < STREAM_MIN_BYTES
+                or run * lay.dtype.itemsize < 64):
             continue
         c = affine_coeffs(nd.store, (var,))
         if c is not None and c[var] == 1:

@@ -71,7 +71,7 @@ def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, streams: Se
     body = [*(st.declare(n) for st in streams),
             f"const int64_t {end} = coil_min_index({inner.hi}, {chunk} + {n});",
             *render_loops([Loop(var, chunk, end, inner.pragma)], scope),
-            *(st.copy_out(ctx, st.node.store.xreplace(at_chunk), f"{end} - {chunk}") for st in streams)]
+            *(st.copy_out(ctx, st.store.xreplace(at_chunk), f"{end} - {chunk}") for st in streams)]
     return [*render_loops([Loop(chunk, inner.lo, inner.hi, step=n)], body), "coil_sfence();"]
 
 
@@ -100,7 +100,7 @@ def tiled_body(plan: KernelPlan, ctx: KernelContext, options: Options, t: NestTi
     at_row = {dims[t.u].sym: side * _index_symbol(tu) + _index_symbol(row), dims[t.v].sym: side * _index_symbol(tv)}
     staging += [st.declare(side * side) for st in streams]
     copy_out = [*render_loops([Loop(row, "0", str(side))],
-                              [st.copy_out(ctx, st.node.store.xreplace(at_row), str(side), f"{row} * {side}")
+                              [st.copy_out(ctx, st.store.xreplace(at_row), str(side), f"{row} * {side}")
                                for st in streams]),
                 "coil_sfence();"] if streams else []
 

@@ -14,9 +14,9 @@ stops vectorization, so such a target iterates a nest instead:
    outer = coefficient of the inner * inner size) become one loop, so a contiguous
    (4096, 1024) kernel is a single loop of 4M iterations.
 
-`kernel_nest` makes the nest (schedule_kernels records its sizes in the spec:
-ir/kernel.py LoopNest); `nest_nodes` gives the nodes in its loop variables, which
-both the policy (passes/schedule/threads.py) and the renderer read.
+`kernel_nest` makes the nest and gives the nodes in its loop variables, which
+the policy reads (passes/schedule/threads.py) and schedule_kernels records in
+the spec for the renderer (ir/kernel.py: LoopNest).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class NodeIndexing:
     buf: ComputedBuffer
     role: str
     body: Expr
-    store: sympy.Expr  # storage offset (relative to data_ptr) of the element it writes
+    store: sympy.Expr | None  # storage offset (relative to data_ptr) of the element it writes; None: not stored
 
 
 def _empty_var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sympy.Expr]:
@@ -172,7 +172,7 @@ def index_expressions(nodes: Sequence[NodeIndexing], layouts: dict[str, Layout],
     index values (IndexExpr), in loop variables."""
     out: list[sympy.Expr] = []
     for nd in nodes:
-        if nd.buf.name in stored:
+        if nd.buf.name in stored and nd.store is not None:
             out.append(nd.store)
         for e in walk(nd.body):
             if isinstance(e, (Load, IndirectLoad)) and e.name not in inside:

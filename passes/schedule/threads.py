@@ -3,7 +3,8 @@ loop nests (TargetTraits.nests: the C++ target, OpenMP threads and `omp simd`
 vector lanes).  Each decision reads the nest (passes/schedule/nest.py) and the
 reads from memory in its loop variables, and becomes a value of the spec:
 
-- the nest itself (LoopNest: its x and r loop sizes);
+- the nest itself (LoopNest: its x and r loop sizes, and the nodes' bodies and
+  stores in its loop variables, which the renderer spells);
 - a reduction down the columns of what it reads (x.sum(0)) runs a block of
   `lanes` neighbouring columns together (Rows.lanes): the innermost x loop walks
   memory while the innermost r loop strides it.  kernel_model.reads_down_columns
@@ -37,7 +38,7 @@ import sympy
 
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import loads
-from coil.ir.kernel import KernelSpec, LoopNest, NestTile, Parallel, Rows, Split, StagedRead
+from coil.ir.kernel import KernelSpec, LoopNest, NestNode, NestTile, Parallel, Rows, Split, StagedRead
 from coil.ir.layout import Layout
 from coil.options import NestTraits
 from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, kernel_nest, loop_index
@@ -52,12 +53,13 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     reads = outside_loads(nodes, layouts, nest.ranges)
     xsizes = tuple(d.size for d in nest.xdims)
     rsizes = tuple(d.size for d in nest.rdims)
+    in_loops = tuple(NestNode(nd.buf.name, nd.body, nd.store if nd.buf.name in stored else None) for nd in nodes)
     par: Parallel | None
     if not nest.rdims:
         tile = transposed_tile(nest, reads, traits)
         block = 0 if tile is not None else pointwise_block(nest, traits)
         par = tiled_parallel(nest, tile, traits) if tile is not None else pointwise_parallel(nest, block, traits)
-        return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, block, tile, par))
+        return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, block, tile, par, in_loops))
     space = spec.space
     rows = isinstance(space, Rows)  # a flat kernel's reductions over at most one element run on rows
     lanes = column_lanes(nest, reads, traits) if rows else 0
@@ -71,7 +73,7 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
         par = parallel(1, parts, traits)
     else:
         par = row_parallel(nest, lanes, traits)
-    return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par))
+    return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par, nodes=in_loops))
 
 
 def outside_loads(nodes: Sequence[NodeIndexing], layouts: Mapping[str, Layout],
