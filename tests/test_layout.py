@@ -255,7 +255,7 @@ def test_training_step_saves_channels_last_and_the_backward_reads_it() -> None:
     backward = graphs["backward"]
     assert _channels_last_inputs(backward), "the backward got no channels-last saved activation"
     call = backward.source[backward.source.index("def call"):]  # type: ignore[attr-defined]
-    conv = next(line for line in call.splitlines() if "convolution_backward.default(" in line)
+    conv = next(line for line in call.splitlines() if "= aten_convolution_backward_default(" in line)
     grad = conv.split("(")[1].split(",")[0].strip()
     view = next(line for line in call.splitlines() if line.strip().startswith(f"{grad} = reinterpret_view("))
     size, stride = (tuple(int(v) for v in t.split(",")) for t in re.findall(r"\(([\d, ]+)\)", view)[:2])
