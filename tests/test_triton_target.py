@@ -529,6 +529,11 @@ def test_half_intermediates_stay_float32_unless_emulated(device: str) -> None:
     fn = lambda a, c, d: torch.nn.functional.gelu(a + c, approximate="tanh") + d  # noqa: E731
     fast = check(fn, [x, b, r], atol=1e-2, rtol=1.6e-2)
     exact = check(fn, [x, b, r], atol=0, rtol=0, emulate_precision_casts=True)  # bit for bit
+    # the decision: where the bodies round to bfloat16 (the store's, or after every op)
+    rounds = [sum(isinstance(e, Cast) and e.dtype == torch.bfloat16 for n in k.nodes for e in set(walk(n.body)))
+              for (k,) in (specs(fast), specs(exact))]
+    assert rounds == [1, 3], rounds
+    # the renderer's spelling of each rounding
     (src_fast,), (src_exact,) = kernel_sources(fast), kernel_sources(exact)
     assert src_fast.count("_coil_to_bf16(") == 1 and src_exact.count("_coil_to_bf16(") == 3
     # against float32 math, one rounding is on average closer than eager's three
@@ -763,6 +768,7 @@ def test_pointwise_heuristic() -> None:
 def test_autotune_option_keeps_cpu_launches() -> None:
     """With autotune on, CPU (interpreted) kernels launch with the written config."""
     compiled = check(lambda a: torch.softmax(a, -1), [torch.randn(4, 16)], autotune=True)
+    assert [k.config_kind for k in specs(compiled)] == ["persistent"]
     assert re.search(r"triton_per_\w+ = autotuned\(triton_per_\w+, 'persistent'\)", compiled.source)
 
 
