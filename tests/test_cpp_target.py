@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +24,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import coil
 import op_cases
 from coil.backends.cpp import build
+from coil.ir.expr import Op, walk
+from coil.ir.kernel import KernelSpec, Parallel, Rows, Split
 from op_cases import RUNNERS, OpCase, check_case
 
 CASE_LISTS = ("POINTWISE_CASES", "CREATION_CASES", "PROMOTION_CASES", "REDUCTION_CASES", "VIEW_CASES", "DECOMP_CASES",
@@ -85,8 +86,14 @@ def check(fn: Callable[..., Any], *inputs: torch.Tensor, sum_tolerance: bool = F
     return compiled
 
 
-def kernel_names(source: str) -> list[str]:
-    return re.findall(r'extern "C" void (\w+)\(', source)
+def specs(compiled: Any) -> tuple[KernelSpec, ...]:
+    """The KernelProgram's specs behind a compiled module: its decisions."""
+    return compiled.module.program.specs  # type: ignore[no-any-return]
+
+
+def ops(k: KernelSpec) -> list[Op]:
+    """Every operation of the kernel's node bodies."""
+    return [e for n in k.nodes for e in walk(n.body) if isinstance(e, Op)]
 
 
 def seed_fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -96,7 +103,12 @@ def seed_fn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 def test_seed_is_one_cpp_kernel() -> None:
     a, b, c = (torch.randn(64, 128) for _ in range(3))
     compiled = check(seed_fn, a, b, c)
-    assert kernel_names(compiled.source) == ["cpp_fused_add_mul_relu_sum_0"]
+    (k,) = specs(compiled)
+    # one kernel: a row loop of 128 for each of the 64 rows, too little work for threads
+    assert k.name == "cpp_fused_add_mul_relu_sum_0" and k.space == Rows(64, 128, looped=True)
+    assert k.nest is not None and (k.nest.xsizes, k.nest.rsizes, k.nest.parallel) == ((64,), (128,), None)
+    assert [n.name for n in k.nodes if n.store is not None] == ["buf0"]
+    # the renderer: coil's own prelude, no ATen
     assert '#include "coil_prelude.h"' in compiled.source and "ATen" not in compiled.source
 
 
@@ -110,7 +122,8 @@ def test_auto_target_picks_cpp_on_cpu() -> None:
 @pytest.mark.parametrize("shape", [(64, 128), (3, 1000), (5, 7)])
 def test_softmax(shape: tuple[int, ...]) -> None:
     compiled = check(lambda x: torch.softmax(x, -1), torch.randn(shape))
-    assert len(kernel_names(compiled.source)) == 1
+    (k,) = specs(compiled)
+    assert k.space == Rows(shape[0], shape[1], looped=True)
 
 
 def test_log_softmax_dim0() -> None:
@@ -137,10 +150,10 @@ def test_pow_small_integer_exponents_are_products(dtype: torch.dtype) -> None:
     x = torch.cat([torch.randn(500) * 3, torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"),
                                                        float("nan")])]).to(dtype)
     for n in (-4, -3, -2, 0, 3, 4, 2.5, 5, -5):
-        kernel = kernel_text(check(lambda x: torch.pow(x, n), x).source)
-        assert ("coil_pow(" in kernel) == (n in (2.5, 5, -5)), (n, kernel)
-    kernel = kernel_text(check(lambda x: F.gelu(x, approximate="tanh") + 0.044715 * torch.pow(x, 3.0), x).source)
-    assert "coil_pow(" not in kernel
+        compiled = check(lambda x: torch.pow(x, n), x)
+        assert any(op.name == "pow" for k in specs(compiled) for op in ops(k)) == (n in (2.5, 5, -5)), n
+    compiled = check(lambda x: F.gelu(x, approximate="tanh") + 0.044715 * torch.pow(x, 3.0), x)
+    assert not any(op.name == "pow" for k in specs(compiled) for op in ops(k))
 
 
 def r_loop_bodies(source: str, having: str = "") -> list[str]:
@@ -282,7 +295,12 @@ def test_transposed_input(dtype: torch.dtype) -> None:
     """Full tiles go through coil_transpose_tile, the ragged edge through plain loads."""
     x, y = torch.randn(100, 70).to(dtype), torch.randn(70, 100).to(dtype)
     compiled = check(lambda x, y: x + y.t(), x, y)
-    assert "coil_transpose_tile<64>" in compiled.source
+    (k,) = specs(compiled)
+    # x's rows (v, innermost) in 64 x 64 tiles; y read transposed through a staged tile
+    assert k.nest is not None and k.nest.xsizes == (100, 70)
+    tile = k.nest.tile
+    assert tile is not None and (tile.u, tile.v, tile.side) == (0, 1, 64)
+    assert [(r.buffer, r.stride) for r in tile.staged] == [("y_1", 100)]
     check(lambda x: x.t().contiguous() * 2, torch.randn(65, 130).to(dtype))
     check(lambda x: x.permute(2, 0, 1) + 1, torch.randn(40, 3, 64).to(dtype))
 
@@ -297,7 +315,9 @@ def test_streaming_stores() -> None:
     check(lambda x, y: x * 2 + y, x, y, num_threads=2)
     z = torch.randn(1030, 1030)
     compiled = check(lambda x, y: x + y.t(), z, torch.randn(1030, 1030))
-    assert "coil_stream(out_ptr" in compiled.source and "coil_transpose_tile" in compiled.source
+    assert "coil_stream(out_ptr" in compiled.source
+    (k,) = specs(compiled)
+    assert k.nest is not None and k.nest.tile is not None and k.nest.tile.side == 64 and k.nest.tile.staged
     b = torch.randn(2100, 1100).bfloat16()
     assert "coil_stream(out_ptr" in check(lambda b: b * 3, b).source
     assert "coil_stream(out_ptr" not in check(lambda x: x.exp() * x.sigmoid(), x).source
@@ -368,8 +388,14 @@ def test_empty_reduction() -> None:
 def test_large_parallel_kernels() -> None:
     x, y = torch.randn(256, 1024), torch.randn(1024)
     compiled = check(lambda x, y: (torch.softmax(x + y, -1), (x * y).sum(0)), x, y, sum_tolerance=True)
-    assert "#pragma omp parallel for" in compiled.source
+    # the column sum: 1024 columns as 256 x 4 loops, both collapsed on threads; the softmax's 256 rows
+    assert {k.space: k.nest and k.nest.parallel for k in specs(compiled)} == {
+        Rows(1024, 256, looped=True): Parallel(loops=2, iterations=1024, chunk=16),
+        Rows(256, 1024, looped=True): Parallel(loops=1, iterations=256, chunk=4)}
     compiled = check(lambda x: x * 3 + 1, torch.randn(1 << 17), num_threads=2)
+    # blocks of 4096 elements, one block a chunk; the thread count is the options', spelt by the renderer
+    (k,) = specs(compiled)
+    assert k.nest is not None and k.nest.block == 4096 and k.nest.parallel == Parallel(1, 32, 1)
     assert "num_threads(2)" in compiled.source
 
 
@@ -380,7 +406,10 @@ def test_split_reductions() -> None:
     x[1000] = x[60000] = 50.0
     compiled = check(lambda x: (x.sum(), x.amax(), x.argmax(), torch.var_mean(x), (x > 4).any(), (x > -9).all()), x,
                      sum_tolerance=True)
-    assert "_p[c]" in compiled.source
+    (k,) = specs(compiled)
+    # the one row in 64 parts of 1024 elements, the parts on threads; partials combined in the kernel
+    assert k.space == Split(1, 1 << 16, parts=64, chunk=1024, xblock=1, columns=False, workspaces=(), even=True)
+    assert k.nest is not None and k.nest.parallel == Parallel(loops=1, iterations=64, chunk=1)
     y = torch.randn(3, 40000)
     check(lambda y: (y.argmin(-1), torch.softmax(y, -1), y.amin(-1)), y, sum_tolerance=True)
 
@@ -392,7 +421,10 @@ def test_column_reductions() -> None:
     x[7, 3] = float("nan")
     compiled = check(lambda x: (x.sum(0), x.amax(0), x.amin(0), x.argmax(0), x.argmin(0), x.prod(0) * 0,
                                 (x > 2).any(0), (x > -3).all(0)), x, sum_tolerance=True)
-    assert "[xl]" in compiled.source
+    (k,) = specs(compiled)
+    # 200 columns in blocks of 64 lanes (the last ragged), the 4 blocks on threads
+    assert k.space == Rows(200, 300, looped=True, columns=True, lanes=64)
+    assert k.nest is not None and k.nest.parallel == Parallel(loops=1, iterations=4, chunk=1)
     check(lambda x: (torch.var_mean(x, 0), x - x.mean(0), torch.softmax(x, 0)), torch.randn(96, 130), sum_tolerance=True)
     check(lambda x: x.sum((0, 2)), torch.randn(20, 70, 3), sum_tolerance=True)
 
