@@ -69,7 +69,7 @@ import torch
 
 from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
 from coil.ir.expr import Expr
-from coil.ir.fused import FusedKernel, Step
+from coil.ir.fused import FusedKernel, KernelKind, Step
 from coil.ir.layout import Layout
 from coil.ir.memory import MemoryPlan
 
@@ -110,10 +110,17 @@ class LaunchRule(str, enum.Enum):
     COMBINE = "combine"  # the partial results merged, a row (a block of columns) a program
 
 
+class ParamRole(enum.StrEnum):
+    """Whether a kernel parameter is read (in_ptrN) or written (out_ptrN)."""
+
+    IN = "in"
+    OUT = "out"
+
+
 @attrs.frozen
 class Param:
     name: str  # buffer name
-    role: str  # in | out
+    role: ParamRole = attrs.field(converter=ParamRole)
     arg: str  # in_ptr0, out_ptr0
 
 
@@ -322,7 +329,7 @@ class Tails:
 @attrs.frozen
 class KernelSpec:
     name: str
-    kind: str  # the FusedKernel's: pointwise | reduction | persistent
+    kind: KernelKind = attrs.field(converter=KernelKind)  # the FusedKernel's
     group: tuple[int, int]
     device: str
     space: Space

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 
+from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
     Body,
     Flat,
@@ -44,6 +45,7 @@ from coil.ir.kernel import (
     KernelSpec,
     Loop,
     Outer,
+    ParamRole,
     Role,
     Rows,
     Split,
@@ -95,10 +97,10 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
             if d in ready and isinstance(reader, (Outer, Loop)) and reader.level < ready[d]:
                 fail(p, stage, n.name, f"K3 reads {d} in the loop that reduces it")
     _verify_computes(p, stage, k, where)
-    writes = [q.name for q in k.params if q.role == "out"]
+    writes = [q.name for q in k.params if q.role is ParamRole.OUT]
     if len({q.name for q in k.params}) != len(k.params) or len({q.arg for q in k.params}) != len(k.params):
         fail(p, stage, k.name, "K5 a parameter is named twice")
-    if [q.role for q in k.params] != sorted((q.role for q in k.params), key=("in", "out").index):
+    if [q.role for q in k.params] != sorted((q.role for q in k.params), key=list(ParamRole).index):
         fail(p, stage, k.name, "K5 a read parameter comes after a written one")
     for n in k.nodes:
         if n.store is not None and n.name not in writes:
@@ -142,15 +144,15 @@ def _verify_space(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     looped = isinstance(s, Split) or (isinstance(s, Rows) and s.looped)
     match s:
         case Flat():
-            ok = k.kind == "pointwise" and (s.numel, s.rnumel) == (n, r)
+            ok = k.kind is KernelKind.POINTWISE and (s.numel, s.rnumel) == (n, r)
         case Tiled():
-            ok = k.kind == "pointwise" and s.rows * s.cols == n and s.rows > 0 and s.cols > 0
+            ok = k.kind is KernelKind.POINTWISE and s.rows * s.cols == n and s.rows > 0 and s.cols > 0
         case Rows():
             # a persistent kernel's rows loop on a target that holds no row in one tile
-            ok = k.kind != "pointwise" and (s.xnumel, s.rnumel) == (n, r) and (s.looped or k.kind == "persistent")
+            ok = k.kind is not KernelKind.POINTWISE and (s.xnumel, s.rnumel) == (n, r) and (s.looped or k.kind is KernelKind.PERSISTENT)
         case Split():
             # an even split's rows are long, whatever the kind (a raised persistent threshold)
-            ok = ((k.kind == "reduction" or (s.even and k.kind == "persistent")) and (s.xnumel, s.rnumel) == (n, r)
+            ok = ((k.kind is KernelKind.REDUCTION or (s.even and k.kind is KernelKind.PERSISTENT)) and (s.xnumel, s.rnumel) == (n, r)
                   and s.parts > 0 and _power_of_2(s.xblock)
                   and (s.even or s.parts * s.chunk >= r > (s.parts - 1) * s.chunk))  # an even one's chunk: K9
     if not ok:

@@ -29,7 +29,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Load, indirect_loads, loads, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.indexing import numel, simplify_index, unflatten
-from coil.ir.kernel import RINDEX, XINDEX, Param, Role
+from coil.ir.kernel import RINDEX, XINDEX, Param, ParamRole, Role
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
 from coil.options import SplitTraits
@@ -164,8 +164,8 @@ def kernel_params(kernel: FusedKernel, g: ScheduleGraph, removed: frozenset[str]
         for d in node.read_writes.sorted_writes():
             if d.name not in removed and d.name not in writes:
                 writes.append(d.name)
-    params = [Param(n, "in", f"in_ptr{i}") for i, n in enumerate(reads)]
-    params += [Param(n, "out", f"out_ptr{i}") for i, n in enumerate(writes)]
+    params = [Param(n, ParamRole.IN, f"in_ptr{i}") for i, n in enumerate(reads)]
+    params += [Param(n, ParamRole.OUT, f"out_ptr{i}") for i, n in enumerate(writes)]
     return tuple(params)
 
 

@@ -31,7 +31,7 @@ import torch
 
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Cast, Expr, read_names, rewrite, substitute_symbols
-from coil.ir.fused import FusedKernel
+from coil.ir.fused import FusedKernel, KernelKind
 from coil.ir.kernel import (
     RINDEX,
     Flat,
@@ -40,6 +40,7 @@ from coil.ir.kernel import (
     KernelProgram,
     KernelSpec,
     Param,
+    ParamRole,
     Role,
     Split,
     Rows,
@@ -87,19 +88,19 @@ def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tu
                     layouts: Mapping[str, Layout], traits: TargetTraits, drop_round_trips: bool) -> KernelSpec:
     """One kernel's spec (drop_round_trips: its bodies keep float32 between ops)."""
     n, r = k.group
-    stored = {p.name for p in params if p.role != "in"}
+    stored = {p.name for p in params if p.role is not ParamRole.IN}
     tile = None
-    if k.kind == "pointwise" and traits.tiles is not None:
+    if k.kind is KernelKind.POINTWISE and traits.tiles is not None:
         tile = tiling.tiling(bufs, layouts, stored, n, traits.tiles)
     nodes = tuple(_node(k, b, tile, b.name in stored, drop_round_trips) for b in bufs)
     space: Space
     flat: Space = tile if tile is not None else Flat(n, r)
-    if k.kind != "reduction" and (traits.row_tiles or not any(b.is_reduction for b in bufs)):
-        space = flat if k.kind == "pointwise" else Rows(n, r, False)
+    if k.kind is not KernelKind.REDUCTION and (traits.row_tiles or not any(b.is_reduction for b in bufs)):
+        space = flat if k.kind is KernelKind.POINTWISE else Rows(n, r, False)
         return _launched(k, space, params, nodes, loops.single_scope(nodes), layouts, traits)
     online = loops.online_sums(nodes) if traits.online_softmax else {}
     stages = loops.looped_stages(nodes, online, traits.two_pass_welford)
-    if k.kind == "pointwise":  # reductions over at most one element, looped all the same
+    if k.kind is KernelKind.POINTWISE:  # reductions over at most one element, looped all the same
         return _launched(k, flat, params, nodes, stages, layouts, traits)
     columns = traits.column_loop_min is not None and reads_down_columns(bufs, layouts, k.group)
     space = Rows(n, r, True, columns)
@@ -155,7 +156,7 @@ def _node(k: FusedKernel, b: ComputedBuffer, tile: Tiled | None, stored: bool, d
         assert found is not None, f"{b.name} does not fit {k.name}'s group {k.group}"
         role = found
         m = var_map(b, k.group)
-        if k.kind == "pointwise":  # reductions over <= 1 element: r* = 0
+        if k.kind is KernelKind.POINTWISE:  # reductions over <= 1 element: r* = 0
             m = {s: e.xreplace({RINDEX: sympy.Integer(0)}) for s, e in m.items()}
         store = store_position(b, k.group) if stored else None
     body = substitute_symbols(b.body, m)

@@ -20,6 +20,7 @@ from coil.backends.cpp.plan import KernelPlan, plan_kernel
 from coil.backends.cpp.pointwise import pointwise_body
 from coil.backends.cpp.reduction import reduction_body
 from coil.ir.fused import FusedKernel
+from coil.ir.kernel import ParamRole
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
@@ -29,7 +30,7 @@ def signature(plan: KernelPlan) -> str:
     args = []
     for p in plan.params:
         ctype = prelude.storage_type(plan.layouts[p.name].dtype)
-        const = "const " if p.role == "in" else ""
+        const = "const " if p.role is ParamRole.IN else ""
         args.append(f"{const}{ctype}* __restrict__ {p.arg}")
     args += ["int64_t xnumel", "int64_t rnumel"]
     return f'extern "C" void {plan.kernel.name}({", ".join(args)})'

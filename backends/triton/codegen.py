@@ -187,7 +187,7 @@ def precompile_specs(program: WrapperProgram) -> list[str]:
 def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]:
     """(kernel, kind, launch, why) for every kernel launch of the program: the grid
     and config the wrapper will print, and why schedule_kernels chose them."""
-    out = []
+    out: list[tuple[str, str, str, str]] = []
     for ln in program.lines:
         if not isinstance(ln, KernelCall):
             continue
