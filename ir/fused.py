@@ -23,9 +23,8 @@ from typing import Union
 
 import attrs
 
-from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
-from coil.ir.layout import Layout
-from coil.ir.schedule import ScheduleGraph, SchedulerNode
+from coil.ir._delegate import ExtendsScheduleGraph, GraphInputs
+from coil.ir.schedule import ScheduleGraph
 
 
 class KernelKind(enum.StrEnum):
@@ -94,7 +93,7 @@ class FusionDecision:
 
 
 @attrs.frozen
-class FusedSchedule:
+class FusedSchedule(ExtendsScheduleGraph, GraphInputs):
     steps: tuple[Step, ...]
     graph: ScheduleGraph
     fusion_log: tuple[FusionDecision, ...] = ()
@@ -109,33 +108,6 @@ class FusedSchedule:
                 return s
         raise KeyError(node)
 
-    # the earlier languages' accessors, at the top level (FusedSchedule extends
-    # ScheduleGraph), so that no reader digs through nested fields
     @property
-    def schedule_graph(self) -> ScheduleGraph:
+    def schedule_graph(self) -> ScheduleGraph:  # the link to the earlier accessors (ir/_delegate.py)
         return self.graph
-
-    @property
-    def buffer_graph(self) -> BufferGraph:
-        return self.graph.buffer_graph
-
-    def node(self, name: str) -> SchedulerNode:
-        return self.graph.node(name)
-
-    @property
-    def inputs(self) -> tuple[InputBuffer, ...]:
-        return self.graph.inputs
-
-    @property
-    def buffers(self) -> tuple[Buffer, ...]:
-        return self.graph.buffers
-
-    @property
-    def outputs(self) -> tuple[str | None, ...]:
-        return self.graph.outputs
-
-    def get(self, name: str) -> InputBuffer | Buffer:
-        return self.graph.get(name)
-
-    def layout(self, name: str) -> Layout:
-        return self.graph.layout(name)

@@ -67,10 +67,9 @@ import attrs
 import sympy
 import torch
 
-from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
+from coil.ir._delegate import ExtendsMemoryPlan, PlanKernels
 from coil.ir.expr import Expr
-from coil.ir.fused import FusedKernel, KernelKind, Step
-from coil.ir.layout import Layout
+from coil.ir.fused import KernelKind, Step
 from coil.ir.memory import MemoryPlan
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
@@ -369,8 +368,8 @@ class KernelSpec:
 
 
 @attrs.frozen
-class KernelProgram:
-    plan: MemoryPlan
+class KernelProgram(ExtendsMemoryPlan, PlanKernels):
+    plan: MemoryPlan  # the link to the earlier accessors (ir/_delegate.py)
     specs: tuple[KernelSpec, ...]  # one per fused kernel, in plan order
 
     def spec(self, name: str) -> KernelSpec:
@@ -379,25 +378,10 @@ class KernelProgram:
                 return k
         raise KeyError(name)
 
-    # the plan's accessors, at the top level (KernelProgram extends MemoryPlan)
     @property
     def steps(self) -> tuple[Step, ...]:
         return tuple(ps.step for ps in self.plan.steps)
 
     @property
-    def kernels(self) -> tuple[FusedKernel, ...]:
-        return self.plan.kernels
-
-    @property
     def removed(self) -> frozenset[str]:
         return self.plan.removed
-
-    @property
-    def buffer_graph(self) -> BufferGraph:
-        return self.plan.buffer_graph
-
-    def get(self, name: str) -> InputBuffer | Buffer:
-        return self.buffer_graph.get(name)
-
-    def layout(self, name: str) -> Layout:
-        return self.buffer_graph.layout(name)

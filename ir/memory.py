@@ -20,10 +20,8 @@ from typing import Iterable
 
 import attrs
 
-from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
-from coil.ir.fused import FusedKernel, FusedSchedule, Step
-from coil.ir.layout import Layout
-from coil.ir.schedule import ScheduleGraph, SchedulerNode
+from coil.ir._delegate import GraphInputs, PlanKernels
+from coil.ir.fused import FusedSchedule, Step
 
 
 class Order(enum.StrEnum):
@@ -51,45 +49,10 @@ class PlannedStep:
 
 
 @attrs.frozen
-class MemoryPlan:
+class MemoryPlan(PlanKernels, GraphInputs):  # PlanKernels extends FusedSchedule
     steps: tuple[PlannedStep, ...]
-    schedule: FusedSchedule
+    schedule: FusedSchedule  # the link to the earlier accessors (ir/_delegate.py)
     removed: frozenset[str]  # written and read inside one kernel only
     peak_bytes: int
     strategy: Order = attrs.field(default=Order.ORIGINAL, converter=Order)
     candidates: tuple[tuple[Order, int], ...] = attrs.field(default=(), converter=_candidates)
-
-    # the earlier languages' accessors, at the top level (MemoryPlan extends
-    # FusedSchedule), so that no reader digs through nested fields
-    @property
-    def schedule_graph(self) -> ScheduleGraph:
-        return self.schedule.schedule_graph
-
-    @property
-    def buffer_graph(self) -> BufferGraph:
-        return self.schedule.buffer_graph
-
-    @property
-    def kernels(self) -> tuple[FusedKernel, ...]:
-        return self.schedule.kernels
-
-    def node(self, name: str) -> SchedulerNode:
-        return self.schedule.node(name)
-
-    @property
-    def inputs(self) -> tuple[InputBuffer, ...]:
-        return self.schedule.inputs
-
-    @property
-    def buffers(self) -> tuple[Buffer, ...]:
-        return self.schedule.buffers
-
-    @property
-    def outputs(self) -> tuple[str | None, ...]:
-        return self.schedule.outputs
-
-    def get(self, name: str) -> InputBuffer | Buffer:
-        return self.schedule.get(name)
-
-    def layout(self, name: str) -> Layout:
-        return self.schedule.layout(name)

@@ -11,11 +11,8 @@ import enum
 
 import attrs
 
-from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
-from coil.ir.fused import FusedSchedule
-from coil.ir.layout import Layout
-from coil.ir.memory import MemoryPlan
-from coil.ir.schedule import ScheduleGraph
+from coil.ir._delegate import ExtendsKernelProgram
+from coil.ir.kernel import KernelProgram
 from coil.ir.wrapper import WrapperProgram
 
 
@@ -35,36 +32,12 @@ class KernelSource:
 
 
 @attrs.frozen
-class CompiledModule:
+class CompiledModule(ExtendsKernelProgram):
     target: str
     source: str  # the whole output_code.py
     kernels: tuple[KernelSource, ...]
     program: WrapperProgram
 
-    # the earlier languages' accessors, at the top level (CompiledModule extends
-    # WrapperProgram), so that no reader digs through nested fields
     @property
-    def plan(self) -> MemoryPlan:
-        return self.program.plan
-
-    @property
-    def schedule(self) -> FusedSchedule:
-        return self.program.schedule
-
-    @property
-    def schedule_graph(self) -> ScheduleGraph:
-        return self.program.schedule_graph
-
-    @property
-    def buffer_graph(self) -> BufferGraph:
-        return self.program.buffer_graph
-
-    @property
-    def buffers(self) -> tuple[Buffer, ...]:
-        return self.program.buffers
-
-    def get(self, name: str) -> InputBuffer | Buffer:
-        return self.program.get(name)
-
-    def layout(self, name: str) -> Layout:
-        return self.program.layout(name)
+    def kernel_program(self) -> KernelProgram:  # the link to the earlier accessors (ir/_delegate.py)
+        return self.program.kernel_program

@@ -25,8 +25,8 @@ from typing import Any, Iterable, Union
 import attrs
 import sympy
 
-from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
-from coil.ir.layout import Layout
+from coil.ir._delegate import GraphInputs
+from coil.ir.buffers import Buffer, BufferGraph
 
 
 def _exprs(value: Any) -> tuple[sympy.Symbol, ...]:
@@ -129,7 +129,7 @@ class SchedulerNode:
 
 
 @attrs.frozen
-class ScheduleGraph:
+class ScheduleGraph(GraphInputs):
     nodes: tuple[SchedulerNode, ...]
     graph: BufferGraph
     mutation_real_name: tuple[tuple[str, str], ...] = ()
@@ -145,28 +145,9 @@ class ScheduleGraph:
         b = self.graph.get(name)
         return b  # type: ignore[return-value]
 
-    # the BufferGraph's accessors, at the top level (ScheduleGraph extends it)
     @property
-    def buffer_graph(self) -> BufferGraph:
+    def buffer_graph(self) -> BufferGraph:  # the link to the BufferGraph's accessors (ir/_delegate.py)
         return self.graph
-
-    @property
-    def inputs(self) -> tuple[InputBuffer, ...]:
-        return self.graph.inputs
-
-    @property
-    def buffers(self) -> tuple[Buffer, ...]:
-        return self.graph.buffers
-
-    @property
-    def outputs(self) -> tuple[str | None, ...]:
-        return self.graph.outputs
-
-    def get(self, name: str) -> InputBuffer | Buffer:
-        return self.graph.get(name)
-
-    def layout(self, name: str) -> Layout:
-        return self.graph.layout(name)
 
     def mutation_names(self) -> dict[str, str]:
         return dict(self.mutation_real_name)

@@ -26,12 +26,9 @@ from typing import Any, Union
 
 import attrs
 
-from coil.ir.buffers import Buffer, BufferGraph, InputBuffer
-from coil.ir.fused import FusedKernel, FusedSchedule
-from coil.ir.kernel import KernelProgram, KernelSpec
+from coil.ir._delegate import ExtendsKernelProgram, PlanKernels
+from coil.ir.kernel import KernelProgram
 from coil.ir.layout import Layout
-from coil.ir.memory import MemoryPlan
-from coil.ir.schedule import ScheduleGraph, SchedulerNode
 
 
 @attrs.frozen
@@ -111,53 +108,7 @@ Line = Union[Alloc, Reuse, ReinterpretView, KernelCall, ExternCall, MultiOutputL
 
 
 @attrs.frozen
-class WrapperProgram:
+class WrapperProgram(ExtendsKernelProgram, PlanKernels):
     inputs: tuple[str, ...]  # the names `call` unpacks from its args (buffer_graph.inputs: their buffers)
     lines: tuple[Line, ...]
-    kernel_program: KernelProgram
-
-    # the earlier languages' accessors, at the top level (WrapperProgram extends
-    # KernelProgram), so that no reader digs through nested fields
-    @property
-    def plan(self) -> MemoryPlan:
-        return self.kernel_program.plan
-
-    @property
-    def specs(self) -> tuple[KernelSpec, ...]:
-        return self.kernel_program.specs
-
-    def spec(self, name: str) -> KernelSpec:
-        return self.kernel_program.spec(name)
-
-    @property
-    def schedule(self) -> FusedSchedule:
-        return self.plan.schedule
-
-    @property
-    def schedule_graph(self) -> ScheduleGraph:
-        return self.plan.schedule_graph
-
-    @property
-    def buffer_graph(self) -> BufferGraph:
-        return self.plan.buffer_graph
-
-    @property
-    def kernels(self) -> tuple[FusedKernel, ...]:
-        return self.plan.kernels
-
-    def node(self, name: str) -> SchedulerNode:
-        return self.plan.node(name)
-
-    @property
-    def buffers(self) -> tuple[Buffer, ...]:
-        return self.plan.buffers
-
-    @property
-    def outputs(self) -> tuple[str | None, ...]:
-        return self.plan.outputs
-
-    def get(self, name: str) -> InputBuffer | Buffer:
-        return self.plan.get(name)
-
-    def layout(self, name: str) -> Layout:
-        return self.plan.layout(name)
+    kernel_program: KernelProgram  # the link to the earlier accessors (ir/_delegate.py)
