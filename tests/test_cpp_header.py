@@ -210,3 +210,27 @@ def test_concurrent_builders_leave_one_whole_precompiled_header(tmp_path: Path) 
 def test_a_source_without_the_header_builds_no_precompiled_header(tmp_path: Path) -> None:
     build.build('#include <cstdint>\nextern "C" void noop(int64_t a) {}\n', str(tmp_path))
     assert not pch_files(tmp_path) and not (tmp_path / "cpp" / "pch").exists()
+
+
+def test_exp_is_expf_from_minus_87_up_and_zero_below_minus_104(tmp_path: Path) -> None:
+    """coil_exp keeps glibc's vector expf off its scalar path (inputs below -87.3):
+    from -87 up the value is expf's, below -104 it is 0, in between within two
+    denormal ulps of exp; -inf, a causal mask's -3.4e38 and NaN come out as eager's."""
+    needs_gcc()
+    x = torch.tensor([float("-inf"), -3.4028234663852886e38, -1e4, -120.0, -104.5, -103.9, -100.0, -95.0,
+                      -87.5, -87.2, -87.0, -86.9, -50.0, -1e-3, 0.0, 1.0, 50.0, 88.0, 89.0, float("inf"),
+                      float("nan")] * 4)
+    fn = lambda a: (torch.exp(a),)  # noqa: E731
+    c = coil.compile_graph(make_fx(fn)(x), [x], coil.Options(target="cpp", graph_cache=False, cache_dir=str(tmp_path)))
+    got, want = c(x)[0], torch.exp(x)
+    torch.testing.assert_close(got, want, rtol=1.3e-6, atol=3e-45, equal_nan=True)
+    assert torch.equal(got[x < -104], torch.zeros_like(got[x < -104]))
+    # a softmax over a causal mask: the masked probabilities are exactly 0, as eager's
+    s = torch.randn(4, 64, 64)
+    mask = torch.full((64, 64), torch.finfo(torch.float32).min).triu(1)
+    soft = lambda a, m: (torch.softmax(a + m, -1),)  # noqa: E731
+    c = coil.compile_graph(make_fx(soft)(s, mask), [s, mask],
+                           coil.Options(target="cpp", graph_cache=False, cache_dir=str(tmp_path)))
+    got, want = c(s, mask)[0], soft(s, mask)[0]
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got[:, mask < 0], torch.zeros_like(got[:, mask < 0]))
