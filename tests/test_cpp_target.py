@@ -293,7 +293,8 @@ def test_amax_nan_propagates() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
 def test_transposed_input(dtype: torch.dtype) -> None:
-    """Full tiles go through coil_transpose_tile, the ragged edge through plain loads."""
+    """The nest runs in 64 x 64 tiles, the transposed read staged through a local
+    tile (the renderer's coil_transpose_tile); the ragged edge reads plainly."""
     x, y = torch.randn(100, 70).to(dtype), torch.randn(70, 100).to(dtype)
     compiled = check(lambda x, y: x + y.t(), x, y)
     (k,) = specs(compiled)
