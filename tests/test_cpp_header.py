@@ -212,10 +212,11 @@ def test_a_source_without_the_header_builds_no_precompiled_header(tmp_path: Path
     assert not pch_files(tmp_path) and not (tmp_path / "cpp" / "pch").exists()
 
 
-def test_exp_is_expf_from_minus_87_up_and_zero_below_minus_104(tmp_path: Path) -> None:
-    """coil_exp keeps glibc's vector expf off its scalar path (inputs below -87.3):
-    from -87 up the value is expf's, below -104 it is 0, in between within two
-    denormal ulps of exp; -inf, a causal mask's -3.4e38 and NaN come out as eager's."""
+def test_exp_over_its_whole_range_as_eager(tmp_path: Path) -> None:
+    """coil_exp over the inputs where glibc's vector expf leaves its fast path (below
+    -87.3, which a causal mask's -3.4e38 puts in most vectors of a softmax): the
+    values are eager's to two denormal ulps, 0 below -104, and -inf, +inf and NaN
+    come out as eager's; a causal softmax's masked probabilities are exact zeros."""
     needs_gcc()
     x = torch.tensor([float("-inf"), -3.4028234663852886e38, -1e4, -120.0, -104.5, -103.9, -100.0, -95.0,
                       -87.5, -87.2, -87.0, -86.9, -50.0, -1e-3, 0.0, 1.0, 50.0, 88.0, 89.0, float("inf"),

@@ -74,20 +74,7 @@ COIL_SIMD double pow(double, double) noexcept;
 // spells the float / double variant itself (coil_erf(float) is coil's own, below)
 static inline float coil_sqrt(float a) { return sqrtf(a); }
 static inline double coil_sqrt(double a) { return sqrt(a); }
-// glibc's vector expf takes a scalar path for a whole vector when one input is
-// below -87.3 (where expf leaves the normal range), and a softmax over a causal
-// mask (-3.4e38 added to the masked scores) feeds it such inputs in most vectors:
-// about 4x slower.  Two expf calls in range instead: T5's decoder softmax at
-// the CPU models size, one thread, 271 -> 106 us.  Inputs
-// from -87 up go to expf as they are (the same bits as before); below -104 the
-// result is 0, as expf's; in between it is e^(a + 64 ln 2) * 2^-64, a value under
-// 1.2e-38 within an ulp or two of expf's.  NaN stays NaN.
-static inline float coil_exp(float a) {
-  const float hi = a < -87.0f ? -87.0f : a;
-  const float lo = a + 44.3614196f;
-  const float y_lo = expf(lo < -87.0f ? -87.0f : (lo > 0.0f ? 0.0f : lo)) * 5.42101086e-20f;
-  return a >= -87.0f ? expf(hi) : (a < -104.0f ? 0.0f : y_lo);
-}
+static inline float coil_exp(float a) { return expf(a); }
 static inline double coil_exp(double a) { return exp(a); }
 static inline float coil_exp2(float a) { return exp2f(a); }
 static inline double coil_exp2(double a) { return exp2(a); }
