@@ -103,10 +103,6 @@ class TargetTraits:
     # realize's "reuse" rule (a pointwise node with several readers and more than one
     # nontrivial read becomes a buffer; Options.realize_reuse)
     realize_reuse: bool = True
-    # realize's "heavy_reuse" rule: a pointwise node with several readers whose body
-    # computes one of these ops becomes a buffer, computed once instead of once per
-    # reader (Inductor's CPU rule realizes such nodes for exp and sigmoid)
-    realize_heavy_reused: frozenset[str] = frozenset()
     # reductions of few long rows split over many programs, and fuse keeps a second
     # pass over such rows out of the reduction before it (Options.split_second_pass)
     splits: SplitTraits | None = None
@@ -165,7 +161,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
-                        two_pass_welford=True, nests=CPP_NESTS, realize_heavy_reused=frozenset({"log"})),
+                        two_pass_welford=True, nests=CPP_NESTS),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
                               channels_last=False),
 }

@@ -49,7 +49,6 @@ class Rule(enum.StrEnum):
     OPCOUNT_THRESHOLD = "opcount_threshold"  # too many ops to inline into several readers
     READS_THRESHOLD = "reads_threshold"  # too many distinct reads to inline into several readers
     REUSE = "reuse"  # read whole by several readers while itself reading several tensors
-    HEAVY_REUSE = "heavy_reuse"  # read by several readers, and computes an op the target finds costly
     ACC_READS_THRESHOLD = "acc_reads_threshold"  # reads too many buffers to be inlined
     MUTATION = "mutation"  # reads a buffer that is mutated before its last reader runs
     OUTPUT_STRIDE = "output_stride"  # a copy that holds an output to the strides FX promised

@@ -298,9 +298,6 @@ class _Realizer:
         if (self.o.realizes_reused() and len(nontrivial) > 1
                 and self.full_readers[name] + (name in self.outputs) > 1):
             return Rule.REUSE
-        heavy = self.o.traits().realize_heavy_reused
-        if heavy and any(isinstance(e, Op) and e.name in heavy for e in walk(body)):
-            return Rule.HEAVY_REUSE
         return None
 
     def mutation_rule(self, node: LNode, body: Expr) -> Rule | None:

@@ -159,24 +159,3 @@ def test_realize_reuse_off_recomputes_in_every_reader():
                      realize_reuse="off", persistent_reduction_threshold=16)
     (kernel,) = soft.kernels
     assert "online with" in kernel.source and kernel.source.count("for roffset in range(") == 2
-
-
-def test_heavy_op_with_several_readers_realized_where_the_target_says():
-    """A node with one read but a costly op (log), read by two reductions: the C++
-    target's realize_heavy_reused trait makes it a buffer, computed once (T5's
-    relative-position bucket, read by every layer's softmax, took 250 us a kernel
-    recomputed); on Triton it is recomputed in both readers, as before."""
-    def fn(x):
-        s = x.abs().log()
-        return (s + 1).sum(-1), (s * 2).amax(-1)
-
-    inputs = [torch.randn(8, 16)]
-    assert coil.Options(target="cpp").traits().realize_heavy_reused == frozenset({"log"})
-    for target, realized in (("cpp", True), ("triton", False)):
-        bg = run_until(fn, inputs, "realize", target=target)
-        row = _row(bg, "log")
-        assert row.realized == realized, (target, row)
-        if realized:
-            assert row.rule == "heavy_reuse" and isinstance(bg.get(row.buffer), ComputedBuffer)
-        for got, want in zip(run_buffer_graph(bg, inputs), fn(*inputs)):
-            torch.testing.assert_close(got, want)
