@@ -74,7 +74,6 @@ COIL_SIMD double pow(double, double) noexcept;
 // spells the float / double variant itself (coil_erf(float) is coil's own, below)
 static inline float coil_sqrt(float a) { return sqrtf(a); }
 static inline double coil_sqrt(double a) { return sqrt(a); }
-static inline float coil_exp(float a) { return expf(a); }
 static inline double coil_exp(double a) { return exp(a); }
 static inline float coil_exp2(float a) { return exp2f(a); }
 static inline double coil_exp2(double a) { return exp2(a); }
@@ -122,6 +121,34 @@ static inline double coil_pow(double a, double b) { return pow(a, b); }
 #else
 #define COIL_FMAF(a, b, c) ((a) * (b) + (c))
 #endif
+// ---- exp(float): coil's own.  glibc's vector expf computes a whole vector on its
+// scalar path when one lane is below -87.3 (where the result is denormal or 0), and
+// a causal mask's -3.4e38 puts such a lane in most vectors of a softmax: T5's
+// masked softmax at the CPU models size took 271 us instead of 75.  This one has
+// no such path: n = rint(a * log2 e) and r = a - n ln 2 (Cody and Waite's two-part
+// ln 2, so n * the first part is exact), e^r by Cephes's degree-7 polynomial on
+// |r| <= ln 2 / 2, and 2^n applied as two powers of two, so a denormal result
+// is rounded once.  The input is clamped to [-104, 89] first: below, e^a rounds to
+// 0; above, to inf; a NaN passes the clamp and stays NaN.  Within 1 ulp of the
+// correctly rounded e^a (a sweep of every 97th float in [-110, 95]), and as fast
+// as glibc's vector expf on ordinary inputs (65536 floats: 24 us against 26; with
+// most lanes masked: 34 against 439).
+static inline float coil_exp(float a) {
+  float x = a < -104.0f ? -104.0f : a;
+  x = x > 89.0f ? 89.0f : x;
+  const float n = __builtin_rintf(x * 1.44269504088896341f);
+  float r = COIL_FMAF(n, -0.693359375f, x);
+  r = COIL_FMAF(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = COIL_FMAF(p, r, 1.3981999507e-3f);
+  p = COIL_FMAF(p, r, 8.3334519073e-3f);
+  p = COIL_FMAF(p, r, 4.1665795894e-2f);
+  p = COIL_FMAF(p, r, 1.6666665459e-1f);
+  p = COIL_FMAF(p, r, 5.0000001201e-1f);
+  const float y = COIL_FMAF(p, r * r, r) + 1.0f;
+  const int32_t k = static_cast<int32_t>(n), k1 = k >> 1, k2 = k - k1;
+  return y * __builtin_bit_cast(float, (k1 + 127) << 23) * __builtin_bit_cast(float, (k2 + 127) << 23);
+}
 static inline float coil_erf(float a) {
   const float x = a < 0.0f ? -a : a;
   const float x2 = x * x;
