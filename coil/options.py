@@ -56,6 +56,31 @@ class NestTraits:
 
 
 @attrs.frozen
+class StreamTraits:
+    """When a pointwise kernel on a loop nest writes an output with non-temporal
+    (streaming) stores (passes/schedule/streams.py): a large output that the
+    innermost loop walks contiguously, of a memory-bound kernel.  It would not
+    stay in the cache for a reader anyway, and streaming it skips reading each
+    line into the cache first; a compute-bound kernel runs slower with them."""
+
+    min_bytes: int  # outputs of at least this many bytes ...
+    max_cost: int  # ... of kernels that compute at most this much per element (OP_COST units)
+    min_run_bytes: int  # the innermost loop writes at least this many contiguous bytes (a cache line)
+    # bytes a chunk of the innermost loop computes into a local buffer before it is
+    # streamed out: short bursts, a long one fills the core's write-combining buffers
+    chunk_bytes: int
+
+
+@attrs.frozen
+class ScratchTraits:
+    """Row scratch arrays (passes/schedule/rows.py): a value an r-loop computes that
+    a later r-loop of the same row needs again is kept in a row-sized array."""
+
+    max_bytes: int  # all arrays of a kernel together, at most (a thread's stack, near the row in L1/L2)
+    min_cost: int  # a value costs at least this much to recompute (OP_COST units; a load or an add is 1)
+
+
+@attrs.frozen
 class LaunchTraits:
     """The block sizes and warps the launch heuristics choose from
     (passes/schedule/launch.py).  Every block size is a power of two."""
@@ -126,6 +151,16 @@ class TargetTraits:
     row_tiles: bool = False
     # kernels run as loop nests, their work shared among threads and vector lanes
     nests: NestTraits | None = None
+    # on a loop nest: a memory-bound pointwise kernel's large outputs are streamed
+    streams: StreamTraits | None = None
+    # on a loop nest: costly values a later r-loop needs again kept in row scratch arrays
+    scratch: ScratchTraits | None = None
+    # on a loop nest: what an r-loop reads that does not vary along the row is computed
+    # once per row, before the loop (a libm call or an index check inside would keep it
+    # from vectorising) ...
+    hoists_row_invariants: bool = False
+    # ... and a division by such a value multiplies by its reciprocal, as eager's softmax does
+    row_reciprocals: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -144,6 +179,11 @@ TRITON_SPLITS = SplitTraits(row_min=16384, max_rows=128, programs=1024, min_chun
 # 64, 2.56 at 32, 3.1 at 128)
 CPP_NESTS = NestTraits(parallel_min_work=32768, parallel_chunks=64, split_below_rows=16, split_parts=64, lanes=64,
                        lanes_min=8, tile=64, block=4096, block_below=64)
+# the C++ target's: outputs of 4 MiB or more (they would not stay in L2 for a reader),
+# kernels of at most 7 per element (one exp is more), in chunks of 256 bytes; scratch
+# arrays of at most 64 KiB a kernel, for values of at least one transcendental's cost
+CPP_STREAMS = StreamTraits(min_bytes=4 << 20, max_cost=7, min_run_bytes=64, chunk_bytes=256)
+CPP_SCRATCH = ScratchTraits(max_bytes=64 * 1024, min_cost=8)
 TRITON_TILES = TileTraits(min_side=16, max_grid_y=65535)  # CUDA's limit on grid dimension 1
 TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, persistent_rows=64,
                              persistent_elements=4096, loop_block=1024, few_rows=8, few_rows_block=8192,
@@ -161,7 +201,8 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
-                        two_pass_welford=True, nests=CPP_NESTS),
+                        two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS, scratch=CPP_SCRATCH,
+                        hoists_row_invariants=True, row_reciprocals=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
                               channels_last=False),
 }

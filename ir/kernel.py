@@ -13,7 +13,8 @@ Grammar::
     KernelProgram ::= (plan: MemoryPlan, specs: KernelSpec*)
     KernelSpec ::= (name, kind, group, device, space: Space, params: Param*,
                     nodes: KernelNode*, stages: Stage*, wide_index,
-                    tails: Tails | None, launches: KernelLaunch*, nest: LoopNest | None)
+                    tails: Tails | None, launches: KernelLaunch*, nest: LoopNest | None,
+                    streams: Streams | None, scratch: ScratchArray*, hoisted: Hoisted*)
     Space ::= Flat(numel, rnumel)            xindex over numel; reductions over <= 1
                                              element fold to their value or identity
             | Tiled(rows, cols, transposed)  yindex [YBLOCK] x xindex [XBLOCK]
@@ -34,6 +35,12 @@ Grammar::
     NestTile ::= (u, v, side, staged: StagedRead*)
     StagedRead ::= (buffer, offset, stride)
     Parallel ::= (loops, iterations, chunk)
+    Streams ::= (buffers, chunk)             stored buffers written by streaming stores
+    ScratchArray ::= (expr, slot, first, last)
+                                             a subtree's values along the row, stored
+                                             in r-loop `first`, read up to loop `last`
+    Hoisted ::= (level, hoisted: Expr*, reciprocals: Op*)
+                                             what r-loop `level` computes once per row
     KernelNode ::= (name, role, body, dtype, reduction_type, store, origins, deps)
     Stage ::= Body(nodes)                    one scope, nodes in kernel order
             | Outer(level, nodes)            per-row nodes before loop `level`
@@ -56,6 +63,12 @@ A target whose traits ask for loop nests (the C++ target) gets each kernel's
 expressions in the loop variables ix0, ix1, ... and ir0, ...), its nodes' bodies
 and stores in those variables, a pointwise kernel's tiles or blocks, and the
 loops its threads share (passes/schedule/threads.py); other targets get None.
+On such a nest the traits may also ask for the decisions on what a kernel keeps
+and where it writes: a memory-bound pointwise kernel's large outputs written by
+streaming stores (`streams`, passes/schedule/streams.py), a reduction's row
+scratch arrays and what each r-loop computes once per row, divisions by such
+values made multiplications by a reciprocal (`scratch`, `hoisted`,
+passes/schedule/rows.py).  Their expressions are subtrees of the nest's bodies.
 """
 
 from __future__ import annotations
@@ -257,6 +270,41 @@ class LoopNest:
 
 
 @attrs.frozen
+class Streams:
+    """Stored buffers of a pointwise kernel on a loop nest written with
+    non-temporal stores: each chunk of `chunk` elements (a tiled nest: a whole
+    tile) is computed into a local buffer, then streamed out to memory."""
+
+    buffers: tuple[str, ...]
+    chunk: int
+
+
+@attrs.frozen
+class ScratchArray:
+    """`expr` (a subtree of the nest's bodies that varies along the row) computed
+    in r-loop `first` and stored into a row-sized array, which the r-loops after
+    it up to `last` read instead of computing it again.  Arrays are numbered by
+    `slot`: a later value may take the slot of one no loop reads any more."""
+
+    expr: Expr
+    slot: int
+    first: int
+    last: int
+
+
+@attrs.frozen
+class Hoisted:
+    """What r-loop `level` computes once per row, before the loop: `hoisted`, the
+    largest subtrees it evaluates that do not vary along the row (everything
+    below them too); `reciprocals`, its divisions (truediv nodes) by such a
+    value, which multiply by the divisor's reciprocal, computed once per row."""
+
+    level: int
+    hoisted: tuple[Expr, ...]
+    reciprocals: tuple[Expr, ...] = ()
+
+
+@attrs.frozen
 class Accumulator:
     node: str
     reduction_type: str
@@ -339,6 +387,9 @@ class KernelSpec:
     tails: Tails | None
     launches: tuple[KernelLaunch, ...]  # none: nothing to compute, or left to the renderer
     nest: LoopNest | None = None  # on a target whose traits ask for loop nests
+    streams: Streams | None = None  # on a nest, where its traits ask for streaming stores
+    scratch: tuple[ScratchArray, ...] = ()  # row scratch arrays, in the order they are first stored
+    hoisted: tuple[Hoisted, ...] = ()  # per r-loop (by level), what runs once per row
 
     def node(self, name: str) -> KernelNode:
         for n in self.nodes:

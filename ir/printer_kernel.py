@@ -1,17 +1,21 @@
 """The KernelProgram as text: per kernel its space, loop nest (on a target that
-runs nests), parameters, tails, nodes (with their bodies in kernel coordinates),
-stages and launches.  Every line that
-describes a kernel or a node starts with its name, so a verifier's error can
-point at it."""
+runs nests) and streamed stores, parameters, tails, nodes (with their bodies in
+kernel coordinates), stages, row scratch arrays and what each r-loop computes once
+per row, and launches.  Every line that describes a kernel or a node starts with
+its name, so a verifier's error can point at it.  A subtree of the nest's bodies
+prints as its temporary in the first body that has it (`buf1.t3 (exp)`)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from coil.ir.expr import dtype_name
+from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, dtype_name, walk
 from coil.ir.kernel import (
     Body,
     Flat,
+    Hoisted,
     KernelLaunch,
     KernelNode,
     KernelProgram,
@@ -20,6 +24,7 @@ from coil.ir.kernel import (
     LoopNest,
     Outer,
     Rows,
+    ScratchArray,
     Space,
     Split,
     Stage,
@@ -75,6 +80,43 @@ def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
     return out
 
 
+def subtree(nest: LoopNest | None, e: Expr) -> str:
+    """`e` as the temporary that names it in the first of the nest's bodies that
+    has it (show_expr's numbering), with its op or the buffer it loads."""
+    match e:
+        case Load() | IndirectLoad():
+            what = f"load {e.name}"
+        case Op():
+            what = e.name
+        case Cast():
+            what = f"cast to {dtype_name(e.dtype)}"
+        case IndexExpr():
+            what = f"index {e.expr}"
+        case Check():
+            what = "check"
+        case Constant():
+            return repr(e.value)
+    for n in nest.nodes if nest is not None else ():
+        temps = [x for x in walk(n.body) if not isinstance(x, Constant)]
+        if e in temps:
+            return f"{n.name}.t{temps.index(e)} ({what})"
+    return f"? ({what}, in no body)"
+
+
+def show_scratch(a: ScratchArray, nest: LoopNest | None, indent: str) -> str:
+    rnumel = math.prod(nest.rsizes) if nest is not None else 0
+    return (f"{indent}scratch row{a.slot}: {dtype_name(a.expr.dtype)}[{rnumel}] holds {subtree(nest, a.expr)}, "
+            f"stored in loop {a.first}, read up to loop {a.last}")
+
+
+def show_hoisted(h: Hoisted, nest: LoopNest | None, indent: str) -> str:
+    line = f"{indent}loop {h.level} hoists, once per row: " + (", ".join(subtree(nest, e) for e in h.hoisted)
+                                                                or "nothing")
+    if h.reciprocals:
+        line += "; divides by reciprocals: " + ", ".join(subtree(nest, e) for e in h.reciprocals)
+    return line
+
+
 def _dtype(dt: torch.dtype) -> str:
     return dtype_name(dt)
 
@@ -115,6 +157,9 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     out.append(f"    space: {show_space(k.space)}")
     if k.nest is not None:
         out += show_nest(k.nest, "    ", bodies)
+    if k.streams is not None:
+        out.append(f"    streams: {', '.join(k.streams.buffers)} (non-temporal stores, staged "
+                   f"{k.streams.chunk} elements at a time)")
     out.append("    params: " + (", ".join(f"{p.arg}={p.name}" for p in k.params) or "none"))
     tails = "" if k.tails is None else (f"; tails: outer {'yes' if k.tails.outer else 'no'}, "
                                          f"inner {'yes' if k.tails.inner else 'no'}")
@@ -125,6 +170,8 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     out.append("    stages:")
     for st in k.stages:
         out += show_stage(st, "      ")
+    out += [show_scratch(a, k.nest, "    ") for a in k.scratch]
+    out += [show_hoisted(h, k.nest, "    ") for h in k.hoisted]
     if k.launches:
         out.append("    launches:")
         out += [show_launch(ln, "      ") for ln in k.launches]

@@ -31,12 +31,23 @@ K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
    nest, at most as many parts as the outer r loop's steps, and its chunk is the
    most any part reduces; parallel loops exist and their chunks are positive and
    at most their iterations
+K10 streams, scratch arrays and hoisted values need a loop nest.  Streamed stores
+   are a kernel's without r loops, of nodes it stores (parameters it writes), each
+   named once, staged in positive chunks.  A scratch array is stored in a loop (a
+   Loop stage's level) that computes a node whose body in the nest has its
+   subtree, and read by later loops up to `last`, a loop the kernel runs (a Loop
+   stage's, or a second pass's); an array's slot is taken again only from the
+   last loop that reads it on.  What a loop hoists is, in a loop the kernel runs,
+   a subtree of the bodies it computes that does not vary along the row (reads
+   no r loop variable and no inner node); a division by a reciprocal is a truediv
+   there by such a value, of one that varies
 """
 
 from __future__ import annotations
 
 import math
 
+from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, Op, walk
 from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
     Body,
@@ -108,6 +119,7 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     _verify_space(p, stage, k)
     _verify_launches(p, stage, k)
     _verify_nest(p, stage, k)
+    _verify_row_work(p, stage, k)
 
 
 def _verify_computes(p: KernelProgram, stage: str, k: KernelSpec, where: dict[str, int]) -> None:
@@ -206,3 +218,82 @@ def _verify_nest(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     par = nest.parallel
     if par is not None and not (par.loops >= 1 and 1 <= par.chunk <= par.iterations):
         fail(p, stage, k.name, f"K9 {par.loops} parallel loop(s) of {par.iterations} iterations in chunks of {par.chunk}")
+
+
+def _verify_row_work(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    nest = k.nest
+    if nest is None:
+        if k.streams is not None or k.scratch or k.hoisted:
+            fail(p, stage, k.name, "K10 streams, scratch arrays or hoisted values without a loop nest")
+        return
+    if k.streams is not None:
+        s = k.streams
+        if nest.rsizes or s.chunk < 1 or not s.buffers or len(set(s.buffers)) != len(s.buffers):
+            fail(p, stage, k.name, f"K10 streams {list(s.buffers)} in chunks of {s.chunk} in a nest with r loops "
+                                   f"{list(nest.rsizes)}")
+        writes = {q.name for q in k.params if q.role is ParamRole.OUT}
+        for name in s.buffers:
+            if name not in writes or name not in {n.name for n in k.nodes if n.store is not None}:
+                fail(p, stage, name, f"K10 streamed, but not a buffer {k.name} stores")
+    if not k.scratch and not k.hoisted:
+        return
+    # the nodes each loop the kernel runs computes: a Loop stage's, and a second pass's
+    runs: dict[int, list[str]] = {}
+    for st in k.stages:
+        if isinstance(st, Loop):
+            runs.setdefault(st.level, []).extend(st.computes)
+            if any(a.second_pass for a in st.accumulators):
+                runs.setdefault(st.level + 1, []).extend(st.computes)
+    loops = {st.level for st in k.stages if isinstance(st, Loop)}
+    bodies = {n.name: n.body for n in nest.nodes}
+    below: dict[str, set[Expr]] = {}
+
+    def computed_in(level: int, e: Expr) -> bool:
+        for name in runs.get(level, ()):
+            if name not in below:
+                below[name] = set(walk(bodies[name]))
+            if e in below[name]:
+                return True
+        return False
+
+    taken: dict[int, int] = {}  # slot -> the last loop that reads its value so far
+    for a in k.scratch:
+        if not a.first < a.last or a.first not in loops or a.last not in runs:
+            fail(p, stage, k.name, f"K10 scratch row{a.slot} stored in loop {a.first} and read up to loop {a.last}: "
+                                   "not loops the kernel runs, in order")
+        if not computed_in(a.first, a.expr):
+            fail(p, stage, k.name, f"K10 scratch row{a.slot} holds a value loop {a.first} does not compute")
+        if a.first < taken.get(a.slot, a.first):
+            fail(p, stage, k.name, f"K10 scratch row{a.slot} stored in loop {a.first} while loop {taken[a.slot]} "
+                                   "still reads it")
+        taken[a.slot] = a.last
+    inner = {n.name for n in k.nodes if n.role is Role.INNER}
+    kept = {n.name for n in k.nodes} - inner
+    rnames = {f"ir{i}" for i in range(len(nest.rsizes))}
+    for h in k.hoisted:
+        if h.level not in runs:
+            fail(p, stage, k.name, f"K10 values hoisted out of loop {h.level}, a loop the kernel does not run")
+        for e in h.hoisted:
+            if not computed_in(h.level, e) or _varies(e, inner, kept, rnames):
+                fail(p, stage, k.name, f"K10 loop {h.level} hoists a value that it does not compute or that varies "
+                                       "along the row")
+        for d in h.reciprocals:
+            if (not isinstance(d, Op) or d.name != "truediv" or not computed_in(h.level, d)
+                    or _varies(d.args[-1], inner, kept, rnames) or not _varies(d.args[0], inner, kept, rnames)):
+                fail(p, stage, k.name, f"K10 loop {h.level} multiplies by a reciprocal where it does not divide "
+                                       "a value that varies along the row by one that does not")
+
+
+def _varies(e: Expr, inner: set[str], kept: set[str], rnames: set[str]) -> bool:
+    """Whether `e` changes along the row: it reads an inner node, or memory or an
+    index at an r loop variable (a reduction's or outer node's value, `kept`, is
+    the row's)."""
+    for x in walk(e):
+        if isinstance(x, (Load, IndirectLoad)) and x.name in inner:
+            return True
+        if (isinstance(x, (Load, IndirectLoad)) and x.name not in kept
+                and any({str(s) for s in i.free_symbols} & rnames for i in x.index)):
+            return True
+        if isinstance(x, IndexExpr) and {str(s) for s in x.expr.free_symbols} & rnames:
+            return True
+    return False

@@ -13,12 +13,13 @@ one policy, from the target's frozen traits (coil/options.py: TargetTraits):
 - the launches, their configs and tails, and the rule that chose each (launch.py);
 - on a target that runs loop nests, each kernel's nest (nest.py) and how its
   threads and vector lanes share the work: lanes down columns, rows split among
-  threads, tiles or blocks, parallel loops (threads.py).
+  threads, tiles or blocks, parallel loops (threads.py);
+- on such a nest, which outputs are written by streaming stores (streams.py),
+  and what a reduction's r-loops keep per row: row scratch arrays, values
+  computed once per row and divisions by their reciprocals (rows.py).
 
-A decision whose trait is None is not made: the C++ target gets no launches or
-tails, the Triton target no loop nests.  (The C++ renderer still chooses its row
-scratch arrays, from a dry run of its own common-subexpression memo, and its
-streaming stores.)
+A decision whose trait is None (or False) is not made: the C++ target gets no
+launches or tails, the Triton target no loop nests, streams or row scratch.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from coil.passes.kernel_model import (
     store_position,
     var_map,
 )
-from coil.passes.schedule import launch, loops, split, threads, tiling
+from coil.passes.schedule import launch, loops, rows, split, streams, threads, tiling
 
 # index math in int64 from this offset or iteration space on
 INT32_LIMIT = 2**31
@@ -80,6 +81,9 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
         spec = schedule_kernel(k, bufs, kernel_params(k, g, plan.removed), layouts, traits, drop)
         if traits.nests is not None:
             spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests)
+            if traits.streams is not None:
+                spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
+            spec = rows.row_work(spec, traits)
         specs.append(spec)
     return KernelProgram(plan, tuple(specs))
 

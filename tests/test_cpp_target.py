@@ -24,8 +24,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import coil
 import op_cases
 from coil.backends.cpp import build
-from coil.ir.expr import Op, walk
-from coil.ir.kernel import KernelSpec, Parallel, Rows, Split
+from coil.ir.expr import Check, Expr, Op, read_names, walk
+from coil.ir.kernel import KernelSpec, Parallel, Rows, Split, Streams
 from op_cases import RUNNERS, OpCase, check_case
 
 CASE_LISTS = ("POINTWISE_CASES", "CREATION_CASES", "PROMOTION_CASES", "REDUCTION_CASES", "VIEW_CASES", "DECOMP_CASES",
@@ -178,6 +178,11 @@ def cross_entropy_grad(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return torch.autograd.grad(loss, x)[0]
 
 
+def hoisted(k: KernelSpec) -> list[Expr]:
+    """Every subtree the spec has the kernel's r-loops compute once per row."""
+    return [e for h in k.hoisted for root in h.hoisted for e in walk(root)]
+
+
 def test_row_invariant_values_computed_before_the_r_loop() -> None:
     """What an r-loop computes from the xindex alone (cross_entropy's backward: the
     target's index Check; log_softmax: log of the row's sum) runs once per row,
@@ -187,16 +192,19 @@ def test_row_invariant_values_computed_before_the_r_loop() -> None:
     x, t = torch.randn(16, 300), torch.randint(0, 300, (16,))
     t[3] = -100
     compiled = check(cross_entropy_grad, x, t)
-    bodies = r_loop_bodies(compiled.source, having="coil_exp(")  # the gradient's kernel
-    assert bodies and "coil_check_index(" in kernel_text(compiled.source)
-    assert not any("coil_check_index(" in b or "coil_log(" in b for b in bodies), bodies
+    grad = next(k for k in specs(compiled) if any(op.name == "exp" for op in ops(k)))  # the gradient's kernel
+    assert any(isinstance(e, Check) for e in hoisted(grad)) and any(
+        isinstance(e, Op) and e.name == "log" for e in hoisted(grad))
+    # the renderer spells them before the r-loop
+    bodies = r_loop_bodies(compiled.source, having="coil_exp(")
+    assert bodies and not any("coil_check_index(" in b or "coil_log(" in b for b in bodies), bodies
     bad = t.clone()
     bad[5] = 300
     with pytest.raises((IndexError, RuntimeError), match="out of bounds"):  # the gradient's scatter fails first
         compiled(x, bad)
     compiled = check(lambda x: torch.log_softmax(x, -1), torch.randn(7, 1029))
-    assert "coil_log(" in kernel_text(compiled.source)
-    assert not any("coil_log(" in b for b in r_loop_bodies(compiled.source))
+    (k,) = specs(compiled)
+    assert any(isinstance(e, Op) and e.name == "log" for e in hoisted(k))
     w, idx = torch.randn(10), torch.tensor([3, 0, 9, -1])
     check(lambda x, w, idx: (x * w[idx][:, None]).sum(-1) / w[idx].exp(), torch.randn(4, 50), w, idx,
           sum_tolerance=True)
@@ -226,8 +234,12 @@ def test_row_scratch(n: int) -> None:
     x = torch.randn(13, n) * 4
     compiled = check(lambda x: torch.softmax(x, -1), x)
     if n > 1:  # a row of one is no reduction
+        (k,) = specs(compiled)
+        (a,) = k.scratch
+        assert (a.first, a.last) == (1, 2) and isinstance(a.expr, Op) and a.expr.name == "exp"
+        # the renderer stores it and computes exp once
         kernel = compiled.source[compiled.source.index("// cpp_fused"):]
-        assert "alignas(64) float row0[" in kernel and "row0[ir0] = " in kernel and kernel.count("coil_exp(") == 1
+        assert "row0[ir0] = " in kernel and kernel.count("coil_exp(") == 1
     check(lambda x: torch.log_softmax(x, -1), x)
     check(lambda x: F.layer_norm(F.gelu(x), (n,)), x)
     check(lambda x: (torch.softmax(x, -1), x.exp().sum(-1)), x)
@@ -239,12 +251,12 @@ def test_row_scratch_only_for_costly_values() -> None:
     for the stack budget fall back to recomputing; several reduction dims index
     the scratch array by the flat rindex."""
     x = torch.randn(8, 300)
-    assert "row0" not in check(lambda x: F.layer_norm(x, (300,)), x).source
-    assert "row0" in check(lambda x: F.layer_norm(F.gelu(x), (300,)), x).source
-    assert "row0" not in check(lambda x: torch.softmax(x, -1), torch.randn(2, 20000)).source
+    assert [k.scratch for k in specs(check(lambda x: F.layer_norm(x, (300,)), x))] == [()]
+    assert [len(k.scratch) for k in specs(check(lambda x: F.layer_norm(F.gelu(x), (300,)), x))] == [1]
+    assert [k.scratch for k in specs(check(lambda x: torch.softmax(x, -1), torch.randn(2, 20000)))] == [()]
     y = torch.randn(6, 5, 33)
     compiled = check(lambda y: torch.softmax(y.flatten(1), -1).view(6, 5, 33), y)
-    assert "row0" in compiled.source
+    assert [len(k.scratch) for k in specs(compiled)] == [1]
     check(lambda y: (y - y.amax((0, 2), keepdim=True)).exp() / (y - y.amax((0, 2), keepdim=True)).exp().sum(
         (0, 2), keepdim=True), y)
 
@@ -260,7 +272,9 @@ def test_row_scratch_chain_reuses_arrays() -> None:
         return x
 
     compiled = check(chain, torch.randn(5, 3000))
-    assert "float row0[3000]" in compiled.source and "row1" not in compiled.source
+    arrays = [k.scratch for k in specs(compiled)]
+    assert sum(map(len, arrays)) > 30 and {a.slot for scratch in arrays for a in scratch} == {0}
+    assert all(a.last == b.first for scratch in arrays for a, b in itertools.pairwise(scratch))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -276,6 +290,12 @@ def test_division_by_row_value_uses_reciprocal(dtype: torch.dtype) -> None:
     x[6] *= -1e30 if dtype != torch.bfloat16 else -1e20
     x = x.to(dtype)
     compiled = check(lambda x: (x / x.sum(-1, keepdim=True), x / x.amax(-1, keepdim=True) * 3), x)
+    (k,) = specs(compiled)
+    # one division by the row's sum, one by its max (each read once per row)
+    divisors = [d.args[1] for h in k.hoisted for d in h.reciprocals if isinstance(d, Op)]
+    assert sorted(name for d in divisors for name in read_names(d)) == sorted(
+        n.name for n in k.nodes if n.reduction_type in ("sum", "max"))
+    # the renderer guards each reciprocal
     assert "_ok ?" in compiled.source
 
 
@@ -313,17 +333,20 @@ def test_streaming_stores() -> None:
     multiple of the chunk nor aligned, transposed tiles with ragged edges, bf16.
     Compute-bound kernels and small outputs keep plain stores."""
     x, y = torch.randn(1100, 1001), torch.randn(1100, 1001)
-    assert "coil_stream(out_ptr" in check(lambda x, y: x * 2 + y, x, y).source
+    compiled = check(lambda x, y: x * 2 + y, x, y)
+    assert [k.streams for k in specs(compiled)] == [Streams(("buf0",), 64)]
+    # the renderer streams it out
+    assert "coil_stream(out_ptr" in compiled.source
     check(lambda x, y: x * 2 + y, x, y, num_threads=2)
     z = torch.randn(1030, 1030)
     compiled = check(lambda x, y: x + y.t(), z, torch.randn(1030, 1030))
-    assert "coil_stream(out_ptr" in compiled.source
     (k,) = specs(compiled)
     assert k.nest is not None and k.nest.tile is not None and k.nest.tile.side == 64 and k.nest.tile.staged
+    assert k.streams == Streams(("buf0",), 64 * 64)
     b = torch.randn(2100, 1100).bfloat16()
-    assert "coil_stream(out_ptr" in check(lambda b: b * 3, b).source
-    assert "coil_stream(out_ptr" not in check(lambda x: x.exp() * x.sigmoid(), x).source
-    assert "coil_stream(out_ptr" not in check(lambda x, y: x + y, x[:100], y[:100]).source
+    assert [k.streams for k in specs(check(lambda b: b * 3, b))] == [Streams(("buf0",), 128)]
+    assert [k.streams for k in specs(check(lambda x: x.exp() * x.sigmoid(), x))] == [None]
+    assert [k.streams for k in specs(check(lambda x, y: x + y, x[:100], y[:100]))] == [None]
 
 
 def test_loop_index_keeps_divisions_out_of_inner_loops() -> None:

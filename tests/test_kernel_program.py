@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 
 import coil
+from coil.ir.expr import Load, Op, walk
 from coil.ir.kernel import (
     Accumulator,
     Flat,
+    Hoisted,
     KernelLaunch,
     KernelProgram,
     KernelSpec,
@@ -29,6 +31,7 @@ from coil.ir.kernel import (
     Parallel,
     Rows,
     Split,
+    Streams,
     Tiled,
     Update,
 )
@@ -109,6 +112,9 @@ CPP_GOLDEN: dict[str, Callable[[], KernelProgram]] = {
     "transpose_add": lambda: program(lambda a, b: a + b.t(), [torch.randn(128, 320), torch.randn(320, 128)],
                                      target="cpp"),
     "nest_merge": lambda: program(lambda a: a.permute(1, 0, 2, 3) * 2, [torch.randn(4, 8, 32, 64)], target="cpp"),
+    "streamed_store": lambda: program(lambda a, b: a * 2 + b, [torch.randn(1100, 1001), torch.randn(1100, 1001)],
+                                      target="cpp"),
+    "row_division": lambda: program(lambda a: a / a.sum(-1, keepdim=True), [torch.randn(8, 300)], target="cpp"),
 }
 
 
@@ -166,6 +172,97 @@ def test_cpp_nest_merges_the_dims_every_index_walks_as_one() -> None:
     assert _loops(k) == LoopNest((8, 4, 32 * 64), (), parallel=Parallel(2, 32, 1))
     (flat,) = program(lambda a: a * 2, [torch.randn(2, 20000)], target="cpp").specs
     assert _loops(flat) == LoopNest((40000,), (), block=4096, parallel=Parallel(1, 10, 1))
+
+
+def _cpp_softmax(shape: tuple[int, int] = (4, 10000)) -> KernelProgram:
+    return program(lambda a: torch.softmax(a, -1), [torch.randn(shape)], target="cpp",
+                   persistent_reduction_threshold=1024)
+
+
+def _hoisted(k: KernelSpec) -> dict[int, Hoisted]:
+    return {h.level: h for h in k.hoisted}
+
+
+def test_cpp_softmax_keeps_its_exp_in_a_row_scratch_array() -> None:
+    """softmax's exp(x - max): the sum's loop stores it into a row-sized array that
+    the output loop reads instead of computing it again; that loop reads the row
+    sum once per row and multiplies by its reciprocal instead of dividing."""
+    (k,) = _cpp_softmax().specs
+    (a,) = k.scratch
+    assert (a.slot, a.first, a.last) == (0, 1, 2) and isinstance(a.expr, Op) and a.expr.name == "exp"
+    assert k.nest is not None and a.expr in walk(k.nest.nodes[1].body)  # buf1's, in the nest's loop variables
+    out = _hoisted(k)[2]
+    (div,) = out.reciprocals
+    assert isinstance(div, Op) and div.name == "truediv"
+    assert out.hoisted == (div.args[1],) and isinstance(div.args[1], Load) and div.args[1].name == "buf2"
+    assert k.streams is None and _hoisted(k)[1].reciprocals == ()
+
+
+def test_cpp_row_scratch_only_for_costly_values_within_its_budget() -> None:
+    """Cheap recomputations (layer_norm's x - mean) stay recomputed, a gelu before
+    it is kept; rows too long for the 64 KiB budget are recomputed; a chain of row
+    reductions reuses one array, each loop writing where the last read."""
+    def layer_norm(gelu: bool) -> KernelSpec:
+        (k,) = program(lambda a: F.layer_norm(F.gelu(a) if gelu else a, (300,)), [torch.randn(8, 300)],
+                       target="cpp").specs
+        return k
+
+    assert layer_norm(False).scratch == () and layer_norm(True).scratch != ()
+    (long,) = _cpp_softmax((2, 20000)).specs
+    assert long.scratch == ()
+
+    def chain(y: torch.Tensor) -> torch.Tensor:
+        for _ in range(6):
+            y = y - y.amax(-1, keepdim=True) * 0.5
+        return y
+
+    (k,) = program(chain, [torch.randn(5, 3000)], target="cpp").specs
+    # from the fifth loop on, the value of y costs enough to keep
+    assert [(a.slot, a.first, a.last) for a in k.scratch] == [(0, 4, 5), (0, 5, 6)]
+
+
+def test_cpp_division_by_a_row_value_takes_its_reciprocal() -> None:
+    """x / x.sum(-1): the output loop reads the sum once per row and multiplies by
+    its reciprocal; x / x.sum() over rows split among threads does too, and a
+    division by what varies along the row stays a division."""
+    (k,) = CPP_GOLDEN["row_division"]().specs
+    (h,) = k.hoisted
+    (div,) = h.reciprocals
+    assert h.level == 1 and isinstance(div, Op) and div.name == "truediv" and h.hoisted == (div.args[1],)
+    (whole,) = program(lambda a: a / a.sum(), [torch.randn(1000)], target="cpp").specs
+    assert [len(h.reciprocals) for h in whole.hoisted] == [1]
+    (pointwise,) = program(lambda a, b: (a / b).sum(-1), [torch.randn(8, 300), torch.randn(8, 300)],
+                           target="cpp").specs
+    assert not any(h.reciprocals for h in pointwise.hoisted)
+
+
+def test_cpp_row_invariants_are_hoisted() -> None:
+    """log_softmax's log of the row sum is computed once per row, before the
+    output loop; a reduction down columns (its rows in vector lanes) hoists
+    nothing, nor does the Triton target."""
+    (k,) = program(lambda a: torch.log_softmax(a, -1), [torch.randn(7, 1029)], target="cpp").specs
+    last = _hoisted(k)[max(_hoisted(k))]
+    assert any(isinstance(e, Op) and e.name == "log" for r in last.hoisted for e in walk(r))
+    (cols,) = CPP_GOLDEN["column_sum"]().specs
+    assert cols.hoisted == () and cols.scratch == ()
+    (tri,) = _softmax().specs
+    assert (tri.hoisted, tri.scratch, tri.streams) == ((), (), None)
+
+
+def test_cpp_streams_large_outputs_of_memory_bound_kernels() -> None:
+    """A large output (4 MiB or more) of a memory-bound pointwise kernel, walked
+    contiguously by the innermost loop, is streamed in chunks of 256 bytes (a
+    tiled nest: a whole tile); compute-bound kernels and small outputs are not."""
+    (k,) = CPP_GOLDEN["streamed_store"]().specs
+    assert k.streams == Streams(("buf0",), 64)
+    x, y = torch.randn(1100, 1001), torch.randn(1100, 1001)
+    (half,) = program(lambda b: b * 3, [torch.randn(2100, 1100).bfloat16()], target="cpp").specs
+    assert half.streams == Streams(("buf0",), 128)
+    (tiled,) = program(lambda a, b: a + b.t(), [torch.randn(1030, 1030), torch.randn(1030, 1030)], target="cpp").specs
+    assert tiled.nest is not None and tiled.nest.tile is not None and tiled.streams == Streams(("buf0",), 64 * 64)
+    (costly,) = program(lambda a: a.exp() * a.sigmoid(), [x], target="cpp").specs
+    (small,) = program(lambda a, b: a + b, [x[:100], y[:100]], target="cpp").specs
+    assert costly.streams is None and small.streams is None
 
 
 # ---- the decisions, read from the program ------------------------------------------------------
@@ -398,6 +495,55 @@ def test_lanes_and_even_splits_need_their_nest() -> None:
     uneven = attrs.evolve(k, space=attrs.evolve(k.space, chunk=640))
     _reject(_with(kp, uneven), rf"{k.name}: K9 an even split into 64 parts of 640 does not fit the outer r loop")
     _reject(_with(kp, attrs.evolve(k, nest=None)), rf"{k.name}: K9 an even split without a loop nest")
+
+
+def test_streams_that_are_no_stored_buffer() -> None:
+    kp = CPP_GOLDEN["streamed_store"]()
+    (k,) = kp.specs
+    assert k.streams is not None
+    _reject(_with(kp, attrs.evolve(k, streams=Streams(("a_1",), 64))),
+            rf"a_1: K10 streamed, but not a buffer {k.name} stores")
+    _reject(_with(kp, attrs.evolve(k, streams=attrs.evolve(k.streams, chunk=0))),
+            rf"{k.name}: K10 streams \['buf0'\] in chunks of 0")
+    kp = _cpp_softmax()
+    (k,) = kp.specs
+    _reject(_with(kp, attrs.evolve(k, streams=Streams(("buf3",), 64))),
+            rf"{k.name}: K10 streams \['buf3'\] in chunks of 64 in a nest with r loops \[10000\]")
+
+
+def test_scratch_arrays_out_of_their_loops() -> None:
+    kp = _cpp_softmax()
+    (k,) = kp.specs
+    (a,) = k.scratch
+    backwards = attrs.evolve(k, scratch=(attrs.evolve(a, first=2, last=1),))
+    _reject(_with(kp, backwards), rf"{k.name}: K10 scratch row0 stored in loop 2 and read up to loop 1: not loops")
+    beyond = attrs.evolve(k, scratch=(attrs.evolve(a, last=3),))
+    _reject(_with(kp, beyond), rf"{k.name}: K10 scratch row0 stored in loop 1 and read up to loop 3")
+    early = attrs.evolve(k, scratch=(attrs.evolve(a, first=0),))
+    _reject(_with(kp, early), rf"{k.name}: K10 scratch row0 holds a value loop 0 does not compute")
+    assert k.nest is not None
+    taken = attrs.evolve(k, scratch=(attrs.evolve(a, first=0, last=2, expr=k.nest.nodes[0].body), a))
+    _reject(_with(kp, taken), rf"{k.name}: K10 scratch row0 stored in loop 1 while loop 2 still reads it")
+    _reject(_with(kp, attrs.evolve(k, nest=None)), rf"{k.name}: K10 streams, scratch arrays or hoisted values without")
+
+
+def test_hoisted_values_that_vary_along_the_row() -> None:
+    kp = _cpp_softmax()
+    (k,) = kp.specs
+    out = _hoisted(k)[2]
+    (div,) = out.reciprocals
+    (a,) = k.scratch
+    varying = attrs.evolve(out, hoisted=(*out.hoisted, a.expr))
+    _reject(_with(kp, attrs.evolve(k, hoisted=(_hoisted(k)[1], varying))),
+            rf"{k.name}: K10 loop 2 hoists a value that it does not compute or that varies along the row")
+    misplaced = attrs.evolve(out, level=0)
+    _reject(_with(kp, attrs.evolve(k, hoisted=(_hoisted(k)[1], misplaced))),
+            rf"{k.name}: K10 loop 0 hoists a value that it does not compute")
+    no_division = attrs.evolve(out, reciprocals=(div.args[1],))
+    _reject(_with(kp, attrs.evolve(k, hoisted=(_hoisted(k)[1], no_division))),
+            rf"{k.name}: K10 loop 2 multiplies by a reciprocal where it does not divide")
+    nowhere = attrs.evolve(out, level=5)
+    _reject(_with(kp, attrs.evolve(k, hoisted=(nowhere,))), rf"{k.name}: K10 values hoisted out of loop 5")
 
 
 def test_specs_follow_the_plans_kernels() -> None:

@@ -1,25 +1,25 @@
 """What every C++ kernel shares: the plan (the spec's loop nest, nodes in its loop
 variables, parameters, which buffers are stored), loop rendering and OpenMP
-pragmas, and how a node's value becomes a register and a store."""
+pragmas, how a node's value becomes a register and a store, and how the spec's
+streamed stores are staged and streamed out."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import sympy
 
 from coil.backends.cpp import prelude
 from coil.backends.cpp.handler import CppHandler, KernelContext, cpp_index, register_value
-from coil.ir.expr import Expr, Op, walk
 from coil.ir.fused import FusedKernel
 from coil.ir.kernel import KernelSpec, LoopNest, Parallel
 from coil.ir.layout import Layout
 from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
 from coil.passes.kernel_model import Param, kernel_buffers, kernel_layouts
-from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs
+from coil.passes.schedule.nest import Nest, NodeIndexing
 
 
 @attrs.frozen
@@ -135,31 +135,6 @@ def emit_node(plan: KernelPlan, ctx: KernelContext, h: CppHandler, nd: NodeIndex
 
 # ---- streaming stores ----------------------------------------------------------------------------
 
-# What computing an op costs against a load or an add (1), for choices between
-# recomputing and keeping a value, and between compute- and memory-bound kernels.
-OP_COST = {
-    **dict.fromkeys(["exp", "exp2", "expm1", "log", "log1p", "log2", "sin", "cos", "tan", "tanh", "erf",
-                     "sigmoid", "pow"], 8),
-    **dict.fromkeys(["truediv", "sqrt", "rsqrt", "reciprocal", "floordiv", "truncdiv", "fmod", "remainder"], 4),
-}
-
-# A buffer of at least this many bytes is written with non-temporal stores when
-# the innermost loop walks it contiguously and the kernel is memory-bound: it
-# would not stay in L2 for a reader anyway, and streaming it skips reading each
-# line into the cache first.  A compute-bound kernel (more than STREAM_MAX_COST
-# per element: one exp is more) runs slower with them.
-STREAM_MIN_BYTES = 4 << 20
-STREAM_MAX_COST = 7
-# Bytes per staging chunk: the loop computes a chunk into a local buffer (in L1),
-# then coil_stream copies it out.  Short bursts: a long one fills the core's
-# write-combining buffers and stalls a compute-bound loop until memory drains them.
-STREAM_CHUNK_BYTES = 256
-
-
-def stream_chunk(streams: Sequence[Stream]) -> int:
-    """Elements per chunk: STREAM_CHUNK_BYTES of the widest streamed dtype."""
-    return max(1, STREAM_CHUNK_BYTES // max(st.node.buf.layout.dtype.itemsize for st in streams))
-
 
 @attrs.frozen
 class Stream:
@@ -183,27 +158,10 @@ class Stream:
         return f"coil_stream({ctx.ptrs[self.node.buf.name]} + {cpp_index(offset)}, {src}, ({count}) * {size});"
 
 
-def streamed(plan: KernelPlan, var: sympy.Symbol, run: int) -> list[Stream]:
-    """The stored nodes worth streaming whose store walks memory contiguously
-    along loop variable `var`, in runs of `run` elements.  The caller checks
-    that the kernel is memory-bound (STREAM_MAX_COST).  Reduction kernels stream
-    nothing: measured, their row loops ran slower with it."""
-    out: list[Stream] = []
-    for nd in plan.nodes:
-        lay = nd.buf.layout
-        if (nd.buf.name not in plan.stored or nd.store is None or lay.nbytes < STREAM_MIN_BYTES
-                or run * lay.dtype.itemsize < 64):
-            continue
-        c = affine_coeffs(nd.store, (var,))
-        if c is not None and c[var] == 1:
-            out.append(Stream(nd, f"ob{len(out)}"))
-    return out
-
-
-def compute_cost(bodies: Iterable[Expr]) -> int:
-    """OP_COST of every distinct op of `bodies` (evaluated once each, as the
-    handler's memo does)."""
-    seen: set[Expr] = set()
-    for b in bodies:
-        seen.update(walk(b))
-    return sum(OP_COST.get(e.name, 1) for e in seen if isinstance(e, Op))
+def streams(plan: KernelPlan) -> list[Stream]:
+    """The stores the spec streams (KernelSpec.streams), each with its staging
+    buffer obN."""
+    if plan.spec.streams is None:
+        return []
+    nodes = {nd.buf.name: nd for nd in plan.nodes}
+    return [Stream(nodes[name], f"ob{i}") for i, name in enumerate(plan.spec.streams.buffers)]

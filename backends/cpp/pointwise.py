@@ -6,8 +6,9 @@ blocks when they are too few to share: LoopNest.block).  A nest with a tile
 (`x + y.t()`: a read walks memory along an outer loop while the innermost strides
 it; passes/schedule/threads.py) runs those two loops in tiles and first transposes
 each tile of the staged reads into a local buffer (`coil_transpose_tile`), so the
-compute loop reads contiguous memory; ragged edge tiles use plain loads.  A large
-output of a memory-bound kernel is written by streaming stores (plan.streamed).
+compute loop reads contiguous memory; ragged edge tiles use plain loads.  The
+outputs the spec streams (KernelSpec.streams) are computed a chunk (a full tile)
+at a time into local buffers and written out by streaming stores.
 """
 
 from __future__ import annotations
@@ -20,17 +21,14 @@ import sympy
 from coil.backends.cpp import prelude
 from coil.backends.cpp.handler import CppHandler, KernelContext, cpp_index
 from coil.backends.cpp.plan import (
-    STREAM_MAX_COST,
     KernelPlan,
     Loop,
     Stream,
-    compute_cost,
     dim_bound,
     emit_node,
     parallel_pragma,
     render_loops,
-    stream_chunk,
-    streamed,
+    streams,
 )
 from coil.ir.kernel import NestTile
 from coil.options import Options
@@ -48,30 +46,26 @@ def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
     if plan.loops.tile is not None:
         return tiled_body(plan, ctx, options, plan.loops.tile)
     loops = pointwise_loops(plan, options)
-    inner = plan.nest.xdims[-1]
-    streams = streamed(plan, inner.sym, inner.size) if memory_bound(plan) else []
-    if streams:
-        return render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], streams))
+    out = streams(plan)
+    if out:
+        return render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], out))
     return render_loops(loops, pointwise_scope(plan, ctx))
 
 
-def memory_bound(plan: KernelPlan) -> bool:
-    return compute_cost(nd.body for nd in plan.nodes) <= STREAM_MAX_COST
-
-
-def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, streams: Sequence[Stream]) -> list[str]:
-    """The innermost loop in chunks (stream_chunk): each chunk is computed into
+def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, out: Sequence[Stream]) -> list[str]:
+    """The innermost loop in chunks (the spec's): each chunk is computed into
     local buffers (its streamed outputs), then streamed out; a fence after the
     last chunk, before the thread may take other work or leave the parallel loop."""
+    assert plan.spec.streams is not None
     var, chunk = inner.var, f"{inner.var}_c"
-    n = stream_chunk(streams)
+    n = plan.spec.streams.chunk
     end = f"{chunk}_end"
     at_chunk = {_index_symbol(var): _index_symbol(chunk)}
-    scope = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{var} - {chunk}]" for st in streams})
-    body = [*(st.declare(n) for st in streams),
+    scope = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{var} - {chunk}]" for st in out})
+    body = [*(st.declare(n) for st in out),
             f"const int64_t {end} = coil_min_index({inner.hi}, {chunk} + {n});",
             *render_loops([Loop(var, chunk, end, inner.pragma)], scope),
-            *(st.copy_out(ctx, st.store.xreplace(at_chunk), f"{end} - {chunk}") for st in streams)]
+            *(st.copy_out(ctx, st.store.xreplace(at_chunk), f"{end} - {chunk}") for st in out)]
     return [*render_loops([Loop(chunk, inner.lo, inner.hi, step=n)], body), "coil_sfence();"]
 
 
@@ -90,19 +84,19 @@ def tiled_body(plan: KernelPlan, ctx: KernelContext, options: Options, t: NestTi
                     f"coil_transpose_tile<{side}>({ctx.ptrs[name]} + {cpp_index(e.xreplace(origin))}, {stride}, {tile});"]
         element = f"{tile}[({names[t.u]} - {tu} * {side}) * {side} + ({names[t.v]} - {tv} * {side})]"
         ctx.staged[(name, cpp_index(e))] = element
-    # full tiles of a large output go to a local tile too, then out by streaming stores, row by row
-    streams = streamed(plan, dims[t.v].sym, side) if memory_bound(plan) else []
+    # full tiles of a streamed output go to a local tile too, then out by streaming stores, row by row
+    out = streams(plan)
     in_tile = f"({names[t.u]} - {tu} * {side}) * {side} + ({names[t.v]} - {tv} * {side})"
-    fast = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{in_tile}]" for st in streams})
+    fast = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{in_tile}]" for st in out})
     ctx.staged.clear()
     edge = pointwise_scope(plan, ctx)
     row = names[t.u] + "_r"
     at_row = {dims[t.u].sym: side * _index_symbol(tu) + _index_symbol(row), dims[t.v].sym: side * _index_symbol(tv)}
-    staging += [st.declare(side * side) for st in streams]
+    staging += [st.declare(side * side) for st in out]
     copy_out = [*render_loops([Loop(row, "0", str(side))],
                               [st.copy_out(ctx, st.store.xreplace(at_row), str(side), f"{row} * {side}")
-                               for st in streams]),
-                "coil_sfence();"] if streams else []
+                               for st in out]),
+                "coil_sfence();"] if out else []
 
     def tile_loops(clip: bool) -> list[Loop]:
         out = []

@@ -8,8 +8,10 @@ then the sum of squared deviations from it).  An inner node is stored in the
 r-loop where its inputs are ready and recomputed from its body in any later
 r-loop that reads it, so nothing the kernel writes is read back from memory;
 in rows mode a costly value a later r-loop needs again is kept in a row-sized
-scratch array instead (scratch.py), and a division by a value fixed for the row
-multiplies by its reciprocal (RowHandler).
+scratch array instead (the spec's `scratch`), and what an r-loop reads that is
+fixed for the row is computed once per row, divisions by it multiplying by its
+reciprocal (the spec's `hoisted`, spelt by RowHandler).  passes/schedule/rows.py
+makes those decisions, walking the bodies in this emitter's order.
 
 Three layouts of the same schedule, as the spec's space says
 (passes/schedule/threads.py chooses):
@@ -32,7 +34,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from coil.backends.cpp import prelude, scratch
+from coil.backends.cpp import prelude
 from coil.backends.cpp.handler import (
     CppHandler,
     InnerValue,
@@ -51,9 +53,9 @@ from coil.backends.cpp.plan import (
     render_loops,
     store_line,
 )
-from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, Load, Op
+from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, Load, Op, walk
+from coil.ir.kernel import Hoisted, Outer, Rows, ScratchArray, Split
 from coil.ir.kernel import Loop as LoopStage
-from coil.ir.kernel import Outer, Rows, Split
 from coil.options import Options
 from coil.passes.schedule.nest import NodeIndexing
 
@@ -238,31 +240,26 @@ _RECIPROCAL_RANGE = {
 class RowHandler(CppHandler):
     """An r-loop's handler in rows mode.
 
-    Whatever is fixed for the row (reads no rindex: a load at the xindex, an
-    index Check of a target, log of a row sum) is computed once per row, before
-    the loop, by the `row` handler (loop-invariant code motion): a Check inside
-    the loop is a call `omp simd` cannot vectorise, and GCC does not hoist a
-    libm call out of a vectorised loop.  Not when the row is empty (rnumel 0),
-    where the loop body never runs and a hoisted Check could fail.
-
-    A division by a value fixed for the row (a reduction's result, or anything
-    computed from such values alone) multiplies by its reciprocal, computed once
-    per row as eager's softmax does, instead of dividing every element.  A
-    divisor outside _RECIPROCAL_RANGE (zero, subnormal, huge, inf, NaN) still
-    divides: the choice is loop-invariant, so the compiler unswitches the loop
-    on it."""
+    What the spec hoists for the loop (Hoisted: the subtrees that do not vary
+    along the row, and everything below them) is computed once per row, before
+    the loop, by the `row` handler.  Each division the spec lists multiplies by
+    its divisor's reciprocal, computed once per row as eager's softmax does,
+    instead of dividing every element.  A divisor outside _RECIPROCAL_RANGE
+    (zero, subnormal, huge, inf, NaN) still divides: the choice is loop-invariant,
+    so the compiler unswitches the loop on it."""
 
     def __init__(self, ctx: KernelContext, registers: dict[str, str], inner: Mapping[str, InnerValue],
-                 lines: list[str], subtrees: scratch.Subtrees, row: CppHandler, hoist: bool) -> None:
+                 lines: list[str], row: CppHandler, hoisted: Hoisted | None) -> None:
         super().__init__(ctx, registers, inner, lines)
-        self.subtrees = subtrees
         self.row = row  # a handler whose lines run once per row, before the loop
-        self.hoist = hoist
+        roots = hoisted.hoisted if hoisted is not None else ()
+        self.hoisted: frozenset[Expr] = frozenset().union(*(walk(e) for e in roots))
+        self.divisions: frozenset[Expr] = frozenset(hoisted.reciprocals if hoisted is not None else ())
         self.reciprocals: dict[Expr, str] = {}
 
     def fixed(self, node: Expr) -> bool:
         """Computed once per row, by the row handler."""
-        return self.hoist and not self.subtrees.varies(node)
+        return node in self.hoisted
 
     def load(self, node: Load, mask: str | None) -> str:
         return self.row.value(node) if self.fixed(node) else super().load(node, mask)
@@ -282,11 +279,10 @@ class RowHandler(CppHandler):
     def op(self, node: Op, args: tuple[str, ...]) -> str:
         if self.fixed(node):
             return self.row.value(node)
-        T = prelude.compute_type(node.dtype)
-        num, den = node.args[0], node.args[-1]
-        if (node.name != "truediv" or T not in _RECIPROCAL_RANGE or self.subtrees.varies(den)
-                or not self.subtrees.varies(num)):
+        if node not in self.divisions:
             return super().op(node, args)
+        T = prelude.compute_type(node.dtype)
+        den = node.args[-1]
         a = f"static_cast<{T}>({args[0]})"
         b = f"static_cast<{T}>({self.row.value(den)})"
         if den not in self.reciprocals:
@@ -302,7 +298,7 @@ class ReductionEmitter:
     """Builds the code run once per xindex (or per block of lanes)."""
 
     def __init__(self, plan: KernelPlan, ctx: KernelContext, options: Options, lanes: Lanes | None,
-                 split: bool, rows: scratch.RowScratch | None = None) -> None:
+                 split: bool) -> None:
         self.plan = plan
         self.ctx = ctx
         self.options = options
@@ -315,10 +311,8 @@ class ReductionEmitter:
         self.inner = {nd.buf.name: InnerValue(nd.body, nd.buf.layout.dtype) for nd in plan.nodes if nd.role == "inner"}
         self.means: dict[str, str] = {}  # welford_m2 node -> its row mean
         self.rnumel = math.prod(d.size for d in plan.nest.rdims)
-        self.rows = rows  # row scratch arrays (rows mode)
-        kept = frozenset(nd.buf.name for nd in plan.nodes if nd.role != "inner")
-        self.subtrees = scratch.Subtrees(self.inner, frozenset(d.sym for d in plan.nest.rdims), kept)
-        self.loop_memos: list[dict[Expr, str]] = []  # what each r-loop evaluated
+        self.scratch = plan.spec.scratch  # row scratch arrays (rows mode)
+        self.hoisted = {h.level: h for h in plan.spec.hoisted}  # what each r-loop runs once per row
 
     def run(self) -> list[str]:
         if self.lanes is not None:
@@ -330,16 +324,15 @@ class ReductionEmitter:
                 self.r_loop(s)
         return self.lines
 
-    def handler(self, lines: list[str], before_loop: list[str] | None = None) -> CppHandler:
+    def handler(self, lines: list[str], loop: int | None = None) -> CppHandler:
         """A scope's handler: it sees every register so far; what it adds (inner
-        producers it recomputes) stays in its own copy.  An r-loop's (rows mode)
-        puts per-row values in `before_loop`."""
+        producers it recomputes) stays in its own copy.  The handler of r-loop
+        `loop` (rows mode) puts per-row values before the loop."""
         if self.lanes is not None:
             return CppHandler(self.ctx, dict(self.registers), self.inner, lines)
         h = CppHandler(self.ctx, dict(self.registers), self.inner, lines)
-        if before_loop is not None:
-            h = RowHandler(self.ctx, h.registers, self.inner, lines, self.subtrees, self.handler(before_loop),
-                           self.rnumel > 0)
+        if loop is not None:
+            h = RowHandler(self.ctx, h.registers, self.inner, lines, self.handler(self.lines), self.hoisted.get(loop))
         h.memo.update(self.stage_memo)
         return h
 
@@ -391,23 +384,19 @@ class ReductionEmitter:
         accs = self.active(loop)
         self.declare(accs)
         body: list[str] = []
-        h = self.handler(body, self.lines)
+        h = self.handler(body, loop)
         rindex = cpp_index(self.plan.nest.rflat)
-        if self.rows is not None:
-            h.memo.update({a.expr: scratch.element(a, rindex) for a in self.rows.read_in(loop)})
-        before = set(h.memo)
+        h.memo.update({a.expr: element(a, rindex) for a in self.scratch if a.first < loop <= a.last})
         for a in accs:
             v = h.value(a.node.body)
             body.append(update(a, v, rindex, self.means.get(a.node.buf.name) if a.second_pass else None))
         for nd in self.plan.nodes:
             if nd.role == "inner" and nd.buf.name in self.plan.stored and self.ph.at[nd.buf.name] == loop:
                 emit_node(self.plan, self.ctx, h, nd)
-        self.loop_memos.append({e: v for e, v in h.memo.items() if e not in before})
         if isinstance(h, RowHandler):  # what it hoisted is defined for the rest of the row
             self.stage_memo.update(h.row.memo)
-        if self.rows is not None:
-            self.lines += [scratch.declare(name, self.rows) for name in self.rows.declared_in(loop)]
-            body += [f"{scratch.element(a, rindex)} = {h.memo[a.expr]};" for a in self.rows.stored_in(loop)]
+        self.lines += [declare(a, self.rnumel) for a in declared_in(self.scratch, loop)]
+        body += [f"{element(a, rindex)} = {h.memo[a.expr]};" for a in self.scratch if a.first == loop]
         loops = [Loop(str(d.sym), "0", dim_bound(self.plan.nest, i, True)) for i, d in enumerate(self.plan.nest.rdims)]
         if self.lanes is not None:
             self.lines += render_loops(loops, self.lanes.loop(body))
@@ -509,17 +498,23 @@ class ReductionEmitter:
 # ---- the layout ----------------------------------------------------------------------------------
 
 
-def row_scratch(plan: KernelPlan, ctx: KernelContext, options: Options) -> scratch.RowScratch | None:
-    """Scratch arrays for the values a later r-loop would compute again, from a
-    first run of the emitter (in a throwaway context); None when there are none."""
-    if sum(1 for nd in plan.nodes if nd.role in ("reduction", "inner")) < 2:
-        return None
-    dry = ReductionEmitter(plan, KernelContext(ctx.ptrs, ctx.layouts, ctx.ranges), options, None, False)
-    dry.run()
-    if len(dry.loop_memos) < 2:
-        return None
-    rows = scratch.row_scratch(dry.loop_memos, dry.subtrees, dry.rnumel)
-    return rows if rows.arrays else None
+def declared_in(scratch: Sequence[ScratchArray], loop: int) -> list[ScratchArray]:
+    """The first array of each slot whose first value is stored in r-loop `loop`."""
+    seen: set[int] = set()
+    out = []
+    for a in scratch:
+        if a.slot not in seen and a.first == loop:
+            out.append(a)
+        seen.add(a.slot)
+    return out
+
+
+def declare(a: ScratchArray, rnumel: int) -> str:
+    return f"alignas(64) {prelude.compute_type(a.expr.dtype)} row{a.slot}[{max(rnumel, 1)}];"
+
+
+def element(a: ScratchArray, rindex: str) -> str:
+    return f"row{a.slot}[{rindex}]"
 
 
 def reduction_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> list[str]:
@@ -533,10 +528,7 @@ def reduction_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
         lanes = Lanes(last.var, f"{last.var}_b", space.lanes, last.hi)
         loops[-1] = Loop(lanes.block, "0", f"({last.hi} + {lanes.width - 1}) / {lanes.width}")
     split = isinstance(space, Split)
-    rows = None
-    if lanes is None and not split:
-        rows = row_scratch(plan, ctx, options)
-    per_x = ReductionEmitter(plan, ctx, options, lanes, split, rows).run()
+    per_x = ReductionEmitter(plan, ctx, options, lanes, split).run()
     if not split and par is not None:
         loops[0] = attrs.evolve(loops[0], pragma=parallel_pragma(par, options))
     return render_loops(loops, per_x)
