@@ -343,12 +343,43 @@ def test_cpp_reads_the_error_word_only_after_kernels_that_check() -> None:
     def source(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> str:
         return str(coil.compile_graph(make_fx(fn)(*inputs), list(inputs), coil.Options(target="cpp")).source)
 
+    def checks(src: str) -> bool:  # the scalar form, or the reductions of an `omp simd` loop (LoopCheck)
+        kernel = src.split("extern \"C\" void cpp_fused")[1]
+        return "coil_check_index(" in kernel or "coil_fail(" in kernel
+
     checked = source(lambda x, i: x.gather(1, i), [x, i])
     assert checked.count("if _cpp_err[0]: _cpp_build.raise_check(_cpp_err)") == 1
-    assert "coil_check_index(" in checked.split("extern \"C\" void cpp_fused")[1]
+    assert checks(checked)
     proven = source(lambda x, i: x.gather(1, i.clamp(0, 2)), [x, i])
-    assert "_cpp_err[0]" not in proven and "coil_check_index(" not in proven.split("extern \"C\" void cpp_fused")[1]
+    assert "_cpp_err[0]" not in proven and not checks(proven)
     assert "_cpp_err[0]" not in source(lambda x: x + 1, [x])
+
+
+@pytest.mark.parametrize("reduce", [False, True], ids=["pointwise", "softmax"])
+def test_cpp_checks_in_a_vector_loop_are_reductions(reduce: bool) -> None:
+    """A position that varies along the innermost loop (T5's bucket gather) is
+    checked without a branch (LoopCheck): the loop vectorises, the largest bad
+    position is reported after it as eager's error, and in range the values are
+    eager's."""
+    table = torch.randn(32)
+
+    def fn(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        y = x + table[i]
+        return torch.softmax(y, -1) if reduce else y * 2
+
+    x = torch.randn(4, 64)
+    good = torch.randint(0, 32, (4, 64))
+    c = coil.compile_graph(make_fx(fn)(x, good), [x, good], coil.Options(target="cpp"))
+    kernel = c.source.split("extern \"C\" void cpp_fused")[1]
+    assert "coil_check_index(" not in kernel and "reduction(max:chk" in kernel
+    torch.testing.assert_close(c(x, good)[0], fn(x, good))
+    for bad, value in ((40, 40), (-40, -40)):
+        i = good.clone()
+        i[2, 17] = bad
+        with pytest.raises(IndexError, match=f"^index {value} is out of bounds for dimension 0 with size 32$"):
+            fn(x, i)
+        with pytest.raises(IndexError, match=f"^index {value} is out of bounds for dimension 0 with size 32$"):
+            c(x, i)
 
 
 # ---- value ranges are sound ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import attrs
 import sympy
 
 from coil.backends.cpp import prelude
-from coil.backends.cpp.handler import CppHandler, KernelContext, cpp_index, register_value
+from coil.backends.cpp.handler import CppHandler, KernelContext, LoopCheck, cpp_index, register_value
 from coil.ir.fused import FusedKernel
 from coil.ir.kernel import KernelSpec, LoopNest, Parallel
 from coil.ir.layout import Layout
@@ -86,6 +86,17 @@ def render_loops(loops: Sequence[Loop], body: Sequence[str]) -> list[str]:
     out += [pad + ln for ln in body]
     out += ["  " * i + "}" for i in reversed(range(len(loops)))]
     return out
+
+
+def checked_loop(loop: Loop, body: list[str], checks: list[LoopCheck]) -> list[str]:
+    """`loop` around `body` with the checks its body made as reductions: declared
+    before it, in its `omp simd` clause, reported after it."""
+    if not checks:
+        return render_loops([loop], body)
+    if loop.pragma is not None and loop.pragma.startswith("omp simd"):
+        loop = attrs.evolve(loop, pragma=" ".join([loop.pragma, *(c.clause() for c in checks)]))
+    return [*(ln for c in checks for ln in c.declare()), *render_loops([loop], body),
+            *(ln for c in checks for ln in c.report())]
 
 
 def parallel_pragma(par: Parallel, options: Options) -> str:

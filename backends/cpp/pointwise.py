@@ -23,7 +23,9 @@ from coil.backends.cpp.handler import CppHandler, KernelContext, cpp_index
 from coil.backends.cpp.plan import (
     KernelPlan,
     Loop,
+    LoopCheck,
     Stream,
+    checked_loop,
     dim_bound,
     emit_node,
     parallel_pragma,
@@ -34,9 +36,10 @@ from coil.ir.kernel import NestTile
 from coil.options import Options
 
 
-def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, str] | None = None) -> list[str]:
+def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, str] | None = None,
+                    checks: list[LoopCheck] | None = None) -> list[str]:
     scope: list[str] = []
-    h = CppHandler(ctx, {}, {}, scope)
+    h = CppHandler(ctx, {}, {}, scope, checks)
     for nd in plan.nodes:
         emit_node(plan, ctx, h, nd, streams)
     return scope
@@ -49,7 +52,9 @@ def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
     out = streams(plan)
     if out:
         return render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], out))
-    return render_loops(loops, pointwise_scope(plan, ctx))
+    checks: list[LoopCheck] = []
+    scope = pointwise_scope(plan, ctx, checks=checks)
+    return render_loops(loops[:-1], checked_loop(loops[-1], scope, checks))
 
 
 def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, out: Sequence[Stream]) -> list[str]:

@@ -47,6 +47,8 @@ from coil.backends.cpp.handler import (
 from coil.backends.cpp.plan import (
     KernelPlan,
     Loop,
+    LoopCheck,
+    checked_loop,
     dim_bound,
     emit_node,
     parallel_pragma,
@@ -385,6 +387,9 @@ class ReductionEmitter:
         self.declare(accs)
         body: list[str] = []
         h = self.handler(body, loop)
+        checks: list[LoopCheck] = []
+        if self.lanes is None and not self.split:  # the r-loop is the `omp simd` loop
+            h.loop_checks = checks
         rindex = cpp_index(self.plan.nest.rflat)
         h.memo.update({a.expr: element(a, rindex) for a in self.scratch if a.first < loop <= a.last})
         for a in accs:
@@ -406,7 +411,7 @@ class ReductionEmitter:
             clauses = [simd_clause(a) for a in accs]
             if all(c is not None for c in clauses):
                 loops[-1] = attrs.evolve(loops[-1], pragma=" ".join(["omp simd", *(c for c in clauses if c)]))
-            self.lines += render_loops(loops, body)
+            self.lines += render_loops(loops[:-1], checked_loop(loops[-1], body, checks))
         self.finish(accs)
 
     def declare(self, accs: Sequence[Accumulator]) -> None:
