@@ -161,6 +161,10 @@ class TargetTraits:
     hoists_row_invariants: bool = False
     # ... and a division by such a value multiplies by its reciprocal, as eager's softmax does
     row_reciprocals: bool = False
+    # a run-time check (an index, a divisor) is a device assert, which the launch must
+    # compile in (Triton's tl.device_assert); else the renderer reports failed checks
+    # its own way (the C++ target's error channel)
+    device_asserts: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -199,7 +203,8 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
     "triton": TargetTraits(("triton_poi", "triton_red", "triton_per"), 8192, 128, column_loop_min=128,
                            channels_last=True, channels_last_training=True, splits=TRITON_SPLITS,
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
-                           online_softmax=True, keeps_float32_between_ops=True, row_tiles=True),
+                           online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
+                           device_asserts=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS, scratch=CPP_SCRATCH,
                         hoists_row_invariants=True, row_reciprocals=True),

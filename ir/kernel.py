@@ -14,7 +14,8 @@ Grammar::
     KernelSpec ::= (name, kind, group, device, space: Space, params: Param*,
                     nodes: KernelNode*, stages: Stage*, wide_index,
                     tails: Tails | None, launches: KernelLaunch*, nest: LoopNest | None,
-                    streams: Streams | None, scratch: ScratchArray*, hoisted: Hoisted*)
+                    streams: Streams | None, scratch: ScratchArray*, hoisted: Hoisted*,
+                    tile_loads: Load*, asserts: CheckKind*)
     Space ::= Flat(numel, rnumel)            xindex over numel; reductions over <= 1
                                              element fold to their value or identity
             | Tiled(rows, cols, transposed)  yindex [YBLOCK] x xindex [XBLOCK]
@@ -48,6 +49,16 @@ Grammar::
             | Loop(level, nodes, computes, accumulators)
     Accumulator ::= (node, reduction_type, update, partner, second_pass)
     KernelLaunch ::= (function, grid, sizes, config: LaunchConfig, rule, why)
+    CheckKind ::= "index" | "divisor"         a kind of run-time check spelled as a
+                                             device assert
+
+A target whose traits plan launches also gets a tiled kernel's `tile_loads`, the
+loads from memory in the order its one scope issues them
+(passes/schedule/tiling.py: load_order), and, where its checks are device
+asserts, the kinds of check the kernel asserts (`asserts`,
+passes/schedule/launch.py: device_asserts): an index on any device, a divisor
+only where eager checks it (not on CUDA).  A kernel with any launches with its
+asserts compiled in.
 
 Bodies are the nodes' bodies over the kernel's index symbols (xindex, rindex; a
 tiled kernel's yindex, xindex), as the nodes of the FusedKernel compute them; the
@@ -81,13 +92,18 @@ import sympy
 import torch
 
 from coil.ir._delegate import ExtendsMemoryPlan, PlanKernels
-from coil.ir.expr import Expr
+from coil.ir.expr import Expr, Load
 from coil.ir.fused import KernelKind, Step
 from coil.ir.memory import MemoryPlan
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)  # rows of a 2-D tiled kernel
+
+
+def group_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:
+    """xindex and rindex over a kernel's group, at least 1 each."""
+    return {XINDEX: max(group[0], 1), RINDEX: max(group[1], 1)}
 
 
 class Role(str, enum.Enum):
@@ -146,6 +162,12 @@ class KernelNode:
     store: sympy.Expr | None  # where it is stored, from the start of its buffer's view; None: registers only
     origins: tuple[str, ...]
     deps: tuple[str, ...]  # the nodes of this kernel it reads
+
+    @property
+    def is_root(self) -> bool:
+        """What a loop that holds it exists for: a reduction, or a node it stores
+        (the others are only recomputed where they are read)."""
+        return self.role is Role.REDUCTION or self.store is not None
 
 
 @attrs.frozen
@@ -390,12 +412,20 @@ class KernelSpec:
     streams: Streams | None = None  # on a nest, where its traits ask for streaming stores
     scratch: tuple[ScratchArray, ...] = ()  # row scratch arrays, in the order they are first stored
     hoisted: tuple[Hoisted, ...] = ()  # per r-loop (by level), what runs once per row
+    tile_loads: tuple[Load, ...] = ()  # a tiled kernel's loads from memory, in the order they are issued
+    asserts: tuple[str, ...] = ()  # the kinds of run-time check ("index", "divisor") spelled as device asserts
 
     def node(self, name: str) -> KernelNode:
         for n in self.nodes:
             if n.name == name:
                 return n
         raise KeyError(name)
+
+    @property
+    def ranges(self) -> dict[sympy.Symbol, int]:
+        """The kernel's index symbols and their ranges (at least 1 each), which
+        index expressions are simplified over."""
+        return self.space.ranges if isinstance(self.space, Tiled) else group_ranges(self.group)
 
     @property
     def ptr(self) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """The KernelProgram as text: per kernel its space, loop nest (on a target that
-runs nests) and streamed stores, parameters, tails, nodes (with their bodies in
+runs nests) and streamed stores, parameters, tails, the checks it asserts on the
+device, a tiled kernel's loads in the order it issues them, nodes (with their bodies in
 kernel coordinates), stages, row scratch arrays and what each r-loop computes once
 per row, and launches.  Every line that describes a kernel or a node starts with
 its name, so a verifier's error can point at it.  A subtree of the nest's bodies
@@ -164,6 +165,11 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     tails = "" if k.tails is None else (f"; tails: outer {'yes' if k.tails.outer else 'no'}, "
                                          f"inner {'yes' if k.tails.inner else 'no'}")
     out.append(f"    index: {'int64' if k.wide_index else 'int32'}{tails}")
+    if k.asserts:
+        out.append(f"    asserts: {', '.join(k.asserts)} (device asserts: the launch compiles them in)")
+    if k.tile_loads:
+        out.append("    tile loads: " + ", ".join(f"{ld.name}[{', '.join(map(str, ld.index))}]"
+                                              + (" masked" if ld.mask is not None else "") for ld in k.tile_loads))
     out.append("    nodes:")
     for n in k.nodes:
         out += show_node(n, "      ") if bodies else show_node(n, "      ")[:1]

@@ -41,13 +41,18 @@ K10 streams, scratch arrays and hoisted values need a loop nest.  Streamed store
    a subtree of the bodies it computes that does not vary along the row (reads
    no r loop variable and no inner node); a division by a reciprocal is a truediv
    there by such a value, of one that varies
+K11 a tiled kernel's tile loads are the loads from memory of its bodies (of
+   buffers it reads, not nodes it computes), each once; other spaces have none.
+   The kinds of check a kernel asserts are "index" then "divisor", each named
+   once, each a kind of run-time check its bodies have; a divisor is not asserted
+   on a CUDA device (eager does not check it there)
 """
 
 from __future__ import annotations
 
 import math
 
-from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, Op, walk
+from coil.ir.expr import Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
 from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
     Body,
@@ -120,6 +125,7 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     _verify_launches(p, stage, k)
     _verify_nest(p, stage, k)
     _verify_row_work(p, stage, k)
+    _verify_loads_and_asserts(p, stage, k)
 
 
 def _verify_computes(p: KernelProgram, stage: str, k: KernelSpec, where: dict[str, int]) -> None:
@@ -297,3 +303,16 @@ def _varies(e: Expr, inner: set[str], kept: set[str], rnames: set[str]) -> bool:
         if isinstance(x, IndexExpr) and {str(s) for s in x.expr.free_symbols} & rnames:
             return True
     return False
+
+
+def _verify_loads_and_asserts(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    if k.tile_loads:
+        inside = {n.name for n in k.nodes}
+        found = {ld for n in k.nodes for ld in loads(n.body) if ld.name not in inside}
+        if not isinstance(k.space, Tiled) or len(set(k.tile_loads)) != len(k.tile_loads) or set(k.tile_loads) != found:
+            fail(p, stage, k.name, f"K11 tile loads of {[ld.name for ld in k.tile_loads]} are not its bodies' "
+                                   "loads from memory, each once, in a tiled space")
+    kinds = {e.kind for n in k.nodes for e in walk(n.body) if isinstance(e, Check) and e.checked}
+    if (k.asserts != tuple(kind for kind in ("index", "divisor") if kind in k.asserts) or not kinds >= set(k.asserts)
+            or ("divisor" in k.asserts and k.device.startswith("cuda"))):
+        fail(p, stage, k.name, f"K11 asserts {list(k.asserts)} on {k.device}, its bodies check {sorted(kinds)}")

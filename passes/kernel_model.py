@@ -29,14 +29,14 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Load, indirect_loads, loads, rsyms, xsyms
 from coil.ir.fused import FusedKernel
 from coil.ir.indexing import numel, simplify_index, unflatten
-from coil.ir.kernel import RINDEX, XINDEX, Param, ParamRole, Role
+from coil.ir.kernel import RINDEX, XINDEX, Param, ParamRole, Role, group_ranges
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
 from coil.options import SplitTraits
 
 
 def kernel_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:
-    return {XINDEX: max(group[0], 1), RINDEX: max(group[1], 1)}
+    return group_ranges(group)
 
 
 def splits_rows(group: tuple[int, int], splits: SplitTraits, row_min: int = 0) -> bool:

@@ -11,6 +11,9 @@ one policy, from the target's frozen traits (coil/options.py: TargetTraits):
 - the stages: one scope, or outer stages and reduction loops with their
   accumulators, online softmax included (loops.py);
 - the launches, their configs and tails, and the rule that chose each (launch.py);
+  the kinds of run-time check a kernel asserts on the device, which its launch
+  compiles in (launch.py: device_asserts, where the traits have device asserts);
+  the order a tiled kernel issues its loads in (tiling.py: load_order);
 - on a target that runs loop nests, each kernel's nest (nest.py) and how its
   threads and vector lanes share the work: lanes down columns, rows split among
   threads, tiles or blocks, parallel loops (threads.py);
@@ -121,8 +124,10 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
               split_rblock: int = 0) -> KernelSpec:
     """The spec with its launches and tails, where the target plans them (none for
     a kernel with nothing to compute)."""
-    spec = KernelSpec(k.name, k.kind, k.group, layouts[k.nodes[0]].device, space, params, nodes, stages,
-                      _largest(k, params, layouts) >= INT32_LIMIT, None, ())
+    device = layouts[k.nodes[0]].device
+    spec = KernelSpec(k.name, k.kind, k.group, device, space, params, nodes, stages,
+                      _largest(k, params, layouts) >= INT32_LIMIT, None, (),
+                      asserts=launch.device_asserts(nodes, device) if traits.device_asserts else ())
     lt = traits.launch
     n, r = k.group
     if lt is None or n == 0:
@@ -136,6 +141,7 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
         case Tiled():
             launches = (launch.launch(lt, k.name, "tiled", n, r, spec.reductions, space),)
             tails = launch.tails(lt, "tiled", space.ynumel, space.xnumel, 1)
+            spec = attrs.evolve(spec, tile_loads=tiling.load_order(nodes, layouts))
         case _:
             kind = spec.config_kind
             launches = (launch.launch(lt, k.name, kind, n, r, spec.reductions, None),)

@@ -37,6 +37,7 @@ from coil.ir.bounds import load_in_bounds, runtime_checks, value_range
 from coil.ir.buffers import BufferGraph, ComputedBuffer, ExternBuffer
 from coil.ir.expr import Check, Constant, Expr, IndexExpr, Load, Op, evaluate, walk, xsyms
 from coil.ir.layout import Layout
+from coil.ir.module import CompiledModule
 from coil.ir.printer import show
 
 TARGETS = ["cpp", "reference", "triton"]
@@ -574,20 +575,24 @@ def test_cuda_source_compiles_the_asserts_in() -> None:
     the assert nor the options (eager does not check it on CUDA)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    def source(fn: Callable[..., Any], make: Callable[[], list[torch.Tensor]]) -> str:
+    def module(fn: Callable[..., Any], make: Callable[[], list[torch.Tensor]]) -> CompiledModule:
         with FakeTensorMode():
             inputs = make()
         gm = make_fx(fn, tracing_mode="fake")(*inputs)
-        return str(coil.default_pipeline().run(gm, inputs, until="kernel_gen",
-                                               options=coil.Options(target="triton", graph_cache=False)).source)
+        out = coil.default_pipeline().run(gm, inputs, until="kernel_gen",
+                                          options=coil.Options(target="triton", graph_cache=False))
+        assert isinstance(out, CompiledModule)
+        return out
 
-    gather = source(lambda x, i: x.gather(1, i) + 1,
+    gather = module(lambda x, i: x.gather(1, i) + 1,
                     lambda: [torch.empty(4, 6, device="cuda"), torch.empty(4, 2, dtype=torch.int64, device="cuda")])
-    assert "tl.device_assert(" in gather
-    assert "{'XBLOCK': 16, 'num_warps': 1, 'debug': True, 'sanitize_overflow': False})" in gather  # its Launcher
-    assert "'debug': True, 'sanitize_overflow': False}" in gather  # precompiled as launched
-    division = source(lambda a, b: a // b, lambda: [torch.empty(8, dtype=torch.int64, device="cuda")] * 2)
-    assert "tl.device_assert(" not in division and "debug=True" not in division
+    assert [k.asserts for k in gather.program.specs] == [("index",)]  # the decision, in the spec
+    # its spelling: the assert, and the options its Launcher and its precompile spec launch it with
+    assert "tl.device_assert(" in gather.source
+    assert "{'XBLOCK': 16, 'num_warps': 1, 'debug': True, 'sanitize_overflow': False})" in gather.source
+    assert "'debug': True, 'sanitize_overflow': False}" in gather.source
+    division = module(lambda a, b: a // b, lambda: [torch.empty(8, dtype=torch.int64, device="cuda")] * 2)
+    assert [k.asserts for k in division.program.specs] == [()]
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -69,6 +69,14 @@ def _transpose_add() -> KernelProgram:
     return program(lambda a, b: a + b.t(), [torch.randn(64, 96), torch.randn(96, 64)])
 
 
+def _checked_gather() -> KernelProgram:
+    """An index and a divisor checked at run time (on CPU tensors: both asserted)."""
+    g = torch.Generator().manual_seed(0)
+    return program(lambda x, i, d: x.gather(1, i) // d,
+                   [torch.randint(-5, 5, (4, 6), generator=g), torch.randint(0, 6, (4, 2), generator=g),
+                    torch.randint(1, 3, (4, 2), generator=g)])
+
+
 def _ce(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(a, t)
 
@@ -88,6 +96,7 @@ GOLDEN: dict[str, Callable[[], KernelProgram]] = {
     "long_row_sum": _long_row,
     "transpose_add": _transpose_add,
     "cross_entropy": _cross_entropy,
+    "checked_gather": _checked_gather,
 }
 
 
@@ -331,6 +340,29 @@ def test_tiles_and_their_tails() -> None:
     assert plain.space == Flat(64 * 96, 1) and plain.launches[0].rule is LaunchRule.POINTWISE
 
 
+def test_tiled_loads_along_the_store_come_first() -> None:
+    """b.t() + a stores along xindex: a's load (along it) is issued before b's
+    (across it), whatever the order in the graph."""
+    (k,) = program(lambda a, b: b.t() + a, [torch.randn(64, 96), torch.randn(96, 64)]).specs
+    assert isinstance(k.space, Tiled) and [ld.name for ld in k.tile_loads] == ["b_1", "a_1"]
+    assert [ld.name for ld in _transpose_add().specs[0].tile_loads] == ["a_1", "b_1"]
+    (flat,) = program(lambda a, b: a + b, [torch.randn(64, 96), torch.randn(64, 96)]).specs
+    assert flat.tile_loads == ()
+
+
+def test_device_asserts_by_device_and_target() -> None:
+    """An interpreted kernel (CPU tensors) asserts its index and its divisor checks;
+    a target whose checks are no device asserts (the C++ target) records none."""
+    (k,) = _checked_gather().specs
+    assert k.asserts == ("index", "divisor") and k.device == "cpu"
+    (c,) = program(lambda x, i, d: x.gather(1, i) // d,
+                   [torch.randint(-5, 5, (4, 6)), torch.randint(0, 6, (4, 2)), torch.randint(1, 3, (4, 2))],
+                   target="cpp").specs
+    assert c.asserts == ()
+    (plain,) = _softmax().specs
+    assert plain.asserts == ()
+
+
 def test_chains_and_wide_rows_have_their_rules() -> None:
     def chain(y: torch.Tensor) -> torch.Tensor:
         for _ in range(8):
@@ -549,3 +581,19 @@ def test_hoisted_values_that_vary_along_the_row() -> None:
 def test_specs_follow_the_plans_kernels() -> None:
     kp = _cross_entropy()
     _reject(attrs.evolve(kp, specs=kp.specs[::-1]), "K1 specs do not match the plan's kernels")
+
+
+def test_tile_loads_and_asserts_that_do_not_fit() -> None:
+    kp = _transpose_add()
+    (k,) = kp.specs
+    _reject(_with(kp, attrs.evolve(k, tile_loads=k.tile_loads[:1])),
+            rf"{k.name}: K11 tile loads of \['a_1'\] are not its bodies' loads from memory")
+    _reject(_with(kp, attrs.evolve(k, tile_loads=k.tile_loads * 2)), rf"{k.name}: K11 tile loads")
+    kp = _checked_gather()
+    (k,) = kp.specs
+    _reject(_with(kp, attrs.evolve(k, device="cuda:0")),
+            rf"{k.name}: K11 asserts \['index', 'divisor'\] on cuda:0, its bodies check \['divisor', 'index'\]")
+    _reject(_with(kp, attrs.evolve(k, asserts=("divisor", "index"))), rf"{k.name}: K11 asserts \['divisor', 'index'\]")
+    kp = _softmax()
+    (k,) = kp.specs
+    _reject(_with(kp, attrs.evolve(k, asserts=("index",))), rf"{k.name}: K11 asserts \['index'\] on cpu, its bodies check \[\]")

@@ -8,7 +8,8 @@ A reduction of one long row launches as two kernels, partial results then their
 combination (split.py).  Kernels on CUDA tensors launch under `torch.cuda.device(...)`; kernels on CPU
 tensors need the Triton interpreter (TRITON_INTERPRET=1), which the call checks.
 
-A kernel with run-time checks (handler.py: tl.device_assert) launches on CUDA with
+A kernel whose spec asserts run-time checks (KernelSpec.asserts, spelled as
+handler.py's tl.device_assert) launches on CUDA with
 `debug=True` (Triton compiles device asserts only then) and `sanitize_overflow=False`
 (which debug would otherwise turn on: asserts on every int32 overflow, where eager
 wraps), as Inductor launches its kernels with indirect indexing; a failed check is
@@ -31,7 +32,6 @@ from coil.backends.triton.kernel import kernel_source
 from coil.backends.triton.runtime import Launch, interpreter_on
 from coil.backends.triton.split import split_source
 from coil.backends.wrapper import owns_storage
-from coil.ir.bounds import runtime_checks
 from coil.ir.buffers import ExternBuffer
 from coil.ir.expr import check_error
 from coil.ir.kernel import KernelLaunch, KernelSpec, LaunchRule, Split, Tiled
@@ -43,14 +43,6 @@ from coil.passes.kernel_model import kernel_layouts
 
 # launch options of a CUDA kernel whose device asserts must exist
 CHECKED_LAUNCH = {"debug": True, "sanitize_overflow": False}
-
-
-def asserts(k: KernelSpec, program: WrapperProgram) -> bool:
-    """Whether k's source has device asserts: a run-time check of an index (on
-    CUDA) or of any value (interpreted, on CPU tensors; handler.check)."""
-    cuda = k.device.startswith("cuda")
-    bodies = (program.get(n.name).body for n in k.nodes)  # type: ignore[union-attr]
-    return any(c.kind == "index" or not cuda for body in bodies for c in runtime_checks(body))
 
 
 _CHECK_MESSAGE = re.compile(r"coil check: error=(\w+) dim=(-?\d+) size=(\d+)")
@@ -127,7 +119,7 @@ def launches(line: KernelCall, program: WrapperProgram) -> tuple[list[str], list
         tensors = (*tensors, *ws)
         after = [f"del {', '.join(ws)}"]
     out = [_launch(k, ln, tensors) for ln in k.launches]
-    if asserts(k, program) and k.device.startswith("cuda"):
+    if k.asserts and k.device.startswith("cuda"):
         out = [ln.with_meta(CHECKED_LAUNCH) for ln in out]
     return before, out, after
 
@@ -178,7 +170,7 @@ def precompile_specs(program: WrapperProgram) -> list[str]:
         cfg = launch.config
         args = [str(program.layout(a).dtype) for a in ln.args] + [str(n) for n in launch.sizes]
         meta = ", ".join(f"{key!r}: {v}" for key, v in (*cfg.meta().items(), ("num_warps", cfg.num_warps)))
-        if asserts(k, program):
+        if k.asserts:
             meta += "".join(f", {key!r}: {v}" for key, v in CHECKED_LAUNCH.items())
         out.append(f"    ({k.name}, ({', '.join(args)},), {{{meta}}}, {k.device!r}),")
     return out
@@ -227,7 +219,7 @@ class TritonBackend:
         for text in helpers_for((k.source for k in kernels), cuda and not interpreter_on()) + [k.source for k in kernels]:
             out += ["", text, ""]
         if cuda and not options.autotune:  # bound launches: Triton's binding runs once (runtime.Launcher)
-            guard = _guard_device(program)
+            guard = self.guard_device(program)
             _, unknown = aligned_by_allocation(program)
             out.append("")
             for ln in program.lines:
@@ -259,7 +251,7 @@ class TritonBackend:
                 return [*before, *(ln.line() for ln in out), *after]
             return [*before, *(ln.bound_line("stream0") for ln in out), *after]
         body = [ln.line() for ln in out]
-        if asserts(k, program):
+        if k.asserts:
             body = ["with interpreter_checks():", *("    " + ln for ln in body)]
         return [*before, *body, *after]
 
@@ -268,7 +260,7 @@ class TritonBackend:
         current stream that the bound launches take, or None when a graph input
         they launch on is not 16-byte aligned (then they launch through Triton's
         path, which specializes on alignment)."""
-        guard = _guard_device(program)
+        guard = self.guard_device(program)
         if guard is None:
             return []
         graph = program.buffer_graph
@@ -285,19 +277,15 @@ class TritonBackend:
         return [*moved, f"stream0 = None if ({ptrs}) & 15 else raw_stream({index})"]
 
     def guard_device(self, program: WrapperProgram) -> str | None:
-        """The CUDA device current while `call` runs (device_guard's), if any."""
-        return _guard_device(program)
+        """The CUDA device current while `call` runs (device_guard's), if any: its
+        first CUDA kernel's."""
+        return next((k.device for k in program.specs if k.device.startswith("cuda")), None)
 
     def device_guard(self, program: WrapperProgram) -> str | None:
         """The `with` line the wrapper puts around the body of `call`."""
         if not program.specs:
             return None
-        cuda = _guard_device(program)
+        cuda = self.guard_device(program)
         if cuda is not None:
             return f"with torch.cuda.device({cuda!r}):"
         return "with interpreted():"
-
-
-def _guard_device(program: WrapperProgram) -> str | None:
-    """The CUDA device of the call's device guard: its first CUDA kernel's."""
-    return next((k.device for k in program.specs if k.device.startswith("cuda")), None)

@@ -15,11 +15,12 @@ by the tails of every symbol its values depend on too.
 
 A Check that runs becomes `tl.device_assert` (lanes past the tails excluded) and
 then a clamp, so no lane reads outside its buffer even where asserts are compiled
-out.  On CUDA the kernel must be compiled with debug on for the assert to exist
-(codegen.py launches such kernels with `debug=True, sanitize_overflow=False`);
-integer division is not checked there, as eager does not check it on CUDA either.
-Under the interpreter (CPU tensors) codegen.interpreter_checks turns the asserts on
-and makes a failed one eager's error, divisors included.
+out; a divisor check only where the spec asserts divisors (KernelSpec.asserts:
+not on CUDA, where eager does not check integer division either).  On CUDA the
+kernel must be compiled with debug on for the assert to exist (codegen.py launches
+such kernels with `debug=True, sanitize_overflow=False`).  Under the interpreter
+(CPU tensors) codegen.interpreter_checks turns the asserts on and makes a failed
+one eager's error, divisors included.
 """
 
 from __future__ import annotations
@@ -142,13 +143,13 @@ class TritonHandler:
     expressions of xindex / rindex) to Triton variables."""
 
     def __init__(self, out: Emitter, ptr: Mapping[str, str], layouts: Mapping[str, Layout],
-                 registers: Mapping[str, str], ranges: Mapping[sympy.Symbol, int], cuda: bool = False) -> None:
+                 registers: Mapping[str, str], ranges: Mapping[sympy.Symbol, int], divisors: bool = False) -> None:
         self.out = out
         self.ptr = ptr
         self.layouts = layouts
         self.registers = registers
         self.ranges = ranges
-        self.cuda = cuda  # the kernel runs on a GPU (else in the interpreter, on CPU tensors)
+        self.divisors = divisors  # divisor checks are asserted (the spec's asserts: not on CUDA)
 
     # ---- leaves -------------------------------------------------------------------------
 
@@ -191,7 +192,7 @@ class TritonHandler:
         """An index as an int64 position (wrapped, asserted, clamped); a divisor
         asserted nonzero and replaced by 1 where it is 0 (CPU only)."""
         if node.kind == "divisor":
-            if not node.checked or self.cuda:
+            if not node.checked or not self.divisors:
                 return arg
             self._assert(f"{arg} != 0", node)
             return self.out.assign(f"tl.where({arg} == 0, {self.typed(1, node.dtype)}, {arg})")
@@ -283,9 +284,11 @@ def _binop(sym: str, bool_sym: str | None = None) -> OpFn:
     return fn
 
 
-def _compare(sym: str) -> OpFn:
+def _text(fmt: str) -> OpFn:
+    """The op spelled from its arguments as they are (`fmt` of their names)."""
+
     def fn(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
-        return h.out.assign(f"{args[0]} {sym} {args[1]}")
+        return h.out.assign(fmt.format(*args))
 
     return fn
 
@@ -298,11 +301,6 @@ def _unary_call(call: str, ints_identity: bool = False) -> OpFn:
         return h.out.assign(call.format(a=a))
 
     return fn
-
-
-def _truediv(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
-    a, b = _same(h, node, args)
-    return h.out.assign(f"{a} / {b}")
 
 
 def _floordiv(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
@@ -322,11 +320,6 @@ def _truncdiv(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
         q = h.out.assign(div)
         return h.out.assign(f"tl.where({q} < 0, tl.ceil({q}), tl.floor({q}))")
     return h.out.assign(f"{a} // {b}")
-
-
-def _fmod(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
-    a, b = _same(h, node, args)
-    return h.out.assign(f"{a} % {b}")  # C remainder for ints, fmod for floats
 
 
 def _remainder(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
@@ -366,18 +359,9 @@ def _logical(sym: str) -> OpFn:
     return fn
 
 
-def _logical_not(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
-    return h.out.assign(f"{args[0]} == 0")
-
-
 def _bitwise_not(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
     (a,) = _same(h, node, args)
     return h.out.assign(f"{a} == 0" if node.dtype == torch.bool else f"~{a}")
-
-
-def _neg(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
-    (a,) = _same(h, node, args)
-    return h.out.assign(f"-{a}")
 
 
 def _abs(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
@@ -418,10 +402,6 @@ def _round(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
     return a if not node.dtype.is_floating_point else h.out.assign(f"_coil_round({a})")
 
 
-def _isnan(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
-    return h.out.assign(f"{args[0]} != {args[0]}")  # never true for ints and bools
-
-
 def _isinf(h: TritonHandler, node: Op, args: tuple[str, ...]) -> str:
     a = args[0]
     if not node.args[0].dtype.is_floating_point:
@@ -439,29 +419,29 @@ _OPS: dict[str, OpFn] = {
     "add": _binop("+", "|"),
     "sub": _binop("-"),
     "mul": _binop("*", "&"),
-    "truediv": _truediv,
+    "truediv": _binop("/"),
     "floordiv": _floordiv,
     "truncdiv": _truncdiv,
-    "fmod": _fmod,
+    "fmod": _binop("%"),  # C remainder for ints, fmod for floats
     "remainder": _remainder,
     "pow": _pow,
     "maximum": _minmax(True),
     "minimum": _minmax(False),
-    "eq": _compare("=="),
-    "ne": _compare("!="),
-    "lt": _compare("<"),
-    "le": _compare("<="),
-    "gt": _compare(">"),
-    "ge": _compare(">="),
+    "eq": _text("{0} == {1}"),
+    "ne": _text("{0} != {1}"),
+    "lt": _text("{0} < {1}"),
+    "le": _text("{0} <= {1}"),
+    "gt": _text("{0} > {1}"),
+    "ge": _text("{0} >= {1}"),
     "logical_and": _logical("&"),
     "logical_or": _logical("|"),
     "logical_xor": _logical("^"),
     "bitwise_and": _binop("&"),
     "bitwise_or": _binop("|"),
     "bitwise_xor": _binop("^"),
-    "logical_not": _logical_not,
+    "logical_not": _text("{0} == 0"),
     "bitwise_not": _bitwise_not,
-    "neg": _neg,
+    "neg": _unary_call("-{a}"),
     "abs": _abs,
     "reciprocal": _reciprocal,
     "sqrt": _unary_call("tl.sqrt({a})"),
@@ -484,7 +464,7 @@ _OPS: dict[str, OpFn] = {
     "ceil": _unary_call("tl.ceil({a})", ints_identity=True),
     "round": _round,
     "trunc": _trunc,
-    "isnan": _isnan,
+    "isnan": _text("{0} != {0}"),  # never true for ints and bools
     "isinf": _isinf,
     "where": _where,
 }

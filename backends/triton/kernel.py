@@ -1,6 +1,7 @@
 """One fused kernel as a @triton.jit function: the KernelSpec that schedule_kernels
 made (ir/kernel.py), spelled in Triton.  Every decision (space, stages, online
-softmax, tails, launch) is read from the spec; this module only writes it out.
+softmax, tails, launch, the order of a tiled kernel's loads, the checks asserted)
+is read from the spec; this module only writes it out.
 
 Shapes by space:
 
@@ -17,12 +18,13 @@ Shapes by space:
                 evaluates its `computes` (an online sum rescaled to its max's
                 running row max, `reductions.online_*`).  A loop whose length
                 RBLOCK may not divide runs its full steps unmasked and the partial
-                last step after them, masked (`_LoopStep`)
+                last step after them, masked (`LoopStep`)
 
 A split reduction is written by split.py instead, as partial results over many
 programs and their combination.
 
-Every scope issues its loads from memory first (`hoist_loads`); a mask is a
+Every scope issues its loads from memory first (`hoist_loads`; a tiled kernel's
+in the spec's `tile_loads` order); a mask is a
 constant True where the spec says no launch config leaves a tail.  A node's value
 goes to `registers` (cast to its buffer's dtype, as a store and reload would give)
 for the nodes after it; it is stored where the spec gives it a store position.
@@ -30,7 +32,7 @@ for the nodes after it; it is stored where the spec gives it a store position.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import attrs
 import sympy
@@ -38,7 +40,7 @@ import torch
 
 from coil.backends.triton import reductions
 from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index, tl_dtype
-from coil.ir.expr import Expr, Load, evaluate, loads
+from coil.ir.expr import Expr, evaluate, loads
 from coil.ir.kernel import (
     RINDEX,
     XINDEX,
@@ -48,7 +50,6 @@ from coil.ir.kernel import (
     KernelSpec,
     Loop,
     Outer,
-    Param,
     Role,
     Rows,
     Tails,
@@ -57,62 +58,36 @@ from coil.ir.kernel import (
 )
 from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
-from coil.passes.kernel_model import kernel_ranges
 from coil.passes.schedule.split import result_dtype
-from coil.passes.schedule.tiling import contiguous_axis
 
 
 @attrs.frozen
 class KernelContext:
-    """A spec and what its rendering looks up: every buffer's layout, the
-    pointer argument of each parameter, and the index ranges."""
+    """A spec and every buffer's layout (where a load's index lies in memory)."""
 
     spec: KernelSpec
     layouts: Mapping[str, Layout]
-
-    @property
-    def nodes(self) -> tuple[KernelNode, ...]:
-        return self.spec.nodes
-
-    @property
-    def ptr(self) -> dict[str, str]:
-        return self.spec.ptr
-
-    @property
-    def ranges(self) -> dict[sympy.Symbol, int]:
-        space = self.spec.space
-        return space.ranges if isinstance(space, Tiled) else kernel_ranges(self.spec.group)
 
     @property
     def tails(self) -> Tails:
         assert self.spec.tails is not None, f"{self.spec.name}: the triton target plans every launch's tails"
         return self.spec.tails
 
-    @property
-    def store_axis(self) -> str:
-        """A tiled kernel's first store's contiguous axis (x when none is)."""
-        return next((contiguous_axis(n.store) or "x" for n in self.nodes if n.store is not None), "x")
-
 
 # ---- pieces every kind shares ----------------------------------------------------------------
 
 
-def signature(spec: KernelSpec) -> str:
+def signature(spec: KernelSpec, name: str = "", workspaces: int = 0) -> str:
+    """Pointers (in, then out, then a split's workspaces), the sizes, then the
+    block constexprs."""
+    args = [p.arg for p in spec.params] + [f"ws_ptr{i}" for i in range(workspaces)]
     if isinstance(spec.space, Tiled):
-        args = [p.arg for p in spec.params] + ["ynumel", "xnumel", "YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
-        return f"def {spec.name}({', '.join(args)}):"
-    return signature_of(spec.name, spec.kind, spec.params)
-
-
-def signature_of(name: str, kind: str, params: tuple[Param, ...]) -> str:
-    """Pointers (in, then out), the sizes, then the block constexprs."""
-    args = [p.arg for p in params] + ["xnumel"]
-    if kind != "pointwise":
-        args.append("rnumel")
-    args.append("XBLOCK: tl.constexpr")
-    if kind != "pointwise":
-        args.append("RBLOCK: tl.constexpr")
-    return f"def {name}({', '.join(args)}):"
+        args += ["ynumel", "xnumel", "YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
+    elif spec.kind == "pointwise":
+        args += ["xnumel", "XBLOCK: tl.constexpr"]
+    else:
+        args += ["xnumel", "rnumel", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+    return f"def {name or spec.name}({', '.join(args)}):"
 
 
 def mask(out: Emitter, name: str, test: str, shape: str, always: bool) -> None:
@@ -176,7 +151,7 @@ def finish_node(ctx: KernelContext, out: Emitter, n: KernelNode, value: str, dty
         need = (XINDEX, RINDEX) if n.role is Role.INNER else (XINDEX,)
         lanes = "xrmask" if n.role is Role.INNER else "xmask"
     index = _broadcast(print_index(n.store), n.store, need)
-    out.emit(f"tl.store({ctx.ptr[n.name]} + {index}, {reg}, {lanes})")
+    out.emit(f"tl.store({ctx.spec.ptr[n.name]} + {index}, {reg}, {lanes})")
 
 
 def comment(n: KernelNode) -> str:
@@ -185,37 +160,20 @@ def comment(n: KernelNode) -> str:
 
 
 def handler(ctx: KernelContext, out: Emitter, registers: Mapping[str, str]) -> TritonHandler:
-    return TritonHandler(out, ctx.ptr, ctx.layouts, registers, ctx.ranges, ctx.spec.device.startswith("cuda"))
+    return TritonHandler(out, ctx.spec.ptr, ctx.layouts, registers, ctx.spec.ranges, "divisor" in ctx.spec.asserts)
 
 
 def hoist_loads(ctx: KernelContext, out: Emitter, nodes: list[KernelNode], registers: Mapping[str, str],
                 memo: dict[Expr, str]) -> None:
     """Issue the scope's loads from memory first, as Inductor does, so their
     latency overlaps the arithmetic that follows (loads of values this kernel
-    computes come from registers and stay where they are)."""
-    inside = {n.name for n in ctx.nodes}
+    computes come from registers and stay where they are); a tiled kernel's in
+    the spec's order."""
+    inside = {n.name for n in ctx.spec.nodes}
     h = handler(ctx, out, registers)
-    found = [ld for n in nodes for ld in loads(n.body) if ld.name not in inside and ld.name not in registers]
-    if isinstance(ctx.spec.space, Tiled):
-        found.sort(key=_tile_load_order(ctx))
+    found = ctx.spec.tile_loads or [ld for n in nodes for ld in loads(n.body) if ld.name not in inside]
     for ld in found:
         evaluate(ld, h, memo)
-
-
-def _tile_load_order(ctx: KernelContext) -> Callable[[Load], int]:
-    """A tiled kernel's loads, those contiguous along its store's axis first and
-    those along the other axis last.  Triton computes in the layout of the last
-    load and converts the earlier ones to it, so x + y.t() in this order converts x
-    to y's layout and the sum back for its store: two shared-memory round trips a
-    tile against one the other way round; yet this order ran faster on the H200
-    (bench/probes/tile_load_order.py), so it is kept."""
-    axis = ctx.store_axis
-
-    def key(ld: Load) -> int:
-        along = contiguous_axis(ctx.layouts[ld.name].offset_of(ld.index))
-        return 1 if along is None else (0 if along == axis else 2)
-
-    return key
 
 
 def node_value(ctx: KernelContext, out: Emitter, n: KernelNode, registers: Mapping[str, str],
@@ -230,15 +188,15 @@ def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
     """Nodes in kernel order with one CSE table: every value stays in registers."""
     registers: dict[str, str] = {}
     memo: dict[Expr, str] = {}
-    hoist_loads(ctx, out, list(ctx.nodes), registers, memo)
-    for n in ctx.nodes:
+    hoist_loads(ctx, out, list(ctx.spec.nodes), registers, memo)
+    for n in ctx.spec.nodes:
         out.emit(comment(n))
         if n.role is not Role.REDUCTION:
             finish_node(ctx, out, n, node_value(ctx, out, n, registers, memo), n.body.dtype, registers)
             continue
         rt = reduction_type(n)
         if isinstance(ctx.spec.space, Flat):
-            v = None if ctx.spec.group[1] == 0 else node_value(ctx, out, n, registers, memo)
+            v = None if ctx.spec.space.rnumel == 0 else node_value(ctx, out, n, registers, memo)
             value = reductions.trivial(out, rt, v, n.body.dtype)
         else:
             value = reductions.persistent(out, rt, node_value(ctx, out, n, registers, memo), n.body.dtype)
@@ -268,8 +226,7 @@ def emit_outer(ctx: KernelContext, out: Emitter, st: Outer, registers: dict[str,
 
 def loop_roots(ctx: KernelContext, loop: Loop) -> list[KernelNode]:
     """What a loop exists for: its reductions and the inner nodes it stores."""
-    nodes = [ctx.spec.node(n) for n in loop.nodes]
-    return [n for n in nodes if n.role is Role.REDUCTION or n.store is not None]
+    return [n for n in map(ctx.spec.node, loop.nodes) if n.is_root]
 
 
 def _emit_loop(ctx: KernelContext, out: Emitter, loop: Loop, registers: dict[str, str],
@@ -350,11 +307,8 @@ class LoopStep:
                 steps[n.name] = reductions.online_row_max(out, self.row_max[n.name], value)
             elif n.role is Role.REDUCTION:
                 reductions.looped_update(out, reduction_type(n), self.accs[n.name], value, n.body.dtype)
-            elif n.name in self.loop.nodes:
-                finish_node(ctx, out, n, value, n.body.dtype, inner_regs)
-            else:  # an earlier loop stored it; here it is only recomputed
-                inner_regs[n.name] = value if n.body.dtype == n.dtype else out.assign(
-                    convert(value, n.body.dtype, n.dtype))
+            else:  # stored by the loop it sits in; in a later loop only recomputed
+                finish_node(ctx, out, n, value, n.body.dtype, inner_regs, store=n.name in self.loop.nodes)
         for m, (new_max, _, _) in steps.items():
             out.emit(f"{self.row_max[m]} = {new_max}")
         out.indent -= 1

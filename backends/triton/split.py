@@ -29,7 +29,7 @@ from coil.backends.triton.kernel import (
     loop_roots,
     mask,
     reduction_type,
-    signature_of,
+    signature,
 )
 from coil.ir.expr import Expr
 from coil.ir.kernel import KernelSpec, Loop, Outer, Role, Split
@@ -39,21 +39,14 @@ from coil.passes.schedule.launch import combine_name
 from coil.passes.schedule.split import result_dtype
 
 
-def _signature(spec: KernelSpec, split: Split, name: str) -> str:
-    sig = signature_of(spec.name, spec.kind, spec.params)
-    ws = ", ".join(f"ws_ptr{i}" for i in range(len(split.workspaces)))
-    return sig.replace(f"def {spec.name}(", f"def {name}(").replace(", xnumel,", f", {ws}, xnumel,")
-
-
-def _row_scope(out: Emitter, ctx: KernelContext, axis: int, xblock: int) -> None:
-    """XBLOCK rows per program (one, or a block of columns), on grid axis `axis`."""
+def _scope(ctx: KernelContext, axis: int, xblock: int) -> Emitter:
+    """A body to emit into: XBLOCK rows per program (one, or a block of columns),
+    on grid axis `axis`; a partial block only where the spec's tails say."""
+    out = Emitter()
     pid = f"tl.program_id({axis})" + (".to(tl.int64)" if ctx.spec.wide_index else "")
-    if xblock == 1:
-        out.emit(f"xindex = {pid} + tl.arange(0, XBLOCK)[:, None]")
-        out.emit("xmask = tl.full([XBLOCK, 1], True, tl.int1)")
-        return
-    out.emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+    out.emit(f"xindex = {pid}{' * XBLOCK' if xblock != 1 else ''} + tl.arange(0, XBLOCK)[:, None]")
     mask(out, "xmask", "xindex < xnumel", "[XBLOCK, 1]", not ctx.tails.outer)
+    return out
 
 
 def _outer(ctx: KernelContext, out: Emitter, level: int, registers: dict[str, str], memo: dict[Expr, str],
@@ -61,14 +54,6 @@ def _outer(ctx: KernelContext, out: Emitter, level: int, registers: dict[str, st
     for st in ctx.spec.stages:
         if isinstance(st, Outer) and st.level == level:
             emit_outer(ctx, out, st, registers, memo, store)
-
-
-def _scope(ctx: KernelContext, row_axis: int, xblock: int) -> Emitter:
-    """A body to emit into: XBLOCK rows per program, on grid axis `row_axis`."""
-    out = Emitter()
-    out.indent = 1
-    _row_scope(out, ctx, row_axis, xblock)
-    return out
 
 
 def _loop(ctx: KernelContext) -> Loop:
@@ -85,8 +70,7 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     out.emit(f"rstart = {pid} * {split.chunk}")
     _outer(ctx, out, 0, registers, memo, store=False)  # stored once, by the combine
     loop = _loop(ctx)
-    roots = loop_roots(ctx, loop)
-    roots = [n for n in roots if n.role is Role.REDUCTION] + [n for n in roots if n.role is not Role.REDUCTION]
+    roots = sorted(loop_roots(ctx, loop), key=lambda n: n.role is not Role.REDUCTION)  # reductions first
     index_dt = torch.int64 if ctx.spec.wide_index else torch.int32
     accs = {a.node: reductions.looped_init(out, a.reduction_type, ctx.spec.node(a.node).body.dtype, index_dt)
             for a in loop.accumulators}
@@ -95,7 +79,7 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     out.indent += 1
     out.emit("roffset = rstart + rstep")
     out.indent -= 1
-    LoopStep(ctx, out, loop, {}, accs, {}).emit(registers, memo, masked=True)
+    LoopStep(ctx, out, loop, {}, accs, {}).emit(registers, memo, masked=ctx.tails.inner)
     i = 0
     for a in loop.accumulators:
         for value in reductions.split_partials(out, a.reduction_type, accs[a.node], ctx.spec.node(a.node).body.dtype):
@@ -130,6 +114,7 @@ def split_source(spec: KernelSpec, layouts: Mapping[str, Layout]) -> KernelSourc
     split = spec.space
     assert isinstance(split, Split)
     ctx = KernelContext(spec, layouts)
-    first = ["@triton.jit", _signature(spec, split, spec.name), *_partials(ctx, split)]
-    second = ["@triton.jit", _signature(spec, split, combine_name(spec.name)), *_combine(ctx, split)]
+    ws = len(split.workspaces)
+    first = ["@triton.jit", signature(spec, spec.name, ws), *_partials(ctx, split)]
+    second = ["@triton.jit", signature(spec, combine_name(spec.name), ws), *_combine(ctx, split)]
     return KernelSource(spec.name, "\n".join(first + ["", ""] + second), "triton")

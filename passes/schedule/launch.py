@@ -22,8 +22,22 @@ what stays here is the shape of each rule:
 
 from __future__ import annotations
 
-from coil.ir.kernel import KernelLaunch, LaunchConfig, LaunchRule, Split, Tails, Tiled
+from typing import Sequence
+
+from coil.ir.bounds import runtime_checks
+from coil.ir.kernel import KernelLaunch, KernelNode, LaunchConfig, LaunchRule, Split, Tails, Tiled
 from coil.options import LaunchTraits, SplitTraits
+
+
+def device_asserts(nodes: Sequence[KernelNode], device: str) -> tuple[str, ...]:
+    """The kinds of run-time check a kernel on `device` asserts, in the order
+    ("index", "divisor"): an index wherever one is checked; a divisor only off
+    the GPU, as eager checks integer division by zero on the CPU and not on CUDA
+    (an interpreted kernel on CPU tensors asserts both).  A kernel with any
+    launches with its device asserts compiled in (Triton: debug on)."""
+    kinds = {c.kind for n in nodes for c in runtime_checks(n.body)}
+    cuda = device.startswith("cuda")
+    return tuple(kind for kind in ("index", "divisor") if kind in kinds and (kind == "index" or not cuda))
 
 
 def next_power_of_2(n: int) -> int:

@@ -116,7 +116,7 @@ def looped_stages(nodes: Sequence[KernelNode], online: Mapping[str, str],
         here = [n for n in nodes if n.role is not Role.OUTER and level[n.name] == k]
         if not here:
             continue
-        roots = [n.name for n in here if n.role is Role.REDUCTION or n.store is not None]
+        roots = [n.name for n in here if n.is_root]
         computes = needed(nodes, roots, online) if roots else set()
         reds = [n for n in here if n.role is Role.REDUCTION]
         stages.append(Loop(k, tuple(n.name for n in here), tuple(n.name for n in nodes if n.name in computes),

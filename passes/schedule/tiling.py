@@ -11,9 +11,9 @@ from typing import Collection, Mapping, Sequence
 import sympy
 
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import indirect_loads, loads, xsyms
+from coil.ir.expr import Load, indirect_loads, loads, xsyms
 from coil.ir.indexing import simplify_index, unflatten
-from coil.ir.kernel import XINDEX, YINDEX, Tiled
+from coil.ir.kernel import XINDEX, YINDEX, KernelNode, Tiled
 from coil.ir.layout import Layout
 from coil.options import TileTraits
 from coil.passes.kernel_model import offset_step
@@ -44,6 +44,26 @@ def contiguous_axis(off: sympy.Expr) -> str | None:
     if dx == 1:
         return "x"
     return "y" if _down_columns(dy, dx) else None
+
+
+def load_order(nodes: Sequence[KernelNode], layouts: Mapping[str, Layout]) -> tuple[Load, ...]:
+    """A tiled kernel's loads from memory (each once, first-read order), those
+    contiguous along its first store's axis (x when it has none) first, those
+    along neither axis next and those along the other axis last.  Triton computes
+    in the layout of the last load and converts the earlier ones to it, so
+    x + y.t() in this order converts x to y's layout and the sum back for its
+    store: two shared-memory round trips a tile against one the other way round;
+    yet this order ran faster on the H200 (bench/probes/tile_load_order.py), so it
+    is kept."""
+    axis = next((contiguous_axis(n.store) or "x" for n in nodes if n.store is not None), "x")
+    inside = {n.name for n in nodes}
+    found = dict.fromkeys(ld for n in nodes for ld in loads(n.body) if ld.name not in inside)
+
+    def key(ld: Load) -> int:
+        along = contiguous_axis(layouts[ld.name].offset_of(ld.index))
+        return 1 if along is None else (0 if along == axis else 2)
+
+    return tuple(sorted(found, key=key))
 
 
 def tiling(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout], stored: Collection[str],
