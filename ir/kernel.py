@@ -47,7 +47,7 @@ Grammar::
             | Outer(level, nodes)            per-row nodes before loop `level`
                                              (after the last loop: level = loops)
             | Loop(level, nodes, computes, accumulators)
-    Accumulator ::= (node, reduction_type, update, partner, second_pass)
+    Accumulator ::= (node, reduction_type, update, partner, second_pass, dtype)
     KernelLaunch ::= (function, grid, sizes, config: LaunchConfig, rule, why)
     CheckKind ::= "index" | "divisor"         a kind of run-time check spelled as a
                                              device assert
@@ -333,6 +333,7 @@ class Accumulator:
     update: Update
     partner: str | None = None  # ONLINE_SUM: its max; ROW_MAX: its first online sum
     second_pass: bool = False  # it reads the row again in the next loop (a two-pass welford_m2's deviations)
+    dtype: torch.dtype | None = None  # ROW_MAX: the dtype its running row max is kept in (half values widen)
 
 
 @attrs.frozen

@@ -142,7 +142,8 @@ def show_stage(st: Stage, indent: str) -> list[str]:
             for a in st.accumulators:
                 partner = f" with {a.partner}" if a.partner else ""
                 again = f", second pass in loop {st.level + 1}" if a.second_pass else ""
-                out.append(f"{indent}  {a.node}: {a.reduction_type} accumulator, {a.update.value}{partner}{again}")
+                kept = f", kept in {_dtype(a.dtype)}" if a.dtype is not None else ""
+                out.append(f"{indent}  {a.node}: {a.reduction_type} accumulator, {a.update.value}{partner}{again}{kept}")
             return out
     raise TypeError(f"no stage {st!r}")
 

@@ -13,8 +13,9 @@ K4 a loop computes only nodes of its own or an earlier loop; an outer stage and 
 K5 a stored node is a parameter the kernel writes; parameters are named once,
    reads (in_ptrN) before writes (out_ptrN)
 K6 every reduction node of a loop has one accumulator there, and only those; an
-   online sum's partner is a max accumulator of the same loop that keeps the row max;
-   only a welford_m2 takes a second pass
+   online sum's partner is a max accumulator of the same loop that keeps the row max,
+   in a floating dtype at least as wide as the max's values (no other accumulator
+   names a dtype); only a welford_m2 takes a second pass
 K7 the space fits the group and the kind: flat for pointwise (tiled: rows x cols
    = numel), rows (or a split) for reductions, looped ones for a looped reduction
    kernel, a split's parts of `chunk` covering the row (an even split's: K9); rows
@@ -150,6 +151,10 @@ def _verify_accumulators(p: KernelProgram, stage: str, k: KernelSpec) -> None:
                 fail(p, stage, a.node, f"K6 a {a.reduction_type} accumulator of a {k.node(a.node).reduction_type}")
             if a.second_pass and (a.reduction_type != "welford_m2" or a.update is not Update.LANES):
                 fail(p, stage, a.node, f"K6 a second pass over the row for a {a.reduction_type} accumulator")
+            values = k.node(a.node).body.dtype
+            if (a.update is Update.ROW_MAX) != (a.dtype is not None) or (
+                    a.dtype is not None and (not a.dtype.is_floating_point or a.dtype.itemsize < values.itemsize)):
+                fail(p, stage, a.node, f"K6 a {a.update.value} accumulator kept in {a.dtype} for {values} values")
             if a.update is Update.ONLINE_SUM:
                 partner = accs.get(a.partner or "")
                 if a.reduction_type != "sum" or partner is None or partner.update is not Update.ROW_MAX:

@@ -289,6 +289,19 @@ def test_online_softmax_runs_the_sum_in_its_maxs_loop() -> None:
     assert loops[1].computes == (k.nodes[1].name, k.nodes[3].name)  # exp(x - max) recomputed, then divided
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_running_row_max_has_the_values_dtype(dtype: torch.dtype) -> None:
+    """An online softmax keeps its running row max in its values' dtype, float32
+    or float64 (half values would widen to float32; softmax's lowering widens them
+    already); only the max's accumulator names a dtype."""
+    (k,) = program(lambda a: torch.softmax(a, -1), [torch.randn(4, 10000, dtype=dtype)]).specs
+    mx, sm = next(st for st in k.stages if isinstance(st, Loop)).accumulators
+    assert k.node(mx.node).body.dtype == dtype and (mx.update, mx.dtype, sm.dtype) == (Update.ROW_MAX, dtype, None)
+    from coil.passes.schedule.loops import row_max_dtype
+
+    assert [row_max_dtype(dt) for dt in (torch.float16, torch.bfloat16)] == [torch.float32] * 2
+
+
 def test_online_softmax_needs_the_trait() -> None:
     """Without the online_softmax trait, the sum of exp runs in a loop of its own,
     after its max's: three loops, each reading the row."""
@@ -477,6 +490,12 @@ def test_accumulators_match_the_reductions() -> None:
     lonely = attrs.evolve(k, stages=(attrs.evolve(loop, accumulators=(Accumulator(mx.node, "max", Update.LANES), sm)),
                                      *k.stages[1:]))
     _reject(_with(kp, lonely), rf"{sm.node}: K6 an online sum whose partner {mx.node} keeps no row max in its loop")
+    for bad in (attrs.evolve(mx, dtype=None), attrs.evolve(mx, dtype=torch.int64), attrs.evolve(mx, dtype=torch.float16)):
+        narrow = attrs.evolve(k, stages=(attrs.evolve(loop, accumulators=(bad, sm)), *k.stages[1:]))
+        _reject(_with(kp, narrow), rf"{mx.node}: K6 a row_max accumulator kept in {bad.dtype} for torch.float32 values")
+    typed = attrs.evolve(k, stages=(attrs.evolve(loop, accumulators=(mx, attrs.evolve(sm, dtype=torch.float32))),
+                                    *k.stages[1:]))
+    _reject(_with(kp, typed), rf"{sm.node}: K6 a online_sum accumulator kept in torch.float32")
 
 
 def test_a_space_that_does_not_fit() -> None:

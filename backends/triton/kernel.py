@@ -235,7 +235,8 @@ def _emit_loop(ctx: KernelContext, out: Emitter, loop: Loop, registers: dict[str
         return
     sums = {a.node: a.partner for a in loop.accumulators if a.update is Update.ONLINE_SUM and a.partner}
     # a max with online sums keeps no accumulator of its own: its value is the row max they share
-    wide = {m: torch.float64 if ctx.spec.node(m).body.dtype == torch.float64 else torch.float32 for m in sums.values()}
+    kept = {a.node: a.dtype for a in loop.accumulators if a.dtype is not None}
+    wide = {m: kept[m] for m in sums.values()}
     row_max = {m: out.assign(f'tl.full([XBLOCK, 1], float("-inf"), {tl_dtype(dt)})', "_rowmax")
                for m, dt in wide.items()}
     index_dt = torch.int64 if ctx.spec.wide_index else torch.int32
@@ -243,7 +244,7 @@ def _emit_loop(ctx: KernelContext, out: Emitter, loop: Loop, registers: dict[str
             for a in loop.accumulators if a.update is not Update.ROW_MAX}
     out.emit(f"# loop {loop.level}: {', '.join(n.name for n in loop_roots(ctx, loop))}"
              + "".join(f"; {n} online with {m}" for n, m in sums.items()))
-    step = LoopStep(ctx, out, loop, sums, accs, row_max)
+    step = LoopStep(ctx, out, loop, sums, accs, row_max, wide)
     # literal bounds: Triton 3.6's interpreter cannot range() to a kernel argument
     r = ctx.spec.group[1]
     if not ctx.tails.inner:
@@ -280,6 +281,7 @@ class LoopStep:
     sums: Mapping[str, str]  # online sum -> its max
     accs: Mapping[str, tuple[str, ...]]
     row_max: Mapping[str, str]  # a max with online sums -> its running row max
+    wide: Mapping[str, torch.dtype] = attrs.field(factory=dict)  # ... and the dtype it is kept in
 
     def emit(self, registers: Mapping[str, str], memo: Mapping[Expr, str], masked: bool) -> None:
         ctx, out = self.ctx, self.out
@@ -301,8 +303,8 @@ class LoopStep:
                 continue
             value = node_value(ctx, out, n, inner_regs, inner_memo)
             if n.name in self.row_max:
-                if n.body.dtype in (torch.float16, torch.bfloat16):  # the running max is float32
-                    value = out.assign(f"{value}.to(tl.float32)")
+                if n.body.dtype != self.wide[n.name]:  # half values: the running max is float32
+                    value = out.assign(f"{value}.to({tl_dtype(self.wide[n.name])})")
                 tiles[n.name] = value
                 steps[n.name] = reductions.online_row_max(out, self.row_max[n.name], value)
             elif n.role is Role.REDUCTION:

@@ -135,10 +135,17 @@ def _accumulators(reds: Sequence[KernelNode], online: Mapping[str, str],
         if n.name in sums:
             out.append(Accumulator(n.name, rt, Update.ONLINE_SUM, sums[n.name]))
         elif n.name in first_sum:
-            out.append(Accumulator(n.name, rt, Update.ROW_MAX, first_sum[n.name]))
+            out.append(Accumulator(n.name, rt, Update.ROW_MAX, first_sum[n.name], dtype=row_max_dtype(n.body.dtype)))
         else:
             out.append(Accumulator(n.name, rt, Update.LANES, second_pass=_passes(n, two_pass_welford) == 2))
     return tuple(out)
+
+
+def row_max_dtype(dt: torch.dtype) -> torch.dtype:
+    """The dtype an online softmax's running row max is kept in: float64 for
+    float64 values, else float32 (half values widen, as the sums it rescales are
+    float32)."""
+    return torch.float64 if dt == torch.float64 else torch.float32
 
 
 def single_scope(nodes: Sequence[KernelNode]) -> tuple[Stage, ...]:
