@@ -134,10 +134,12 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                     out.append(f"    {ln.name} = empty_strided({layout_args(ln.layout)}, dtype={ln.layout.dtype}, device={ln.layout.device!r})")
             case Reuse():
                 old = program.layout(ln.old)
+                # in place, the kernel after this line still reads old: its name stays until then
+                drop, why = ("", "in place") if ln.inplace else (f"; del {ln.old}", "reuse")
                 if (old.size, old.stride) == (ln.layout.size, ln.layout.stride):
-                    out.append(f"    {ln.new} = {ln.old}; del {ln.old}  # reuse")
+                    out.append(f"    {ln.new} = {ln.old}{drop}  # {why}")
                 else:
-                    out.append(f"    {ln.new} = reinterpret_view({ln.old}, {layout_args(ln.layout)}, 0); del {ln.old}  # reuse")
+                    out.append(f"    {ln.new} = reinterpret_view({ln.old}, {layout_args(ln.layout)}, 0){drop}  # {why}")
             case ReinterpretView():
                 # reinterpret_view takes the offset from the base's own: known now where coil
                 # allocated the base (0, or the view's), read at run time otherwise (base_offset)

@@ -258,6 +258,9 @@ class Options:
     realize_reuse: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
     # plan_memory
     reorder_for_peak_memory: bool = True
+    # a pointwise kernel's output takes the storage of an input it is the last reader
+    # of, read only at the element written (plan_memory.inplace_source): no allocation
+    inplace_buffers: bool = True
     # kernels
     # triton: round every float16/bfloat16 intermediate inside a kernel as eager does
     # (Inductor's option of the same name; off: values stay float32 between fused

@@ -189,13 +189,15 @@ def last_usage_report(plan: MemoryPlan) -> str:
 
 
 def reuse_report(plan: MemoryPlan) -> str:
-    """Each reuse: the new buffer, the freed buffer whose storage it takes, and when."""
+    """Each reuse: the new buffer, the freed buffer whose storage it takes, and when
+    (in place: at the kernel that reads the old one for the last time)."""
     bg = plan.buffer_graph
     lines = []
     for i, ps in enumerate(plan.steps):
         for new, old in ps.reuses:
             size = fmt_bytes(bg.layout(new).nbytes)
-            lines.append(f"step {i} ({step_label(plan, ps.step)}): {new} = {old}; del {old}  # reuse, saves {size}")
+            how = "  # in place" if new in ps.inplace else f"; del {old}  # reuse"
+            lines.append(f"step {i} ({step_label(plan, ps.step)}): {new} = {old}{how}, saves {size}")
     return "\n".join(lines) if lines else "no reuse: no freed buffer had the size, dtype and device of a new one"
 
 

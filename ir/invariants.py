@@ -30,6 +30,7 @@ from coil.ir.wrapper import (
     Alloc,
     ExternCall,
     Free,
+    FreeKind,
     KernelCall,
     MultiOutputLine,
     ReinterpretView,
@@ -107,7 +108,7 @@ def check_lifetimes(w: WrapperProgram) -> None:
                 n = base_of.get(n)
         if isinstance(ln, ReinterpretView):
             base_of[ln.name] = ln.base
-        if isinstance(ln, Reuse):
+        if isinstance(ln, Reuse) and not ln.inplace:  # in place: old's name goes at its Free
             live.discard(ln.old)
             freed.add(ln.old)
         for n in _line_defines(ln):
@@ -127,7 +128,9 @@ def check_lifetimes(w: WrapperProgram) -> None:
 
 
 def check_reuse(w: WrapperProgram) -> None:
-    """The old owner's last use is before the Reuse line and it is never used after."""
+    """The old owner's last use is before the Reuse line and it is never used after;
+    in place, its last use is the kernel call right after, which writes the new one,
+    and its name is dropped (a Free of kind NAME), never its storage."""
     bg = w.buffer_graph
     for k, ln in enumerate(w.lines):
         if not isinstance(ln, Reuse):
@@ -135,11 +138,22 @@ def check_reuse(w: WrapperProgram) -> None:
         old, new = bg.layout(ln.old), bg.layout(ln.new)
         if (old.nbytes, old.dtype, old.device) != (new.nbytes, new.dtype, new.device):
             raise InvariantError(f"line {k}: {ln.new} reuses {ln.old} of another size, dtype or device")
-        for later in w.lines[k + 1 :]:
-            if ln.old in _line_uses(later):
-                raise InvariantError(f"line {k}: {ln.new} takes {ln.old}'s storage but {ln.old} is used later")
         if ln.old in {i.name for i in bg.inputs}:
             raise InvariantError(f"line {k}: {ln.new} reuses graph input {ln.old}")
+        later = list(enumerate(w.lines[k + 1 :], k + 1))
+        if ln.inplace:
+            nxt = w.lines[k + 1] if k + 1 < len(w.lines) else None
+            if not (isinstance(nxt, KernelCall) and {ln.old, ln.new} <= set(nxt.args)):
+                raise InvariantError(f"line {k}: {ln.new} takes {ln.old}'s storage in place, but the next line "
+                                     f"is not the kernel that reads {ln.old} and writes {ln.new}")
+            later = later[1:]
+            if not any(isinstance(f, Free) and f.name == ln.old and f.kind is FreeKind.NAME for _, f in later):
+                raise InvariantError(f"line {k}: {ln.old}, taken in place by {ln.new}, is not dropped by name")
+        for j, after in later:
+            if ln.old in _line_uses(after):
+                raise InvariantError(f"line {k}: {ln.new} takes {ln.old}'s storage but {ln.old} is used later")
+            if isinstance(after, Free) and after.name == ln.old and after.kind is not FreeKind.NAME:
+                raise InvariantError(f"line {j}: {ln.old} freed, but {ln.new} took its storage")
 
 
 def _bytes(bg: BufferGraph, name: str) -> int:
@@ -156,7 +170,7 @@ def replay_peak(w: WrapperProgram) -> int:
     for ln in w.lines:
         if isinstance(ln, (Alloc, ExternCall, MultiOutputLine)):
             live += _bytes(bg, ln.name)
-        if isinstance(ln, Free):
+        if isinstance(ln, Free) and ln.kind is not FreeKind.NAME:
             live -= _bytes(bg, ln.name)
         peak = max(peak, live)
     return peak

@@ -46,6 +46,9 @@ class PlannedStep:
     reuses: tuple[tuple[str, str], ...]  # (new, old): new takes old's storage
     frees: tuple[str, ...]  # names deleted after the step (inputs included)
     live_bytes: int  # bytes allocated while the step runs
+    # the new buffers of `reuses` that take their old storage in place: the old one
+    # dies at this step, which reads it through the new one (plan_memory.inplace_source)
+    inplace: tuple[str, ...] = ()
 
 
 @attrs.frozen

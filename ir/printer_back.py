@@ -55,7 +55,7 @@ def show_plan(p: MemoryPlan) -> str:
         if ps.allocs:
             out.append(f"    alloc {', '.join(ps.allocs)}")
         for new, old in ps.reuses:
-            out.append(f"    reuse {new} = {old}")
+            out.append(f"    reuse {new} = {old}{' in place' if new in ps.inplace else ''}")
         out.append(f"    last_usage {_names(ps.last_usage)}  live_bytes={ps.live_bytes}")
         if ps.frees:
             out.append(f"    free {', '.join(ps.frees)}")
@@ -69,7 +69,7 @@ def show_wrapper(w: WrapperProgram) -> str:
             case Alloc():
                 out.append(f"  {ln.name} = alloc {ln.layout.show()}")
             case Reuse():
-                out.append(f"  {ln.new} = {ln.old}; del {ln.old}  # reuse")
+                out.append(f"  {ln.new} = {ln.old}  # in place" if ln.inplace else f"  {ln.new} = {ln.old}; del {ln.old}  # reuse")
             case ReinterpretView():
                 at = "" if ln.base_offset is None else f" at {ln.base}+{ln.delta()}"
                 out.append(f"  {ln.name} = reinterpret_tensor({ln.base}{at}) {ln.layout.show()}")
@@ -81,7 +81,9 @@ def show_wrapper(w: WrapperProgram) -> str:
             case MultiOutputLine():
                 out.append(f"  {ln.name} = {ln.extern}{list(ln.index)}")
             case Free():
-                out.append(f"  del {ln.name}  # {'FreeLine' if ln.kind is FreeKind.INPUT else 'FreeIfNotReusedLine'}")
+                kind = {FreeKind.INPUT: "FreeLine", FreeKind.BUFFER: "FreeIfNotReusedLine",
+                        FreeKind.NAME: "its storage taken in place"}[ln.kind]
+                out.append(f"  del {ln.name}  # {kind}")
             case Return():
                 out.append(f"  return ({', '.join(str(n) for n in ln.names)},)")
     return "\n".join(out)

@@ -39,9 +39,15 @@ class Alloc:
 
 @attrs.frozen
 class Reuse:
+    """`new` takes `old`'s storage.  In place (`inplace`): old dies at the kernel
+    call that follows, which reads it while writing new over it, element by element
+    (plan_memory.inplace_source); old's name is dropped after that call (a Free of
+    kind NAME), its storage lives on in new."""
+
     new: str
     old: str
     layout: Layout
+    inplace: bool = False
 
 
 @attrs.frozen
@@ -91,6 +97,7 @@ class FreeKind(enum.StrEnum):
 
     INPUT = "input"
     BUFFER = "buffer"
+    NAME = "name"  # only the name: its storage was taken in place (Reuse.inplace)
 
 
 @attrs.frozen

@@ -6,7 +6,11 @@
    alias), names mapped through mutation_real_name.
 3. frees after each step's last use; graph inputs too (`del argN_1`).
 4. reuse: a new buffer takes the storage of a freed one of the same byte size,
-   dtype and device (`bufB = bufA; del bufA  # reuse`).
+   dtype and device (`bufB = bufA; del bufA  # reuse`).  In place
+   (Options.inplace_buffers): a pointwise kernel's output takes the storage of an
+   input whose last reader it is, when the kernel reads that input only in the
+   output's own body and only at the element it writes (`inplace_source`), as
+   Inductor's in-place buffers do; no storage is allocated for it.
 5. peak: a step-by-step replay of every allocation and free.
 With `reorder_for_peak_memory`, the same plan is made for several topological
 orders (original, least-peak-memory-first, BFS, DFS) and the lowest peak is kept.
@@ -19,8 +23,11 @@ import logging
 from collections import deque
 from typing import Callable, Sequence
 
-from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, MultiOutputBuffer
-from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, Step
+import sympy
+
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
+from coil.ir.expr import IndirectLoad, Load, walk, xsyms
+from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
 from coil.ir.memory import MemoryPlan, Order, PlannedStep
 from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names
 from coil.options import Options
@@ -78,7 +85,64 @@ def _owns_storage(g: BufferGraph, name: str) -> bool:
     return isinstance(g.get(name), ComputedBuffer)
 
 
-def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str]) -> tuple[tuple[PlannedStep, ...], int]:
+# extern ops whose result is a fresh tensor of its own (never a view of an argument):
+# a kernel may write over it in place once it is dead
+FRESH_EXTERNS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+                           "aten.convolution.default"})
+
+
+def _storage_owner(g: BufferGraph, name: str) -> bool:
+    """Buffers whose storage is theirs alone: coil's, and fresh extern results."""
+    b = g.get(name)
+    return isinstance(b, ComputedBuffer) or (isinstance(b, ExternBuffer) and b.kernel in FRESH_EXTERNS
+                                             and not b.mutated)
+
+
+def inplace_source(kernel: FusedKernel, new: str, dying: frozenset[str], g: BufferGraph,
+                   taken: set[str]) -> str | None:
+    """The input of a pointwise kernel whose storage its output `new` may take in
+    place: one whose last reader is this kernel (`dying`), with new's byte size,
+    dtype and device, at storage offset 0, read by no other node of the kernel, and
+    read by new's body only directly (no indirect read) at exactly the storage
+    element new writes there.  Each element is then read before it is written, and
+    by the only reader it has; None when there is none."""
+    b = g.get(new)
+    if kernel.kind != KernelKind.POINTWISE or not isinstance(b, ComputedBuffer) or b.is_reduction:
+        return None
+    lay = b.layout
+    writes = lay.offset_of(xsyms(len(b.ranges)))
+    loads = walk(b.body)
+    for old in sorted({e.name for e in loads if isinstance(e, Load)} & dying - taken):
+        olay = g.layout(old)
+        if (not _storage_owner(g, old) or olay.offset != 0 or lay.offset != 0
+                or (olay.nbytes, olay.dtype, olay.device) != (lay.nbytes, lay.dtype, lay.device)):
+            continue
+        if any(isinstance(e, IndirectLoad) and e.name == old for e in loads):
+            continue
+        if any(n != new and any(isinstance(e, (Load, IndirectLoad)) and e.name == old for e in walk(nb.body))
+               for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer)):
+            continue
+        if any(isinstance(e, (Load, IndirectLoad)) and e.name != old and _views(g, e.name, old)
+               for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer) for e in walk(nb.body)):
+            continue  # a view of it is read too, at elements not checked here
+        if all(sympy.expand(olay.offset_of(e.index) - writes) == 0
+               for e in loads if isinstance(e, Load) and e.name == old):
+            return old
+    return None
+
+
+def _views(g: BufferGraph, name: str, base: str) -> bool:
+    """Whether `name` is a view (an alias, through any chain of aliases) of `base`."""
+    b = g.get(name)
+    while isinstance(b, AliasBuffer):
+        if b.base == base:
+            return True
+        b = g.get(b.base)
+    return False
+
+
+def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
+               inplace: bool = False) -> tuple[tuple[PlannedStep, ...], int]:
     g = s.graph
     bg = g.graph
     real = g.mutation_names()
@@ -95,14 +159,21 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str])
     # allocations, reuses, frees
     pool: dict[tuple[int, str, str], list[str]] = {}
     input_names = {i.name for i in bg.inputs}
-    planned: list[tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str]]] = []
+    planned: list[tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str], list[str]]] = []
     reused: set[str] = set()
     for step, lu in zip(order, last_usage):
         allocs: list[str] = []
         reuses: list[tuple[str, str]] = []
+        in_place: list[str] = []
         if isinstance(step, FusedKernel):
             for n in step.nodes:
                 if n in removed:
+                    continue
+                src = inplace_source(step, n, lu, bg, reused) if inplace else None
+                if src is not None:
+                    reuses.append((n, src))
+                    reused.add(src)
+                    in_place.append(n)
                     continue
                 lay = bg.layout(n)
                 key = (lay.nbytes, str(lay.dtype), lay.device)
@@ -113,17 +184,18 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str])
                 else:
                     allocs.append(n)
         frees = sorted(lu, key=lambda x: (x not in input_names, len(x), x))
+        taken = {old for n, old in reuses if n in in_place}
         for f in frees:
-            if f not in input_names and _owns_storage(bg, f):
+            if f not in input_names and f not in taken and _owns_storage(bg, f):
                 lay = bg.layout(f)
                 pool.setdefault((lay.nbytes, str(lay.dtype), lay.device), []).append(f)
-        planned.append((step, lu, allocs, reuses, frees))
+        planned.append((step, lu, allocs, reuses, frees, in_place))
 
     # replay: bytes alive while each step runs
     live = sum(i.layout.nbytes for i in bg.inputs)
     peak = live
     result: list[PlannedStep] = []
-    for step, lu, allocs, reuses, frees in planned:
+    for step, lu, allocs, reuses, frees, in_place in planned:
         for n in allocs:
             live += _storage_bytes(bg, n)
         if isinstance(step, ExternStep):
@@ -132,7 +204,7 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str])
             if isinstance(bg.get(n), MultiOutputBuffer):
                 live += _storage_bytes(bg, n)
         peak = max(peak, live)
-        result.append(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live))
+        result.append(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live, tuple(in_place)))
         for f in frees:
             if f in reused:
                 continue  # storage lives on in its new owner
@@ -236,7 +308,7 @@ def plan_memory(s: FusedSchedule, options: Options) -> MemoryPlan:
     best: tuple[Order, tuple[PlannedStep, ...], int] | None = None
     peaks: list[tuple[Order, int]] = []
     for name, order in candidates:
-        steps, peak = plan_order(order, s, removed)
+        steps, peak = plan_order(order, s, removed, options.inplace_buffers)
         peaks.append((name, peak))
         if best is None or peak < best[2]:
             best = (name, steps, peak)

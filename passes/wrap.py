@@ -36,7 +36,7 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
     for ps in plan.steps:
         step = ps.step
         for new, old in ps.reuses:
-            lines.append(Reuse(new, old, bg.layout(new)))
+            lines.append(Reuse(new, old, bg.layout(new), new in ps.inplace))
         for name in ps.allocs:
             lines.append(Alloc(name, bg.layout(name)))
         match step:
@@ -55,8 +55,11 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
                     lines.append(ReinterpretView(b.name, b.base, b.layout, placed))
                 elif isinstance(b, MultiOutputBuffer):
                     lines.append(MultiOutputLine(b.name, b.extern, b.index))
+        taken = {old for new, old in ps.reuses if new in ps.inplace}
         for f in ps.frees:
-            if f in inputs:
+            if f in taken:
+                lines.append(Free(f, FreeKind.NAME))
+            elif f in inputs:
                 lines.append(Free(f, FreeKind.INPUT))
             elif f not in reused:
                 lines.append(Free(f, FreeKind.BUFFER))

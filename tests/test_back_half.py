@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import pytest
 import torch
 
 import coil
 from coil.ir.fused import FusedKernel
 from coil.ir.printer import show
-from coil.ir.wrapper import Alloc, Free, KernelCall, Return
+from coil.ir.invariants import InvariantError, check_all, check_reuse
+from coil.ir.wrapper import Alloc, Free, FreeKind, KernelCall, Return, Reuse
 from golden_util import assert_golden
-from tests_helpers import compile_ref, run_until, trace
+from tests_helpers import compile_ref, run_until, target_available, trace
 
 
 def test_seed_back_half_golden(seed_graph):
@@ -182,3 +184,64 @@ def test_fusion_never_creates_a_cycle_through_fused_groups():
     check_schedule_topological(s)
     for a, b in zip(compile_ref(fn, inputs)(*inputs), fn(*inputs)):
         torch.testing.assert_close(a, b)
+
+
+def _bias_relu(x, w, b):
+    return ((x @ w) + b).relu()
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+def test_pointwise_kernel_writes_over_its_dead_input_in_place(target):
+    """The matmul's result dies at the bias-and-relu kernel, which reads it only at
+    the element it writes: the kernel's output takes its storage in place
+    (Inductor's in-place buffers), so nothing is allocated for it and the peak
+    drops (it was at that kernel).  The plan, the wrapper and the source say so, the
+    wrapper's invariants hold, and the values are eager's."""
+    if not target_available(target):
+        pytest.skip(f"target {target} not available here")
+    inputs = [torch.randn(64, 8), torch.randn(8, 48), torch.randn(48)]
+    on = run_until(_bias_relu, inputs, "wrap", target=target)
+    off = run_until(_bias_relu, inputs, "wrap", target=target, inplace_buffers=False)
+    (ps,) = [ps for ps in on.plan.steps if ps.inplace]
+    assert ps.inplace == ("buf1",) and ps.reuses == (("buf1", "buf0"),) and ps.allocs == ()
+    assert "reuse buf1 = buf0 in place" in show(on.plan)
+    assert "buf1 = buf0  # in place" in show(on) and "del buf0  # its storage taken in place" in show(on)
+    (off_ps,) = [q for q in off.plan.steps if isinstance(q.step, FusedKernel)]
+    assert off_ps.live_bytes - ps.live_bytes == 64 * 48 * 4 and on.plan.peak_bytes < off.plan.peak_bytes
+    check_all(on)
+    compiled = coil.compile_graph(trace(_bias_relu, *inputs), list(inputs),
+                                  coil.Options(target=target, graph_cache=False))
+    assert "buf1 = buf0  # in place" in compiled.source
+    if target == "cpp":  # the pair shares storage: neither pointer is __restrict__
+        assert "const float* in_ptr1, float* out_ptr0" in compiled.source
+    torch.testing.assert_close(compiled(*inputs)[0], _bias_relu(*inputs))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: (lambda y: y + y.t())(x @ w),  # read at another element than written
+    lambda x, w: (lambda y: (y.relu(), y.sum(-1)))(x @ w),  # a later kernel still reads it
+    lambda x, w: (lambda y: (y * 2, y))(x @ w),  # an output of the graph
+], ids=["transposed", "read_later", "output"])
+def test_no_in_place_where_an_element_could_be_read_after_it_is_written(fn):
+    inputs = [torch.randn(32, 16), torch.randn(16, 32)]
+    w = run_until(fn, inputs, "wrap")
+    assert not any(ps.inplace for ps in w.plan.steps)
+    out = fn(*inputs)
+    for a, b in zip(compile_ref(fn, inputs)(*inputs), out if isinstance(out, tuple) else (out,)):
+        torch.testing.assert_close(a, b)
+
+
+def test_broken_in_place_reuse_is_caught():
+    """check_reuse: an in-place Reuse must be followed by the kernel that reads the
+    old buffer and writes the new one, and the old one is dropped by name only."""
+    inputs = [torch.randn(64, 8), torch.randn(8, 48), torch.randn(48)]
+    w = run_until(_bias_relu, inputs, "wrap")
+    k = next(i for i, ln in enumerate(w.lines) if isinstance(ln, Reuse) and ln.inplace)
+    moved = list(w.lines)
+    moved[k], moved[k + 1] = moved[k + 1], moved[k]
+    with pytest.raises(InvariantError, match="is not the kernel that reads buf0 and writes buf1"):
+        check_reuse(attrs.evolve(w, lines=tuple(moved)))
+    freed = [attrs.evolve(ln, kind=FreeKind.BUFFER) if isinstance(ln, Free) and ln.name == "buf0" else ln
+             for ln in w.lines]
+    with pytest.raises(InvariantError, match="buf0, taken in place by buf1, is not dropped by name"):
+        check_reuse(attrs.evolve(w, lines=tuple(freed)))

@@ -5,8 +5,9 @@ for reduction kernels, rindex over rnumel; each node is a reduction, an outer no
 (once per xindex) or an inner node (once per (xindex, rindex)).  plan.py puts the
 nodes in the loop variables of the nest the kernel's spec chose, pointwise.py and
 reduction.py spell the spec as code.  Every kernel takes its
-pointers (inputs `const`, all `__restrict__`: plan_memory never gives an output
-the storage of something the kernel reads), then xnumel and rnumel.
+pointers (inputs `const`, `__restrict__` all but the pairs an in-place buffer
+shares: an output that plan_memory put in the storage of an input it reads, only
+at the element it writes), then xnumel and rnumel.
 """
 
 from __future__ import annotations
@@ -26,12 +27,23 @@ from coil.ir.wrapper import WrapperProgram
 from coil.options import Options
 
 
-def signature(plan: KernelPlan) -> str:
+def shared_storage(k: FusedKernel, program: WrapperProgram) -> frozenset[str]:
+    """The buffers of kernel k's in-place pairs (MemoryPlan: PlannedStep.inplace):
+    an output and the input whose storage it writes over."""
+    out: set[str] = set()
+    for ps in program.plan.steps:
+        if isinstance(ps.step, FusedKernel) and ps.step.name == k.name:
+            out |= {n for new, old in ps.reuses if new in ps.inplace for n in (new, old)}
+    return frozenset(out)
+
+
+def signature(plan: KernelPlan, shared: frozenset[str] = frozenset()) -> str:
     args = []
     for p in plan.params:
         ctype = prelude.storage_type(plan.layouts[p.name].dtype)
         const = "const " if p.role is ParamRole.IN else ""
-        args.append(f"{const}{ctype}* __restrict__ {p.arg}")
+        restrict = "" if p.name in shared else " __restrict__"
+        args.append(f"{const}{ctype}*{restrict} {p.arg}")
     args += ["int64_t xnumel", "int64_t rnumel"]
     return f'extern "C" void {plan.kernel.name}({", ".join(args)})'
 
@@ -51,7 +63,7 @@ def kernel_source(k: FusedKernel, program: WrapperProgram, options: Options) -> 
     lines = [
         f"// {k.name}: {k.kind} group={list(k.group)} nodes={list(k.nodes)}",
         f"// from {', '.join(origins)}",
-        signature(plan) + " {",
+        signature(plan, shared_storage(k, program)) + " {",
         *([] if plan.is_reduction else ["  (void)rnumel;"]),
         *("  " + ln for ln in body),
         "}",
