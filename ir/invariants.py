@@ -141,12 +141,13 @@ def check_reuse(w: WrapperProgram) -> None:
         if ln.old in {i.name for i in bg.inputs}:
             raise InvariantError(f"line {k}: {ln.new} reuses graph input {ln.old}")
         later = list(enumerate(w.lines[k + 1 :], k + 1))
-        if ln.inplace:
-            nxt = w.lines[k + 1] if k + 1 < len(w.lines) else None
+        if ln.inplace:  # the step's other reuses and allocations may come first, then its kernel
+            at = next((j for j, x in later if not isinstance(x, (Reuse, Alloc))), None)
+            nxt = w.lines[at] if at is not None else None
             if not (isinstance(nxt, KernelCall) and {ln.old, ln.new} <= set(nxt.args)):
-                raise InvariantError(f"line {k}: {ln.new} takes {ln.old}'s storage in place, but the next line "
+                raise InvariantError(f"line {k}: {ln.new} takes {ln.old}'s storage in place, but the next call "
                                      f"is not the kernel that reads {ln.old} and writes {ln.new}")
-            later = later[1:]
+            later = [(j, x) for j, x in later if at is not None and j > at]
             if not any(isinstance(f, Free) and f.name == ln.old and f.kind is FreeKind.NAME for _, f in later):
                 raise InvariantError(f"line {k}: {ln.old}, taken in place by {ln.new}, is not dropped by name")
         for j, after in later:

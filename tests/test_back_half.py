@@ -239,9 +239,27 @@ def test_broken_in_place_reuse_is_caught():
     k = next(i for i, ln in enumerate(w.lines) if isinstance(ln, Reuse) and ln.inplace)
     moved = list(w.lines)
     moved[k], moved[k + 1] = moved[k + 1], moved[k]
-    with pytest.raises(InvariantError, match="is not the kernel that reads buf0 and writes buf1"):
+    with pytest.raises(InvariantError, match="the next call is not the kernel that reads buf0 and writes buf1"):
         check_reuse(attrs.evolve(w, lines=tuple(moved)))
     freed = [attrs.evolve(ln, kind=FreeKind.BUFFER) if isinstance(ln, Free) and ln.name == "buf0" else ln
              for ln in w.lines]
     with pytest.raises(InvariantError, match="buf0, taken in place by buf1, is not dropped by name"):
         check_reuse(attrs.evolve(w, lines=tuple(freed)))
+
+
+def test_in_place_next_to_an_allocation_in_the_same_kernel():
+    """One kernel, two outputs: one writes over the dying matmul result in place,
+    the other is allocated (its Alloc line sits between the Reuse and the call, as
+    MobileNetV2's first in-place kernel has it)."""
+    def fn(x, w, b):
+        y = x @ w
+        return (y + b).relu(), (b * 2).sin()
+
+    inputs = [torch.randn(64, 8), torch.randn(8, 48), torch.randn(64, 48)]
+    w = run_until(fn, inputs, "wrap", target="cpp")
+    (ps,) = [ps for ps in w.plan.steps if ps.inplace]
+    assert ps.allocs, "the kernel should allocate its other output"
+    check_all(w)
+    compiled = coil.compile_graph(trace(fn, *inputs), list(inputs), coil.Options(target="cpp", graph_cache=False))
+    for a, b in zip(compiled(*inputs), fn(*inputs)):
+        torch.testing.assert_close(a, b)
