@@ -10,7 +10,9 @@ Grammar::
     MemoryPlan ::= (steps: PlannedStep*, schedule: FusedSchedule, removed: name set,
                     peak_bytes, strategy: Order, candidates: (Order, peak_bytes)*)
     PlannedStep ::= (step, last_usage: name set, allocs: name*, reuses: (new, old)*,
-                     frees: name*, live_bytes: int)
+                     frees: name*, live_bytes: int, inplace: name*)
+                     inplace: the new buffers of `reuses` that take a storage dying
+                     at this very step (the kernel reads it while writing over it)
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Grammar::
 
     WrapperProgram ::= (inputs: name*, lines: Line*, kernel_program: KernelProgram)
     Line ::= Alloc(name, layout)                 bufN = empty_strided(...)
-           | Reuse(new, old)                     bufB = bufA; del bufA  # reuse
+           | Reuse(new, old, layout, inplace)    bufB = bufA; del bufA  # reuse
+                                                 | bufB = bufA  # in place
            | ReinterpretView(name, base, layout, base_offset)
                                                  bufN = reinterpret_tensor(base, ...)
            | KernelCall(kernel, args)            kernel(args..., sizes)
@@ -16,6 +17,7 @@ Grammar::
            | MultiOutputLine(name, extern, index) bufN = bufM[i]
            | Free(name, kind)                    kind: input (FreeLine)
                                                  | buffer (FreeIfNotReusedLine)
+                                                 | name (its storage taken in place)
            | Return(names)
 """
 
