@@ -262,6 +262,32 @@ class OpsHandler(Protocol[T]):
     def check(self, node: Check, arg: T) -> T: ...
 
 
+class NoValues:
+    """An OpsHandler[None] that computes nothing: the base of handlers that only
+    record what a body reads or evaluates, overriding the methods they need."""
+
+    def load(self, node: Load, mask: None) -> None:
+        return None
+
+    def indirect_load(self, node: IndirectLoad, values: tuple[None, ...], mask: None) -> None:
+        return None
+
+    def constant(self, node: Constant) -> None:
+        return None
+
+    def index_expr(self, node: IndexExpr) -> None:
+        return None
+
+    def op(self, node: Op, args: tuple[None, ...]) -> None:
+        return None
+
+    def cast(self, node: Cast, arg: None) -> None:
+        return None
+
+    def check(self, node: Check, arg: None) -> None:
+        return None
+
+
 def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Op):
         return e.args
@@ -274,15 +300,17 @@ def children(e: Expr) -> tuple[Expr, ...]:
     return ()
 
 
-def _post_order(expr: Expr, done: Container[Expr]) -> Iterator[Expr]:
-    """Distinct subtrees not in `done`, children before parents; the caller puts
-    each one it is given into `done` before asking for the next."""
+def post_order(expr: Expr, done: Container[Expr],
+               kids_of: Callable[[Expr], tuple[Expr, ...]] = children) -> Iterator[Expr]:
+    """Distinct subtrees not in `done`, children (`kids_of`) before parents, without
+    recursion (bodies can be chains thousands of ops deep); the caller puts each
+    one it is given into `done` before asking for the next."""
     stack: list[tuple[Expr, bool]] = [(expr, False)]
     while stack:
         e, expanded = stack.pop()
         if e in done:
             continue
-        kids = children(e)
+        kids = kids_of(e)
         if not expanded and kids:
             stack.append((e, True))
             stack.extend((k, False) for k in reversed(kids) if k not in done)
@@ -295,7 +323,7 @@ def evaluate(expr: Expr, handler: OpsHandler[T], memo: dict[Expr, T] | None = No
     `memo` to several calls to share results across bodies (CSE across the nodes of
     one kernel)."""
     memo = {} if memo is None else memo
-    for e in _post_order(expr, memo):
+    for e in post_order(expr, memo):
         match e:
             case Load():
                 memo[e] = handler.load(e, None if e.mask is None else memo[e.mask])
@@ -319,7 +347,7 @@ def walk(expr: Expr) -> list[Expr]:
     """Distinct subtrees, children before parents (the order `evaluate` visits them)."""
     order: list[Expr] = []
     seen: set[Expr] = set()
-    for e in _post_order(expr, seen):
+    for e in post_order(expr, seen):
         seen.add(e)
         order.append(e)
     return order

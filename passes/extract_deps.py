@@ -17,7 +17,7 @@ from typing import Sequence
 import sympy
 
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
-from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, rsyms, xsyms
+from coil.ir.expr import IndirectLoad, Load, NoValues, evaluate, rsyms, xsyms
 from coil.ir.indexing import numel
 from coil.ir.layout import Layout
 from coil.ir.lowered import extern_tensor_names
@@ -56,7 +56,7 @@ def normalize_dep(index: sympy.Expr, var_names: Sequence[sympy.Symbol], size: Se
     return index.xreplace(rename), tuple(rename[v] for v in vs), tuple(ss)
 
 
-class DepsHandler:
+class DepsHandler(NoValues):
     """Records each load as a MemoryDep over the node's iteration vars."""
 
     def __init__(self, layouts: dict[str, Layout], var_names: Sequence[sympy.Symbol], size: Sequence[int]) -> None:
@@ -74,21 +74,6 @@ class DepsHandler:
     def indirect_load(self, node: IndirectLoad, values: tuple[None, ...], mask: None) -> None:
         # the whole buffer: never served from registers, never kernel-internal
         self.reads.append(StarDep(node.name))
-
-    def constant(self, node: Constant) -> None:
-        return None
-
-    def index_expr(self, node: IndexExpr) -> None:
-        return None
-
-    def op(self, node: Op, args: tuple[None, ...]) -> None:
-        return None
-
-    def cast(self, node: Cast, arg: None) -> None:
-        return None
-
-    def check(self, node: Check, arg: None) -> None:
-        return None
 
 
 def computed_read_writes(b: ComputedBuffer, layouts: dict[str, Layout]) -> ReadWrites:

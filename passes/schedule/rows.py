@@ -41,7 +41,20 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, children, evaluate
+from coil.ir.expr import (
+    Cast,
+    Check,
+    Constant,
+    Expr,
+    IndexExpr,
+    IndirectLoad,
+    Load,
+    NoValues,
+    Op,
+    children,
+    evaluate,
+    post_order,
+)
 from coil.ir.kernel import Hoisted, KernelSpec, Loop, Outer, Role, Rows, ScratchArray, Split
 from coil.options import ScratchTraits, TargetTraits
 from coil.passes.schedule.nest import loop_symbol
@@ -93,19 +106,9 @@ class Subtrees:
         return children(e)
 
     def below(self, e: Expr) -> frozenset[Expr]:
-        """Every distinct subtree of `e`, `e` included (children first, without
-        recursion: bodies can be chains thousands of ops deep)."""
-        stack: list[tuple[Expr, bool]] = [(e, False)]
-        while stack:
-            n, expanded = stack.pop()
-            if n in self._below:
-                continue
-            kids = self.kids(n)
-            if not expanded:
-                stack.append((n, True))
-                stack.extend((k, False) for k in kids if k not in self._below)
-                continue
-            self._below[n] = frozenset({n}).union(*(self._below[k] for k in kids))
+        """Every distinct subtree of `e`, `e` included (memoised per subtree)."""
+        for n in post_order(e, self._below, self.kids):
+            self._below[n] = frozenset({n}).union(*(self._below[k] for k in self.kids(n)))
         return self._below[e]
 
     def cost(self, e: Expr) -> int:
@@ -122,17 +125,8 @@ class Subtrees:
     def varies(self, e: Expr) -> bool:
         """Whether `e` changes along the row (reads rindex): memoised per subtree,
         children first, so asking about every node of a long chain stays linear."""
-        stack: list[tuple[Expr, bool]] = [(e, False)]
-        while stack:
-            n, expanded = stack.pop()
-            if n in self._varies:
-                continue
-            kids = self.kids(n)
-            if not expanded:
-                stack.append((n, True))
-                stack.extend((k, False) for k in kids if k not in self._varies)
-                continue
-            self._varies[n] = self._reads_rindex(n) or any(self._varies[k] for k in kids)
+        for n in post_order(e, self._varies, self.kids):
+            self._varies[n] = self._reads_rindex(n) or any(self._varies[k] for k in self.kids(n))
         return self._varies[e]
 
     def _reads_rindex(self, s: Expr) -> bool:
@@ -147,7 +141,7 @@ class Subtrees:
 # ---- what each scope evaluates ------------------------------------------------------------------
 
 
-class _Scope:
+class _Scope(NoValues):
     """An ops handler for `evaluate` that computes nothing (every value is None):
     its memo's keys are the subtrees a renderer's scope evaluates, in its order.
     A load of an inner node evaluates the node's body here, once."""
@@ -165,23 +159,6 @@ class _Scope:
             self.value(self.t.inner[node.name])
             self.computed.add(node.name)
 
-    def indirect_load(self, node: IndirectLoad, values: tuple[None, ...], mask: None) -> None:
-        return None
-
-    def constant(self, node: Constant) -> None:
-        return None
-
-    def index_expr(self, node: IndexExpr) -> None:
-        return None
-
-    def op(self, node: Op, args: tuple[None, ...]) -> None:
-        return None
-
-    def cast(self, node: Cast, arg: None) -> None:
-        return None
-
-    def check(self, node: Check, arg: None) -> None:
-        return None
 
 
 class _LoopScope(_Scope):
