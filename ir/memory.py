@@ -52,6 +52,11 @@ class PlannedStep:
     # dies at this step, which reads it through the new one (plan_memory.inplace_source)
     inplace: tuple[str, ...] = ()
 
+    @property
+    def inplace_pairs(self) -> tuple[tuple[str, str], ...]:
+        """(new, old) of the reuses made in place."""
+        return tuple((new, old) for new, old in self.reuses if new in self.inplace)
+
 
 @attrs.frozen
 class MemoryPlan(PlanKernels, GraphInputs):  # PlanKernels extends FusedSchedule

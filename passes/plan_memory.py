@@ -112,19 +112,23 @@ def inplace_source(kernel: FusedKernel, new: str, dying: frozenset[str], g: Buff
     lay = b.layout
     writes = lay.offset_of(xsyms(len(b.ranges)))
     loads = walk(b.body)
-    for old in sorted({e.name for e in loads if isinstance(e, Load)} & dying - taken):
+    candidates = sorted({e.name for e in loads if isinstance(e, Load)} & dying - taken)
+    if not candidates:
+        return None
+    # what the kernel's other nodes read, and every view any node reads
+    elsewhere = {e.name for n in kernel.nodes if n != new and isinstance(nb := g.get(n), ComputedBuffer)
+                 for e in walk(nb.body) if isinstance(e, (Load, IndirectLoad))}
+    views = {e.name for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer)
+             for e in walk(nb.body) if isinstance(e, (Load, IndirectLoad)) and isinstance(g.get(e.name), AliasBuffer)}
+    for old in candidates:
         olay = g.layout(old)
         if (not _storage_owner(g, old) or olay.offset != 0 or lay.offset != 0
                 or (olay.nbytes, olay.dtype, olay.device) != (lay.nbytes, lay.dtype, lay.device)):
             continue
         if any(isinstance(e, IndirectLoad) and e.name == old for e in loads):
             continue
-        if any(n != new and any(isinstance(e, (Load, IndirectLoad)) and e.name == old for e in walk(nb.body))
-               for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer)):
-            continue
-        if any(isinstance(e, (Load, IndirectLoad)) and e.name != old and _views(g, e.name, old)
-               for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer) for e in walk(nb.body)):
-            continue  # a view of it is read too, at elements not checked here
+        if old in elsewhere or any(_views(g, v, old) for v in views):
+            continue  # read by another node, or through a view at elements not checked here
         if all(sympy.expand(olay.offset_of(e.index) - writes) == 0
                for e in loads if isinstance(e, Load) and e.name == old):
             return old

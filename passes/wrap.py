@@ -55,7 +55,7 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
                     lines.append(ReinterpretView(b.name, b.base, b.layout, placed))
                 elif isinstance(b, MultiOutputBuffer):
                     lines.append(MultiOutputLine(b.name, b.extern, b.index))
-        taken = {old for new, old in ps.reuses if new in ps.inplace}
+        taken = {old for _, old in ps.inplace_pairs}
         for f in ps.frees:
             if f in taken:
                 lines.append(Free(f, FreeKind.NAME))

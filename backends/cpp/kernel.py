@@ -33,7 +33,7 @@ def shared_storage(k: FusedKernel, program: WrapperProgram) -> frozenset[str]:
     out: set[str] = set()
     for ps in program.plan.steps:
         if isinstance(ps.step, FusedKernel) and ps.step.name == k.name:
-            out |= {n for new, old in ps.reuses if new in ps.inplace for n in (new, old)}
+            out |= {n for pair in ps.inplace_pairs for n in pair}
     return frozenset(out)
 
 
