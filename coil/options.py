@@ -165,6 +165,10 @@ class TargetTraits:
     # compile in (Triton's tl.device_assert); else the renderer reports failed checks
     # its own way (the C++ target's error channel)
     device_asserts: bool = False
+    # each scope (a one-scope kernel, each step of a reduction loop) issues its loads
+    # from memory before its arithmetic, so their latency overlaps it, as Inductor's
+    # Triton kernels do (passes/schedule/loads.py)
+    loads_first: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -204,7 +208,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            channels_last=True, channels_last_training=True, splits=TRITON_SPLITS,
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
-                           device_asserts=True),
+                           device_asserts=True, loads_first=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS, scratch=CPP_SCRATCH,
                         hoists_row_invariants=True, row_reciprocals=True),

@@ -15,7 +15,7 @@ Grammar::
                     nodes: KernelNode*, stages: Stage*, wide_index,
                     tails: Tails | None, launches: KernelLaunch*, nest: LoopNest | None,
                     streams: Streams | None, scratch: ScratchArray*, hoisted: Hoisted*,
-                    tile_loads: Load*, asserts: CheckKind*)
+                    asserts: CheckKind*)
     Space ::= Flat(numel, rnumel)            xindex over numel; reductions over <= 1
                                              element fold to their value or identity
             | Tiled(rows, cols, transposed)  yindex [YBLOCK] x xindex [XBLOCK]
@@ -43,19 +43,20 @@ Grammar::
     Hoisted ::= (level, hoisted: Expr*, reciprocals: Op*)
                                              what r-loop `level` computes once per row
     KernelNode ::= (name, role, body, dtype, reduction_type, store, origins, deps)
-    Stage ::= Body(nodes)                    one scope, nodes in kernel order
+    Stage ::= Body(nodes, loads: Load*)      one scope, nodes in kernel order
             | Outer(level, nodes)            per-row nodes before loop `level`
                                              (after the last loop: level = loops)
-            | Loop(level, nodes, computes, accumulators)
+            | Loop(level, nodes, computes, accumulators, loads: Load*)
     Accumulator ::= (node, reduction_type, update, partner, second_pass, dtype)
     KernelLaunch ::= (function, grid, sizes, config: LaunchConfig, rule, why)
     CheckKind ::= "index" | "divisor"         a kind of run-time check spelled as a
                                              device assert
 
-A target whose traits plan launches also gets a tiled kernel's `tile_loads`, the
-loads from memory in the order its one scope issues them
-(passes/schedule/tiling.py: load_order), and, where its checks are device
-asserts, the kinds of check the kernel asserts (`asserts`,
+A target whose traits issue loads first gets, on each Body and Loop stage, the
+loads from memory that scope issues before anything else, in that order
+(`loads`, passes/schedule/loads.py: a tiled kernel's in tiling.py's load_order;
+a loop's without those an outer stage before it computed already), and, where
+its checks are device asserts, the kinds of check the kernel asserts (`asserts`,
 passes/schedule/launch.py: device_asserts): an index on any device, a divisor
 only where eager checks it (not on CUDA).  A kernel with any launches with its
 asserts compiled in.
@@ -339,6 +340,7 @@ class Accumulator:
 @attrs.frozen
 class Body:
     nodes: tuple[str, ...]
+    loads: tuple[Load, ...] = ()  # loads from memory issued first, in this order
 
 
 @attrs.frozen
@@ -353,6 +355,7 @@ class Loop:
     nodes: tuple[str, ...]
     computes: tuple[str, ...]  # empty: nothing stored or reduced here (its nodes are recomputed later)
     accumulators: tuple[Accumulator, ...]
+    loads: tuple[Load, ...] = ()  # loads from memory each step issues first, in this order
 
 
 Stage = Union[Body, Outer, Loop]
@@ -413,7 +416,6 @@ class KernelSpec:
     streams: Streams | None = None  # on a nest, where its traits ask for streaming stores
     scratch: tuple[ScratchArray, ...] = ()  # row scratch arrays, in the order they are first stored
     hoisted: tuple[Hoisted, ...] = ()  # per r-loop (by level), what runs once per row
-    tile_loads: tuple[Load, ...] = ()  # a tiled kernel's loads from memory, in the order they are issued
     asserts: tuple[str, ...] = ()  # the kinds of run-time check ("index", "divisor") spelled as device asserts
 
     def node(self, name: str) -> KernelNode:

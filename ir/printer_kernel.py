@@ -1,7 +1,7 @@
 """The KernelProgram as text: per kernel its space, loop nest (on a target that
 runs nests) and streamed stores, parameters, tails, the checks it asserts on the
-device, a tiled kernel's loads in the order it issues them, nodes (with their bodies in
-kernel coordinates), stages, row scratch arrays and what each r-loop computes once
+device, nodes (with their bodies in kernel coordinates), stages (with the loads
+each scope issues first), row scratch arrays and what each r-loop computes once
 per row, and launches.  Every line that describes a kernel or a node starts with
 its name, so a verifier's error can point at it.  A subtree of the nest's bodies
 prints as its temporary in the first body that has it (`buf1.t3 (exp)`)."""
@@ -130,15 +130,23 @@ def show_node(n: KernelNode, indent: str) -> list[str]:
     return [head, *body_lines(n.body, indent + "  ")]
 
 
+def show_loads(lds: tuple[Load, ...]) -> str:
+    """`; loads first a_1[xindex, rindex], ...`: the loads a scope issues first."""
+    if not lds:
+        return ""
+    return "; loads first " + ", ".join(f"{ld.name}[{', '.join(map(str, ld.index))}]"
+                                        + (" masked" if ld.mask is not None else "") for ld in lds)
+
+
 def show_stage(st: Stage, indent: str) -> list[str]:
     match st:
         case Body():
-            return [f"{indent}body: {', '.join(st.nodes)}"]
+            return [f"{indent}body: {', '.join(st.nodes)}{show_loads(st.loads)}"]
         case Outer():
             return [f"{indent}outer {st.level}: {', '.join(st.nodes)}"]
         case Loop():
             computes = ", ".join(st.computes) if st.computes else "nothing (recomputed where read)"
-            out = [f"{indent}loop {st.level}: {', '.join(st.nodes)}; computes {computes}"]
+            out = [f"{indent}loop {st.level}: {', '.join(st.nodes)}; computes {computes}{show_loads(st.loads)}"]
             for a in st.accumulators:
                 partner = f" with {a.partner}" if a.partner else ""
                 again = f", second pass in loop {st.level + 1}" if a.second_pass else ""
@@ -168,9 +176,6 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     out.append(f"    index: {'int64' if k.wide_index else 'int32'}{tails}")
     if k.asserts:
         out.append(f"    asserts: {', '.join(k.asserts)} (device asserts: the launch compiles them in)")
-    if k.tile_loads:
-        out.append("    tile loads: " + ", ".join(f"{ld.name}[{', '.join(map(str, ld.index))}]"
-                                              + (" masked" if ld.mask is not None else "") for ld in k.tile_loads))
     out.append("    nodes:")
     for n in k.nodes:
         out += show_node(n, "      ") if bodies else show_node(n, "      ")[:1]

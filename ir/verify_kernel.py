@@ -42,11 +42,13 @@ K10 streams, scratch arrays and hoisted values need a loop nest.  Streamed store
    a subtree of the bodies it computes that does not vary along the row (reads
    no r loop variable and no inner node); a division by a reciprocal is a truediv
    there by such a value, of one that varies
-K11 a tiled kernel's tile loads are the loads from memory of its bodies (of
-   buffers it reads, not nodes it computes), each once; other spaces have none.
-   The kinds of check a kernel asserts are "index" then "divisor", each named
+K11 the kinds of check a kernel asserts are "index" then "divisor", each named
    once, each a kind of run-time check its bodies have; a divisor is not asserted
    on a CUDA device (eager does not check it there)
+K12 the loads a scope issues first (a Body's, a Loop's) are loads from memory (of
+   parameters, not of nodes the kernel computes), each once, of the bodies the scope computes (a
+   loop's: not an online sum's), none an outer stage before it computed already; a
+   Body that issues any issues every load from memory of its bodies
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     _verify_launches(p, stage, k)
     _verify_nest(p, stage, k)
     _verify_row_work(p, stage, k)
-    _verify_loads_and_asserts(p, stage, k)
+    _verify_asserts(p, stage, k)
+    _verify_loads_first(p, stage, k)
 
 
 def _verify_computes(p: KernelProgram, stage: str, k: KernelSpec, where: dict[str, int]) -> None:
@@ -310,13 +313,28 @@ def _varies(e: Expr, inner: set[str], kept: set[str], rnames: set[str]) -> bool:
     return False
 
 
-def _verify_loads_and_asserts(p: KernelProgram, stage: str, k: KernelSpec) -> None:
-    if k.tile_loads:
-        inside = {n.name for n in k.nodes}
-        found = {ld for n in k.nodes for ld in loads(n.body) if ld.name not in inside}
-        if not isinstance(k.space, Tiled) or len(set(k.tile_loads)) != len(k.tile_loads) or set(k.tile_loads) != found:
-            fail(p, stage, k.name, f"K11 tile loads of {[ld.name for ld in k.tile_loads]} are not its bodies' "
-                                   "loads from memory, each once, in a tiled space")
+def _verify_loads_first(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    memory = {q.name for q in k.params} - {n.name for n in k.nodes}
+    before: set[Expr] = set()  # what the outer stages so far computed
+    for st in k.stages:
+        if isinstance(st, Outer):
+            before.update(e for n in st.nodes for e in walk(k.node(n).body))
+            continue
+        if not st.loads:
+            continue
+        if isinstance(st, Body):
+            what, computed = "body", st.nodes
+        else:
+            online = {a.node for a in st.accumulators if a.update is Update.ONLINE_SUM}
+            what, computed = f"loop {st.level}", tuple(n for n in st.computes if n not in online)
+        found = {ld for n in computed for ld in loads(k.node(n).body) if ld.name in memory}
+        if (len(set(st.loads)) != len(st.loads) or not found >= set(st.loads) or before & set(st.loads)
+                or (isinstance(st, Body) and set(st.loads) != found)):
+            fail(p, stage, k.name, f"K12 the {what} issues first loads of {[ld.name for ld in st.loads]}, not each "
+                                   "once the loads from memory of what it computes")
+
+
+def _verify_asserts(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     kinds = {e.kind for n in k.nodes for e in walk(n.body) if isinstance(e, Check) and e.checked}
     if (k.asserts != tuple(kind for kind in ("index", "divisor") if kind in k.asserts) or not kinds >= set(k.asserts)
             or ("divisor" in k.asserts and k.device.startswith("cuda"))):

@@ -13,7 +13,9 @@ one policy, from the target's frozen traits (coil/options.py: TargetTraits):
 - the launches, their configs and tails, and the rule that chose each (launch.py);
   the kinds of run-time check a kernel asserts on the device, which its launch
   compiles in (launch.py: device_asserts, where the traits have device asserts);
-  the order a tiled kernel issues its loads in (tiling.py: load_order);
+- where the traits issue loads first, the loads from memory each scope issues
+  before its arithmetic, in order (loads.py; a tiled kernel's: tiling.py's
+  load_order);
 - on a target that runs loop nests, each kernel's nest (nest.py) and how its
   threads and vector lanes share the work: lanes down columns, rows split among
   threads, tiles or blocks, parallel loops (threads.py);
@@ -66,7 +68,7 @@ from coil.passes.kernel_model import (
     store_position,
     var_map,
 )
-from coil.passes.schedule import launch, loops, rows, split, streams, threads, tiling
+from coil.passes.schedule import launch, loads, loops, rows, split, streams, threads, tiling
 
 # index math in int64 from this offset or iteration space on
 INT32_LIMIT = 2**31
@@ -82,6 +84,8 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
     for k in plan.schedule.kernels:
         bufs = kernel_buffers(k, g)
         spec = schedule_kernel(k, bufs, kernel_params(k, g, plan.removed), layouts, traits, drop)
+        if traits.loads_first:
+            spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts))
         if traits.nests is not None:
             spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests)
             if traits.streams is not None:
@@ -141,7 +145,6 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
         case Tiled():
             launches = (launch.launch(lt, k.name, "tiled", n, r, spec.reductions, space),)
             tails = launch.tails(lt, "tiled", space.ynumel, space.xnumel, 1)
-            spec = attrs.evolve(spec, tile_loads=tiling.load_order(nodes, layouts))
         case _:
             kind = spec.config_kind
             launches = (launch.launch(lt, k.name, kind, n, r, spec.reductions, None),)

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 import coil
-from coil.ir.expr import Load, Op, walk
+from coil.ir.expr import Load, Op, loads, walk
 from coil.ir.kernel import (
     Accumulator,
+    Body,
     Flat,
     Hoisted,
     KernelLaunch,
@@ -353,14 +354,37 @@ def test_tiles_and_their_tails() -> None:
     assert plain.space == Flat(64 * 96, 1) and plain.launches[0].rule is LaunchRule.POINTWISE
 
 
+def _read_before_the_loop() -> KernelProgram:
+    """y[:, 0].exp(), a per-row output computed before the loop, and a row sum
+    whose body reads y[:, 0] too."""
+    return program(lambda x, y: ((x + y[:, :1]).sum(-1), y[:, 0].exp()), [torch.randn(4, 10000), torch.randn(4, 3)])
+
+
+def _first(k: KernelSpec) -> list[list[str]]:
+    """The buffers each Body or Loop stage loads first, in order."""
+    return [[ld.name for ld in st.loads] for st in k.stages if isinstance(st, (Body, Loop))]
+
+
 def test_tiled_loads_along_the_store_come_first() -> None:
     """b.t() + a stores along xindex: a's load (along it) is issued before b's
-    (across it), whatever the order in the graph."""
+    (across it), whatever the order in the graph; a flat kernel's in the order its
+    bodies read them."""
     (k,) = program(lambda a, b: b.t() + a, [torch.randn(64, 96), torch.randn(96, 64)]).specs
-    assert isinstance(k.space, Tiled) and [ld.name for ld in k.tile_loads] == ["b_1", "a_1"]
-    assert [ld.name for ld in _transpose_add().specs[0].tile_loads] == ["a_1", "b_1"]
-    (flat,) = program(lambda a, b: a + b, [torch.randn(64, 96), torch.randn(64, 96)]).specs
-    assert flat.tile_loads == ()
+    assert isinstance(k.space, Tiled) and _first(k) == [["b_1", "a_1"]]
+    assert _first(_transpose_add().specs[0]) == [["a_1", "b_1"]]
+    (flat,) = program(lambda a, b: b + a, [torch.randn(64, 96), torch.randn(64, 96)]).specs
+    assert _first(flat) == [["b_1", "a_1"]]
+
+
+def test_each_loop_loads_first_what_no_stage_before_it_loaded() -> None:
+    """layer_norm: each loop issues its row's loads first, the second the weight and
+    bias too; a per-row value an outer stage read before the loop is not loaded
+    again in it; the C++ target's scopes issue none."""
+    (k,) = _layer_norm().specs
+    assert _first(k) == [["a_1"], ["a_1", "w_1", "b_1"]]
+    (k,) = _read_before_the_loop().specs
+    assert isinstance(k.stages[0], Outer) and _first(k) == [["x_1"]]
+    assert all(f == [] for f in _first(_cpp_softmax().specs[0]))
 
 
 def test_device_asserts_by_device_and_target() -> None:
@@ -602,12 +626,30 @@ def test_specs_follow_the_plans_kernels() -> None:
     _reject(attrs.evolve(kp, specs=kp.specs[::-1]), "K1 specs do not match the plan's kernels")
 
 
-def test_tile_loads_and_asserts_that_do_not_fit() -> None:
+def test_loads_first_that_do_not_fit() -> None:
     kp = _transpose_add()
     (k,) = kp.specs
-    _reject(_with(kp, attrs.evolve(k, tile_loads=k.tile_loads[:1])),
-            rf"{k.name}: K11 tile loads of \['a_1'\] are not its bodies' loads from memory")
-    _reject(_with(kp, attrs.evolve(k, tile_loads=k.tile_loads * 2)), rf"{k.name}: K11 tile loads")
+    (body,) = k.stages
+    assert isinstance(body, Body)
+    for wrong in (body.loads[:1], body.loads * 2):
+        _reject(_with(kp, attrs.evolve(k, stages=(attrs.evolve(body, loads=wrong),))),
+                rf"{k.name}: K12 the body issues first loads of \[{', '.join(repr(ld.name) for ld in wrong)}\], not each once")
+    kp = _layer_norm()
+    (k,) = kp.specs
+    first, second = k.stages[0], k.stages[-1]
+    assert isinstance(first, Loop) and isinstance(second, Loop)
+    _reject(_with(kp, attrs.evolve(k, stages=(attrs.evolve(first, loads=second.loads), *k.stages[1:]))),
+            rf"{k.name}: K12 the loop 0 issues first loads of \['a_1', 'w_1', 'b_1'\]")
+    kp = _read_before_the_loop()
+    (k,) = kp.specs
+    outer, loop, *rest = k.stages
+    assert isinstance(outer, Outer) and isinstance(loop, Loop)
+    again = tuple(ld for n in loop.computes for ld in loads(k.node(n).body) if ld.name == "y_1")
+    _reject(_with(kp, attrs.evolve(k, stages=(outer, attrs.evolve(loop, loads=loop.loads + again), *rest))),
+            rf"{k.name}: K12 the loop 0 issues first loads of \['x_1', 'y_1'\]")
+
+
+def test_asserts_that_do_not_fit() -> None:
     kp = _checked_gather()
     (k,) = kp.specs
     _reject(_with(kp, attrs.evolve(k, device="cuda:0")),

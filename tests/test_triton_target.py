@@ -28,7 +28,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import coil
 from coil.backends.triton import runtime
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Op, walk
+from coil.ir.expr import Cast, Load, Op, walk
+from coil.ir.expr import loads as body_loads
 from coil.ir.kernel import (XINDEX, YINDEX, Body, Flat, KernelSpec, LaunchConfig, LaunchRule, Loop, Rows, Split,
                             Tails, Tiled, Update)
 from coil.options import TARGET_TRAITS, TRITON_LAUNCH, TRITON_SPLITS, TRITON_TILES
@@ -207,7 +208,7 @@ def test_seed_is_one_kernel_loading_three_inputs(device: str) -> None:
     assert k.name == "triton_per_fused_add_mul_relu_sum_0" and k.space == Rows(64, 128, looped=False)
     # three inputs read, one sum a row in one pass over it, stored; 64 x 128 leaves no tail to mask
     assert params(k) == [("in_ptr0", "a_1"), ("in_ptr1", "b_1"), ("in_ptr2", "c_1"), ("out_ptr0", "buf0")]
-    assert [(n.name, n.reduction_type) for n in k.nodes] == [("buf0", "sum")] and k.stages == (Body(("buf0",)),)
+    assert [(n.name, n.reduction_type) for n in k.nodes] == [("buf0", "sum")] and k.stages == (Body(("buf0",), loads(k)),)
     assert k.tails == Tails(outer=False, inner=False)
     assert k.launches[0].sizes == (64, 128) and k.launches[0].rule is LaunchRule.PERSISTENT
     # the renderer's signature: the pointers in the spec's order, then the sizes and blocks
@@ -291,7 +292,7 @@ def test_softmax_is_one_kernel(device: str, opts: dict[str, Any]) -> None:
     # max, sum and the output: registers, not memory, carry buf0..buf2; the input is read, the output stored
     assert stored(k) == ["buf3"] and params(k) == [("in_ptr0", "a_1"), ("out_ptr0", "buf3")]
     if not opts:  # the row held whole: one pass reads it once
-        assert k.space == Rows(12, 40, looped=False) and k.stages == (Body(("buf0", "buf1", "buf2", "buf3")),)
+        assert k.space == Rows(12, 40, looped=False) and k.stages == (Body(("buf0", "buf1", "buf2", "buf3"), loads(k)),)
     else:  # max and the sum of exp online in one loop; the division in a second, with a tail
         assert k.space == Rows(12, 40, looped=True) and k.tails is not None and k.tails.inner
         assert [st.nodes for st in loops(k)] == [("buf0", "buf2"), ("buf1", "buf3")]
@@ -370,12 +371,20 @@ def test_contiguous_and_small_pointwise_stay_1d(device: str) -> None:
         assert [type(k.space) for k in specs(compiled)] == [Flat]
 
 
+def loads(k: KernelSpec) -> tuple[Load, ...]:
+    """A one-scope kernel's loads from memory, in the order its bodies read them
+    (the order its scope issues them first)."""
+    inside = {n.name for n in k.nodes}
+    return tuple(dict.fromkeys(ld for n in k.nodes for ld in body_loads(n.body) if ld.name not in inside))
+
+
 def tile_load_axes(compiled: Any) -> list[str | None]:
     """The axis each load of the one tiled kernel runs along ("x", "y" or None),
     in the order its spec issues them."""
     program = compiled.module.program
     (k,) = program.specs
-    return [contiguous_axis(program.layout(ld.name).offset_of(ld.index)) for ld in k.tile_loads]
+    (body,) = k.stages
+    return [contiguous_axis(program.layout(ld.name).offset_of(ld.index)) for ld in body.loads]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -707,7 +716,7 @@ def test_epilogue_reads_reduction_from_registers(device: str) -> None:
     x = torch.randn(8, 24, device=device)
     compiled = check(lambda a: a - a.mean(-1, keepdim=True), [x])
     (k,) = specs(compiled)
-    assert k.space == Rows(8, 24, looped=False) and k.stages == (Body(("buf0", "buf1")),)
+    assert k.space == Rows(8, 24, looped=False) and k.stages == (Body(("buf0", "buf1"), loads(k)),)
     assert params(k) == [("in_ptr0", "a_1"), ("out_ptr0", "buf1")] and stored(k) == ["buf1"]
     assert k.node("buf0").reduction_type == "sum" and k.node("buf1").deps == ("buf0",)
 

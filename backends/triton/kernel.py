@@ -1,6 +1,6 @@
 """One fused kernel as a @triton.jit function: the KernelSpec that schedule_kernels
 made (ir/kernel.py), spelled in Triton.  Every decision (space, stages, online
-softmax, tails, launch, the order of a tiled kernel's loads, the checks asserted)
+softmax, tails, launch, the loads each scope issues first, the checks asserted)
 is read from the spec; this module only writes it out.
 
 Shapes by space:
@@ -23,9 +23,8 @@ Shapes by space:
 A split reduction is written by split.py instead, as partial results over many
 programs and their combination.
 
-Every scope issues its loads from memory first (`hoist_loads`; a tiled kernel's
-in the spec's `tile_loads` order); a mask is a
-constant True where the spec says no launch config leaves a tail.  A node's value
+A scope issues first the loads its stage lists (`loads`), in that order; a mask
+is a constant True where the spec says no launch config leaves a tail.  A node's value
 goes to `registers` (cast to its buffer's dtype, as a store and reload would give)
 for the nodes after it; it is stored where the spec gives it a store position.
 """
@@ -40,11 +39,12 @@ import torch
 
 from coil.backends.triton import reductions
 from coil.backends.triton.handler import Emitter, TritonHandler, convert, print_index, tl_dtype
-from coil.ir.expr import Expr, evaluate, loads
+from coil.ir.expr import Expr, evaluate
 from coil.ir.kernel import (
     RINDEX,
     XINDEX,
     YINDEX,
+    Body,
     Flat,
     KernelNode,
     KernelSpec,
@@ -163,16 +163,11 @@ def handler(ctx: KernelContext, out: Emitter, registers: Mapping[str, str]) -> T
     return TritonHandler(out, ctx.spec.ptr, ctx.layouts, registers, ctx.spec.ranges, "divisor" in ctx.spec.asserts)
 
 
-def hoist_loads(ctx: KernelContext, out: Emitter, nodes: list[KernelNode], registers: Mapping[str, str],
+def issue_loads(ctx: KernelContext, out: Emitter, st: Body | Loop, registers: Mapping[str, str],
                 memo: dict[Expr, str]) -> None:
-    """Issue the scope's loads from memory first, as Inductor does, so their
-    latency overlaps the arithmetic that follows (loads of values this kernel
-    computes come from registers and stay where they are); a tiled kernel's in
-    the spec's order."""
-    inside = {n.name for n in ctx.spec.nodes}
+    """The loads the spec has the scope issue first, in its order."""
     h = handler(ctx, out, registers)
-    found = ctx.spec.tile_loads or [ld for n in nodes for ld in loads(n.body) if ld.name not in inside]
-    for ld in found:
+    for ld in st.loads:
         evaluate(ld, h, memo)
 
 
@@ -188,7 +183,9 @@ def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
     """Nodes in kernel order with one CSE table: every value stays in registers."""
     registers: dict[str, str] = {}
     memo: dict[Expr, str] = {}
-    hoist_loads(ctx, out, list(ctx.spec.nodes), registers, memo)
+    (body,) = ctx.spec.stages
+    assert isinstance(body, Body)
+    issue_loads(ctx, out, body, registers, memo)
     for n in ctx.spec.nodes:
         out.emit(comment(n))
         if n.role is not Role.REDUCTION:
@@ -291,7 +288,7 @@ class LoopStep:
         inner_regs = dict(registers)
         inner_memo = dict(memo)  # per-row values computed before the loop stay valid inside
         computes = [ctx.spec.node(n) for n in self.loop.computes]
-        hoist_loads(ctx, out, [n for n in computes if n.name not in self.sums], inner_regs, inner_memo)
+        issue_loads(ctx, out, self.loop, inner_regs, inner_memo)
         tiles: dict[str, str] = {}  # a max's value tile, which its online sums rebase
         steps: dict[str, tuple[str, str, str]] = {}  # a max -> (new row max, its finite form, rescale)
         for n in computes:
