@@ -25,11 +25,13 @@ Grammar::
                                              RBLOCK steps; columns: a kernel row is a
                                              column in memory (lanes: a block of that
                                              many columns runs together on a nest)
-            | Split(xnumel, rnumel, parts, chunk, xblock, columns, workspaces, even)
+            | Split(xnumel, rnumel, parts, chunk, xblock, columns, workspaces, even, prelude)
                                              each row (a block of xblock rows) reduced
                                              in `parts` chunks by as many programs,
                                              then combined (even: the nest's outer r
-                                             loop dealt out evenly among threads)
+                                             loop dealt out evenly among threads;
+                                             prelude: the per-row nodes each program
+                                             computes before its loop)
     LoopNest ::= (xsizes, rsizes, block, tile: NestTile | None, parallel: Parallel | None,
                   nodes: NestNode*)
     NestNode ::= (name, body, store)
@@ -48,7 +50,9 @@ Grammar::
                                              (after the last loop: level = loops)
             | Loop(level, nodes, computes, accumulators, loads: Load*)
     Accumulator ::= (node, reduction_type, update, partner, second_pass, dtype)
-    KernelLaunch ::= (function, grid, sizes, config: LaunchConfig, rule, why)
+    KernelLaunch ::= (function, grid, sizes, config: LaunchConfig, rule, why, fixed)
+                                             fixed: why its config is neither autotuned
+                                             nor compiled ahead ("": it is both)
     CheckKind ::= "index" | "divisor"         a kind of run-time check spelled as a
                                              device assert
 
@@ -227,6 +231,10 @@ class Split:
     # [c * size / parts, (c + 1) * size / parts); `chunk` is then the most elements a part
     # reduces, and the partial results stay in the kernel
     even: bool = False
+    # per-row nodes every program of the first launch computes before its loop, not
+    # storing them (the combine does): what the loop reads of them, and what they share
+    # with it, is then computed once a program instead of every step
+    prelude: tuple[str, ...] = ()
 
     def row_blocks(self) -> int:
         return -(-self.xnumel // self.xblock)
@@ -388,6 +396,7 @@ class KernelLaunch:
     config: LaunchConfig
     rule: LaunchRule
     why: str
+    fixed: str = ""  # why autotuning and ahead-of-time compiling leave it alone; "": they take it
 
 
 @attrs.frozen

@@ -51,8 +51,9 @@ def show_space(space: Space) -> str:
         case Split():
             what = "columns" if space.columns else "row(s)"
             ws = ", ".join(f"{n}:{dtype_name(dt)}" for n, dt in space.workspaces)
+            before = f"; prelude {', '.join(space.prelude)}" if space.prelude else ""
             return (f"split {space.xnumel} {what} x {space.rnumel} into {space.parts} parts of {space.chunk}, "
-                    f"{space.xblock} a program; workspaces [{ws}]")
+                    f"{space.xblock} a program; workspaces [{ws}]{before}")
     raise TypeError(f"no space {space!r}")
 
 
@@ -159,7 +160,7 @@ def show_stage(st: Stage, indent: str) -> list[str]:
 def show_launch(ln: KernelLaunch, indent: str) -> str:
     grid = ", ".join(map(str, ln.grid))
     return (f"{indent}{ln.function}[({grid})] sizes={list(ln.sizes)} {ln.config.as_kwargs()}  "
-            f"rule={ln.rule.value}: {ln.why}")
+            f"rule={ln.rule.value}: {ln.why}" + (f"; fixed: {ln.fixed}" if ln.fixed else ""))
 
 
 def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:

@@ -49,6 +49,11 @@ K12 the loads a scope issues first (a Body's, a Loop's) are loads from memory (o
    parameters, not of nodes the kernel computes), each once, of the bodies the scope computes (a
    loop's: not an online sum's), none an outer stage before it computed already; a
    Body that issues any issues every load from memory of its bodies
+K14 a split's prelude, in kernel order, holds nodes of its outer stage 0, every
+   one its loop reads among them (directly or through another); an even split's
+   is empty (its nest computes them)
+K15 a kernel of several launches (a split) fixes each of them (autotuning and
+   compiling ahead take a kernel's one launch)
 """
 
 from __future__ import annotations
@@ -130,6 +135,7 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     _verify_row_work(p, stage, k)
     _verify_asserts(p, stage, k)
     _verify_loads_first(p, stage, k)
+    _verify_prelude(p, stage, k)
 
 
 def _verify_computes(p: KernelProgram, stage: str, k: KernelSpec, where: dict[str, int]) -> None:
@@ -200,6 +206,8 @@ def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         fail(p, stage, k.name, "K8 launched with nothing to compute")
     if len(k.launches) != (2 if isinstance(k.space, Split) else 1):
         fail(p, stage, k.name, f"K8 {len(k.launches)} launches for its space")
+    if len(k.launches) > 1 and not all(ln.fixed for ln in k.launches):
+        fail(p, stage, k.name, f"K15 {len(k.launches)} launches, not all of them fixed")
     for ln in k.launches:
         c = ln.config
         blocks = [c.xblock, c.num_warps] + [b for b in (c.rblock, c.yblock) if b]
@@ -332,6 +340,21 @@ def _verify_loads_first(p: KernelProgram, stage: str, k: KernelSpec) -> None:
                 or (isinstance(st, Body) and set(st.loads) != found)):
             fail(p, stage, k.name, f"K12 the {what} issues first loads of {[ld.name for ld in st.loads]}, not each "
                                    "once the loads from memory of what it computes")
+
+
+def _verify_prelude(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    s = k.space
+    if not isinstance(s, Split):
+        return
+    first = next((st.nodes for st in k.stages if isinstance(st, Outer) and st.level == 0), ())
+    need = {d for st in k.stages if isinstance(st, Loop) for n in st.computes for d in k.node(n).deps if d in first}
+    for name in reversed(first):  # what those read of outer stage 0 too
+        if name in need:
+            need.update(d for d in k.node(name).deps if d in first)
+    if (list(s.prelude) != [n for n in first if n in s.prelude] or len(set(s.prelude)) != len(s.prelude)
+            or not need <= set(s.prelude) or (s.even and s.prelude)):
+        fail(p, stage, k.name, f"K14 prelude {list(s.prelude)}: not in order nodes of outer stage 0 {list(first)} "
+                               f"with those its loop reads {sorted(need)}" + (" (an even split)" if s.even else ""))
 
 
 def _verify_asserts(p: KernelProgram, stage: str, k: KernelSpec) -> None:

@@ -649,6 +649,39 @@ def test_loads_first_that_do_not_fit() -> None:
             rf"{k.name}: K12 the loop 0 issues first loads of \['x_1', 'y_1'\]")
 
 
+def test_a_split_fixes_its_launches() -> None:
+    """A split's two launches are neither autotuned nor compiled ahead; a kernel's
+    one launch is both."""
+    kp = _long_row()
+    (k,) = kp.specs
+    assert len(k.launches) == 2 and all(ln.fixed for ln in k.launches)
+    assert not any(ln.fixed for s in _softmax().specs for ln in s.launches)
+    _reject(_with(kp, attrs.evolve(k, launches=(attrs.evolve(k.launches[0], fixed=""), k.launches[1]))),
+            rf"{k.name}: K15 2 launches, not all of them fixed")
+
+
+def _split_prelude() -> KernelProgram:
+    """y.exp(), an output, computed before the split loop that reads it."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        m = y.exp()
+        return (x * m).sum(), m
+
+    return program(fn, [torch.randn(40000), torch.randn(())])
+
+
+def test_a_split_computes_its_prelude_before_its_loop() -> None:
+    """Each partial program computes the per-row nodes of outer stage 0 before its
+    loop: y.exp(), which the loop reads; without it the verifier rejects it."""
+    kp = _split_prelude()
+    (k,) = kp.specs
+    assert isinstance(k.space, Split) and k.space.prelude == ("buf0",) and isinstance(k.stages[0], Outer)
+    assert isinstance(_long_row().specs[0].space, Split) and _long_row().specs[0].space.prelude == ()
+    _reject(_with(kp, attrs.evolve(k, space=attrs.evolve(k.space, prelude=()))),
+            rf"{k.name}: K14 prelude \[\]: not in order nodes of outer stage 0 \['buf0'\] with those its loop reads")
+    _reject(_with(kp, attrs.evolve(k, space=attrs.evolve(k.space, prelude=("buf0", "buf1")))), rf"{k.name}: K14 prelude")
+
+
 def test_asserts_that_do_not_fit() -> None:
     kp = _checked_gather()
     (k,) = kp.specs

@@ -157,22 +157,22 @@ def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], froz
 
 
 def precompile_specs(program: WrapperProgram) -> list[str]:
-    """One `(kernel, argument dtypes and sizes, launch meta, device)` line per plain
-    launch (a split's two are left to their first call), for runtime.precompile."""
+    """One `(kernel, argument dtypes and sizes, launch meta, device)` line per launch
+    the spec does not fix (KernelLaunch.fixed), for runtime.precompile."""
     out = []
     for ln in program.lines:
         if not isinstance(ln, KernelCall):
             continue
         k = program.spec(ln.kernel)
-        if not k.launches or isinstance(k.space, Split):
-            continue
-        (launch,) = k.launches
-        cfg = launch.config
-        args = [str(program.layout(a).dtype) for a in ln.args] + [str(n) for n in launch.sizes]
-        meta = ", ".join(f"{key!r}: {v}" for key, v in (*cfg.meta().items(), ("num_warps", cfg.num_warps)))
-        if k.asserts:
-            meta += "".join(f", {key!r}: {v}" for key, v in CHECKED_LAUNCH.items())
-        out.append(f"    ({k.name}, ({', '.join(args)},), {{{meta}}}, {k.device!r}),")
+        for launch in k.launches:
+            if launch.fixed:
+                continue
+            cfg = launch.config
+            args = [str(program.layout(a).dtype) for a in ln.args] + [str(n) for n in launch.sizes]
+            meta = ", ".join(f"{key!r}: {v}" for key, v in (*cfg.meta().items(), ("num_warps", cfg.num_warps)))
+            if k.asserts:
+                meta += "".join(f", {key!r}: {v}" for key, v in CHECKED_LAUNCH.items())
+            out.append(f"    ({launch.function}, ({', '.join(args)},), {{{meta}}}, {k.device!r}),")
     return out
 
 
@@ -235,7 +235,7 @@ class TritonBackend:
             # configs at the first call and launches the winner instead
             cache = f", cache_dir={options.cache_dir!r}" if options.cache_dir else ""
             for k in program.specs:
-                if isinstance(k.space, Split):  # two fixed launches (split.py)
+                if any(ln.fixed for ln in k.launches):
                     continue
                 out.append(f"{k.name} = autotuned({k.name}, {k.config_kind!r}{cache})")
         return out

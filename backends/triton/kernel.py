@@ -208,14 +208,15 @@ def emit_looped(ctx: KernelContext, out: Emitter) -> None:
     memo: dict[Expr, str] = {}
     for st in ctx.spec.stages:
         if isinstance(st, Outer):
-            emit_outer(ctx, out, st, registers, memo)
+            emit_outer(ctx, out, st.nodes, registers, memo)
         elif isinstance(st, Loop):
             _emit_loop(ctx, out, st, registers, memo)
 
 
-def emit_outer(ctx: KernelContext, out: Emitter, st: Outer, registers: dict[str, str], memo: dict[Expr, str],
-               store: bool = True) -> None:
-    for name in st.nodes:
+def emit_outer(ctx: KernelContext, out: Emitter, names: tuple[str, ...], registers: dict[str, str],
+               memo: dict[Expr, str], store: bool = True) -> None:
+    """Per-row nodes, in order (`store`: stored, where they leave the kernel)."""
+    for name in names:
         n = ctx.spec.node(name)
         out.emit(comment(n))
         finish_node(ctx, out, n, node_value(ctx, out, n, registers, memo), n.body.dtype, registers, store)

@@ -1,10 +1,10 @@
 """A split reduction (ir/kernel.py: Split; the policy is passes/schedule/split.py)
 as two @triton.jit functions under one KernelSource:
 
-    name          a (PARTS, row blocks) grid; program (p, x) reduces elements
-                  [p * CHUNK, (p+1) * CHUNK) of row x (of a block of XBLOCK
-                  columns) and stores each reduction's partial results at
-                  workspace[x * PARTS + p]
+    name          a (PARTS, row blocks) grid; program (p, x) computes the spec's
+                  prelude, reduces elements [p * CHUNK, (p+1) * CHUNK) of row x
+                  (of a block of XBLOCK columns) and stores each reduction's
+                  partial results at workspace[x * PARTS + p]
     name_combine  one program a row (a block of columns): loads its PARTS partials
                   of every reduction, combines them, then computes the per-row
                   nodes that follow and stores the outputs
@@ -49,11 +49,10 @@ def _scope(ctx: KernelContext, axis: int, xblock: int) -> Emitter:
     return out
 
 
-def _outer(ctx: KernelContext, out: Emitter, level: int, registers: dict[str, str], memo: dict[Expr, str],
-           store: bool) -> None:
+def _outer(ctx: KernelContext, out: Emitter, level: int, registers: dict[str, str], memo: dict[Expr, str]) -> None:
     for st in ctx.spec.stages:
         if isinstance(st, Outer) and st.level == level:
-            emit_outer(ctx, out, st, registers, memo, store)
+            emit_outer(ctx, out, st.nodes, registers, memo)
 
 
 def _loop(ctx: KernelContext) -> Loop:
@@ -68,7 +67,7 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     out.emit("rbase = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.spec.wide_index else ""))
     pid = "tl.program_id(0).to(tl.int64)" if ctx.spec.wide_index else "tl.program_id(0)"
     out.emit(f"rstart = {pid} * {split.chunk}")
-    _outer(ctx, out, 0, registers, memo, store=False)  # stored once, by the combine
+    emit_outer(ctx, out, split.prelude, registers, memo, store=False)  # stored once, by the combine
     loop = _loop(ctx)
     roots = sorted(loop_roots(ctx, loop), key=lambda n: n.role is not Role.REDUCTION)  # reductions first
     index_dt = torch.int64 if ctx.spec.wide_index else torch.int32
@@ -94,7 +93,7 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
     memo: dict[Expr, str] = {}
     out.emit("pindex = tl.arange(0, RBLOCK)[None, :]")
     out.emit(f"pmask = (pindex < {split.parts}) & xmask")
-    _outer(ctx, out, 0, registers, memo, store=True)
+    _outer(ctx, out, 0, registers, memo)
     i = 0
     for a in _loop(ctx).accumulators:
         n = ctx.spec.node(a.node)
@@ -106,7 +105,7 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
             i += 1
         value = reductions.split_combine(out, rt, tiles, dt)
         finish_node(ctx, out, n, value, result_dtype(rt, dt), registers)
-    _outer(ctx, out, 1, registers, memo, store=True)
+    _outer(ctx, out, 1, registers, memo)
     return out.lines
 
 

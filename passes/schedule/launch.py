@@ -181,9 +181,15 @@ def combine_name(kernel: str) -> str:
     return f"{kernel}_combine"
 
 
+# why a split's launches are neither autotuned nor compiled ahead of the first call
+SPLIT_FIXED = "its chunks and workspaces are planned for this config; compiled at its first call"
+
+
 def split_launches(name: str, split: Split, rblock: int, traits: SplitTraits) -> tuple[KernelLaunch, ...]:
     """A split reduction's two launches: the partial results of every chunk, then
-    their combination, a row (a block of columns) a program."""
+    their combination, a row (a block of columns) a program; both `fixed`: another
+    config would not fit the chunks and workspaces, and the workspaces, which the
+    call allocates, are no buffer an ahead-of-time compile knows the dtype of."""
     rows, rnumel = split.xnumel, split.rnumel
     blocks = split.row_blocks()
     if split.xblock > 1:
@@ -197,8 +203,9 @@ def split_launches(name: str, split: Split, rblock: int, traits: SplitTraits) ->
     combine_rblock = next_power_of_2(split.parts)
     return (
         KernelLaunch(name, (split.parts, blocks, 1), (rows, rnumel),
-                     LaunchConfig(split.xblock, rblock, warps(split.xblock * rblock)), LaunchRule.SPLIT, why),
+                     LaunchConfig(split.xblock, rblock, warps(split.xblock * rblock)), LaunchRule.SPLIT, why,
+                     SPLIT_FIXED),
         KernelLaunch(combine_name(name), (blocks, 1, 1), (rows, rnumel),
                      LaunchConfig(split.xblock, combine_rblock, warps(split.xblock * combine_rblock)),
-                     LaunchRule.COMBINE, merge),
+                     LaunchRule.COMBINE, merge, SPLIT_FIXED),
     )

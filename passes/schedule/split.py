@@ -27,7 +27,7 @@ from typing import Sequence
 import attrs
 import torch
 
-from coil.ir.kernel import Loop, Role, Split, Stage
+from coil.ir.kernel import Loop, Outer, Role, Split, Stage
 from coil.ir.kernel import KernelNode
 from coil.options import SplitTraits
 from coil.passes.schedule.launch import cdiv, next_power_of_2
@@ -78,6 +78,8 @@ def plan_split(nodes: Sequence[KernelNode], stages: Sequence[Stage], group: tupl
     if any(a.partner is not None or a.second_pass for a in loops[0].accumulators):  # online, or two passes
         return None
     rows, rnumel = group
+    # the first launch computes every node of outer stage 0 before its loop
+    prelude = next((st.nodes for st in stages if isinstance(st, Outer) and st.level == 0), ())
     workspaces = tuple((n.name, dt) for n in reds for dt in partial_dtypes(n.reduction_type or "", n.body.dtype))
     if columns:
         xblock = min(traits.column_xblock, next_power_of_2(rows))
@@ -87,8 +89,9 @@ def plan_split(nodes: Sequence[KernelNode], stages: Sequence[Stage], group: tupl
         if per_block < 2 or rnumel < traits.column_min:
             return None  # enough column blocks to fill the GPU, or short columns: one loop a block
         chunk = max(rblock, traits.min_column_chunk, next_power_of_2(cdiv(rnumel, per_block)))
-        return SplitPlan(Split(rows, rnumel, cdiv(rnumel, chunk), chunk, xblock, True, workspaces), rblock)
+        return SplitPlan(Split(rows, rnumel, cdiv(rnumel, chunk), chunk, xblock, True, workspaces, prelude=prelude),
+                         rblock)
     per_row = max(1, min(traits.max_parts, traits.programs // rows))
     chunk = max(traits.min_chunk, next_power_of_2(cdiv(rnumel, per_row)))
-    return SplitPlan(Split(rows, rnumel, cdiv(rnumel, chunk), chunk, 1, False, workspaces),
+    return SplitPlan(Split(rows, rnumel, cdiv(rnumel, chunk), chunk, 1, False, workspaces, prelude=prelude),
                      min(chunk, traits.max_rblock))
