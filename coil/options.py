@@ -167,7 +167,8 @@ class TargetTraits:
     device_asserts: bool = False
     # each scope (a one-scope kernel, each step of a reduction loop) issues its loads
     # from memory before its arithmetic, so their latency overlaps it, as Inductor's
-    # Triton kernels do (passes/schedule/loads.py)
+    # Triton kernels do; every load from memory is a pointer plus an offset in kernel
+    # coordinates, masked by the tails of the symbols it uses (passes/schedule/loads.py)
     loads_first: bool = False
 
 

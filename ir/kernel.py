@@ -15,7 +15,11 @@ Grammar::
                     nodes: KernelNode*, stages: Stage*, wide_index,
                     tails: Tails | None, launches: KernelLaunch*, nest: LoopNest | None,
                     streams: Streams | None, scratch: ScratchArray*, hoisted: Hoisted*,
-                    asserts: CheckKind*)
+                    asserts: CheckKind*, reads: Read*)
+    Read ::= (load: Load | IndirectLoad, offset, tails)
+                                             a load from memory: its offset from the
+                                             start of its buffer's view, in kernel
+                                             coordinates, and the tails masking it
     Space ::= Flat(numel, rnumel)            xindex over numel; reductions over <= 1
                                              element fold to their value or identity
             | Tiled(rows, cols, transposed)  yindex [YBLOCK] x xindex [XBLOCK]
@@ -59,7 +63,9 @@ Grammar::
 A target whose traits issue loads first gets, on each Body and Loop stage, the
 loads from memory that scope issues before anything else, in that order
 (`loads`, passes/schedule/loads.py: a tiled kernel's in tiling.py's load_order;
-a loop's without those an outer stage before it computed already), and, where
+a loop's without those an outer stage before it computed already), and every
+load from memory with its offset and tails (`reads`), which its renderer spells
+as a pointer plus that offset, masked by those tails; and, where
 its checks are device asserts, the kinds of check the kernel asserts (`asserts`,
 passes/schedule/launch.py: device_asserts): an index on any device, a divisor
 only where eager checks it (not on CUDA).  A kernel with any launches with its
@@ -90,20 +96,26 @@ passes/schedule/rows.py).  Their expressions are subtrees of the nest's bodies.
 from __future__ import annotations
 
 import enum
-from typing import Union
+from typing import Collection, Union
 
 import attrs
 import sympy
 import torch
 
 from coil.ir._delegate import ExtendsMemoryPlan, PlanKernels
-from coil.ir.expr import Expr, Load
+from coil.ir.expr import Expr, IndirectLoad, Load
 from coil.ir.fused import KernelKind, Step
 from coil.ir.memory import MemoryPlan
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)  # rows of a 2-D tiled kernel
+
+
+def tails_of(symbols: Collection[sympy.Basic]) -> str:
+    """The axes whose tails mask a lane that uses `symbols` ("y", "x", "r" in that
+    order): a lane is valid exactly where every symbol it uses is in range."""
+    return "".join(a for a, s in (("y", YINDEX), ("x", XINDEX), ("r", RINDEX)) if s in symbols)
 
 
 def group_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:
@@ -389,6 +401,18 @@ class LaunchConfig:
 
 
 @attrs.frozen
+class Read:
+    """A load from memory in kernel coordinates: its offset from the start of its
+    buffer's view (the pointer the kernel is given; an indirect load's over its
+    values' indsym(k) too) and the axes whose tails mask it (tails_of the symbols
+    it uses: an indirect load's values' too)."""
+
+    load: Load | IndirectLoad
+    offset: sympy.Expr
+    tails: str
+
+
+@attrs.frozen
 class KernelLaunch:
     function: str  # the kernel, or its combine function
     grid: tuple[int, int, int]
@@ -426,6 +450,7 @@ class KernelSpec:
     scratch: tuple[ScratchArray, ...] = ()  # row scratch arrays, in the order they are first stored
     hoisted: tuple[Hoisted, ...] = ()  # per r-loop (by level), what runs once per row
     asserts: tuple[str, ...] = ()  # the kinds of run-time check ("index", "divisor") spelled as device asserts
+    reads: tuple[Read, ...] = ()  # its bodies' loads from memory, each once, in first-read order
 
     def node(self, name: str) -> KernelNode:
         for n in self.nodes:

@@ -1,7 +1,8 @@
 """The KernelProgram as text: per kernel its space, loop nest (on a target that
 runs nests) and streamed stores, parameters, tails, the checks it asserts on the
-device, nodes (with their bodies in kernel coordinates), stages (with the loads
-each scope issues first), row scratch arrays and what each r-loop computes once
+device, where each load from memory lies and the tails that mask it, nodes (with
+their bodies in kernel coordinates), stages (with the loads each scope issues
+first), row scratch arrays and what each r-loop computes once
 per row, and launches.  Every line that describes a kernel or a node starts with
 its name, so a verifier's error can point at it.  A subtree of the nest's bodies
 prints as its temporary in the first body that has it (`buf1.t3 (exp)`)."""
@@ -24,6 +25,7 @@ from coil.ir.kernel import (
     Loop,
     LoopNest,
     Outer,
+    Read,
     Rows,
     ScratchArray,
     Space,
@@ -139,6 +141,12 @@ def show_loads(lds: tuple[Load, ...]) -> str:
                                         + (" masked" if ld.mask is not None else "") for ld in lds)
 
 
+def show_read(r: Read) -> str:
+    """`a_1 at rindex + 10000*xindex (xr)`: a load from memory's offset and tails."""
+    how = (" indirect" if isinstance(r.load, IndirectLoad) else "") + (" masked" if r.load.mask is not None else "")
+    return f"{r.load.name} at {r.offset}{how} ({r.tails or 'unmasked'})"
+
+
 def show_stage(st: Stage, indent: str) -> list[str]:
     match st:
         case Body():
@@ -177,6 +185,8 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     out.append(f"    index: {'int64' if k.wide_index else 'int32'}{tails}")
     if k.asserts:
         out.append(f"    asserts: {', '.join(k.asserts)} (device asserts: the launch compiles them in)")
+    if k.reads:
+        out.append("    reads: " + ", ".join(show_read(r) for r in k.reads))
     out.append("    nodes:")
     for n in k.nodes:
         out += show_node(n, "      ") if bodies else show_node(n, "      ")[:1]

@@ -46,9 +46,12 @@ K11 the kinds of check a kernel asserts are "index" then "divisor", each named
    once, each a kind of run-time check its bodies have; a divisor is not asserted
    on a CUDA device (eager does not check it there)
 K12 the loads a scope issues first (a Body's, a Loop's) are loads from memory (of
-   parameters, not of nodes the kernel computes), each once, of the bodies the scope computes (a
-   loop's: not an online sum's), none an outer stage before it computed already; a
-   Body that issues any issues every load from memory of its bodies
+   parameters, not of nodes the kernel computes), each once, of the bodies the
+   scope computes (a loop's: not an online sum's), none that an outer stage before
+   it computed already; a Body that issues any issues all its bodies' loads
+K13 a kernel's reads, where it has any, are its bodies' loads from memory (of
+   parameters, not of nodes it computes), each once; each is masked by the tails
+   of the symbols its offset uses (an indirect load's: at least those)
 K14 a split's prelude, in kernel order, holds nodes of its outer stage 0, every
    one its loop reads among them (directly or through another); an even split's
    is empty (its nest computes them)
@@ -63,6 +66,9 @@ import math
 from coil.ir.expr import Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
 from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
+    RINDEX,
+    XINDEX,
+    YINDEX,
     Body,
     Flat,
     KernelProgram,
@@ -75,8 +81,12 @@ from coil.ir.kernel import (
     Split,
     Tiled,
     Update,
+    tails_of,
 )
 from coil.ir.verify import fail
+
+
+_AXES = {"y": YINDEX, "x": XINDEX, "r": RINDEX}
 
 
 def _power_of_2(n: int) -> bool:
@@ -136,6 +146,7 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     _verify_asserts(p, stage, k)
     _verify_loads_first(p, stage, k)
     _verify_prelude(p, stage, k)
+    _verify_reads(p, stage, k)
 
 
 def _verify_computes(p: KernelProgram, stage: str, k: KernelSpec, where: dict[str, int]) -> None:
@@ -340,6 +351,23 @@ def _verify_loads_first(p: KernelProgram, stage: str, k: KernelSpec) -> None:
                 or (isinstance(st, Body) and set(st.loads) != found)):
             fail(p, stage, k.name, f"K12 the {what} issues first loads of {[ld.name for ld in st.loads]}, not each "
                                    "once the loads from memory of what it computes")
+
+
+def _verify_reads(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    if not k.reads:
+        return
+    memory = {q.name for q in k.params} - {n.name for n in k.nodes}
+    inside = {n.name for n in k.nodes}
+    found = {e for n in k.nodes for e in walk(n.body) if isinstance(e, (Load, IndirectLoad)) and e.name not in inside}
+    got = [r.load for r in k.reads]
+    if len(set(got)) != len(got) or set(got) != found or any(ld.name not in memory for ld in got):
+        fail(p, stage, k.name, f"K13 reads of {[ld.name for ld in got]} are not its bodies' loads from memory "
+                               "of its parameters, each once")
+    for r in k.reads:
+        used = tails_of(r.offset.free_symbols)
+        fits = r.tails == used if isinstance(r.load, Load) else set(used) <= set(r.tails)
+        if not fits or r.tails != tails_of({s for a, s in _AXES.items() if a in r.tails}):
+            fail(p, stage, k.name, f"K13 a read of {r.load.name} at {r.offset} masked by tails {r.tails!r}")
 
 
 def _verify_prelude(p: KernelProgram, stage: str, k: KernelSpec) -> None:

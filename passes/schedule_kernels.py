@@ -15,7 +15,7 @@ one policy, from the target's frozen traits (coil/options.py: TargetTraits):
   compiles in (launch.py: device_asserts, where the traits have device asserts);
 - where the traits issue loads first, the loads from memory each scope issues
   before its arithmetic, in order (loads.py; a tiled kernel's: tiling.py's
-  load_order);
+  load_order), and every load's offset in kernel coordinates and its tails;
 - on a target that runs loop nests, each kernel's nest (nest.py) and how its
   threads and vector lanes share the work: lanes down columns, rows split among
   threads, tiles or blocks, parallel loops (threads.py);
@@ -85,7 +85,7 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
         bufs = kernel_buffers(k, g)
         spec = schedule_kernel(k, bufs, kernel_params(k, g, plan.removed), layouts, traits, drop)
         if traits.loads_first:
-            spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts))
+            spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts), reads=loads.reads(spec, layouts))
         if traits.nests is not None:
             spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests)
             if traits.streams is not None:

@@ -682,6 +682,22 @@ def test_a_split_computes_its_prelude_before_its_loop() -> None:
     _reject(_with(kp, attrs.evolve(k, space=attrs.evolve(k.space, prelude=("buf0", "buf1")))), rf"{k.name}: K14 prelude")
 
 
+def test_reads_that_do_not_fit() -> None:
+    """Each load from memory once, with the tails of what it uses: a read dropped,
+    named twice or masked by other tails is rejected; the C++ target records none."""
+    kp = _checked_gather()
+    (k,) = kp.specs
+    assert [(r.load.name, r.tails) for r in k.reads] == [("i_1", "x"), ("x_1", "x"), ("d_1", "x")]
+    _reject(_with(kp, attrs.evolve(k, reads=k.reads[1:])), rf"{k.name}: K13 reads of \['x_1', 'd_1'\] are not")
+    _reject(_with(kp, attrs.evolve(k, reads=k.reads + k.reads[:1])), rf"{k.name}: K13 reads of")
+    _reject(_with(kp, attrs.evolve(k, reads=(attrs.evolve(k.reads[0], tails="xr"), *k.reads[1:]))),
+            rf"{k.name}: K13 a read of i_1 at .* masked by tails 'xr'")
+    _reject(_with(kp, attrs.evolve(k, reads=(*k.reads[:1], attrs.evolve(k.reads[1], tails="rx"), *k.reads[2:]))),
+            rf"{k.name}: K13 a read of x_1 at .* masked by tails 'rx'")
+    (c,) = program(lambda a: a * 2, [torch.randn(8)], target="cpp").specs
+    assert c.reads == ()
+
+
 def test_asserts_that_do_not_fit() -> None:
     kp = _checked_gather()
     (k,) = kp.specs

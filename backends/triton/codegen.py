@@ -39,7 +39,6 @@ from coil.ir.lowered import resolve_kernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import ExternCall, KernelCall, MultiOutputLine, ReinterpretView, WrapperProgram
 from coil.options import Options
-from coil.passes.kernel_model import kernel_layouts
 
 # launch options of a CUDA kernel whose device asserts must exist
 CHECKED_LAUNCH = {"debug": True, "sanitize_overflow": False}
@@ -206,9 +205,7 @@ class TritonBackend:
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
-        layouts = kernel_layouts(program.schedule_graph)
-        return tuple(split_source(k, layouts) if isinstance(k.space, Split) else kernel_source(k, layouts)
-                     for k in program.specs)
+        return tuple(split_source(k) if isinstance(k.space, Split) else kernel_source(k) for k in program.specs)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:

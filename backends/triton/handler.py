@@ -7,11 +7,10 @@ semantics are spelled out where Triton's differ (integer floor division and
 remainder, NaN-propagating maximum, bool arithmetic, half-to-even rounding).
 
 Loads of a buffer written earlier in the same kernel come from `registers` (fuse
-guarantees the positions match); every other load reads memory at the buffer's
-storage offset, relative to the tensor the wrapper passes (which already points at
-the layout's offset), masked by the tails of the symbols it uses.  An indirect load
-adds its values (int64 positions, from their Checks) to that offset and is masked
-by the tails of every symbol its values depend on too.
+guarantees the positions match); every other load reads memory at the offset and
+under the tails the spec's Read gives it (KernelSpec.reads), from the tensor the
+wrapper passes (which already points at the layout's offset).  An indirect load's
+offset names its values (int64 positions, from their Checks) by indsym(k).
 
 A Check that runs becomes `tl.device_assert` (lanes past the tails excluded) and
 then a clamp, so no lane reads outside its buffer even where asserts are compiled
@@ -33,10 +32,10 @@ import torch
 
 from coil.backends.common import IndexPrinter
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, indsym, walk
+from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, indsym
 from coil.ir.indexing import simplify_index
-from coil.ir.kernel import RINDEX, XINDEX, YINDEX
-from coil.ir.layout import Layout
+from coil.ir.kernel import RINDEX, XINDEX, YINDEX, Read, tails_of
+from coil.passes.schedule.loads import value_symbols
 
 TL_DTYPES: dict[torch.dtype, str] = {
     torch.float16: "tl.float16",
@@ -80,33 +79,10 @@ def _symbol(s: sympy.Symbol) -> str:
 print_index = IndexPrinter("//", "%", _symbol)
 
 
-def _value_symbols(values: tuple[Expr, ...]) -> set[sympy.Symbol]:
-    """The loop symbols the values of an indirect load depend on."""
-    out: set[sympy.Symbol] = set()
-    for v in values:
-        for e in walk(v):
-            if isinstance(e, (Load, IndirectLoad)):
-                for i in e.index:
-                    out |= i.free_symbols  # type: ignore[arg-type]
-            elif isinstance(e, IndexExpr):
-                out |= e.expr.free_symbols  # type: ignore[arg-type]
-    return out
-
-
-def mask_for(expr: sympy.Expr) -> str | None:
-    """The tail mask of the symbols an index uses: a lane is valid exactly when
-    every symbol it depends on is in range."""
-    syms = expr.free_symbols
-    x, r = XINDEX in syms, RINDEX in syms
-    if YINDEX in syms:  # a tiled kernel: rows x columns
-        return "yxmask" if x else "ymask"
-    if x and r:
-        return "xrmask"
-    if x:
-        return "xmask"
-    if r:
-        return "rmask"
-    return None
+def tail_mask(tails: str) -> str | None:
+    """The mask of the tails (ir/kernel.py: tails_of): ymask, yxmask, xmask,
+    xrmask, rmask."""
+    return f"{tails}mask" if tails else None
 
 
 def _with_mask(tail: str | None, mask: str | None) -> str | None:
@@ -142,11 +118,11 @@ class TritonHandler:
     """Evaluates kernel-coordinate bodies (loop symbols already replaced by
     expressions of xindex / rindex) to Triton variables."""
 
-    def __init__(self, out: Emitter, ptr: Mapping[str, str], layouts: Mapping[str, Layout],
+    def __init__(self, out: Emitter, ptr: Mapping[str, str], reads: Mapping[Expr, Read],
                  registers: Mapping[str, str], ranges: Mapping[sympy.Symbol, int], divisors: bool = False) -> None:
         self.out = out
         self.ptr = ptr
-        self.layouts = layouts
+        self.reads = reads
         self.registers = registers
         self.ranges = ranges
         self.divisors = divisors  # divisor checks are asserted (the spec's asserts: not on CUDA)
@@ -157,12 +133,11 @@ class TritonHandler:
         if node.name in self.registers:
             reg = self.registers[node.name]
             return reg if mask is None else self.out.assign(f"tl.where({mask}, {reg}, 0)")
-        if node.name not in self.ptr:
+        if node not in self.reads:
             raise CoilError(f"triton target: {node.name} is neither a kernel argument nor computed in the kernel")
-        lay = self.layouts[node.name]
-        offset = sympy.expand(simplify_index(lay.offset_of(node.index), self.ranges) - lay.offset)
-        where = f"{self.ptr[node.name]} + {print_index(offset)}"
-        lanes = _with_mask(mask_for(offset), mask)
+        rd = self.reads[node]
+        where = f"{self.ptr[node.name]} + {print_index(rd.offset)}"
+        lanes = _with_mask(tail_mask(rd.tails), mask)
         if lanes is None:
             # a one-element block, never a scalar: scalars of int1 do not broadcast
             # in the interpreter, and blocks keep every value's rank the same
@@ -170,16 +145,14 @@ class TritonHandler:
         return self.out.assign(f"tl.load({where}, {lanes}, other=0)")
 
     def indirect_load(self, node: IndirectLoad, values: tuple[str, ...], mask: str | None) -> str:
-        if node.name not in self.ptr:
+        if node not in self.reads:
             raise CoilError(f"triton target: {node.name} is read indirectly but is not a kernel argument")
         bind = {indsym(k): sympy.Symbol(v, integer=True, nonnegative=True) for k, v in enumerate(values)}
-        lay = self.layouts[node.name]
-        offset = sympy.expand(simplify_index(lay.offset_of(node.index), self.ranges) - lay.offset)
+        rd = self.reads[node]
         names = {s.name for s in bind.values()}
         printer = IndexPrinter("//", "%", lambda s: s.name if s.name in names else _symbol(s))
-        used = (offset.free_symbols | _value_symbols(node.values)) & {XINDEX, RINDEX}
-        tail = mask_for(sympy.Add(*used))
-        at = offset.xreplace(bind)
+        tail = tail_mask(rd.tails)
+        at = rd.offset.xreplace(bind)
         # a value the offset does not use (a stride-0 dim) still gives the pointer its shape
         shape = "".join(f" + 0 * {v}" for v in bind.values() if v not in at.free_symbols)
         where = f"{self.ptr[node.name]} + {printer(at)}{shape}"
@@ -208,8 +181,7 @@ class TritonHandler:
     def _assert(self, cond: str, node: Check) -> None:
         """tl.device_assert of `cond` on the lanes the checked value is defined on;
         the message names the check, for codegen.interpreter_checks to read."""
-        used = _value_symbols((node.arg,)) & {XINDEX, RINDEX, YINDEX}
-        mask = mask_for(sympy.Add(*used))
+        mask = tail_mask(tails_of(value_symbols((node.arg,))))
         if mask is not None:
             cond = f"({cond}) | ({mask} == 0)"
         self.out.emit(f'tl.device_assert({cond}, "{check_message(node)}")')

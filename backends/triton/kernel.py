@@ -50,23 +50,27 @@ from coil.ir.kernel import (
     KernelSpec,
     Loop,
     Outer,
+    Read,
     Role,
     Rows,
     Tails,
     Tiled,
     Update,
 )
-from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
 from coil.passes.schedule.split import result_dtype
 
 
 @attrs.frozen
 class KernelContext:
-    """A spec and every buffer's layout (where a load's index lies in memory)."""
+    """A spec and its reads by load (where each lies in memory, its tails)."""
 
     spec: KernelSpec
-    layouts: Mapping[str, Layout]
+    reads: Mapping[Expr, Read]
+
+    @classmethod
+    def of(cls, spec: KernelSpec) -> "KernelContext":
+        return cls(spec, {r.load: r for r in spec.reads})
 
     @property
     def tails(self) -> Tails:
@@ -160,7 +164,7 @@ def comment(n: KernelNode) -> str:
 
 
 def handler(ctx: KernelContext, out: Emitter, registers: Mapping[str, str]) -> TritonHandler:
-    return TritonHandler(out, ctx.spec.ptr, ctx.layouts, registers, ctx.spec.ranges, "divisor" in ctx.spec.asserts)
+    return TritonHandler(out, ctx.spec.ptr, ctx.reads, registers, ctx.spec.ranges, "divisor" in ctx.spec.asserts)
 
 
 def issue_loads(ctx: KernelContext, out: Emitter, st: Body | Loop, registers: Mapping[str, str],
@@ -327,10 +331,10 @@ def reduction_type(n: KernelNode) -> str:
 # ---- the whole kernel ----------------------------------------------------------------------------
 
 
-def kernel_source(spec: KernelSpec, layouts: Mapping[str, Layout]) -> KernelSource:
+def kernel_source(spec: KernelSpec) -> KernelSource:
     if spec.group[0] == 0:  # every buffer is empty: the wrapper does not launch it
         return KernelSource(spec.name, f"@triton.jit\n{signature(spec)}\n    pass  # xnumel = 0", "triton")
-    ctx = KernelContext(spec, layouts)
+    ctx = KernelContext.of(spec)
     out = Emitter()
     prologue(ctx, out)
     if looped(spec):

@@ -15,8 +15,6 @@ lists) and launches both kernels (codegen.py).
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import torch
 
 from coil.backends.triton import reductions
@@ -33,7 +31,6 @@ from coil.backends.triton.kernel import (
 )
 from coil.ir.expr import Expr
 from coil.ir.kernel import KernelSpec, Loop, Outer, Role, Split
-from coil.ir.layout import Layout
 from coil.ir.module import KernelSource
 from coil.passes.schedule.launch import combine_name
 from coil.passes.schedule.split import result_dtype
@@ -109,10 +106,10 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
     return out.lines
 
 
-def split_source(spec: KernelSpec, layouts: Mapping[str, Layout]) -> KernelSource:
+def split_source(spec: KernelSpec) -> KernelSource:
     split = spec.space
     assert isinstance(split, Split)
-    ctx = KernelContext(spec, layouts)
+    ctx = KernelContext.of(spec)
     ws = len(split.workspaces)
     first = ["@triton.jit", signature(spec, spec.name, ws), *_partials(ctx, split)]
     second = ["@triton.jit", signature(spec, combine_name(spec.name), ws), *_combine(ctx, split)]

@@ -1,4 +1,5 @@
-"""Loads from memory: which ones each scope issues before its arithmetic.
+"""Loads from memory: which ones each scope issues before its arithmetic, and
+where each lies in kernel coordinates.
 
 On a target whose traits issue loads first (Triton's, as Inductor's kernels do),
 a scope reads memory before it computes, so the loads' latency overlaps the
@@ -8,6 +9,11 @@ reduction loop those of the bodies it computes (not an online sum's, which takes
 its max's values), without those an outer stage before it computed already
 (their values stay valid inside the loop).  Loads of nodes the kernel computes
 come from registers and stay where they are read.
+
+Every load from memory is then a pointer plus its offset (`reads`): its element's
+storage offset from the start of its buffer's view (the pointer the kernel is
+given), simplified over the kernel's ranges, masked by the tails of the symbols
+it uses (an indirect load's: also those its values use).
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 import attrs
+import sympy
 
-from coil.ir.expr import Expr, Load, walk
-from coil.ir.kernel import Body, KernelSpec, Loop, Outer, Stage, Tiled, Update
+from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, walk
+from coil.ir.indexing import simplify_index
+from coil.ir.kernel import RINDEX, XINDEX, Body, KernelSpec, Loop, Outer, Read, Stage, Tiled, Update, tails_of
 from coil.ir.layout import Layout
 from coil.passes.schedule.tiling import load_order
 
@@ -47,4 +55,35 @@ def loads_first(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[Stage,
                 found = memory_loads((body[n] for n in st.computes if n not in online), inside)
                 st = attrs.evolve(st, loads=tuple(ld for ld in found if ld not in before))
         out.append(st)
+    return tuple(out)
+
+
+def value_symbols(values: Iterable[Expr]) -> set[sympy.Basic]:
+    """The loop symbols `values` depend on (those of the loads and indices in them)."""
+    out: set[sympy.Basic] = set()
+    for v in values:
+        for e in walk(v):
+            if isinstance(e, (Load, IndirectLoad)):
+                for i in e.index:
+                    out |= i.free_symbols
+            elif isinstance(e, IndexExpr):
+                out |= e.expr.free_symbols
+    return out
+
+
+def reads(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[Read, ...]:
+    """Every load from memory of the spec's bodies, each once, in first-read order,
+    with its offset and tails."""
+    inside = {n.name for n in spec.nodes}
+    found = dict.fromkeys(e for n in spec.nodes for e in walk(n.body)
+                          if isinstance(e, (Load, IndirectLoad)) and e.name not in inside)
+    out = []
+    for ld in found:
+        lay = layouts[ld.name]
+        offset = sympy.expand(simplify_index(lay.offset_of(ld.index), spec.ranges) - lay.offset)
+        if isinstance(ld, Load):
+            out.append(Read(ld, offset, tails_of(offset.free_symbols)))
+        else:  # masked by what its values use too (a tiled kernel has no indirect load)
+            used = (offset.free_symbols | value_symbols(ld.values)) & {XINDEX, RINDEX}
+            out.append(Read(ld, offset, tails_of(used)))
     return tuple(out)
