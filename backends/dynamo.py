@@ -92,6 +92,8 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
             resolved = resolve_target(opts, example_inputs)
             if resolved.prefers_channels_last() and resolved.traits().channels_last_training:
                 opts = opts.replace(free_output_strides=_saved_outputs(gm))
+        if kind == "backward" and (donated := _donated_inputs()):
+            opts = opts.replace(donated_inputs=donated)
         try:
             compiled = compile_graph(gm, list(example_inputs), opts, kind=kind)
         except CoilError as e:
@@ -171,6 +173,18 @@ def _partition_fn() -> Callable[..., Any]:
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     return min_cut_rematerialization_partition
+
+
+def _donated_inputs() -> tuple[int, ...]:
+    """The backward graph's inputs AOTAutograd donates (functorch's donated_buffer:
+    saved activations nothing else holds, given that a backward with retain_graph
+    or create_graph is refused, as it is for Inductor), from the tracing context
+    it compiles the backward in; () where it says nothing."""
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    idxs = getattr(getattr(ctx, "fw_metadata", None), "bw_donated_idxs", None)
+    return tuple(sorted(int(i) for i in idxs)) if idxs else ()
 
 
 def _boxed(compiled: Any, call: Callable[[list[Any]], Any]) -> Callable[..., Any]:

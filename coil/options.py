@@ -297,6 +297,10 @@ class Options:
     # strides chosen are reported back to AOTAutograd, as Inductor's are), so that a
     # channels-last region need not be copied back into eager's strides
     free_output_strides: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    # torch.compile, a training backward: the graph inputs AOTAutograd donates
+    # (functorch's donated_buffer: saved activations that nothing but this backward
+    # reads, which it may overwrite, as Inductor's in-place buffers do), by position
+    donated_inputs: tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
     def traits(self) -> TargetTraits:
         """The target's traits ("auto", not yet resolved to a target: the reference's)."""

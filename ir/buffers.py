@@ -8,6 +8,8 @@ Grammar::
 
     BufferGraph ::= (inputs: InputBuffer*, buffers: Buffer*, outputs: name*,
                      realize_table: RealizeRow*)
+    InputBuffer ::= (name, layout, value | None, token, donated)
+                                     donated: a kernel may write over it once dead
     Buffer ::= ComputedBuffer(name, layout, ranges, reduction_ranges,
                               reduction_type | None, body, rule, origins)
              | ExternBuffer(name, kernel, args, kwargs, layout, rule, origins, mutated)
@@ -67,6 +69,7 @@ class InputBuffer:
     layout: Layout
     value: Any = attrs.field(default=None, eq=False, repr=False)  # a tensor constant (see Input)
     token: bool = False  # an effect token (see Input)
+    donated: bool = False  # its storage may be taken in place once it is dead (see Input)
 
 
 @attrs.frozen(cache_hash=True)

@@ -130,7 +130,8 @@ def check_lifetimes(w: WrapperProgram) -> None:
 def check_reuse(w: WrapperProgram) -> None:
     """The old owner's last use is before the Reuse line and it is never used after;
     in place, its last use is the kernel call right after, which writes the new one,
-    and its name is dropped (a Free of kind NAME), never its storage."""
+    and its name is dropped (a Free of kind NAME), never its storage.  A graph input
+    is taken only in place, and only where its caller donated it."""
     bg = w.buffer_graph
     for k, ln in enumerate(w.lines):
         if not isinstance(ln, Reuse):
@@ -138,8 +139,9 @@ def check_reuse(w: WrapperProgram) -> None:
         old, new = bg.layout(ln.old), bg.layout(ln.new)
         if (old.nbytes, old.dtype, old.device) != (new.nbytes, new.dtype, new.device):
             raise InvariantError(f"line {k}: {ln.new} reuses {ln.old} of another size, dtype or device")
-        if ln.old in {i.name for i in bg.inputs}:
-            raise InvariantError(f"line {k}: {ln.new} reuses graph input {ln.old}")
+        if ln.old in {i.name for i in bg.inputs if not (ln.inplace and i.donated)}:
+            raise InvariantError(f"line {k}: {ln.new} reuses graph input {ln.old}"
+                                 + ("" if ln.inplace else " (only a donated input may be taken, and only in place)"))
         later = list(enumerate(w.lines[k + 1 :], k + 1))
         if ln.inplace:  # the step's other reuses and allocations may come first, then its kernel
             at = next((j for j, x in later if not isinstance(x, (Reuse, Alloc))), None)

@@ -52,6 +52,9 @@ class Input:
     # AOTAutograd's effect token, threaded through `with_effects` calls: the caller
     # passes None in its place
     token: bool = False
+    # donated by the caller (Options.donated_inputs): dead after its last reader, so
+    # a kernel may write over it in place
+    donated: bool = False
 
     @property
     def dtype(self) -> torch.dtype:

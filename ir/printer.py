@@ -51,7 +51,7 @@ def show_lowered(g: LoweredGraph) -> str:
         match n:
             case Input():
                 kind = "Constant" if n.value is not None else "Token" if n.token else "Input"
-                out.append(f"  {n.name} = {kind}({n.layout.show()})")
+                out.append(f"  {n.name} = {kind}({n.layout.show()}{', donated' if n.donated else ''})")
             case Pointwise():
                 out.append(f"  {n.name} = Pointwise[{dtype_name(n.dtype)}{fmt_size(n.ranges)}] from {n.origin} ({n.op}):")
                 out += body_lines(n.body)
@@ -79,7 +79,7 @@ def show_lowered(g: LoweredGraph) -> str:
 def show_buffers(g: BufferGraph) -> str:
     out = ["BufferGraph"]
     for i in g.inputs:
-        out.append(f"  {i.name}: InputBuffer {i.layout.show()}{' constant' if i.value is not None else ' token' if i.token else ''}")
+        out.append(f"  {i.name}: InputBuffer {i.layout.show()}{' constant' if i.value is not None else ' token' if i.token else ''}{' donated' if i.donated else ''}")
     for b in g.buffers:
         origins = ", ".join(b.origins)
         match b:

@@ -301,6 +301,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     tokens = {n.args[0] for n in fx.gm.graph.nodes if n.target is torch.ops.higher_order.with_effects}
     for n in fx.gm.graph.nodes:
         ctx.reserve(n.name)
+    donated = {n.name for k, n in enumerate(fx.gm.graph.find_nodes(op="placeholder")) if k in options.donated_inputs}
     for n in fx.gm.graph.nodes:
         if n.op == "placeholder":
             if seen_constant:
@@ -308,7 +309,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
                                 stage="lower", node=n.name)
             x = next(inputs)
             if isinstance(x, torch.Tensor):
-                env[n] = ctx.add(Input(n.name, Layout.of(x), token=n in tokens))
+                env[n] = ctx.add(Input(n.name, Layout.of(x), token=n in tokens, donated=n.name in donated))
                 log.debug("lower %s: placeholder -> Input", n.name)
             else:
                 env[n] = x

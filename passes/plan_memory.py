@@ -7,10 +7,11 @@
 3. frees after each step's last use; graph inputs too (`del argN_1`).
 4. reuse: a new buffer takes the storage of a freed one of the same byte size,
    dtype and device (`bufB = bufA; del bufA  # reuse`).  In place
-   (Options.inplace_buffers): a pointwise kernel's output takes the storage of an
-   input whose last reader it is, when the kernel reads that input only in the
-   output's own body and only at the element it writes (`inplace_source`), as
-   Inductor's in-place buffers do; no storage is allocated for it.
+   (Options.inplace_buffers): a kernel's output takes the storage of an input
+   whose last reader it is (a buffer of coil's, a fresh extern result, or a graph
+   input its caller donated), when every read of that input in the kernel comes
+   before the output is written and hits the element it writes (`inplace_source`),
+   as Inductor's in-place buffers do; no storage is allocated for it.
 5. peak: a step-by-step replay of every allocation and free.
 With `reorder_for_peak_memory`, the same plan is made for several topological
 orders (original, least-peak-memory-first, BFS, DFS) and the lowest peak is kept.
@@ -25,12 +26,14 @@ from typing import Callable, Sequence
 
 import sympy
 
-from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
-from coil.ir.expr import IndirectLoad, Load, walk, xsyms
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer
+from coil.ir.expr import IndirectLoad, Load, read_names, walk
+from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
 from coil.ir.memory import MemoryPlan, Order, PlannedStep
 from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names
 from coil.options import Options
+from coil.passes.kernel_model import load_position, node_role, store_position, var_map
 
 log = logging.getLogger("coil.trace")
 
@@ -92,47 +95,80 @@ FRESH_EXTERNS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.de
 
 
 def _storage_owner(g: BufferGraph, name: str) -> bool:
-    """Buffers whose storage is theirs alone: coil's, and fresh extern results."""
+    """Buffers whose storage is theirs alone: coil's, fresh extern results, and
+    graph inputs their caller donated (Options.donated_inputs)."""
     b = g.get(name)
-    return isinstance(b, ComputedBuffer) or (isinstance(b, ExternBuffer) and b.kernel in FRESH_EXTERNS
-                                             and not b.mutated)
+    return (isinstance(b, ComputedBuffer) or (isinstance(b, ExternBuffer) and b.kernel in FRESH_EXTERNS
+                                              and not b.mutated)
+            or (isinstance(b, InputBuffer) and b.donated))
 
 
 def inplace_source(kernel: FusedKernel, new: str, dying: frozenset[str], g: BufferGraph,
                    taken: set[str]) -> str | None:
-    """The input of a pointwise kernel whose storage its output `new` may take in
-    place: one whose last reader is this kernel (`dying`), with new's byte size,
-    dtype and device, at storage offset 0, read by no other node of the kernel, and
-    read by new's body only directly (no indirect read) at exactly the storage
-    element new writes there.  Each element is then read before it is written, and
-    by the only reader it has; None when there is none."""
+    """The buffer whose storage the kernel's output `new` may take in place: one
+    whose last reader is this kernel (`dying`), with new's byte size, dtype and
+    device, at storage offset 0, that every node of the kernel reads only directly
+    (no indirect read) and only at the element new writes at the same kernel
+    position (kernel_model's xindex / rindex), and that no node after new reads.
+    The renderers compute a stage's nodes in kernel order (Triton issues a scope's
+    loads first), so every element is read before new writes it.  In a kernel with
+    reductions new must also depend on every reduction and have no reader in the
+    kernel: it then runs in the last stage, after every loop that reads the old
+    buffer.  None when there is none."""
     b = g.get(new)
-    if kernel.kind != KernelKind.POINTWISE or not isinstance(b, ComputedBuffer) or b.is_reduction:
+    if not isinstance(b, ComputedBuffer) or b.is_reduction or b.layout.offset != 0:
         return None
-    lay = b.layout
-    writes = lay.offset_of(xsyms(len(b.ranges)))
-    loads = walk(b.body)
-    candidates = sorted({e.name for e in loads if isinstance(e, Load)} & dying - taken)
+    nodes = [(n, nb) for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer)]
+    at = [n for n, _ in nodes].index(new)
+    candidates = sorted({e.name for _, nb in nodes[:at + 1] for e in walk(nb.body) if isinstance(e, Load)}
+                        & dying - taken)
     if not candidates:
         return None
-    # what the kernel's other nodes read, and every view any node reads
-    elsewhere = {e.name for n in kernel.nodes if n != new and isinstance(nb := g.get(n), ComputedBuffer)
-                 for e in walk(nb.body) if isinstance(e, (Load, IndirectLoad))}
-    views = {e.name for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer)
-             for e in walk(nb.body) if isinstance(e, (Load, IndirectLoad)) and isinstance(g.get(e.name), AliasBuffer)}
+    if kernel.kind != KernelKind.POINTWISE and not _last_stage(kernel, new, nodes):
+        return None
+    writes = store_position(b, kernel.group)
+    views = {e.name for _, nb in nodes for e in walk(nb.body)
+             if isinstance(e, (Load, IndirectLoad)) and isinstance(g.get(e.name), AliasBuffer)}
     for old in candidates:
         olay = g.layout(old)
-        if (not _storage_owner(g, old) or olay.offset != 0 or lay.offset != 0
-                or (olay.nbytes, olay.dtype, olay.device) != (lay.nbytes, lay.dtype, lay.device)):
+        if (not _storage_owner(g, old) or olay.offset != 0
+                or (olay.nbytes, olay.dtype, olay.device) != (b.layout.nbytes, b.layout.dtype, b.layout.device)):
             continue
-        if any(isinstance(e, IndirectLoad) and e.name == old for e in loads):
-            continue
-        if old in elsewhere or any(_views(g, v, old) for v in views):
-            continue  # read by another node, or through a view at elements not checked here
-        if all(sympy.expand(olay.offset_of(e.index) - writes) == 0
-               for e in loads if isinstance(e, Load) and e.name == old):
+        if any(_views(g, v, old) for v in views):
+            continue  # read through a view, at elements not checked here
+        if all(_reads_only_at(nb, old, olay, writes, kernel.group) for n, nb in nodes[:at + 1]) and not any(
+                any(isinstance(e, (Load, IndirectLoad)) and e.name == old for e in walk(nb.body))
+                for _, nb in nodes[at + 1:]):
             return old
     return None
+
+
+def _reads_only_at(b: ComputedBuffer, old: str, olay: Layout, at: sympy.Expr, group: tuple[int, int]) -> bool:
+    """Whether b reads `old` only directly, at storage element `at` (kernel
+    coordinates), if at all."""
+    reads = [e for e in walk(b.body) if isinstance(e, (Load, IndirectLoad)) and e.name == old]
+    if not reads:
+        return True
+    if any(isinstance(e, IndirectLoad) for e in reads) or node_role(b, group) is None:
+        return False
+    m = var_map(b, group)
+    return all(sympy.expand(load_position(e, olay, m, group) - at) == 0 for e in reads if isinstance(e, Load))
+
+
+def _last_stage(kernel: FusedKernel, new: str, nodes: Sequence[tuple[str, ComputedBuffer]]) -> bool:
+    """In a kernel with reductions: `new` depends on every reduction of the kernel
+    (so it runs after all of their loops) and no node of the kernel reads it."""
+    inside = {n: nb for n, nb in nodes}
+    if any(new in read_names(nb.body) for n, nb in nodes if n != new):
+        return False
+    seen: set[str] = set()
+    todo = [new]
+    while todo:
+        for d in read_names(inside[todo.pop()].body):
+            if d in inside and d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return all(n in seen for n, nb in nodes if nb.is_reduction)
 
 
 def _views(g: BufferGraph, name: str, base: str) -> bool:

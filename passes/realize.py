@@ -336,7 +336,7 @@ class _Realizer:
     def visit(self, n: LNode) -> None:
         match n:
             case Input():
-                self.inputs.append(InputBuffer(n.name, n.layout, n.value, n.token))
+                self.inputs.append(InputBuffer(n.name, n.layout, n.value, n.token, n.donated))
                 self.layouts[n.name] = n.layout
                 self.env[n.name] = _Realized(n.name)
                 self.rows[n.name] = RealizeRow(n.name, "Input", True, n.name, Rule.GRAPH_INPUT)

@@ -263,3 +263,132 @@ def test_in_place_next_to_an_allocation_in_the_same_kernel():
     compiled = coil.compile_graph(trace(fn, *inputs), list(inputs), coil.Options(target="cpp", graph_cache=False))
     for a, b in zip(compiled(*inputs), fn(*inputs)):
         torch.testing.assert_close(a, b)
+
+
+def _log_softmax_of_mm(x, w):
+    return torch.log_softmax(x @ w, -1)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+@pytest.mark.parametrize("rows,cols", [(64, 48), (64, 5000), (4, 70000)], ids=["persistent", "looped", "few_long_rows"])
+def test_reduction_kernel_writes_over_its_dead_input_in_place(target, rows, cols):
+    """log_softmax of a matmul: the kernel reads the dying matmul result in its
+    max and sum loops and in its output, always at the element the output writes,
+    and the output depends on both reductions, so it runs after their loops: it
+    takes the matmul result's storage in place (as Inductor's in_out_ptr does).
+    Rows held whole, looped, and (C++) few long rows split among threads all give
+    eager's values."""
+    if not target_available(target):
+        pytest.skip(f"target {target} not available here")
+    inputs = [torch.randn(rows, 8), torch.randn(8, cols)]
+    w = run_until(_log_softmax_of_mm, inputs, "wrap", target=target)
+    (ps,) = [ps for ps in w.plan.steps if ps.inplace]
+    assert isinstance(ps.step, FusedKernel) and ps.step.kind != "pointwise" and ps.allocs == ()
+    (pair,) = ps.inplace_pairs
+    assert pair[1] == "buf0"
+    check_all(w)
+    compiled = coil.compile_graph(trace(_log_softmax_of_mm, *inputs), list(inputs),
+                                  coil.Options(target=target, graph_cache=False))
+    torch.testing.assert_close(compiled(*inputs)[0], _log_softmax_of_mm(*inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_no_in_place_where_a_later_loop_reads_the_input():
+    """y * 2 does not depend on the kernel's reductions, so it could run in the first
+    loop while the variance's loop reads y again afterwards: no in-place there."""
+    def fn(x, w):
+        y = x @ w
+        return y * 2, ((y - y.mean(-1, keepdim=True)) ** 2).mean(-1)
+
+    inputs = [torch.randn(64, 8), torch.randn(8, 48)]
+    for target in ("reference", "cpp"):
+        w = run_until(fn, inputs, "wrap", target=target)
+        assert not any(ps.inplace for ps in w.plan.steps)
+
+
+def test_sibling_outputs_read_before_the_last_one_writes():
+    """Two outputs read the dying matmul result at the element they write: the one
+    computed last takes its storage (the other has read it by then)."""
+    def fn(x, w):
+        y = x @ w
+        return y.sin() * 2, y.cos() + 1
+
+    inputs = [torch.randn(64, 8), torch.randn(8, 48)]
+    for target in ("reference", "cpp"):
+        w = run_until(fn, inputs, "wrap", target=target)
+        (ps,) = [ps for ps in w.plan.steps if ps.inplace]
+        assert ps.inplace_pairs == (("buf2", "buf0"),)
+        compiled = coil.compile_graph(trace(fn, *inputs), list(inputs), coil.Options(target=target, graph_cache=False))
+        for a, b in zip(compiled(*inputs), fn(*inputs)):
+            torch.testing.assert_close(a, b)
+
+
+def _relu_times_two(x, y):
+    return ((x * y).relu() * 2,)
+
+
+def test_donated_input_is_taken_in_place_and_only_then():
+    """Options.donated_inputs: a graph input the caller donates (AOTAutograd's saved
+    activations in a backward) may be written over in place by its last reader; one
+    not donated never is, and the verifier refuses a plain reuse of a donated one."""
+    x, y = torch.randn(64, 48), torch.randn(64, 48)
+    plain = run_until(_relu_times_two, [x, y], "wrap", target="cpp")
+    assert not any(ps.inplace for ps in plain.plan.steps)
+    w = run_until(_relu_times_two, [x, y], "wrap", target="cpp", donated_inputs=(0,))
+    assert "x_1: InputBuffer float32[64, 48] stride=[48, 1] cpu donated" in show(w.buffer_graph)
+    (ps,) = [ps for ps in w.plan.steps if ps.inplace]
+    assert ps.inplace_pairs == (("buf0", "x_1"),) and ps.allocs == ()
+    assert w.plan.peak_bytes == plain.plan.peak_bytes - 64 * 48 * 4
+    check_all(w)
+    k = next(i for i, ln in enumerate(w.lines) if isinstance(ln, Reuse))
+    not_in_place = list(w.lines)
+    not_in_place[k] = attrs.evolve(w.lines[k], inplace=False)
+    with pytest.raises(InvariantError, match="reuses graph input x_1"):
+        check_reuse(attrs.evolve(w, lines=tuple(not_in_place)))
+    want = _relu_times_two(x, y)[0]
+    compiled = coil.compile_graph(trace(_relu_times_two, x, y), [x, y],
+                                  coil.Options(target="cpp", graph_cache=False, donated_inputs=(0,)))
+    assert "buf0 = x_1  # in place" in compiled.source
+    got = compiled(x.clone(), y)[0]
+    torch.testing.assert_close(got, want)
+
+
+def test_training_backward_writes_over_donated_saved_activations():
+    """torch.compile training: AOTAutograd donates the saved activations to the
+    backward (functorch's donated_buffer), and coil's backward writes over them in
+    place, as Inductor's does; the gradients are eager's."""
+    import coil.backends.dynamo as dyn
+
+    sources: dict[str, str] = {}
+    real = dyn._graph_compiler
+
+    def spy(options, kind, *rest, **kw):
+        inner = real(options, kind, *rest, **kw)
+
+        def compile_one(gm, example_inputs):
+            run = inner(gm, example_inputs)
+            sources[kind] = run.compiled.source
+            return run
+
+        return compile_one
+
+    def fn(x, w1, w2, w3):  # a SwiGLU MLP
+        return ((torch.nn.functional.silu(x @ w1) * (x @ w2)) @ w3).sum()
+
+    torch.manual_seed(0)
+    args = [torch.randn(32, 16), torch.randn(16, 64), torch.randn(16, 64), torch.randn(64, 16)]
+    eager = [a.clone().requires_grad_(i > 0) for i, a in enumerate(args)]
+    fn(*eager).backward()
+    got = [a.clone().requires_grad_(i > 0) for i, a in enumerate(args)]
+    torch._dynamo.reset()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(dyn, "_graph_compiler", spy)
+    try:
+        torch.compile(fn, backend="coil", options={"target": "cpp"})(*got).backward()
+    finally:
+        mp.undo()
+        torch._dynamo.reset()
+    for a, b in zip(got[1:], eager[1:]):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4)
+    if not getattr(torch._functorch.config, "donated_buffer", False):
+        pytest.skip("this torch donates no buffers to the backward")
+    assert "# in place" in sources["backward"]
