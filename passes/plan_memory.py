@@ -199,7 +199,7 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
     # allocations, reuses, frees
     pool: dict[tuple[int, str, str], list[str]] = {}
     input_names = {i.name for i in bg.inputs}
-    planned: list[tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str], list[str]]] = []
+    planned: list[_Planned] = []
     reused: set[str] = set()
     for step, lu in zip(order, last_usage):
         allocs: list[str] = []
@@ -231,11 +231,21 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
                 pool.setdefault((lay.nbytes, str(lay.dtype), lay.device), []).append(f)
         planned.append((step, lu, allocs, reuses, frees, in_place))
 
-    # replay: bytes alive while each step runs
+    _release_holds_at_peak(planned, bg, reused)
+    lives = _replay(planned, bg, reused)
+    result = tuple(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live, tuple(in_place))
+                   for (step, lu, allocs, reuses, frees, in_place), live in zip(planned, lives))
+    return result, max([sum(i.layout.nbytes for i in bg.inputs), *lives])
+
+
+_Planned = tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str], list[str]]
+
+
+def _replay(planned: Sequence[_Planned], bg: BufferGraph, reused: set[str]) -> list[int]:
+    """Bytes alive while each step runs."""
     live = sum(i.layout.nbytes for i in bg.inputs)
-    peak = live
-    result: list[PlannedStep] = []
-    for step, lu, allocs, reuses, frees, in_place in planned:
+    out = []
+    for step, _, allocs, _, frees, _ in planned:
         for n in allocs:
             live += _storage_bytes(bg, n)
         if isinstance(step, ExternStep):
@@ -243,13 +253,37 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
         for n in step.nodes:
             if isinstance(bg.get(n), MultiOutputBuffer):
                 live += _storage_bytes(bg, n)
-        peak = max(peak, live)
-        result.append(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live, tuple(in_place)))
+        out.append(live)
         for f in frees:
-            if f in reused:
-                continue  # storage lives on in its new owner
-            live -= _storage_bytes(bg, f)
-    return tuple(result), peak
+            if f not in reused:  # a reused buffer's storage lives on in its new owner
+                live -= _storage_bytes(bg, f)
+    return out
+
+
+def _release_holds_at_peak(planned: list[_Planned], bg: BufferGraph, reused: set[str]) -> None:
+    """A dead buffer kept for a later reuse holds its storage until then: where
+    that hold spans the step of the peak (the logits' gradient kept through a
+    whole backward for the embedding's), it is freed when it dies and the later
+    buffer allocated instead.  Releasing a hold lowers the bytes alive between the
+    two steps and changes them nowhere else, so this repeats until no hold spans a
+    step of the peak: the peak is then the one without any holds, and every reuse
+    that does not raise it stays."""
+    died = {f: i for i, p in enumerate(planned) for f in p[4]}
+    while True:
+        lives = _replay(planned, bg, reused)
+        if not lives:
+            return
+        top = [i for i, v in enumerate(lives) if v == max(lives)]
+        spans = [(j, new, old) for j, p in enumerate(planned) for new, old in p[3]
+                 if new not in p[5] and any(died[old] < i < j for i in top)]
+        if not spans:
+            return
+        for j, new, old in spans:
+            planned[j][3].remove((new, old))
+            planned[j][2].append(new)
+            reused.discard(old)
+            log.debug("plan_memory: %s dies before the peak; freed then, %s allocated later instead of reusing it",
+                      old, new)
 
 
 # ---- topological orders ------------------------------------------------------------------

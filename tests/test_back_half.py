@@ -392,3 +392,27 @@ def test_training_backward_writes_over_donated_saved_activations():
     if not getattr(torch._functorch.config, "donated_buffer", False):
         pytest.skip("this torch donates no buffers to the backward")
     assert "# in place" in sources["backward"]
+
+
+def _held_through_the_peak(x, w, wide):
+    a = x.sin()
+    b = a @ w
+    c = b @ wide  # the widest buffer: the peak is here
+    return ((c.sum(-1, keepdim=True) + x).exp() * 2,)
+
+
+def test_a_dead_buffer_is_not_held_through_the_peak_for_a_later_reuse():
+    """buf0 (x.sin()) dies at the first matmul; the last kernel's output has its
+    size and could reuse its storage, but holding it dead until then would keep it
+    alive through the wide matmul, the peak.  It is freed when it dies and the
+    output allocated (as the logits' gradient once was held through a whole
+    backward for the embedding's); the peak drops by its 8 KiB."""
+    inputs = [torch.randn(64, 32), torch.randn(32, 32), torch.randn(32, 256)]
+    w = run_until(_held_through_the_peak, inputs, "wrap")
+    assert not any(ps.reuses for ps in w.plan.steps)
+    assert any(isinstance(ln, Free) and ln.name == "buf0" and ln.kind is FreeKind.BUFFER for ln in w.lines)
+    x, wide = 4 * 64 * 32, 4 * 32 * 256
+    assert w.plan.peak_bytes == x + wide + 4 * 64 * 32 + 4 * 64 * 256  # the inputs left, b and c
+    check_all(w)
+    torch.testing.assert_close(compile_ref(_held_through_the_peak, inputs)(*inputs)[0],
+                               _held_through_the_peak(*inputs)[0])
