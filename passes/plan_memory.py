@@ -260,22 +260,51 @@ def _replay(planned: Sequence[_Planned], bg: BufferGraph, reused: set[str]) -> l
     return out
 
 
+# a dead buffer of at least 1/LARGE_HOLD of the most bytes the plan itself holds at
+# once (inputs left out) is freed when it dies rather than held across more than
+# LONG_HOLD steps for a later reuse: the plan does not see the
+# workspace extern calls take (cuDNN's attention backward, cuBLAS), so a step the
+# plan puts below the peak may be the peak at run time, and a large hold across it
+# raises it (Llama at the large size: the logits' gradient, 125 MiB, held through the
+# whole backward for the embedding's gradient put the attention backward of its last
+# layer 80 MiB above Inductor's peak); the reuse saved one allocator call
+LARGE_HOLD = 16
+LONG_HOLD = 8  # ... and held across more than this many steps
+
+
+def _own_bytes(planned: Sequence[_Planned], bg: BufferGraph, lives: Sequence[int]) -> list[int]:
+    """Bytes alive while each step runs, less the graph's inputs (whose storage
+    their caller holds, parameters above all, whatever the plan frees)."""
+    inputs = {i.name: i.layout.nbytes for i in bg.inputs}
+    held = sum(inputs.values())
+    out = []
+    for p, live in zip(planned, lives):
+        out.append(live - held)
+        held -= sum(inputs.get(f, 0) for f in p[4])
+    return out
+
+
 def _release_holds_at_peak(planned: list[_Planned], bg: BufferGraph, reused: set[str]) -> None:
     """A dead buffer kept for a later reuse holds its storage until then: where
-    that hold spans the step of the peak (the logits' gradient kept through a
-    whole backward for the embedding's), it is freed when it dies and the later
+    that hold spans the step of the peak, it is freed when it dies and the later
     buffer allocated instead.  Releasing a hold lowers the bytes alive between the
     two steps and changes them nowhere else, so this repeats until no hold spans a
     step of the peak: the peak is then the one without any holds, and every reuse
-    that does not raise it stays."""
+    that does not raise it stays.  A long hold of a large buffer (LARGE_HOLD,
+    LONG_HOLD) is released too."""
     died = {f: i for i, p in enumerate(planned) for f in p[4]}
+    first = True
     while True:
         lives = _replay(planned, bg, reused)
         if not lives:
             return
         top = [i for i, v in enumerate(lives) if v == max(lives)]
+        large = max(_own_bytes(planned, bg, lives)) // LARGE_HOLD if first else None
+        first = False
         spans = [(j, new, old) for j, p in enumerate(planned) for new, old in p[3]
-                 if new not in p[5] and any(died[old] < i < j for i in top)]
+                 if new not in p[5] and (any(died[old] < i < j for i in top)
+                                         or (large is not None and j - died[old] > LONG_HOLD
+                                             and _storage_bytes(bg, old) >= large))]
         if not spans:
             return
         for j, new, old in spans:
