@@ -40,6 +40,19 @@ class TileTraits:
 
 
 @attrs.frozen
+class ColumnTraits:
+    """What a target asks of kernel_model.down_columns, the one rule (Triton's and the
+    C++ target's) of a reduction down the columns of what it reads."""
+
+    # at least this many neighbouring columns lie contiguous along x: Triton's flat
+    # xindex asks nothing; the C++ target's innermost x loop, its vector lanes, 8
+    run_min: int = 1
+    # a store along the row (r-step 1, moving along x) keeps the kernel on rows, as such
+    # a read does: the C++ target's lanes would scatter it, one row a lane
+    stores_count: bool = False
+
+
+@attrs.frozen
 class NestTraits:
     """How a target that runs each kernel as a loop nest on CPU threads and vector
     lanes (OpenMP) shares out its work (passes/schedule/nest.py, threads.py)."""
@@ -49,7 +62,6 @@ class NestTraits:
     split_below_rows: int  # a reduction of fewer rows than this, of long rows, splits each row among threads ...
     split_parts: int  # ... in this many parts (at most)
     lanes: int  # columns a reduction down columns runs together (one accumulator slot each)
-    lanes_min: int  # fewer neighbouring columns than this reduce row by row
     tile: int  # side of a pointwise kernel's tiles when it reads transposed
     block: int  # a pointwise kernel's innermost loop cut into blocks of this many elements ...
     block_below: int  # ... when the loops outside it have fewer iterations than this
@@ -125,6 +137,9 @@ class TargetTraits:
     # that spares cuDNN's layout conversions; mkldnn's backward on one CPU thread ran
     # slower so (ResNet at the CPU size: 21.8 against 17.1 ms a step)
     channels_last_training: bool = False
+    # what the one rule of a reduction down the columns of what it reads asks
+    # (kernel_model.down_columns, on every target)
+    columns: ColumnTraits = ColumnTraits()
     # realize's "reuse" rule (a pointwise node with several readers and more than one
     # nontrivial read becomes a buffer; Options.realize_reuse)
     realize_reuse: bool = True
@@ -187,7 +202,13 @@ TRITON_SPLITS = SplitTraits(row_min=16384, max_rows=128, programs=1024, min_chun
 # tile (16 KiB) still sits in L1 (x + y.t(), 2048x2048 float32, one thread: 2.45 ms at
 # 64, 2.56 at 32, 3.1 at 128)
 CPP_NESTS = NestTraits(parallel_min_work=32768, parallel_chunks=64, split_below_rows=16, split_parts=64, lanes=64,
-                       lanes_min=8, tile=64, block=4096, block_below=64)
+                       tile=64, block=4096, block_below=64)
+# the C++ target's: runs of 8 columns at least; a kernel that stores along its rows stays
+# on them, as it did while any read along r kept it there: layer_norm of
+# gelu(x).permute(0, 2, 1) + a position embedding, x of (B, C, T), one thread, on rows
+# against on lanes: 0.024 against 0.046 ms at (2, 64, 16), 7.0 against 20.5 ms at
+# (8, 256, 512), only (8, 768, 64) faster on lanes (2.9 against 1.5 ms)
+CPP_COLUMNS = ColumnTraits(run_min=8, stores_count=True)
 # the C++ target's: outputs of 4 MiB or more (they would not stay in L2 for a reader),
 # kernels of at most 7 per element (one exp is more), in chunks of 256 bytes; scratch
 # arrays of at most 64 KiB a kernel, for values of at least one transcendental's cost
@@ -211,8 +232,8 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
                            device_asserts=True, loads_first=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
-                        two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS, scratch=CPP_SCRATCH,
-                        hoists_row_invariants=True, row_reciprocals=True),
+                        columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
+                        scratch=CPP_SCRATCH, hoists_row_invariants=True, row_reciprocals=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
                               channels_last=False),
 }

@@ -301,10 +301,11 @@ class _Fuser:
             return NopStep(node.name)
         grp = self.groups[self.group_of[nodes[0]]]
         kind = _kind(grp.group, self.o)
-        column_min = self.o.traits().column_loop_min
+        traits = self.o.traits()
+        column_min = traits.column_loop_min
         if kind is KernelKind.PERSISTENT and column_min is not None and grp.group[1] >= column_min:
             bufs = tuple(self.bufs[n] for n in nodes)
-            if reads_down_columns(bufs, kernel_layouts(self.g), grp.group):
+            if reads_down_columns(bufs, kernel_layouts(self.g), grp.group, traits.columns):
                 kind = KernelKind.REDUCTION  # looped, a block of columns a program (kernel_model.reads_down_columns)
         return FusedKernel("", nodes, kind, grp.group)
 

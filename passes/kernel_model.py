@@ -21,7 +21,7 @@ written by the same kernel.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import sympy
 
@@ -32,7 +32,7 @@ from coil.ir.indexing import numel, simplify_index, unflatten
 from coil.ir.kernel import RINDEX, XINDEX, Param, ParamRole, Role, group_ranges
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
-from coil.options import SplitTraits
+from coil.options import ColumnTraits, SplitTraits
 
 
 def kernel_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:
@@ -114,20 +114,43 @@ def offset_step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     return sympy.expand(off.xreplace({**zero, sym: 1}) - off.xreplace(zero))
 
 
+Steps = Iterable[tuple[sympy.Expr | int, sympy.Expr | int]]
+
+
+def down_columns(reads: Steps, stores: Steps, run: int, traits: ColumnTraits) -> bool:
+    """The one rule, on every target, of a reduction down the columns of what it
+    reads (x.sum(0) of a row-major x, a bias's gradient: each kernel row is a
+    column in memory).  `reads` and `stores` are the (x-step, r-step) of each read
+    from outside the kernel and of each store, how far one step of the kernel's x
+    and of its r moves it in memory; `run` is how many x steps in a row stay
+    contiguous.  It does when the run is at least traits.run_min, some read steps
+    1 along x and moves along r, and no read (nor store, where traits.stores_count)
+    steps 1 along r while moving along x: a per-row vector (x-step 0, r-step 1:
+    the same for every column, layer_norm's mean and rstd in its weight's
+    gradient, m in (a * m).sum(0) with m of shape (rows, 1)) does not count.
+    Triton asks it of the flat xindex / rindex (reads_down_columns), the C++
+    target of its nest's innermost x and r loops (passes/schedule/threads.py)."""
+    if run < traits.run_min:
+        return False
+    along_row = [*reads, *stores] if traits.stores_count else reads
+    if any(dr == 1 and dx != 0 for dx, dr in along_row):
+        return False
+    return any(dx == 1 and dr != 0 for dx, dr in reads)
+
+
 def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout],
-                       group: tuple[int, int]) -> bool:
-    """Whether a reduction kernel reduces down the columns of what it reads: some
-    read from outside the kernel steps 1 along xindex and moves along rindex, and
-    none steps 1 along rindex while moving along xindex (a per-row vector, the same
-    for every column, does not count: layer_norm's mean and rstd in its weight's
-    gradient).  x.sum(0) of a row-major x, a bias's gradient: each
-    kernel row is a column in memory).  Such a kernel reads coalesced only with a
-    block of neighbouring columns a program; one column a program reads one
-    element of every 32-byte sector it fetches."""
+                       group: tuple[int, int], traits: ColumnTraits) -> bool:
+    """down_columns of a reduction kernel's flat xindex / rindex, Triton's: the
+    steps of every read from outside the kernel by its reduction and inner nodes,
+    and xindex as one run of numel (a block of columns a program loads along it,
+    whatever runs the layout cuts it in); no stores (Triton's traits count none).
+    Such a kernel reads coalesced only with a block of neighbouring columns a
+    program; one column a program reads one element of every 32-byte sector it
+    fetches."""
     if group[1] <= 1:
         return False
     inside = {b.name for b in nodes}
-    along_x = False
+    steps: list[tuple[sympy.Expr, sympy.Expr]] = []
     for b in nodes:
         if node_role(b, group) not in (Role.REDUCTION, Role.INNER):
             continue
@@ -136,11 +159,9 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
             if ld.name in inside or ld.name not in layouts:
                 continue
             off = load_position(ld, layouts[ld.name], m, group)
-            dx, dr = offset_step(off, XINDEX), offset_step(off, RINDEX)
-            if dr == 1 and dx != 0:
-                return False  # along a row (a per-row vector, dx = 0, reads the same for every column)
-            along_x = along_x or (dx == 1 and dr != 0)
-    return along_x
+            steps.append((offset_step(off, XINDEX), offset_step(off, RINDEX)))
+    assert not traits.stores_count, "reads_down_columns gathers no stores"
+    return down_columns(steps, (), group[0], traits)
 
 
 def kernel_layouts(g: ScheduleGraph) -> dict[str, Layout]:

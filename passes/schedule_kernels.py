@@ -7,7 +7,8 @@ one policy, from the target's frozen traits (coil/options.py: TargetTraits):
   tiled kernel's yindex, xindex), and where it is stored, if at all;
 - the iteration space: flat, tiled (tiling.py: a transposed read), rows held
   whole or looped, down the columns of what it reads (kernel_model
-  .reads_down_columns), or split over many programs (split.py);
+  .down_columns, the rule the C++ target's lanes follow too), or split over
+  many programs (split.py);
 - the stages: one scope, or outer stages and reduction loops with their
   accumulators, online softmax included (loops.py);
 - the launches, their configs and tails, and the rule that chose each (launch.py);
@@ -87,7 +88,7 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
         if traits.loads_first:
             spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts), reads=loads.reads(spec, layouts))
         if traits.nests is not None:
-            spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests)
+            spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests, traits.columns)
             if traits.streams is not None:
                 spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
             spec = rows.row_work(spec, traits)
@@ -113,7 +114,8 @@ def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tu
     stages = loops.looped_stages(nodes, online, traits.two_pass_welford)
     if k.kind is KernelKind.POINTWISE:  # reductions over at most one element, looped all the same
         return _launched(k, flat, params, nodes, stages, layouts, traits)
-    columns = traits.column_loop_min is not None and reads_down_columns(bufs, layouts, k.group)
+    columns = (traits.column_loop_min is not None
+               and reads_down_columns(bufs, layouts, k.group, traits.columns))
     space = Rows(n, r, True, columns)
     splits = traits.splits
     if splits is not None and n > 0 and (columns or splits_rows(k.group, splits)):

@@ -38,6 +38,8 @@ from coil.ir.kernel import (
 )
 from coil.ir.printer import show
 from coil.ir.verify import VerifyError, verify
+from coil.options import ColumnTraits
+from coil.passes.kernel_model import down_columns
 from golden_util import assert_golden
 from tests_helpers import run_until
 
@@ -60,6 +62,12 @@ def _layer_norm() -> KernelProgram:
 
 def _column_sum() -> KernelProgram:
     return program(lambda a: a.sum(0), [torch.randn(600, 70)])
+
+
+def _row_scaled_column_sum(target: str = "triton") -> KernelProgram:
+    """(a * m).sum(0), m a per-row vector (the same for every column): down the
+    columns on both targets (kernel_model.down_columns)."""
+    return program(lambda a, m: (a * m).sum(0), [torch.randn(600, 70), torch.randn(600, 1)], target=target)
 
 
 def _long_row() -> KernelProgram:
@@ -94,6 +102,7 @@ GOLDEN: dict[str, Callable[[], KernelProgram]] = {
     "softmax": _softmax,
     "layer_norm": _layer_norm,
     "column_sum": _column_sum,
+    "row_scaled_column_sum": _row_scaled_column_sum,
     "long_row_sum": _long_row,
     "transpose_add": _transpose_add,
     "cross_entropy": _cross_entropy,
@@ -125,6 +134,7 @@ CPP_GOLDEN: dict[str, Callable[[], KernelProgram]] = {
     "streamed_store": lambda: program(lambda a, b: a * 2 + b, [torch.randn(1100, 1001), torch.randn(1100, 1001)],
                                       target="cpp"),
     "row_division": lambda: program(lambda a: a / a.sum(-1, keepdim=True), [torch.randn(8, 300)], target="cpp"),
+    "row_scaled_column_sum": lambda: _row_scaled_column_sum("cpp"),
 }
 
 
@@ -148,6 +158,68 @@ def test_cpp_column_sum_runs_columns_in_lanes() -> None:
     assert _loops(k) == LoopNest((70,), (600,), parallel=Parallel(1, 2, 1))
     (narrow,) = program(lambda a: a.sum(0), [torch.randn(600, 7)], target="cpp").specs
     assert narrow.space == Rows(7, 600, looped=True) and narrow.nest is not None and narrow.nest.parallel is None
+
+
+def _down_columns(k: KernelSpec) -> bool:
+    """A spec's answer to kernel_model.down_columns: Triton's rows or split over
+    blocks of columns, the C++ target's columns in vector lanes."""
+    space = k.space
+    if isinstance(space, Rows):
+        return space.columns and (k.nest is None or space.lanes > 0)
+    return isinstance(space, Split) and space.columns
+
+
+def _permuted_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """layer_norm over the channels of a channel-first (B, C, T) tensor: its reads
+    walk memory along T, the kernel's x, while it stores along C, its rows."""
+    h = x.permute(0, 2, 1) * 2
+    return h, F.layer_norm(h, (x.shape[1],), w, b)
+
+
+# (function, inputs, down the columns on triton, on cpp)
+COLUMN_CASES: dict[str, tuple[Callable[..., torch.Tensor], list[torch.Tensor], bool, bool]] = {
+    "column_sum": (lambda a: a.sum(0), [torch.randn(600, 70)], True, True),
+    "row_sum": (lambda a: a.sum(1), [torch.randn(600, 70)], False, False),
+    # a per-row vector, the same for every column, does not count against columns: m of
+    # shape (rows, 1), and layer_norm's mean and rstd in its weight's gradient
+    "row_scaled": (lambda a, m: (a * m).sum(0), [torch.randn(600, 70), torch.randn(600, 1)], True, True),
+    "layer_norm_weight_grad": (lambda x, mu, rs, g: ((x - mu) * rs * g).sum(0),
+                               [torch.randn(600, 70), torch.randn(600, 1), torch.randn(600, 1),
+                                torch.randn(600, 70)], True, True),
+    # a read along the row (a column-major operand) keeps the kernel on rows
+    "column_major_operand": (lambda a, b: (a * b).sum(0), [torch.randn(600, 70), torch.randn(70, 600).t()],
+                             False, False),
+    # runs of 4 neighbouring columns: enough for Triton's flat xindex (ColumnTraits.run_min 1),
+    # too few for the C++ target's lanes (8)
+    "short_runs": (lambda a: a.sum(1), [torch.randn(40, 200, 4)], True, False),
+    # stores along the row: the C++ target's lanes would scatter them (ColumnTraits.stores_count)
+    "stores_along_rows": (_permuted_layer_norm, [torch.randn(2, 256, 16), torch.randn(256), torch.randn(256)],
+                          True, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COLUMN_CASES))
+def test_one_column_rule_decides_on_both_targets(name: str) -> None:
+    """kernel_model.down_columns, on Triton's flat xindex / rindex and on the C++
+    target's innermost x and r loops, differing only in their ColumnTraits (run_min,
+    stores_count)."""
+    fn, inputs, triton, cpp = COLUMN_CASES[name]
+    for target, want in (("triton", triton), ("cpp", cpp)):
+        (k,) = program(fn, inputs, target=target).specs
+        assert _down_columns(k) == want, (target, k.space)
+
+
+def test_down_columns_rule() -> None:
+    """The rule on (x-step, r-step) pairs of reads and stores, a run and the traits."""
+    flat, lanes = ColumnTraits(), ColumnTraits(run_min=8, stores_count=True)
+    for traits in (flat, lanes):
+        assert down_columns([(1, 70)], [(1, 0)], 70, traits)  # x.sum(0)
+        assert down_columns([(1, 70), (0, 1)], [], 70, traits)  # a per-row vector does not count
+        assert not down_columns([(1, 70), (600, 1)], [], 70, traits)  # a read along the row does
+        assert not down_columns([(0, 1), (70, 0)], [], 70, traits)  # nothing walks memory along x
+        assert not down_columns([(1, 0)], [], 70, traits)  # nor strides it along r
+    assert not down_columns([(1, 70)], [], 4, lanes) and down_columns([(1, 70)], [], 4, flat)  # a run of 4
+    assert not down_columns([(1, 70)], [(70, 1)], 70, lanes) and down_columns([(1, 70)], [(70, 1)], 70, flat)
 
 
 def test_cpp_long_row_splits_among_threads() -> None:

@@ -7,14 +7,18 @@ reads from memory in its loop variables, and becomes a value of the spec:
   stores in its loop variables, which the renderer spells);
 - a reduction down the columns of what it reads (x.sum(0)) runs a block of
   `lanes` neighbouring columns together (Rows.lanes): the innermost x loop walks
-  memory while the innermost r loop strides it.  kernel_model.reads_down_columns
-  asks the same question of the flat xindex / rindex (Triton's blocks of
-  columns) and answers differently in two ways, so each target keeps its rule:
-  here the contiguous run is the innermost x loop, which must be at least
-  `lanes_min` long (x.sum(1) of a (40, 50, 4) tensor: xindex steps 1, but in
-  runs of 4), and any read contiguous along the innermost r loop keeps the
-  kernel on rows, a vector the same for every column included ((a * m).sum(0)
-  with m of shape (rows, 1) runs on rows here, on blocks of columns on Triton);
+  memory while the innermost r loop strides it.  The rule is Triton's too,
+  kernel_model.down_columns, asked here of the steps of the reads and stores
+  along the innermost x and r loops (Triton asks it of the flat xindex /
+  rindex), with the C++ target's ColumnTraits: some read steps 1 along x and
+  moves along r, and no read or store steps 1 along r while moving along x.  A
+  vector the same for every column does not count (m in (a * m).sum(0) with m
+  of shape (rows, 1), layer_norm's mean and rstd in its weight's gradient: each
+  lane reads the same element of it); a store along the row does (the lanes
+  would scatter it, one row a lane; Triton's traits count no stores); and the
+  contiguous run, the innermost x loop, must be at least run_min (8) long (x.sum(1)
+  of a (40, 50, 4) tensor: xindex steps 1, but in runs of 4, so it runs on rows
+  here and on blocks of columns on Triton, whose traits ask a run of 1);
 - a reduction of fewer than `split_below_rows` rows of at least
   `parallel_min_work` elements splits each row among threads (Split, even:
   the outer r loop dealt out in `split_parts` parts);
@@ -31,7 +35,7 @@ reads from memory in its loop variables, and becomes a value of the spec:
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import attrs
 import sympy
@@ -40,14 +44,16 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import loads
 from coil.ir.kernel import KernelSpec, LoopNest, NestNode, NestTile, Parallel, Rows, Split, StagedRead
 from coil.ir.layout import Layout
-from coil.options import NestTraits
+from coil.options import ColumnTraits, NestTraits
+from coil.passes.kernel_model import down_columns
 from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, kernel_nest, loop_index
 
 
 def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[str, Layout],
-           removed: frozenset[str], traits: NestTraits) -> KernelSpec:
+           removed: frozenset[str], traits: NestTraits, columns: ColumnTraits) -> KernelSpec:
     """The spec with its loop nest and the decisions made on it (the space's lanes
-    or split, a tile or blocks, parallel loops)."""
+    or split, a tile or blocks, parallel loops); `columns`: the target's traits of
+    kernel_model.down_columns."""
     stored = {b.name for b in bufs if b.name not in removed}
     nest, nodes = kernel_nest(bufs, spec.group, dict(layouts), stored)
     reads = outside_loads(nodes, layouts, nest.ranges)
@@ -62,7 +68,8 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
         return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, block, tile, par, in_loops))
     space = spec.space
     rows = isinstance(space, Rows)  # a flat kernel's reductions over at most one element run on rows
-    lanes = column_lanes(nest, reads, traits) if rows else 0
+    stores = [nd.store for nd in nodes if nd.buf.name in stored and nd.store is not None]
+    lanes = column_lanes(nest, reads, stores, traits, columns) if rows else 0
     parts = split_parts(nest, traits) if rows and not lanes else 0
     if isinstance(space, Rows) and lanes:
         space = attrs.evolve(space, columns=True, lanes=lanes)
@@ -102,23 +109,22 @@ def parallel(loops: int, iterations: int, traits: NestTraits) -> Parallel:
 # ---- reductions ---------------------------------------------------------------------------------
 
 
-def column_lanes(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], traits: NestTraits) -> int:
-    """The lanes of a reduction down columns: some read walks memory along the
-    innermost x loop while it strides along the innermost r loop, and none is
-    contiguous along r (x.sum(0)); 0 when it runs on rows."""
+def column_lanes(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], stores: Sequence[sympy.Expr],
+                 traits: NestTraits, columns: ColumnTraits) -> int:
+    """The lanes of a reduction down columns: kernel_model.down_columns of the
+    steps of its reads and stores (offsets in the loop variables) along the
+    innermost x and r loops, the innermost x loop the contiguous run; 0 when it
+    runs on rows."""
     xs, rs = nest.xdims, nest.rdims
-    if xs[-1].size < traits.lanes_min or not rs:
+    if not rs:
         return 0
     vx, vr = xs[-1].sym, rs[-1].sym
-    along_x = False
-    for _, e in reads:
-        c = affine_coeffs(e, (vx, vr))
-        if c is None:
-            continue
-        if c[vr] == 1:
-            return 0
-        along_x = along_x or (c[vx] == 1 and c[vr] != 0)
-    return min(traits.lanes, xs[-1].size) if along_x else 0
+
+    def steps(offsets: Iterable[sympy.Expr]) -> list[tuple[int, int]]:
+        return [(c[vx], c[vr]) for c in (affine_coeffs(e, (vx, vr)) for e in offsets) if c is not None]
+
+    down = down_columns(steps(e for _, e in reads), steps(stores), xs[-1].size, columns)
+    return min(traits.lanes, xs[-1].size) if down else 0
 
 
 def split_parts(nest: Nest, traits: NestTraits) -> int:
