@@ -575,6 +575,18 @@ def test_a_stored_node_that_is_no_parameter() -> None:
     _reject(_with(kp, stored), rf"{node.name}: K5 stored, but not a parameter {k.name} writes")
 
 
+def test_a_loop_computes_nodes_of_later_loops() -> None:
+    """K4: the softmax's first loop may compute its own nodes, never the output
+    that belongs to the second (it needs the finished row max and sum)."""
+    kp = _softmax()
+    (k,) = kp.specs
+    first, second = k.stages
+    assert isinstance(first, Loop) and isinstance(second, Loop)
+    late = second.computes[-1]
+    early = attrs.evolve(k, stages=(attrs.evolve(first, computes=(*first.computes, late)), second))
+    _reject(_with(kp, early), rf"{late}: K4 computed in loop 0 of {k.name}, but not a node of it or an earlier loop")
+
+
 def test_accumulators_match_the_reductions() -> None:
     kp = _softmax()
     (k,) = kp.specs
