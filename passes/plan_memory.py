@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import deque
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import sympy
 
@@ -120,15 +120,15 @@ def inplace_source(kernel: FusedKernel, new: str, dying: frozenset[str], g: Buff
         return None
     nodes = [(n, nb) for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer)]
     at = [n for n, _ in nodes].index(new)
-    candidates = sorted({e.name for _, nb in nodes[:at + 1] for e in walk(nb.body) if isinstance(e, Load)}
-                        & dying - taken)
+    # each node's reads from memory, walked once
+    reads = [[e for e in walk(nb.body) if isinstance(e, (Load, IndirectLoad))] for _, nb in nodes]
+    candidates = sorted({e.name for rs in reads[:at + 1] for e in rs if isinstance(e, Load)} & dying - taken)
     if not candidates:
         return None
     if kernel.kind != KernelKind.POINTWISE and not _last_stage(kernel, new, nodes):
         return None
     writes = store_position(b, kernel.group)
-    views = {e.name for _, nb in nodes for e in walk(nb.body)
-             if isinstance(e, (Load, IndirectLoad)) and isinstance(g.get(e.name), AliasBuffer)}
+    views = {e.name for rs in reads for e in rs if isinstance(g.get(e.name), AliasBuffer)}
     for old in candidates:
         olay = g.layout(old)
         if (not _storage_owner(g, old) or olay.offset != 0
@@ -136,17 +136,17 @@ def inplace_source(kernel: FusedKernel, new: str, dying: frozenset[str], g: Buff
             continue
         if any(_views(g, v, old) for v in views):
             continue  # read through a view, at elements not checked here
-        if all(_reads_only_at(nb, old, olay, writes, kernel.group) for n, nb in nodes[:at + 1]) and not any(
-                any(isinstance(e, (Load, IndirectLoad)) and e.name == old for e in walk(nb.body))
-                for _, nb in nodes[at + 1:]):
+        if (all(_reads_only_at(nb, [e for e in rs if e.name == old], olay, writes, kernel.group)
+                for (_, nb), rs in zip(nodes[:at + 1], reads))
+                and not any(e.name == old for rs in reads[at + 1:] for e in rs)):
             return old
     return None
 
 
-def _reads_only_at(b: ComputedBuffer, old: str, olay: Layout, at: sympy.Expr, group: tuple[int, int]) -> bool:
-    """Whether b reads `old` only directly, at storage element `at` (kernel
-    coordinates), if at all."""
-    reads = [e for e in walk(b.body) if isinstance(e, (Load, IndirectLoad)) and e.name == old]
+def _reads_only_at(b: ComputedBuffer, reads: Sequence[Load | IndirectLoad], olay: Layout, at: sympy.Expr,
+                   group: tuple[int, int]) -> bool:
+    """Whether b's `reads` of one buffer (of layout `olay`) are all direct, at
+    storage element `at` (kernel coordinates)."""
     if not reads:
         return True
     if any(isinstance(e, IndirectLoad) for e in reads) or node_role(b, group) is None:
@@ -272,15 +272,18 @@ LARGE_HOLD = 16
 LONG_HOLD = 8  # ... and held across more than this many steps
 
 
-def _own_bytes(planned: Sequence[_Planned], bg: BufferGraph, lives: Sequence[int]) -> list[int]:
-    """Bytes alive while each step runs, less the graph's inputs (whose storage
-    their caller holds, parameters above all, whatever the plan frees)."""
-    inputs = {i.name: i.layout.nbytes for i in bg.inputs}
-    held = sum(inputs.values())
+def _own_bytes(bg: BufferGraph, lives: Sequence[int], died: Mapping[str, int]) -> list[int]:
+    """Bytes alive while each step runs, less the graph's inputs still named then
+    (their caller holds their storage, parameters above all, whatever the plan frees)."""
+    gone = [0] * (len(lives) + 1)  # input bytes whose name is dropped after the step before
+    for i in bg.inputs:
+        if i.name in died:
+            gone[died[i.name] + 1] += i.layout.nbytes
+    held = sum(i.layout.nbytes for i in bg.inputs)
     out = []
-    for p, live in zip(planned, lives):
+    for k, live in enumerate(lives):
+        held -= gone[k]
         out.append(live - held)
-        held -= sum(inputs.get(f, 0) for f in p[4])
     return out
 
 
@@ -293,18 +296,15 @@ def _release_holds_at_peak(planned: list[_Planned], bg: BufferGraph, reused: set
     that does not raise it stays.  A long hold of a large buffer (LARGE_HOLD,
     LONG_HOLD) is released too."""
     died = {f: i for i, p in enumerate(planned) for f in p[4]}
-    first = True
+    lives = _replay(planned, bg, reused)
+    if not lives:
+        return
+    large = max(_own_bytes(bg, lives, died)) // LARGE_HOLD  # releasing holds never raises it
     while True:
-        lives = _replay(planned, bg, reused)
-        if not lives:
-            return
         top = [i for i, v in enumerate(lives) if v == max(lives)]
-        large = max(_own_bytes(planned, bg, lives)) // LARGE_HOLD if first else None
-        first = False
         spans = [(j, new, old) for j, p in enumerate(planned) for new, old in p[3]
                  if new not in p[5] and (any(died[old] < i < j for i in top)
-                                         or (large is not None and j - died[old] > LONG_HOLD
-                                             and _storage_bytes(bg, old) >= large))]
+                                         or (j - died[old] > LONG_HOLD and _storage_bytes(bg, old) >= large))]
         if not spans:
             return
         for j, new, old in spans:
@@ -313,6 +313,7 @@ def _release_holds_at_peak(planned: list[_Planned], bg: BufferGraph, reused: set
             reused.discard(old)
             log.debug("plan_memory: %s dies before the peak; freed then, %s allocated later instead of reusing it",
                       old, new)
+        lives = _replay(planned, bg, reused)
 
 
 # ---- topological orders ------------------------------------------------------------------
