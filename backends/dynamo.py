@@ -46,6 +46,14 @@ def _static(inputs: Sequence[Any]) -> bool:
     return True
 
 
+def _count(what: str) -> None:
+    """torch._dynamo.utils.counters["coil"]: graphs compiled, and graphs left to run
+    eagerly; benchmarks and tests read them as they read Dynamo's own counters."""
+    from torch._dynamo.utils import counters
+
+    counters["coil"][what] += 1
+
+
 def _passed_through(n_inputs: int, example_inputs: Sequence[Any]) -> bool:
     """Whether AOTAutograd's inference graph being compiled now takes the Dynamo
     graph's inputs as they are and returns its outputs as they are: then its
@@ -84,6 +92,7 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
 
         if not _static(example_inputs):
             log.warning("coil: %s graph has symbolic shapes; running it eagerly", kind)
+            _count("eager")
             return gm.forward
         opts = options
         if kind == "forward" and _has_convolution(gm):
@@ -101,8 +110,10 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
                 raise
             # as Inductor's fallbacks do: the user's program runs, and the log says why not compiled
             log.warning("coil: %s graph cannot be compiled, running it eagerly: %s", kind, e)
+            _count("eager")
             return gm.forward
         log.debug("coil: compiled %s graph (%d nodes)", kind, len(gm.graph.nodes))
+        _count("compiled")
         if kind == "forward":
             _report_output_strides(compiled)
         # a forward or inference graph takes the Dynamo graph's inputs, which Dynamo's

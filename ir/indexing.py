@@ -15,6 +15,8 @@ from typing import Mapping, Sequence
 
 import sympy
 
+from coil.ir.shapes import Size, norm, product, sizes
+
 
 class FloorDiv(sympy.Function):
     """floor(a / b) for a >= 0, b > 0 integers."""
@@ -230,21 +232,22 @@ def _merge_digits(e: sympy.Expr) -> sympy.Expr:
     return sympy.Add(*terms)
 
 
-def contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
-    strides: list[int] = []
-    acc = 1
+def contiguous_strides(size: Sequence[Size]) -> tuple[Size, ...]:
+    """Row-major strides; a size symbol is at least 1, so it needs no max(s, 1)."""
+    strides: list[Size] = []
+    acc: Size = 1
     for s in reversed(size):
         strides.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(strides))
+        acc = acc * max(int(s), 1) if isinstance(s, int) or s.is_Integer else norm(acc * s)
+    return tuple(norm(v) for v in reversed(strides))
 
 
-def flatten(index: Sequence[sympy.Expr], size: Sequence[int]) -> sympy.Expr:
+def flatten(index: Sequence[sympy.Expr], size: Sequence[Size]) -> sympy.Expr:
     """Row-major flat position of a logical index."""
     return sympy.expand(sum((i * s for i, s in zip(index, contiguous_strides(size))), sympy.Integer(0)))
 
 
-def unflatten(flat: sympy.Expr, size: Sequence[int]) -> tuple[sympy.Expr, ...]:
+def unflatten(flat: sympy.Expr, size: Sequence[Size]) -> tuple[sympy.Expr, ...]:
     """Logical index for a row-major flat position (inverse of `flatten`)."""
     out: list[sympy.Expr] = []
     for s, st in zip(size, contiguous_strides(size)):
@@ -255,13 +258,15 @@ def unflatten(flat: sympy.Expr, size: Sequence[int]) -> tuple[sympy.Expr, ...]:
     return tuple(out)
 
 
-def strided_offset(index: Sequence[sympy.Expr], stride: Sequence[int], offset: int = 0) -> sympy.Expr:
+def strided_offset(index: Sequence[sympy.Expr], stride: Sequence[Size], offset: Size = 0) -> sympy.Expr:
     return sympy.expand(sympy.Integer(offset) + sum((i * s for i, s in zip(index, stride)), sympy.Integer(0)))
 
 
-def numel(size: Sequence[int]) -> int:
-    return math.prod(int(s) for s in size)
+def numel(size: Sequence[Size]) -> Size:
+    """The product of the sizes: an int while they are ints (the static path), else
+    an expression over size symbols."""
+    return product(sizes(size))
 
 
-def ranges_of(symbols: Sequence[sympy.Symbol], size: Sequence[int]) -> dict[sympy.Symbol, int]:
-    return {s: int(n) for s, n in zip(symbols, size)}
+def ranges_of(symbols: Sequence[sympy.Symbol], size: Sequence[Size]) -> dict[sympy.Symbol, Size]:
+    return {s: norm(n) for s, n in zip(symbols, size)}

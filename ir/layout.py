@@ -9,27 +9,30 @@ import sympy
 import torch
 
 from coil.ir.indexing import contiguous_strides, numel, strided_offset
+from coil.ir.shapes import Size, norm, sizes
 
 
-def _ints(value: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
+def _ints(value: Sequence[object]) -> tuple[Size, ...]:
+    """Sizes as coil keeps them: ints, and sympy expressions over size symbols
+    where the graph is dynamic (ir/shapes.py)."""
+    return sizes(value)
 
 
 @attrs.frozen(cache_hash=True)
 class Layout:
-    size: tuple[int, ...] = attrs.field(converter=_ints)
-    stride: tuple[int, ...] = attrs.field(converter=_ints)
+    size: tuple[Size, ...] = attrs.field(converter=_ints)
+    stride: tuple[Size, ...] = attrs.field(converter=_ints)
     dtype: torch.dtype
     device: str
-    offset: int = 0
+    offset: Size = attrs.field(default=0, converter=norm)
 
     @stride.validator
-    def _rank(self, _a: object, value: tuple[int, ...]) -> None:
+    def _rank(self, _a: object, value: tuple[Size, ...]) -> None:
         if len(value) != len(self.size):
             raise ValueError(f"stride {value} does not match size {self.size}")
 
     @classmethod
-    def contiguous(cls, size: Sequence[int], dtype: torch.dtype, device: str) -> "Layout":
+    def contiguous(cls, size: Sequence[Size], dtype: torch.dtype, device: str) -> "Layout":
         return cls(tuple(size), contiguous_strides(size), dtype, device)
 
     @classmethod
@@ -37,18 +40,24 @@ class Layout:
         return cls(tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), int(t.storage_offset()))
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> Size:
         return numel(self.size)
 
-    def storage_size(self) -> int:
-        """Elements the storage must hold (as torch's empty_strided computes it)."""
+    @property
+    def static(self) -> bool:
+        return all(isinstance(v, int) for v in (*self.size, *self.stride, self.offset))
+
+    def storage_size(self) -> Size:
+        """Elements the storage must hold (as torch's empty_strided computes it);
+        a size symbol is never 0."""
         if any(s == 0 for s in self.size):
             return 0
-        return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
+        n = self.offset + 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
+        return n if isinstance(n, int) else norm(sympy.expand(n))
 
     @property
-    def nbytes(self) -> int:
-        return self.storage_size() * self.dtype.itemsize
+    def nbytes(self) -> Size:
+        return norm(self.storage_size() * self.dtype.itemsize)
 
     def is_contiguous(self) -> bool:
         return self.offset == 0 and all(

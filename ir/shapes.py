@@ -1,0 +1,278 @@
+"""Sizes that may be symbolic, and what is known about their symbols.
+
+A size is a Python int where it is static (nearly always: static graphs never see
+anything else) or a sympy expression over *size symbols* `s0, s1, ...` where the
+graph came from `torch.compile(dynamic=True)` or automatic dynamic.  lower renames
+the ShapeEnv's symbols (`s77`, `s27`, numbered by Dynamo's source hash) to
+`s0, s1, ...` in order of first appearance over the graph's inputs, so the same
+graph always prints the same, whatever Dynamo called its symbols.
+
+`ShapeInfo` is what the ShapeEnv knew when coil got the graph, copied once in lower
+and carried on every IR from LoweredGraph on: for each symbol its hint (the size of
+the call being compiled) and its range (`[2, oo)` for a dim Dynamo made dynamic,
+narrower with `mark_dynamic(min=, max=)`).  Passes ask it questions, never the
+ShapeEnv, and so coil adds no guards:
+
+- `known_eq/known_le/known_lt/...` are true only when the fact holds for every
+  value in the ranges.  A decision that changes what the code computes (fuse or
+  not, reuse a buffer or not, drop a tail mask) needs such a proof.
+- `hint(e)` evaluates an expression at the hints.  A decision that only changes
+  speed (block sizes, warps, fusion scores, the order of a memory plan) uses it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Iterable, Mapping, Sequence, Union
+
+import attrs
+import sympy
+from sympy.printing.str import StrPrinter
+
+Size = Union[int, sympy.Expr]
+
+SIZE_PREFIX = "s"
+
+
+def size_symbol(i: int) -> sympy.Symbol:
+    """The i-th size symbol of a graph, as every IR spells it."""
+    return sympy.Symbol(f"{SIZE_PREFIX}{i}", integer=True, positive=True)
+
+
+def is_size_symbol(s: sympy.Basic) -> bool:
+    return (isinstance(s, sympy.Symbol) and s.name.startswith(SIZE_PREFIX) and s.name[1:].isdigit()
+            and bool(s.is_positive))
+
+
+def norm(v: object) -> Size:
+    """A size as coil keeps it: an int when it is a number, else the expression."""
+    if isinstance(v, bool):
+        raise TypeError(f"a size cannot be a bool ({v!r})")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, sympy.Expr):
+        if v.is_Integer:
+            return int(v)
+        if v.is_number:
+            raise ValueError(f"size {v} is not an integer")
+        return v
+    return int(v)  # type: ignore[call-overload]  # numpy ints, torch ints
+
+
+def sizes(values: Iterable[object]) -> tuple[Size, ...]:
+    return tuple(norm(v) for v in values)
+
+
+def is_static(values: Iterable[Size]) -> bool:
+    return all(isinstance(v, int) for v in values)
+
+
+def free_size_symbols(values: Iterable[Size]) -> frozenset[sympy.Symbol]:
+    out: set[sympy.Symbol] = set()
+    for v in values:
+        if isinstance(v, sympy.Expr):
+            out |= {s for s in v.free_symbols if is_size_symbol(s)}
+    return frozenset(out)
+
+
+def product(values: Sequence[Size]) -> Size:
+    """The product of sizes: an int while every factor is one."""
+    if is_static(values):
+        return math.prod(values)  # type: ignore[arg-type]
+    return norm(sympy.Mul(*values))
+
+
+@attrs.frozen(cache_hash=True)
+class SymbolFacts:
+    symbol: sympy.Symbol
+    hint: int
+    lower: int
+    upper: int | None  # None: unbounded
+    backed: bool = True  # False: a data-dependent (unbacked) size, known only at run time
+
+    def show(self) -> str:
+        hi = "oo" if self.upper is None else str(self.upper)
+        kind = "" if self.backed else " unbacked"
+        return f"{self.symbol} in [{self.lower}, {hi}] hint {self.hint}{kind}"
+
+
+@attrs.frozen(cache_hash=True)
+class ShapeInfo:
+    """The facts of a graph's size symbols, sorted by symbol number; empty for a
+    static graph (and then it prints nothing)."""
+
+    facts: tuple[SymbolFacts, ...] = ()
+
+    @property
+    def symbols(self) -> tuple[sympy.Symbol, ...]:
+        return tuple(f.symbol for f in self.facts)
+
+    def __bool__(self) -> bool:
+        return bool(self.facts)
+
+    def fact(self, s: sympy.Symbol) -> SymbolFacts:
+        for f in self.facts:
+            if f.symbol == s:
+                return f
+        raise KeyError(f"no facts for size symbol {s}")
+
+    def show(self) -> list[str]:
+        return [f.show() for f in self.facts]
+
+    # ---- evaluation at the hints (speed decisions only)
+    def hint(self, e: Size) -> int:
+        if isinstance(e, int):
+            return e
+        return _hint(self, e)
+
+    def hints(self, values: Iterable[Size]) -> tuple[int, ...]:
+        return tuple(self.hint(v) for v in values)
+
+    # ---- facts for every size in the ranges (decisions about meaning)
+    def bounds(self, e: Size) -> tuple[int | None, int | None]:
+        """The least and greatest value of `e` over the ranges (None: not bounded
+        or not known)."""
+        if isinstance(e, int):
+            return e, e
+        return _bounds(self, e)
+
+    def upper(self, e: Size) -> int | None:
+        return self.bounds(e)[1]
+
+    def lower(self, e: Size) -> int | None:
+        return self.bounds(e)[0]
+
+    def known_eq(self, a: Size, b: Size) -> bool:
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        d = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
+        if d == 0:
+            return True
+        lo, hi = self.bounds(d)
+        return lo == 0 and hi == 0
+
+    def known_le(self, a: Size, b: Size) -> bool:
+        if isinstance(a, int) and isinstance(b, int):
+            return a <= b
+        lo, _ = self.bounds(sympy.expand(sympy.sympify(b) - sympy.sympify(a)))
+        return lo is not None and lo >= 0
+
+    def known_lt(self, a: Size, b: Size) -> bool:
+        if isinstance(a, int) and isinstance(b, int):
+            return a < b
+        lo, _ = self.bounds(sympy.expand(sympy.sympify(b) - sympy.sympify(a)))
+        return lo is not None and lo > 0
+
+    def known_ge(self, a: Size, b: Size) -> bool:
+        return self.known_le(b, a)
+
+    def known_gt(self, a: Size, b: Size) -> bool:
+        return self.known_lt(b, a)
+
+    def known_ne(self, a: Size, b: Size) -> bool:
+        return self.known_lt(a, b) or self.known_gt(a, b)
+
+    def known_multiple(self, e: Size, k: int) -> bool:
+        """Whether `e` is a multiple of the int `k` for every value of its symbols."""
+        if isinstance(e, int):
+            return e % k == 0
+        if k == 1:
+            return True
+        poly = sympy.expand(e)
+        if not poly.is_polynomial(*poly.free_symbols):
+            return False
+        return all(c.is_Integer and int(c) % k == 0
+                   for c in sympy.Poly(poly, *sorted(poly.free_symbols, key=str)).coeffs())
+
+
+EMPTY = ShapeInfo()
+
+
+def _to_torch(e: sympy.Expr) -> sympy.Expr:
+    """coil's FloorDiv/ModularIndexing as torch's, which torch's value-range
+    analysis knows."""
+    from torch.utils._sympy import functions as tf
+
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    if not e.has(FloorDiv, ModularIndexing):
+        return e
+    return e.replace(FloorDiv, lambda a, b: tf.FloorDiv(a, b)).replace(
+        ModularIndexing, lambda a, b, c: tf.ModularIndexing(a, b, c))
+
+
+@functools.lru_cache(maxsize=8192)
+def _hint(info: ShapeInfo, e: sympy.Expr) -> int:
+    values = {f.symbol: f.hint for f in info.facts}
+    missing = [s for s in e.free_symbols if s not in values]
+    if missing:
+        raise KeyError(f"no hint for {sorted(map(str, missing))} in {e}")
+    v = _to_torch(e).xreplace({s: sympy.Integer(n) for s, n in values.items()})
+    if not v.is_number:
+        raise ValueError(f"{e} does not evaluate to a number at the hints")
+    return int(v)
+
+
+@functools.lru_cache(maxsize=8192)
+def _bounds(info: ShapeInfo, e: sympy.Expr) -> tuple[int | None, int | None]:
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    ranges: dict[sympy.Symbol, ValueRanges] = {}
+    for f in info.facts:
+        ranges[f.symbol] = ValueRanges(f.lower, f.upper if f.upper is not None else int_oo)
+    try:
+        r = bound_sympy(_to_torch(e), ranges)
+    except Exception:  # an expression torch's analysis does not know: nothing is known
+        return None, None
+
+    def finite(v: object) -> int | None:
+        if isinstance(v, sympy.Integer):  # torch's int_oo is no Integer
+            return int(v)
+        if isinstance(v, int):
+            return v
+        return None
+
+    return finite(r.lower), finite(r.upper)
+
+
+class _PySizePrinter(StrPrinter):
+    """Python source for a size expression: what the wrapper evaluates once a call."""
+
+    def _print_FloorDiv(self, e: sympy.Expr) -> str:
+        a, b = e.args
+        return f"({self._print(a)} // {self._print(b)})"
+
+    def _print_ModularIndexing(self, e: sympy.Expr) -> str:
+        a, b, c = e.args
+        return f"(({self._print(a)} // {self._print(b)}) % {self._print(c)})"
+
+    def _print_CeilDiv(self, e: sympy.Expr) -> str:
+        a, b = e.args
+        return f"(-(-{self._print(a)} // {self._print(b)}))"
+
+    def _print_Max(self, e: sympy.Expr) -> str:
+        return f"max({', '.join(self._print(a) for a in e.args)})"
+
+    def _print_Min(self, e: sympy.Expr) -> str:
+        return f"min({', '.join(self._print(a) for a in e.args)})"
+
+    def _print_Pow(self, e: sympy.Expr, rational: bool = False) -> str:
+        base, exp = e.args
+        if exp.is_Integer and int(exp) > 0:
+            return f"({self._print(base)} ** {int(exp)})"
+        raise ValueError(f"size expression {e} has a non-integer power")
+
+
+def py_size(e: Size) -> str:
+    """A size as Python source: an int literal, or an expression over size symbols."""
+    if isinstance(e, int):
+        return str(e)
+    return _PySizePrinter().doprint(e)
+
+
+def rename(e: Size, mapping: Mapping[sympy.Symbol, sympy.Expr]) -> Size:
+    if isinstance(e, int):
+        return e
+    return norm(e.xreplace(dict(mapping)))
