@@ -9,6 +9,7 @@ from typing import Sequence
 import sympy
 
 from coil.backends.common import IndexPrinter
+from coil.backends.wrapper import layout_args
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rsyms, xsyms
 from coil.ir.fused import FusedKernel
@@ -75,7 +76,7 @@ def kernel_source(k: FusedKernel, program: WrapperProgram) -> KernelSource:
     params = program.spec(k.name).params
     ptr = {p.name: p.arg for p in params}
     layouts = kernel_layouts(g)
-    lines = [f"def {k.name}({', '.join(p.arg for p in params)}):"]
+    lines = [f"def {k.name}({', '.join([p.arg for p in params] + list(program.spec(k.name).symbols))}):"]
     first = next((p.arg for p in params), None)
     lines.append(f"    _dev = {first}.device" if first else "    _dev = torch.device('cpu')")
     for b in kernel_buffers(k, g):
@@ -101,7 +102,7 @@ def _node_lines(b: ComputedBuffer, ptr: dict[str, str], layouts: dict[str, Layou
         out.append(f"_rt.store({ptr[b.name]}, {b.name}_v)")
     else:
         lay = b.layout
-        out.append(f"{b.name} = torch.empty_strided({tuple(lay.size)}, {tuple(lay.stride)}, dtype={lay.dtype}, device=_dev)")
+        out.append(f"{b.name} = torch.empty_strided({layout_args(lay)}, dtype={lay.dtype}, device=_dev)")
         out.append(f"_rt.store({b.name}, {b.name}_v)")
     return out
 
@@ -123,6 +124,6 @@ class ReferenceBackend:
         return out
 
     def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
-        return [f"{line.kernel}({', '.join(line.args)})"]
+        return [f"{line.kernel}({', '.join(line.args + line.sizes)})"]
 
 

@@ -129,6 +129,16 @@ class CompiledFn:
         # the caller's inputs; the graph's tensor constants follow them in `call`'s args
         self.input_layouts = tuple(i.layout for i in bg.inputs if i.value is None)
         self.input_names = tuple(i.name for i in bg.inputs if i.value is None)
+        # symbolic sizes: the call's arguments are the SymInt inputs and the tensors, in
+        # placeholder order; `check` reads the symbols from them, then checks every input
+        self.sizes = bg.sizes
+        if bg.sizes:
+            by_name = dict(zip(self.input_names, self.input_layouts))
+            self.input_names = tuple(n for n in bg.sizes.order)
+            self.input_layouts = tuple(by_name.get(n) for n in self.input_names)  # type: ignore[misc]
+            from coil.ir.wrapper import Bind
+
+            self._binds = tuple(ln for ln in module.program.lines if isinstance(ln, Bind))
         self.constants = tuple(i.value for i in bg.inputs if i.value is not None)
         self._tokens = frozenset(i.name for i in bg.inputs if i.token)
         self._restrided: set[str] = set()
@@ -142,11 +152,12 @@ class CompiledFn:
         self._expected = tuple(
             (lay.size, lay.dtype, torch.device(lay.device), tuple(i for i, n in enumerate(lay.size) if n != 1),
              lay.stride, "token" if name in self._tokens else "cpu" if not lay.size and name not in self._indexed else "")
-            for name, lay in zip(self.input_names, self.input_layouts)
+            for name, lay in zip(self.input_names, self.input_layouts) if lay is not None
         )
         self._indexed_expected = tuple(
             (k, lay.stride, tuple(i for i, n in enumerate(lay.size) if n != 1), torch.device(lay.device))
-            for k, (name, lay) in enumerate(zip(self.input_names, self.input_layouts)) if name in self._indexed
+            for k, (name, lay) in enumerate(zip(self.input_names, self.input_layouts))
+            if name in self._indexed and lay is not None
         )
 
     def _matches(self, inputs: Sequence[Any]) -> bool:
@@ -174,6 +185,8 @@ class CompiledFn:
         input is copied, in place in the list, into the layout the kernels were
         compiled for.  Storage offsets may differ: every kernel and view indexes
         an input from its own first element."""
+        if self.sizes:
+            return self._check_symbolic(inputs, restride)
         if self._matches(inputs):
             return
         if len(inputs) != len(self.input_layouts):
@@ -207,6 +220,56 @@ class CompiledFn:
                 fixed.copy_(t)
                 inputs[k] = fixed
 
+    def _check_symbolic(self, inputs: list[Any], restride: bool) -> None:
+        """check for a graph of symbolic sizes: the symbols' values come from the
+        inputs as `call` reads them (its Bind lines), each must lie in its range,
+        and every input must have the sizes and strides its layout gives at them."""
+        import sympy
+
+        if len(inputs) != len(self.input_names):
+            raise CoilError(f"compiled for {len(self.input_names)} inputs, called with {len(inputs)}")
+        args = dict(zip(self.input_names, inputs))
+        values: dict[sympy.Symbol, int] = {}
+        for b in self._binds:
+            src = args[b.source]
+            v = src if b.what == "value" else (src.shape if b.what == "size" else src.stride())[b.dim]
+            values[sympy.Symbol(b.symbol, integer=True, positive=True)] = int(v)
+        for f in self.sizes.shapes.facts:
+            v = values[f.symbol]
+            if v < f.lower or (f.upper is not None and v > f.upper):
+                raise CoilError(f"size {f.symbol} = {v} is outside the range {f.lower}..{f.upper} compiled for")
+
+        def at(e: Any) -> int:
+            return e if isinstance(e, int) else int(e.xreplace(values))
+
+        for k, (name, lay, t) in enumerate(zip(self.input_names, self.input_layouts, inputs)):
+            if lay is None:  # a SymInt input
+                expect = dict(self.sizes.inputs)[name]
+                if not isinstance(t, int) or t != at(expect):
+                    raise CoilError(f"input {name}: expected the size {expect} = {at(expect)}, got {t!r}")
+                continue
+            if name in self._tokens and t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise CoilError(f"input {name}: expected a tensor, got {type(t).__name__}")
+            size = tuple(at(v) for v in lay.size)
+            if tuple(t.shape) != size:
+                raise CoilError(f"input {name}: compiled for size {list(lay.size)} = {list(size)} here, called with "
+                                f"size {list(t.shape)}")
+            if t.dtype != lay.dtype or t.device != torch.device(lay.device):
+                raise CoilError(f"input {name}: compiled for {lay.dtype} on {lay.device}, called with {t.dtype} on "
+                                f"{t.device}")
+            stride = tuple(at(v) for v in lay.stride)
+            if any(n != 1 and a != b for n, a, b in zip(size, stride, t.stride())):
+                if restride and name not in self._indexed:
+                    continue
+                if not restride:
+                    raise CoilError(f"input {name}: compiled for strides {list(lay.stride)} = {list(stride)} here, "
+                                    f"called with {list(t.stride())}")
+                fixed = torch.empty_strided(size, stride, dtype=lay.dtype, device=t.device)
+                fixed.copy_(t)
+                inputs[k] = fixed
+
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         args = list(inputs)
         self.check(args)
@@ -233,7 +296,7 @@ class CompiledFn:
         whose strides differ from the fake tensor's the graph was compiled with (an
         aten kernel whose meta function disagrees with it) is copied into the
         compiled layout instead of failing."""
-        if len(args) != len(self._expected) or not self._indexed_match(args):
+        if self.sizes or len(args) != len(self._expected) or not self._indexed_match(args):
             self.check(args, restride=True)
         if self.constants:
             args.extend(self.constants)

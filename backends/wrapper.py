@@ -5,7 +5,7 @@ benchmark main so the file runs on its own."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -14,8 +14,10 @@ from coil.ir.buffers import ComputedBuffer, ExternBuffer
 from coil.ir.layout import Layout
 from coil.ir.lowered import TensorRef, resolve_kernel
 from coil.ir.module import KernelSource
+from coil.ir.shapes import Size, norm, py_size
 from coil.ir.wrapper import (
     Alloc,
+    Bind,
     ExternCall,
     Free,
     FreeKind,
@@ -84,14 +86,20 @@ def _ensure_layout(program: WrapperProgram, name: str, indexed: frozenset[str]) 
     if name not in indexed:
         return [f"    if isinstance({name}, torch.Tensor) and {name}.dtype != {dtype}: {name} = {name}.to({dtype})"]
     # the usual case, the layout planned, costs a few attribute reads; ensure_layout sorts out the rest
-    size, stride = (f"({', '.join(map(str, t))}{',' if len(t) == 1 else ''})" for t in (b.layout.size, b.layout.stride))
+    size, stride = (sizes_text(t) for t in (b.layout.size, b.layout.stride))
     return [f"    if not (isinstance({name}, torch.Tensor) and {name}.stride() == {stride} and {name}.dtype == {dtype} "
             f"and {name}.shape == {size}):",
             f"        {name} = ensure_layout({name}, {layout_args(b.layout)}, {dtype}, {name!r})"]
 
 
+def sizes_text(values: Sequence[Size]) -> str:
+    """A tuple of sizes as Python: literals, and expressions of the size symbols
+    `call` has bound."""
+    return f"({', '.join(map(py_size, values))}{',' if len(values) == 1 else ''})"
+
+
 def layout_args(lay: Layout) -> str:
-    return f"({', '.join(map(str, lay.size))}{',' if len(lay.size) == 1 else ''}), ({', '.join(map(str, lay.stride))}{',' if len(lay.stride) == 1 else ''})"
+    return f"{sizes_text(lay.size)}, {sizes_text(lay.stride)}"
 
 
 def render_call(program: WrapperProgram, backend: KernelBackend, options: Options) -> list[str]:
@@ -125,6 +133,8 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
     returned = {n for ln in program.lines if isinstance(ln, Return) for n in ln.names if n is not None}
     for ln in program.lines:
         match ln:
+            case Bind():
+                out.append(f"    {ln.symbol} = {ln.text()}")
             case Alloc():
                 if ln.layout.device == cuda_guard:  # torch's allocation without the dispatcher, on the guard's device
                     out.append(f"    {ln.name} = empty_strided_cuda({layout_args(ln.layout)}, {ln.layout.dtype})")
@@ -143,7 +153,8 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
             case ReinterpretView():
                 # reinterpret_view takes the offset from the base's own: known now where coil
                 # allocated the base (0, or the view's), read at run time otherwise (base_offset)
-                delta = ln.layout.offset - static_offset.get(ln.base, 0) if ln.base_offset is None else ln.delta()
+                delta = py_size(norm(ln.layout.offset - static_offset.get(ln.base, 0) if ln.base_offset is None
+                                     else ln.delta()))
                 if ln.base_offset is None:
                     static_offset[ln.name] = ln.layout.offset
                 if ln.name in returned:  # as_strided: the caller gets a view of its base, as eager's
@@ -166,7 +177,9 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 else:
                     out.append(f"    del {ln.name}")
             case Return():
-                names = [n if n is not None else "None" for n in ln.names]
+                sizes = program.sizes
+                names = [n if n is not None else py_size(v) if (v := sizes.output(i)) is not None else "None"
+                         for i, n in enumerate(ln.names)]
                 out.append(f"    return ({', '.join(names)}{',' if len(names) == 1 else ''})")
     return out
 
@@ -190,9 +203,17 @@ def render_main(program: WrapperProgram) -> list[str]:
         "    from coil.backends.runtime import rand_strided",
         "    return [",
     ]
-    for i in bg.inputs:
-        lay = i.layout
-        lines.append(f"        rand_strided({layout_args(lay)}, dtype={lay.dtype}, device={lay.device!r}, offset={lay.offset}),")
+    hint = bg.sizes.shapes.hint
+    by_name = {i.name: i for i in bg.inputs}
+    size_in = dict(bg.sizes.inputs)
+    for name in program.inputs:  # the call's arguments, sizes at the hints
+        if name in size_in:
+            lines.append(f"        {hint(size_in[name])},")
+            continue
+        lay = by_name[name].layout
+        at = Layout(bg.sizes.shapes.hints(lay.size), bg.sizes.shapes.hints(lay.stride), lay.dtype, lay.device,
+                    hint(lay.offset))
+        lines.append(f"        rand_strided({layout_args(at)}, dtype={lay.dtype}, device={lay.device!r}, offset={at.offset}),")
     lines += [
         "    ]",
         "",

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from coil.ir.layout import Layout
     from coil.ir.memory import MemoryPlan
     from coil.ir.schedule import ScheduleGraph, SchedulerNode
+    from coil.ir.shapes import GraphSizes, ShapeInfo
 
 
 class ExtendsBufferGraph:
@@ -58,6 +59,14 @@ class ExtendsBufferGraph:
 
     def layout(self, name: str) -> Layout:
         return self.buffer_graph.layout(name)
+
+    @property
+    def sizes(self) -> GraphSizes:
+        return self.buffer_graph.sizes
+
+    @property
+    def shapes(self) -> ShapeInfo:
+        return self.buffer_graph.sizes.shapes
 
 
 class ExtendsScheduleGraph(ExtendsBufferGraph):

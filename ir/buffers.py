@@ -31,10 +31,11 @@ import attrs
 
 from coil.ir.expr import Expr
 from coil.ir.layout import Layout
+from coil.ir.shapes import NO_SIZES, GraphSizes, Size, sizes
 
 
-def _ints(value: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
+def _ints(value: Any) -> tuple[Size, ...]:
+    return sizes(value)  # ints, or expressions over size symbols (ir/shapes.py)
 
 
 class Rule(enum.StrEnum):
@@ -76,8 +77,8 @@ class InputBuffer:
 class ComputedBuffer:
     name: str
     layout: Layout
-    ranges: tuple[int, ...] = attrs.field(converter=_ints)
-    reduction_ranges: tuple[int, ...] = attrs.field(converter=_ints)
+    ranges: tuple[Size, ...] = attrs.field(converter=_ints)
+    reduction_ranges: tuple[Size, ...] = attrs.field(converter=_ints)
     reduction_type: str | None
     body: Expr
     rule: Rule
@@ -145,6 +146,7 @@ class BufferGraph:
     buffers: tuple[Buffer, ...]
     outputs: tuple[str | None, ...]
     realize_table: tuple[RealizeRow, ...] = ()
+    sizes: GraphSizes = NO_SIZES  # symbolic sizes at the boundary (ir/shapes.py); empty when static
     _by_name: dict[str, Union[InputBuffer, Buffer]] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:

@@ -20,12 +20,15 @@ with itself.
 
 from __future__ import annotations
 
+import sympy
+
 from coil.errors import CoilError
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer
 from coil.ir.expr import indirect_loads
 from coil.ir.fused import FusedSchedule
 from coil.ir.lowered import extern_tensor_names
 from coil.ir.schedule import WeakDep
+from coil.ir.shapes import Size, norm
 from coil.ir.wrapper import (
     Alloc,
     ExternCall,
@@ -159,24 +162,34 @@ def check_reuse(w: WrapperProgram) -> None:
                 raise InvariantError(f"line {j}: {ln.old} freed, but {ln.new} took its storage")
 
 
-def _bytes(bg: BufferGraph, name: str) -> int:
+def _bytes(bg: BufferGraph, name: str) -> Size:
     b = bg.get(name)
     if isinstance(b, AliasBuffer) or b.layout is None:
         return 0
     return b.layout.nbytes
 
 
-def replay_peak(w: WrapperProgram) -> int:
+def replay_peak_expr(w: WrapperProgram) -> Size:
+    """The bytes alive at the wrapper line that peaks at the hints: an int for a
+    static graph, an expression of the size symbols for a symbolic one (which the
+    hints pick the line of; another size may peak elsewhere)."""
     bg = w.buffer_graph
-    live = sum(i.layout.nbytes for i in bg.inputs)
+    hint = bg.sizes.shapes.hint
+    live: Size = sum((i.layout.nbytes for i in bg.inputs), 0)
     peak = live
     for ln in w.lines:
         if isinstance(ln, (Alloc, ExternCall, MultiOutputLine)):
-            live += _bytes(bg, ln.name)
+            live = norm(live + _bytes(bg, ln.name))
         if isinstance(ln, Free) and ln.kind is not FreeKind.NAME:
-            live -= _bytes(bg, ln.name)
-        peak = max(peak, live)
-    return peak
+            live = norm(live - _bytes(bg, ln.name))
+        if hint(live) > hint(peak):
+            peak = live
+    return peak if isinstance(peak, int) else norm(sympy.expand(peak))
+
+
+def replay_peak(w: WrapperProgram) -> int:
+    """Peak bytes of the wrapper's allocations and frees, at the hints."""
+    return w.buffer_graph.sizes.shapes.hint(replay_peak_expr(w))
 
 
 def check_peak(w: WrapperProgram) -> None:

@@ -451,6 +451,7 @@ class KernelSpec:
     hoisted: tuple[Hoisted, ...] = ()  # per r-loop (by level), what runs once per row
     asserts: tuple[str, ...] = ()  # the kinds of run-time check ("index", "divisor") spelled as device asserts
     reads: tuple[Read, ...] = ()  # its bodies' loads from memory, each once, in first-read order
+    symbols: tuple[str, ...] = ()  # the size symbols it takes as arguments after its pointers (symbolic sizes)
 
     def node(self, name: str) -> KernelNode:
         for n in self.nodes:

@@ -32,10 +32,11 @@ import torch
 
 from coil.ir.expr import Expr
 from coil.ir.layout import Layout
+from coil.ir.shapes import GraphSizes, NO_SIZES, Size, sizes
 
 
-def _ints(value: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
+def _ints(value: Any) -> tuple[Size, ...]:
+    return sizes(value)  # ints, or expressions over size symbols (ir/shapes.py)
 
 
 def _exprs(value: Any) -> tuple[sympy.Expr, ...]:
@@ -74,7 +75,7 @@ class Pointwise:
     name: str
     dtype: torch.dtype
     device: str
-    ranges: tuple[int, ...] = attrs.field(converter=_ints)
+    ranges: tuple[Size, ...] = attrs.field(converter=_ints)
     body: Expr
     origin: str
     op: str
@@ -89,8 +90,8 @@ class Reduction:
     name: str
     dtype: torch.dtype
     device: str
-    ranges: tuple[int, ...] = attrs.field(converter=_ints)
-    reduction_ranges: tuple[int, ...] = attrs.field(converter=_ints)
+    ranges: tuple[Size, ...] = attrs.field(converter=_ints)
+    reduction_ranges: tuple[Size, ...] = attrs.field(converter=_ints)
     reduction_type: str
     body: Expr
     origin: str
@@ -107,7 +108,7 @@ class View:
     base: str
     dtype: torch.dtype
     device: str
-    ranges: tuple[int, ...] = attrs.field(converter=_ints)
+    ranges: tuple[Size, ...] = attrs.field(converter=_ints)
     index: tuple[sympy.Expr, ...] = attrs.field(converter=_exprs)
     origin: str
     op: str
@@ -176,7 +177,8 @@ class LoweredGraph:
     outputs: tuple[str | None, ...]
     # the strides the FX graph promises for each output (its meta values); callers
     # such as AOTAutograd's backward and some aten kernels rely on them
-    output_strides: tuple[tuple[int, ...] | None, ...] = ()
+    output_strides: tuple[tuple[Size, ...] | None, ...] = ()
+    sizes: GraphSizes = NO_SIZES  # symbolic sizes at the boundary (ir/shapes.py); empty when static
     _by_name: dict[str, LNode] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:

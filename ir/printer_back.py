@@ -9,6 +9,7 @@ from coil.ir.module import CompiledModule
 from coil.ir.printer import fmt_arg
 from coil.ir.wrapper import (
     Alloc,
+    Bind,
     ExternCall,
     Free,
     FreeKind,
@@ -63,7 +64,7 @@ def show_plan(p: MemoryPlan) -> str:
 
 
 def show_wrapper(w: WrapperProgram) -> str:
-    out = [f"WrapperProgram({', '.join(w.inputs)})"]
+    out = [f"WrapperProgram({', '.join(w.inputs)})", *(f"  # {ln}" for ln in w.sizes.show())]
     for ln in w.lines:
         match ln:
             case Alloc():
@@ -73,8 +74,10 @@ def show_wrapper(w: WrapperProgram) -> str:
             case ReinterpretView():
                 at = "" if ln.base_offset is None else f" at {ln.base}+{ln.delta()}"
                 out.append(f"  {ln.name} = reinterpret_tensor({ln.base}{at}) {ln.layout.show()}")
+            case Bind():
+                out.append(f"  {ln.symbol} = {ln.text()}")
             case KernelCall():
-                out.append(f"  {ln.kernel}({', '.join(ln.args)})")
+                out.append(f"  {ln.kernel}({', '.join(ln.args + ln.sizes)})")
             case ExternCall():
                 args = ", ".join([fmt_arg(a) for a in ln.args] + [f"{k}={fmt_arg(v)}" for k, v in ln.kwargs])
                 out.append(f"  {ln.name} = {ln.kernel}({args})")

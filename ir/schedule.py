@@ -27,14 +27,15 @@ import sympy
 
 from coil.ir._delegate import GraphInputs
 from coil.ir.buffers import Buffer, BufferGraph
+from coil.ir.shapes import Size, sizes
 
 
 def _exprs(value: Any) -> tuple[sympy.Symbol, ...]:
     return tuple(value)
 
 
-def _ints(value: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
+def _ints(value: Any) -> tuple[Size, ...]:
+    return sizes(value)  # ints, or expressions over size symbols (ir/shapes.py)
 
 
 def _expr(value: object) -> sympy.Expr:
@@ -46,7 +47,7 @@ class MemoryDep:
     name: str
     index: sympy.Expr = attrs.field(converter=_expr)
     var_names: tuple[sympy.Symbol, ...] = attrs.field(converter=_exprs)
-    size: tuple[int, ...] = attrs.field(converter=_ints)
+    size: tuple[Size, ...] = attrs.field(converter=_ints)
 
     def numel(self) -> int:
         n = 1

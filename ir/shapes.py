@@ -83,6 +83,54 @@ def product(values: Sequence[Size]) -> Size:
     return norm(sympy.Mul(*values))
 
 
+def lower_bound(e: Size) -> int | None:
+    """A least value of `e` without its ShapeInfo: an int is itself; a polynomial
+    of size symbols with nonnegative coefficients is least where every symbol is
+    least, and every size symbol coil takes is at least 2 (Dynamo specializes the
+    sizes 0 and 1, and lower admits no symbol whose range starts below 2); None
+    for anything else."""
+    if isinstance(e, int):
+        return e
+    return _lower_bound(e)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lower_bound(e: sympy.Expr) -> int | None:
+    syms = e.free_symbols
+    if not all(is_size_symbol(s) for s in syms):
+        return None
+    poly = sympy.expand(e)
+    if not poly.is_polynomial(*syms):
+        return None
+    p = sympy.Poly(poly, *sorted(syms, key=str))
+    if any(not c.is_Integer or c < 0 for c in p.coeffs()):
+        return None
+    return int(poly.xreplace({s: sympy.Integer(2) for s in syms}))
+
+
+def same_size(a: Size, b: Size) -> bool:
+    """Equal for every size: ints compared, expressions equal once expanded."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def gt(e: Size, k: int) -> bool:
+    """`e > k` proved for every size (an int compared as it is)."""
+    if isinstance(e, int):
+        return e > k
+    lb = lower_bound(e)
+    return lb is not None and lb > k
+
+
+def le(e: Size, k: int) -> bool:
+    """`e <= k` proved for every size: an expression of unbounded size symbols
+    never is (ShapeInfo.known_le uses the ranges where they are at hand)."""
+    if isinstance(e, int):
+        return e <= k
+    return False
+
+
 @attrs.frozen(cache_hash=True)
 class SymbolFacts:
     symbol: sympy.Symbol
@@ -276,3 +324,34 @@ def rename(e: Size, mapping: Mapping[sympy.Symbol, sympy.Expr]) -> Size:
     if isinstance(e, int):
         return e
     return norm(e.xreplace(dict(mapping)))
+
+
+@attrs.frozen(cache_hash=True)
+class GraphSizes:
+    """A graph's symbolic sizes at its boundary, carried from LoweredGraph to the
+    wrapper: the facts of its symbols, its SymInt inputs and outputs, and the order
+    `call` takes its arguments in.  Empty for a static graph (and then nothing
+    prints and nothing changes)."""
+
+    shapes: ShapeInfo = EMPTY
+    inputs: tuple[tuple[str, Size], ...] = ()  # SymInt placeholders: name, the size it holds
+    order: tuple[str, ...] = ()  # every placeholder, in call order (set only where SymInts come in)
+    outputs: tuple[tuple[int, Size], ...] = ()  # SymInt outputs: position among the outputs, value
+
+    def __bool__(self) -> bool:
+        return bool(self.shapes or self.inputs or self.outputs)
+
+    def output(self, i: int) -> Size | None:
+        for k, v in self.outputs:
+            if k == i:
+                return v
+        return None
+
+    def show(self) -> list[str]:
+        lines = [f"size {f}" for f in self.shapes.show()]
+        lines += [f"size input {n} = {v}" for n, v in self.inputs]
+        lines += [f"size output {k} = {v}" for k, v in self.outputs]
+        return lines
+
+
+NO_SIZES = GraphSizes()

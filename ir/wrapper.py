@@ -75,6 +75,24 @@ class ReinterpretView:
 class KernelCall:
     kernel: str
     args: tuple[str, ...]  # buffer names, in the kernel's parameter order
+    sizes: tuple[str, ...] = ()  # then the size symbols it takes (KernelSpec.symbols)
+
+
+@attrs.frozen
+class Bind:
+    """A size symbol read from the call's arguments, once a call, before anything
+    else: the SymInt input `source` itself (dim -1), or a size or stride of the
+    tensor input `source`."""
+
+    symbol: str
+    source: str
+    what: str = "value"  # value | size | stride
+    dim: int = -1
+
+    def text(self) -> str:
+        if self.what == "value":
+            return self.source
+        return f"{self.source}.{self.what}()[{self.dim}]"
 
 
 @attrs.frozen
@@ -113,7 +131,7 @@ class Return:
     names: tuple[str | None, ...]
 
 
-Line = Union[Alloc, Reuse, ReinterpretView, KernelCall, ExternCall, MultiOutputLine, Free, Return]
+Line = Union[Bind, Alloc, Reuse, ReinterpretView, KernelCall, ExternCall, MultiOutputLine, Free, Return]
 
 
 @attrs.frozen

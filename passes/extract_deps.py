@@ -22,6 +22,7 @@ from coil.ir.indexing import numel
 from coil.ir.layout import Layout
 from coil.ir.lowered import extern_tensor_names
 from coil.ir.schedule import Dep, MemoryDep, NodeKind, ReadWrites, ScheduleGraph, SchedulerNode, StarDep, WeakDep
+from coil.ir.shapes import Size, norm
 from coil.options import Options
 
 log = logging.getLogger("coil.trace")
@@ -31,26 +32,31 @@ def canonical(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"c{i}", integer=True, nonnegative=True)
 
 
-def normalize_dep(index: sympy.Expr, var_names: Sequence[sympy.Symbol], size: Sequence[int]) -> tuple[sympy.Expr, tuple[sympy.Symbol, ...], tuple[int, ...]]:
+def normalize_dep(index: sympy.Expr, var_names: Sequence[sympy.Symbol], size: Sequence[Size]) -> tuple[sympy.Expr, tuple[sympy.Symbol, ...], tuple[Size, ...]]:
     """Drop size-1 vars, merge neighbours that walk memory contiguously (or are both
     unused), rename to c0, c1, ...: equal accesses over equal ranges compare equal."""
     index = sympy.expand(index.subs({v: 0 for v, s in zip(var_names, size) if s == 1}))
     vs = [v for v, s in zip(var_names, size) if s != 1]
-    ss = [int(s) for s in size if s != 1]
+    ss = [norm(s) for s in size if s != 1]
+    loop_vars = set(var_names)
 
     def coeff(v: sympy.Symbol) -> sympy.Expr | None:
+        # a constant stride: an integer, or an expression of size symbols only
         d = sympy.diff(index, v)
-        return d if d.is_Integer else None
+        return d if d.is_Integer or (d.free_symbols and not d.free_symbols & loop_vars and d.is_polynomial()) else None
+
+    def same(a: sympy.Expr, b: sympy.Expr) -> bool:
+        return bool(a == b) if a.is_Integer and b.is_Integer else sympy.expand(a - b) == 0
 
     i = len(vs) - 2
     while i >= 0:
         a, b = vs[i], vs[i + 1]
         ca, cb = coeff(a), coeff(b)
-        if ca is not None and cb is not None and ca == cb * ss[i + 1]:
+        if ca is not None and cb is not None and same(ca, cb * ss[i + 1]):
             m = sympy.Symbol(f"m{len(vs)}_{i}", integer=True, nonnegative=True)
             index = sympy.expand(index - ca * a - cb * b + cb * m)
             vs[i : i + 2] = [m]
-            ss[i : i + 2] = [ss[i] * ss[i + 1]]
+            ss[i : i + 2] = [norm(ss[i] * ss[i + 1])]
         i -= 1
     rename = {v: canonical(k) for k, v in enumerate(vs)}
     return index.xreplace(rename), tuple(rename[v] for v in vs), tuple(ss)

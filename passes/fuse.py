@@ -31,6 +31,7 @@ from coil.ir.fused import (
 )
 from coil.ir.kernel import Role
 from coil.ir.schedule import NodeKind, ScheduleGraph, WeakDep
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_static, le, same_size
 from coil.options import Options, TargetTraits
 from coil.passes.kernel_model import (
     kernel_layouts,
@@ -57,14 +58,27 @@ class Group:
         return self.nodes[0]
 
 
-def _merged_group(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
-    if a[1] > 1 and b[1] > 1:
-        return a if a == b else None
-    if a[1] > 1:
-        return a if b[0] in (a[0], a[0] * a[1]) else None
-    if b[1] > 1:
-        return b if a[0] in (b[0], b[0] * b[1]) else None
-    return a if a[0] == b[0] else None
+def _merged_group(a: tuple[Size, Size], b: tuple[Size, Size]) -> tuple[Size, Size] | None:
+    """The group two groups run in together, None when they cannot; symbolic groups
+    only where their sizes are equal for every size (never by their hints)."""
+    if is_static(a) and is_static(b):
+        if a[1] > 1 and b[1] > 1:  # type: ignore[operator]
+            return a if a == b else None
+        if a[1] > 1:  # type: ignore[operator]
+            return a if b[0] in (a[0], a[0] * a[1]) else None
+        if b[1] > 1:  # type: ignore[operator]
+            return b if a[0] in (b[0], b[0] * b[1]) else None
+        return a if a[0] == b[0] else None
+    ra, rb = gt(a[1], 1), gt(b[1], 1)
+    if not ra and not same_size(a[1], 1) or not rb and not same_size(b[1], 1):
+        return None  # a reduction size not known to be 1 or more than 1
+    if ra and rb:
+        return a if same_size(a[0], b[0]) and same_size(a[1], b[1]) else None
+    if ra:
+        return a if same_size(b[0], a[0]) or same_size(b[0], a[0] * a[1]) else None
+    if rb:
+        return b if same_size(a[0], b[0]) or same_size(a[0], b[0] * b[1]) else None
+    return a if same_size(a[0], b[0]) else None
 
 
 class _Fuser:
@@ -119,7 +133,7 @@ class _Fuser:
                 if p in inside and not self.in_registers(c, p, grp):
                     return f"index: {c} reads {p} at another position than {p} writes it"
         splits = self.o.traits().splits
-        if (splits is not None and self.o.split_second_pass > 0 and grp[1] > 1
+        if (splits is not None and self.o.split_second_pass > 0 and gt(grp[1], 1)
                 and splits_rows(grp, splits, self.o.split_second_pass)):
             for c in members:
                 if node_role(self.bufs[c], grp) is Role.OUTER:
@@ -300,20 +314,22 @@ class _Fuser:
         if node.kind is NodeKind.NOP:
             return NopStep(node.name)
         grp = self.groups[self.group_of[nodes[0]]]
-        kind = _kind(grp.group, self.o)
+        kind = _kind(grp.group, self.o, self.g.shapes)
         traits = self.o.traits()
         column_min = traits.column_loop_min
-        if kind is KernelKind.PERSISTENT and column_min is not None and grp.group[1] >= column_min:
+        if kind is KernelKind.PERSISTENT and column_min is not None and not le(grp.group[1], column_min - 1):
             bufs = tuple(self.bufs[n] for n in nodes)
             if reads_down_columns(bufs, kernel_layouts(self.g), grp.group, traits.columns):
                 kind = KernelKind.REDUCTION  # looped, a block of columns a program (kernel_model.reads_down_columns)
         return FusedKernel("", nodes, kind, grp.group)
 
 
-def _kind(group: tuple[int, int], o: Options) -> KernelKind:
-    if group[1] <= 1:
+def _kind(group: tuple[Size, Size], o: Options, shapes: ShapeInfo = EMPTY) -> KernelKind:
+    """Persistent (a whole row in registers) only where every row provably fits; a
+    symbolic row of unbounded length is looped, which is right for every length."""
+    if not gt(group[1], 1):
         return KernelKind.POINTWISE
-    return KernelKind.PERSISTENT if group[1] <= o.persistent_limit() else KernelKind.REDUCTION
+    return KernelKind.PERSISTENT if shapes.known_le(group[1], o.persistent_limit()) else KernelKind.REDUCTION
 
 
 def kernel_name(kind: KernelKind, ops: Iterable[str], k: int, traits: TargetTraits) -> str:

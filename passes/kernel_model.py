@@ -32,6 +32,7 @@ from coil.ir.indexing import numel, simplify_index, unflatten
 from coil.ir.kernel import RINDEX, XINDEX, Param, ParamRole, Role, group_ranges
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
+from coil.ir.shapes import gt, is_static, same_size
 from coil.options import ColumnTraits, SplitTraits
 
 
@@ -45,6 +46,8 @@ def splits_rows(group: tuple[int, int], splits: SplitTraits, row_min: int = 0) -
     each row once (passes/schedule/split.py); one that needs a second pass over its
     rows runs one program a row."""
     rows, rnumel = group
+    if not isinstance(rows, int) or not isinstance(rnumel, int):
+        return False  # symbolic: one program a row, right for every size
     return rnumel >= max(row_min, splits.row_min) and rows <= splits.max_rows
 
 
@@ -52,11 +55,11 @@ def node_role(b: ComputedBuffer, group: tuple[int, int]) -> Role | None:
     """reduction | outer | inner, or None when the buffer cannot run in this group."""
     n, r = group
     if b.is_reduction:
-        return Role.REDUCTION if (numel(b.ranges), numel(b.reduction_ranges)) == (n, r) else None
+        return Role.REDUCTION if same_size(numel(b.ranges), n) and same_size(numel(b.reduction_ranges), r) else None
     size = numel(b.ranges)
-    if size == n:
+    if same_size(size, n):
         return Role.OUTER
-    if r > 1 and size == n * r:
+    if gt(r, 1) and same_size(size, n * r):
         return Role.INNER
     return None
 
@@ -147,8 +150,8 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
     Such a kernel reads coalesced only with a block of neighbouring columns a
     program; one column a program reads one element of every 32-byte sector it
     fetches."""
-    if group[1] <= 1:
-        return False
+    if not gt(group[1], 1) or not is_static(group):
+        return False  # no reduction; or symbolic sizes: the usual row a program, right for every size
     inside = {b.name for b in nodes}
     steps: list[tuple[sympy.Expr, sympy.Expr]] = []
     for b in nodes:

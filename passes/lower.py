@@ -23,16 +23,20 @@ import operator
 from typing import Any, Sequence
 
 import attrs
+import sympy
 import torch
 import torch.fx
 
 from coil.errors import CoilError
+from coil.ir.indexing import numel
 from coil.ir.layout import Layout
+from coil.ir.shapes import NO_SIZES, GraphSizes, Size
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
 from coil.passes.layout import prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, TensorValue, find_lowering
+from coil.passes.symbolic import STATIC, SizeMap, size_arith
 
 log = logging.getLogger("coil.trace")
 
@@ -86,9 +90,10 @@ def ensure_meta(fx: FxGraph) -> dict[str, Any]:
     return vals
 
 
-def _layout_of_val(v: Any, device: str) -> Layout:
+def _layout_of_val(v: Any, device: str, sm: SizeMap = STATIC) -> Layout:
     dev = str(v.device) if str(v.device) != "meta" else device
-    return Layout(tuple(v.shape), tuple(v.stride()), v.dtype, dev, int(v.storage_offset()))
+    size, stride, offset = sm.layout_parts(v)
+    return Layout(size, stride, v.dtype, dev, offset)
 
 
 def _to_ref(x: Any) -> Any:
@@ -114,7 +119,7 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
     kw = tuple(sorted((k, _to_ref(v)) for k, v in kwargs.items()))
     sized = _sized_by_data(target, args, kwargs)
     if isinstance(val, torch.Tensor):
-        return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device), ctx.origin, ctx.op, mutated,
+        return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device, ctx.sizes), ctx.origin, ctx.op, mutated,
                               sized))
     if val is None and not target._schema.returns:  # called for its effect (a check that raises)
         ctx.append(Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated))
@@ -125,7 +130,7 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
         outs: list[Any] = []
         for i, v in enumerate(val):
             if isinstance(v, torch.Tensor):
-                outs.append(ctx.add(MultiOutput(ctx.fresh(), ext.name, (i,), _layout_of_val(v, ctx.device), ctx.origin, ctx.op)))
+                outs.append(ctx.add(MultiOutput(ctx.fresh(), ext.name, (i,), _layout_of_val(v, ctx.device, ctx.sizes), ctx.origin, ctx.op)))
             else:
                 outs.append(None)
         return tuple(outs)
@@ -189,6 +194,15 @@ def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = No
     """Trace the decomposition of one node on meta tensors into a small FX graph.
     The node's lists reach it as plain lists: some decompositions write into
     theirs (`_unsafe_masked_index_put_accumulate` clamps its indices in place)."""
+    fakes = [vals[a.name] for a in node.all_input_nodes if isinstance(vals.get(a.name), torch.Tensor)]
+    if any(isinstance(s, torch.SymInt) for t in fakes for s in (*t.shape, *t.stride())):
+        # symbolic sizes: trace on the graph's own fake tensors, under its fake mode, so the
+        # sizes stay the ShapeEnv's symbols (a guard the decomposition takes is Dynamo's to keep)
+        from torch._guards import detect_fake_mode
+
+        args, kwargs = torch.fx.node.map_arg((_mutable(node.args), _mutable(node.kwargs)), lambda m: vals[m.name])
+        with detect_fake_mode(fakes):  # type: ignore[union-attr]
+            return trace_decomposition(node.target, args, kwargs, device)
     args, kwargs = torch.utils._pytree.tree_map(lambda a: _meta_arg(a, vals), (_mutable(node.args), _mutable(node.kwargs)))
     return trace_decomposition(node.target, args, kwargs, device)
 
@@ -221,6 +235,8 @@ def trace_decomposition(target: Any, args: Any, kwargs: Any, device: str | None 
 
 def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals: dict[str, Any], depth: int) -> Any:
     target = node.target
+    if (size := _size_op(ctx, target, args)) is not None:
+        return size
     if target is operator.getitem:
         seq, i = args
         return seq[i]
@@ -249,6 +265,31 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         return _lower_graph_into(ctx, sub, flat_args, depth + 1)
     log.debug("lower %s: %s -> extern fallback", node.name, target)
     return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
+
+
+SIZE_QUERIES = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
+                torch.ops.aten.sym_storage_offset.default}
+
+
+def _size_op(ctx: LowerCtx, target: Any, args: Any) -> Any:
+    """The value of a node that computes a size: a Python operation on sizes
+    (`operator.mul(s0, s1)`) or a size query of a tensor; None for any other node."""
+    if target in SIZE_QUERIES:
+        x = args[0]
+        if not isinstance(x, TensorValue):
+            return None
+        if target is torch.ops.aten.sym_size.int:
+            return x.size[args[1]]
+        if target is torch.ops.aten.sym_numel.default:
+            return numel(x.size)
+        node = next((n for n in ctx.nodes if n.name == x.name), None)
+        lay = getattr(node, "layout", None)
+        if lay is None:
+            raise CoilError(f"{target} of {x.name}, whose layout is not known in lower", stage="lower")
+        return lay.stride[args[1]] if target is torch.ops.aten.sym_stride.int else lay.offset
+    if ctx.sizes.shapes:
+        return size_arith(target, args)
+    return None
 
 
 def _lower_with_effects(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals: dict[str, Any]) -> Any:
@@ -293,10 +334,14 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     vals = ensure_meta(fx)
     device = fx.device()
     ctx = LowerCtx("", "", device)
+    sm = ctx.sizes = SizeMap.of(fx.example_inputs)
+    size_inputs: list[tuple[str, Size]] = []
+    order: list[str] = []
     env: dict[torch.fx.Node, Any] = {}
     inputs = iter(fx.example_inputs)
     outputs: tuple[str | None, ...] = ()
-    output_strides: tuple[tuple[int, ...] | None, ...] = ()
+    output_strides: tuple[tuple[Size, ...] | None, ...] = ()
+    size_outputs: tuple[tuple[int, Size], ...] = ()
     seen_constant = False
     tokens = {n.args[0] for n in fx.gm.graph.nodes if n.target is torch.ops.higher_order.with_effects}
     for n in fx.gm.graph.nodes:
@@ -308,9 +353,16 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
                 raise CoilError("a placeholder after a get_attr node: constants must follow the graph's inputs",
                                 stage="lower", node=n.name)
             x = next(inputs)
+            order.append(n.name)
             if isinstance(x, torch.Tensor):
-                env[n] = ctx.add(Input(n.name, Layout.of(x), token=n in tokens, donated=n.name in donated))
+                lay = Layout.of(x) if not sm.shapes else Layout(*sm.layout_parts(x)[:2], x.dtype, str(x.device),
+                                                                 sm.size(x.storage_offset()))
+                env[n] = ctx.add(Input(n.name, lay, token=n in tokens, donated=n.name in donated))
                 log.debug("lower %s: placeholder -> Input", n.name)
+            elif isinstance(x, torch.SymInt):
+                env[n] = sm.size(x)
+                size_inputs.append((n.name, env[n]))
+                log.debug("lower %s: placeholder -> size %s", n.name, env[n])
             else:
                 env[n] = x
         elif n.op == "get_attr":
@@ -331,8 +383,10 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
             outs = torch.fx.node.map_arg(n.args[0], lambda m: env[m])
             flat = torch.utils._pytree.tree_leaves(outs)
             outputs = tuple(o.name if isinstance(o, TensorValue) else None for o in flat)
+            size_outputs = tuple((i, o) for i, o in enumerate(flat)
+                                 if isinstance(o, (int, sympy.Expr)) and not isinstance(o, bool) and sm.shapes)
             fx_flat = torch.utils._pytree.tree_leaves(n.args[0])
-            output_strides = tuple(_meta_stride(f, vals) for f in fx_flat)
+            output_strides = tuple(_meta_stride(f, vals, sm) for f in fx_flat)
         else:
             raise CoilError(f"unsupported FX op {n.op}", stage="lower", node=n.name)
     if len(output_strides) != len(outputs):
@@ -340,7 +394,8 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     if options.free_output_strides:  # strides coil may choose (a training forward's saved activations)
         free = set(options.free_output_strides)
         output_strides = tuple(None if i in free else st for i, st in enumerate(output_strides))
-    return prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides), options)
+    sizes = NO_SIZES if not sm.shapes else GraphSizes(sm.shapes, tuple(size_inputs), tuple(order), size_outputs)
+    return prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides, sizes), options)
 
 
 def _constant(ctx: LowerCtx, fx: FxGraph, n: torch.fx.Node, device: str) -> Any:
@@ -362,9 +417,9 @@ def _constant(ctx: LowerCtx, fx: FxGraph, n: torch.fx.Node, device: str) -> Any:
     return ctx.add(Input(n.name, Layout.of(value), value))
 
 
-def _meta_stride(f: Any, vals: dict[str, Any]) -> tuple[int, ...] | None:
+def _meta_stride(f: Any, vals: dict[str, Any], sm: SizeMap = STATIC) -> tuple[Size, ...] | None:
     """The strides the FX graph promises for an output (None if unknown)."""
     if not isinstance(f, torch.fx.Node):
         return None
     v = vals.get(f.name)
-    return tuple(int(s) for s in v.stride()) if isinstance(v, torch.Tensor) else None
+    return sm.sizes(v.stride()) if isinstance(v, torch.Tensor) else None

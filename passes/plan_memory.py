@@ -81,7 +81,7 @@ def _storage_bytes(g: BufferGraph, name: str) -> int:
     b = g.get(name)
     if isinstance(b, (AliasBuffer,)) or b.layout is None:
         return 0
-    return b.layout.nbytes
+    return g.sizes.shapes.hint(b.layout.nbytes)  # symbolic sizes: bytes at the hints (the peak is an estimate)
 
 
 def _owns_storage(g: BufferGraph, name: str) -> bool:
@@ -235,7 +235,7 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
     lives = _replay(planned, bg, reused)
     result = tuple(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live, tuple(in_place))
                    for (step, lu, allocs, reuses, frees, in_place), live in zip(planned, lives))
-    return result, max([sum(i.layout.nbytes for i in bg.inputs), *lives])
+    return result, max([sum(bg.sizes.shapes.hint(i.layout.nbytes) for i in bg.inputs), *lives])
 
 
 _Planned = tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str], list[str]]
@@ -243,7 +243,7 @@ _Planned = tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[st
 
 def _replay(planned: Sequence[_Planned], bg: BufferGraph, reused: set[str]) -> list[int]:
     """Bytes alive while each step runs."""
-    live = sum(i.layout.nbytes for i in bg.inputs)
+    live = sum(bg.sizes.shapes.hint(i.layout.nbytes) for i in bg.inputs)
     out = []
     for step, _, allocs, _, frees, _ in planned:
         for n in allocs:
@@ -278,8 +278,8 @@ def _own_bytes(bg: BufferGraph, lives: Sequence[int], died: Mapping[str, int]) -
     gone = [0] * (len(lives) + 1)  # input bytes whose name is dropped after the step before
     for i in bg.inputs:
         if i.name in died:
-            gone[died[i.name] + 1] += i.layout.nbytes
-    held = sum(i.layout.nbytes for i in bg.inputs)
+            gone[died[i.name] + 1] += bg.sizes.shapes.hint(i.layout.nbytes)
+    held = sum(bg.sizes.shapes.hint(i.layout.nbytes) for i in bg.inputs)
     out = []
     for k, live in enumerate(lives):
         held -= gone[k]

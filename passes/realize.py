@@ -204,6 +204,7 @@ class _Realizer:
     def __init__(self, g: LoweredGraph, options: Options) -> None:
         self.g = g
         self.o = options
+        self.shapes = g.sizes.shapes  # the size symbols' facts: hints for heuristics, proofs for meaning
         self.env: dict[str, _Entry] = {}
         self.inputs: list[InputBuffer] = []
         self.buffers: list[Buffer] = []
@@ -290,7 +291,7 @@ class _Realizer:
         if len(readers) + (name in self.outputs) <= 1:
             return None
         distinct = {(e.name, e.index, getattr(e, "values", ())) for e in walk(body) if isinstance(e, (Load, IndirectLoad))}
-        nontrivial = {(n, i, v) for n, i, v in distinct if numel(self.layouts[n].size if n in self.layouts else ()) > 1}
+        nontrivial = {(n, i, v) for n, i, v in distinct if self.shapes.hint(numel(self.layouts[n].size if n in self.layouts else ())) > 1}
         if count_ops(body) > self.o.realize_opcount_threshold:
             return Rule.OPCOUNT_THRESHOLD
         if len(distinct) > self.o.realize_reads_threshold:
@@ -461,7 +462,7 @@ class _Realizer:
             for o, st in zip(self.g.outputs, strides)
         )
         rows = tuple(self._final_rows())
-        return BufferGraph(tuple(self.inputs), tuple(self.buffers), outputs, rows)
+        return BufferGraph(tuple(self.inputs), tuple(self.buffers), outputs, rows, self.g.sizes)
 
     def _buffers_holding(self, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
         """The buffers an inlined node's compute ended up in (through inline chains)."""
@@ -505,12 +506,22 @@ def _merge_masked_where(e: Op) -> Expr | None:
 
 def _dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """A permutation of a contiguous layout: no gaps, no overlap."""
-    dims = sorted((st, s) for s, st in zip(size, stride) if s != 1)
-    expect = 1
-    for st, s in dims:
-        if st != expect:
+    if all(isinstance(v, int) for v in (*size, *stride)):
+        dims = sorted((st, s) for s, st in zip(size, stride) if s != 1)
+        expect = 1
+        for st, s in dims:
+            if st != expect:
+                return False
+            expect *= s
+        return True
+    # symbolic: chain the dims from stride 1 up, each stride the product so far
+    rest = [(sympy.expand(st), s) for s, st in zip(size, stride) if s != 1]
+    acc: sympy.Expr = sympy.Integer(1)
+    while rest:
+        k = next((i for i, (st, _) in enumerate(rest) if sympy.expand(st - acc) == 0), None)
+        if k is None:
             return False
-        expect *= s
+        acc = sympy.expand(acc * rest.pop(k)[1])
     return True
 
 

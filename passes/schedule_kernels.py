@@ -58,6 +58,7 @@ from coil.ir.kernel import (
 )
 from coil.ir.layout import Layout
 from coil.ir.memory import MemoryPlan
+from coil.ir.shapes import EMPTY, ShapeInfo, is_size_symbol, is_static
 from coil.options import Options, TargetTraits
 from coil.passes.kernel_model import (
     kernel_buffers,
@@ -84,7 +85,7 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
     specs = []
     for k in plan.schedule.kernels:
         bufs = kernel_buffers(k, g)
-        spec = schedule_kernel(k, bufs, kernel_params(k, g, plan.removed), layouts, traits, drop)
+        spec = schedule_kernel(k, bufs, kernel_params(k, g, plan.removed), layouts, traits, drop, plan.shapes)
         if traits.loads_first:
             spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts), reads=loads.reads(spec, layouts))
         if traits.nests is not None:
@@ -92,47 +93,53 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
             if traits.streams is not None:
                 spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
             spec = rows.row_work(spec, traits)
+        if plan.shapes:
+            spec = attrs.evolve(spec, symbols=_symbols_used(spec, layouts))
         specs.append(spec)
     return KernelProgram(plan, tuple(specs))
 
 
 def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[Param, ...],
-                    layouts: Mapping[str, Layout], traits: TargetTraits, drop_round_trips: bool) -> KernelSpec:
-    """One kernel's spec (drop_round_trips: its bodies keep float32 between ops)."""
+                    layouts: Mapping[str, Layout], traits: TargetTraits, drop_round_trips: bool,
+                    shapes: ShapeInfo = EMPTY) -> KernelSpec:
+    """One kernel's spec (drop_round_trips: its bodies keep float32 between ops).
+    Symbolic sizes: configs from the hints, and no tiles or splits (a flat space
+    or a row a program is right for every size)."""
     n, r = k.group
+    static = is_static(k.group)
     stored = {p.name for p in params if p.role is not ParamRole.IN}
     tile = None
-    if k.kind is KernelKind.POINTWISE and traits.tiles is not None:
+    if k.kind is KernelKind.POINTWISE and traits.tiles is not None and static:
         tile = tiling.tiling(bufs, layouts, stored, n, traits.tiles)
     nodes = tuple(_node(k, b, tile, b.name in stored, drop_round_trips) for b in bufs)
     space: Space
     flat: Space = tile if tile is not None else Flat(n, r)
     if k.kind is not KernelKind.REDUCTION and (traits.row_tiles or not any(b.is_reduction for b in bufs)):
         space = flat if k.kind is KernelKind.POINTWISE else Rows(n, r, False)
-        return _launched(k, space, params, nodes, loops.single_scope(nodes), layouts, traits)
+        return _launched(k, space, params, nodes, loops.single_scope(nodes), layouts, traits, shapes=shapes)
     online = loops.online_sums(nodes) if traits.online_softmax else {}
     stages = loops.looped_stages(nodes, online, traits.two_pass_welford)
     if k.kind is KernelKind.POINTWISE:  # reductions over at most one element, looped all the same
-        return _launched(k, flat, params, nodes, stages, layouts, traits)
+        return _launched(k, flat, params, nodes, stages, layouts, traits, shapes=shapes)
     columns = (traits.column_loop_min is not None
                and reads_down_columns(bufs, layouts, k.group, traits.columns))
     space = Rows(n, r, True, columns)
     splits = traits.splits
-    if splits is not None and n > 0 and (columns or splits_rows(k.group, splits)):
+    if splits is not None and static and n > 0 and (columns or splits_rows(k.group, splits)):
         plan = split.plan_split(nodes, stages, k.group, columns, splits)
         if plan is not None:
             return _launched(k, plan.space, params, nodes, stages, layouts, traits, plan.rblock)
-    return _launched(k, space, params, nodes, stages, layouts, traits)
+    return _launched(k, space, params, nodes, stages, layouts, traits, shapes=shapes)
 
 
 def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tuple[KernelNode, ...],
               stages: tuple[Stage, ...], layouts: Mapping[str, Layout], traits: TargetTraits,
-              split_rblock: int = 0) -> KernelSpec:
+              split_rblock: int = 0, shapes: ShapeInfo = EMPTY) -> KernelSpec:
     """The spec with its launches and tails, where the target plans them (none for
     a kernel with nothing to compute)."""
     device = layouts[k.nodes[0]].device
     spec = KernelSpec(k.name, k.kind, k.group, device, space, params, nodes, stages,
-                      _largest(k, params, layouts) >= INT32_LIMIT, None, (),
+                      _largest(k, params, layouts, shapes) >= INT32_LIMIT, None, (),
                       asserts=launch.device_asserts(nodes, device) if traits.device_asserts else ())
     lt = traits.launch
     n, r = k.group
@@ -149,14 +156,48 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
             tails = launch.tails(lt, "tiled", space.ynumel, space.xnumel, 1)
         case _:
             kind = spec.config_kind
-            launches = (launch.launch(lt, k.name, kind, n, r, spec.reductions, None),)
-            tails = launch.tails(lt, kind, n, r, spec.reductions)
+            launches = (launch.launch(lt, k.name, kind, n, r, spec.reductions, None, shapes),)
+            tails = launch.tails(lt, kind, n, r, spec.reductions, shapes)
     return attrs.evolve(spec, tails=tails, launches=launches)
 
 
-def _largest(k: FusedKernel, params: tuple[Param, ...], layouts: Mapping[str, Layout]) -> int:
-    """The largest offset a kernel computes: its parameters' storage or its space."""
-    return max([layouts[p.name].storage_size() for p in params] + [k.group[0] * max(k.group[1], 1)])
+def _largest(k: FusedKernel, params: tuple[Param, ...], layouts: Mapping[str, Layout],
+             shapes: ShapeInfo = EMPTY) -> int:
+    """The largest offset a kernel computes: its parameters' storage or its space;
+    with symbolic sizes the largest their ranges allow (INT32_LIMIT, wide indices,
+    where a range is unbounded)."""
+    sizes = [layouts[p.name].storage_size() for p in params]
+    space = k.group[0] * (k.group[1] if not isinstance(k.group[1], int) else max(k.group[1], 1))
+    if is_static([*sizes, space]):
+        return max([*sizes, space])  # type: ignore[type-var]
+    uppers = [shapes.upper(v) for v in (*sizes, space)]
+    return INT32_LIMIT if any(u is None for u in uppers) else max(u for u in uppers if u is not None)
+
+
+def _symbols_used(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[str, ...]:
+    """The size symbols a kernel's code reads (its sizes, indices, the layouts of
+    its parameters), sorted by number: its arguments after the pointers.  Launch
+    grids are not among them: the wrapper computes those."""
+    found: set[sympy.Symbol] = set()
+
+    def visit(v: object) -> None:
+        if isinstance(v, sympy.Basic):
+            found.update(s for s in v.free_symbols if is_size_symbol(s))
+        elif isinstance(v, (tuple, list, frozenset, set)):
+            for x in v:
+                visit(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                visit(x)
+        elif attrs.has(type(v)) and not isinstance(v, KernelLaunch):
+            for f in attrs.fields(type(v)):  # type: ignore[arg-type]
+                visit(getattr(v, f.name))
+
+    visit(attrs.evolve(spec, launches=()))
+    for p in spec.params:
+        lay = layouts[p.name]
+        visit((lay.size, lay.stride, lay.offset))
+    return tuple(s.name for s in sorted(found, key=lambda s: int(s.name[1:])))
 
 
 def _node(k: FusedKernel, b: ComputedBuffer, tile: Tiled | None, stored: bool, drop: bool) -> KernelNode:

@@ -7,11 +7,15 @@ Reuse takes the storage)."""
 
 from __future__ import annotations
 
-from coil.ir.buffers import AliasBuffer, ComputedBuffer, ExternBuffer, MultiOutputBuffer
+import sympy
+
+from coil.errors import CoilError
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, NopStep
 from coil.ir.kernel import KernelProgram
 from coil.ir.wrapper import (
     Alloc,
+    Bind,
     ExternCall,
     Free,
     FreeKind,
@@ -41,7 +45,8 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
             lines.append(Alloc(name, bg.layout(name)))
         match step:
             case FusedKernel():
-                lines.append(KernelCall(step.name, tuple(p.name for p in program.spec(step.name).params)))
+                spec = program.spec(step.name)
+                lines.append(KernelCall(step.name, tuple(p.name for p in spec.params), spec.symbols))
             case ExternStep():
                 b = bg.get(step.name)
                 assert isinstance(b, ExternBuffer)
@@ -64,4 +69,29 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
             elif f not in reused:
                 lines.append(Free(f, FreeKind.BUFFER))
     lines.append(Return(bg.outputs))
-    return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)
+    sizes = bg.sizes
+    if not sizes:
+        return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)
+    names = sizes.order + tuple(i.name for i in bg.inputs if i.name not in sizes.order)  # constants last
+    return WrapperProgram(names, (*binds(bg), *lines), program)
+
+
+def binds(bg: BufferGraph) -> tuple[Bind, ...]:
+    """Where `call` reads each size symbol: a SymInt input that is the symbol, else
+    the first tensor input with a size (then a stride) that is the symbol."""
+    out: dict[str, Bind] = {}
+    for name, v in bg.sizes.inputs:
+        if isinstance(v, sympy.Symbol):
+            out.setdefault(v.name, Bind(v.name, name))
+    for what in ("size", "stride"):
+        for i in bg.inputs:
+            if i.value is not None:
+                continue
+            for d, v in enumerate(i.layout.size if what == "size" else i.layout.stride):
+                if isinstance(v, sympy.Symbol):
+                    out.setdefault(v.name, Bind(v.name, i.name, what, d))
+    missing = [str(s) for s in bg.sizes.shapes.symbols if s.name not in out]
+    if missing:
+        raise CoilError(f"size symbols {missing} are no input's size, stride or value: the wrapper cannot read them",
+                        stage="wrap")
+    return tuple(out[s.name] for s in bg.sizes.shapes.symbols)

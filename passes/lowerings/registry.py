@@ -24,6 +24,7 @@ from coil.errors import CoilError
 from coil.ir.expr import COMPARISONS, LOGICAL, Cast, Constant, Expr, Load, Op, xsyms
 from coil.ir.layout import Layout
 from coil.ir.lowered import LNode, Pointwise, Reduction, View
+from coil.ir.shapes import Size
 
 aten = torch.ops.aten
 
@@ -55,8 +56,9 @@ class TensorValue:
         return Load(self.name, tuple(index), self.dtype, mask)
 
     def meta(self) -> torch.Tensor:
-        """An empty meta tensor of this shape and dtype (for type promotion)."""
-        return torch.empty(self.size, dtype=self.dtype, device="meta")
+        """An empty meta tensor of this shape and dtype (for type promotion, which
+        reads only the rank: a symbolic size stands in as 2)."""
+        return torch.empty(tuple(s if isinstance(s, int) else 2 for s in self.size), dtype=self.dtype, device="meta")
 
 
 class LowerCtx:
@@ -73,6 +75,10 @@ class LowerCtx:
         # eager's values (fake tensors) of the FX node's positional arguments, for the
         # few lowerings whose meaning depends on a layout (as_strided); None where unknown
         self.arg_vals: tuple[Any, ...] = ()
+        # converts the ShapeEnv's SymInts to coil's sizes (passes/symbolic.py); the identity when static
+        from coil.passes.symbolic import STATIC
+
+        self.sizes = STATIC
 
     def at(self, origin: str, op: str, device: str) -> "LowerCtx":
         self.origin, self.op, self.device = origin, op, device
@@ -170,8 +176,21 @@ def find_lowering(target: Any) -> Lowering | None:
 # ---- broadcasting, promotion and loading -------------------------------------------------
 
 
-def broadcast_shapes(*sizes: Sequence[int]) -> tuple[int, ...]:
-    return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in sizes]))
+def broadcast_shapes(*sizes: Sequence[Size]) -> tuple[Size, ...]:
+    if all(isinstance(v, int) for s in sizes for v in s):
+        return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in sizes]))
+    # symbolic: a size symbol is never 1 (Dynamo specializes sizes 0 and 1), so a
+    # dim broadcasts only where a side is the literal 1; other sides must agree
+    rank = max(len(s) for s in sizes)
+    out: list[Size] = []
+    for d in range(rank):
+        dims = [s[len(s) - rank + d] for s in sizes if len(s) - rank + d >= 0]
+        big = [v for v in dims if not (isinstance(v, int) and v == 1)]
+        first = big[0] if big else 1
+        if any(sympy.expand(sympy.sympify(v) - sympy.sympify(first)) != 0 for v in big):
+            raise CoilError(f"cannot broadcast sizes {[tuple(s) for s in sizes]} (dim {d}: {big})", stage="lower")
+        out.append(first)
+    return tuple(out)
 
 
 def broadcast_load(t: TensorValue, out_size: Sequence[int], index: Sequence[sympy.Expr]) -> Expr:

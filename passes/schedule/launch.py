@@ -24,8 +24,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import attrs
+
 from coil.ir.bounds import runtime_checks
+from coil.ir.indexing import FloorDiv
 from coil.ir.kernel import KernelLaunch, KernelNode, LaunchConfig, LaunchRule, Split, Tails, Tiled
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, is_static, norm
 from coil.options import LaunchTraits, SplitTraits
 
 
@@ -46,6 +50,13 @@ def next_power_of_2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def ceil_div(a: Size, b: int) -> Size:
+    """cdiv of a size that may be symbolic by an int block."""
+    if isinstance(a, int):
+        return cdiv(a, b)
+    return norm(FloorDiv(a + b - 1, b)) if b != 1 else a
 
 
 def warps(elements: int, most: int = 8) -> int:
@@ -137,11 +148,18 @@ def candidate_configs(traits: LaunchTraits, kind: str, xnumel: int, rnumel: int,
     return tuple(dict.fromkeys(out))
 
 
-def tails(traits: LaunchTraits, kind: str, xnumel: int, rnumel: int, reductions: int) -> Tails:
+def tails(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, reductions: int,
+          shapes: ShapeInfo = EMPTY) -> Tails:
     """Whether any config a launch may use (the heuristic's, or one autotuning
     tries) leaves a partial block of xnumel (outer) or rnumel (inner): where none
     does, that mask is a constant True and Triton drops the masking.  Tiled
-    kernels: xnumel is ynumel (YBLOCK), rnumel the tile's xnumel (XBLOCK)."""
+    kernels: xnumel is ynumel (YBLOCK), rnumel the tile's xnumel (XBLOCK).  A
+    symbolic size leaves no partial block only where it is a multiple of every
+    block for every size (4*s0 of blocks up to 4), else it is masked."""
+    if not is_static((xnumel, rnumel)):
+        cfgs = candidate_configs(traits, kind, shapes.hint(xnumel), shapes.hint(rnumel), reductions)
+        inner = kind == "pointwise" or not all(shapes.known_multiple(rnumel, c.rblock) for c in cfgs)
+        return Tails(not all(shapes.known_multiple(xnumel, c.xblock) for c in cfgs), inner)
     cfgs = candidate_configs(traits, kind, xnumel, rnumel, reductions)
     if kind == "tiled":
         return Tails(not all(xnumel % c.yblock == 0 for c in cfgs), not all(rnumel % c.xblock == 0 for c in cfgs))
@@ -149,10 +167,18 @@ def tails(traits: LaunchTraits, kind: str, xnumel: int, rnumel: int, reductions:
     return Tails(not all(xnumel % c.xblock == 0 for c in cfgs), inner)
 
 
-def launch(traits: LaunchTraits, name: str, kind: str, xnumel: int, rnumel: int, reductions: int,
-           space_tile: Tiled | None) -> KernelLaunch:
+def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Size, reductions: int,
+           space_tile: Tiled | None, shapes: ShapeInfo = EMPTY) -> KernelLaunch:
     """The one launch of a kernel that is not split: its heuristic config, grid
-    and why (kind: the kernel's config kind, KernelSpec.config_kind)."""
+    and why (kind: the kernel's config kind, KernelSpec.config_kind).  Symbolic
+    sizes: the config from their hints, the grid an expression the wrapper
+    evaluates once a call."""
+    if not is_static((xnumel, rnumel)):
+        assert space_tile is None, "symbolic kernels are not tiled"
+        at = launch(traits, name, kind, shapes.hint(xnumel), shapes.hint(rnumel), reductions, None)
+        sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
+        return attrs.evolve(at, grid=(ceil_div(xnumel, at.config.xblock), 1, 1), sizes=sizes,
+                            why=f"{at.why} (at the hints {shapes.hint(xnumel)}, {shapes.hint(rnumel)})")
     if space_tile is not None:
         ny, nx = space_tile.ynumel, space_tile.xnumel
         cfg, rule = _heuristic(traits, "tiled", ny, nx, 1)

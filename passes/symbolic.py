@@ -1,0 +1,155 @@
+"""Symbolic sizes at coil's entry: from the ShapeEnv's SymInts to coil's sizes.
+
+Dynamo names its size symbols by the hash of their source (`s77`, `s27`), so the
+same graph can come with other names in another process.  `SizeMap.of` renames
+them `s0, s1, ...` in order of first appearance over the graph's inputs (a SymInt
+input, then each tensor's sizes, strides and offset), and copies what the ShapeEnv
+knows of each (hint and range) into a frozen `ShapeInfo` (ir/shapes.py).  From
+there on coil reads only its own symbols and facts, never the ShapeEnv, so it adds
+no guards: nothing here calls `int()`, `guard_*` or `evaluate_expr` on a SymInt.
+
+A static graph's SizeMap is empty, and its `size` is the identity on ints.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import attrs
+import sympy
+import torch
+
+from coil.errors import CoilError
+from coil.ir.indexing import FloorDiv, ModularIndexing
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, SymbolFacts, norm, size_symbol
+
+
+def _shape_env(values: Iterable[Any]) -> Any:
+    for v in values:
+        if isinstance(v, torch.SymInt):
+            return v.node.shape_env
+        if isinstance(v, torch.Tensor):
+            for s in (*v.shape, *v.stride(), v.storage_offset()):
+                if isinstance(s, torch.SymInt):
+                    return s.node.shape_env
+    return None
+
+
+def _hint_of(env: Any, s: sympy.Symbol) -> int | None:
+    table = getattr(env, "backed_var_to_val", None)
+    if table is None:  # torch before 2.13
+        table = env.var_to_val
+    v = table.get(s)
+    return None if v is None else int(v)
+
+
+def _leaves(v: Any) -> list[Any]:
+    if isinstance(v, torch.SymInt):
+        return [v]
+    if isinstance(v, torch.Tensor):
+        return [*v.shape, *v.stride(), v.storage_offset()]
+    return []
+
+
+@attrs.frozen(eq=False)
+class SizeMap:
+    """Renames the ShapeEnv's symbols to coil's and converts SymInts to sizes."""
+
+    env: Any = None
+    names: dict[sympy.Symbol, sympy.Expr] = attrs.Factory(dict)  # ShapeEnv symbol -> coil size
+    shapes: ShapeInfo = EMPTY
+
+    @classmethod
+    def of(cls, inputs: Sequence[Any]) -> "SizeMap":
+        env = _shape_env(inputs)
+        if env is None:
+            return cls()
+        names: dict[sympy.Symbol, sympy.Expr] = {}
+        facts: list[SymbolFacts] = []
+        for x in inputs:
+            for leaf in _leaves(x):
+                if not isinstance(leaf, torch.SymInt):
+                    continue
+                expr = env.replace(leaf.node.expr)
+                for s in sorted(expr.free_symbols, key=str):
+                    if s in names:
+                        continue
+                    hint = _hint_of(env, s)
+                    if hint is None:
+                        raise CoilError(f"input size {expr} depends on data (unbacked symbol {s}): not supported yet",
+                                        stage="lower")
+                    r = env.var_to_range.get(s)
+                    lo = int(r.lower) if r is not None and isinstance(r.lower, (int, sympy.Integer)) else 0
+                    up = r.upper if r is not None else None
+                    hi = int(up) if isinstance(up, (int, sympy.Integer)) else None
+                    if hi is not None and hi == lo:  # specialized: a constant
+                        names[s] = sympy.Integer(lo)
+                        continue
+                    if lo < 2:  # kernels and proofs take every size symbol to be at least 2
+                        raise CoilError(f"size symbol {s} may be {lo} (range {lo}..{hi}): coil takes symbolic sizes "
+                                        "of at least 2", stage="lower")
+                    coil = size_symbol(len(facts))
+                    names[s] = coil
+                    facts.append(SymbolFacts(coil, hint, max(lo, 0), hi))
+        return cls(env, names, ShapeInfo(tuple(facts)))
+
+    def size(self, v: Any) -> Size:
+        """A size as coil keeps it: an int, or an expression over coil's symbols."""
+        if isinstance(v, torch.SymInt):
+            node = v.node
+            if node.is_constant() if hasattr(node, "is_constant") else False:
+                return int(node.constant)  # type: ignore[no-any-return]
+            if self.env is None:
+                raise CoilError(f"a symbolic size {v} without its ShapeEnv", stage="lower")
+            return self.expr(self.env.replace(node.expr))
+        if isinstance(v, sympy.Expr):
+            return norm(v)
+        if isinstance(v, bool):
+            raise TypeError("a bool is not a size")
+        return int(v)
+
+    def sizes(self, values: Iterable[Any]) -> tuple[Size, ...]:
+        return tuple(self.size(v) for v in values)
+
+    def expr(self, e: sympy.Expr) -> Size:
+        """A ShapeEnv expression over coil's symbols, torch's integer functions as
+        coil's."""
+        from torch.utils._sympy import functions as tf
+
+        missing = [s for s in e.free_symbols if s not in self.names]
+        if missing:
+            raise CoilError(f"size {e} has symbols no graph input binds ({sorted(map(str, missing))})", stage="lower")
+        out = e.xreplace(self.names)
+        out = out.replace(tf.FloorDiv, lambda a, b: FloorDiv(a, b))
+        out = out.replace(tf.CleanDiv, lambda a, b: FloorDiv(a, b))
+        out = out.replace(tf.ModularIndexing, lambda a, b, c: ModularIndexing(a, b, c))
+        out = out.replace(tf.PythonMod, lambda a, b: ModularIndexing(a, 1, b))
+        out = out.replace(tf.Mod, lambda a, b: ModularIndexing(a, 1, b))
+        bad = [f for f in out.atoms(sympy.Function) if not isinstance(f, (FloorDiv, ModularIndexing))]
+        if bad:
+            raise CoilError(f"size {e} uses {type(bad[0]).__name__}, which coil's sizes do not take yet",
+                            stage="lower")
+        return norm(out)
+
+    def layout_parts(self, t: torch.Tensor) -> tuple[tuple[Size, ...], tuple[Size, ...], Size]:
+        return self.sizes(t.shape), self.sizes(t.stride()), self.size(t.storage_offset())
+
+
+STATIC = SizeMap()
+
+
+def size_arith(target: Any, args: Sequence[Any]) -> Size | None:
+    """The value of a Python size operation (`operator.mul` of two sizes, ...) on
+    coil sizes; None when `target` is not one."""
+    import operator
+
+    ops: dict[Any, Callable[..., Any]] = {operator.mul: lambda a, b: a * b, operator.add: lambda a, b: a + b,
+           operator.sub: lambda a, b: a - b, operator.neg: lambda a: -a,
+           operator.floordiv: lambda a, b: (a // b if isinstance(a, int) and isinstance(b, int) else FloorDiv(a, b)),
+           operator.mod: lambda a, b: (a % b if isinstance(a, int) and isinstance(b, int)
+                                       else ModularIndexing(a, 1, b))}
+    fn = ops.get(target)
+    if fn is None or not all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool) for a in args):
+        return None
+    v = fn(*args)
+    return v if isinstance(v, int) else norm(sympy.expand(v) if not v.has(FloorDiv, ModularIndexing) else v)
