@@ -90,11 +90,18 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from coil import compile_graph, graph_cache
 
-        if not _static(example_inputs):
-            log.warning("coil: %s graph has symbolic shapes; running it eagerly", kind)
-            _count("eager")
-            return gm.forward
         opts = options
+        if not _static(example_inputs):
+            from coil.passes.pipeline import resolve_target
+
+            target = resolve_target(opts, example_inputs)
+            if not opts.dynamic or not target.traits().symbolic_sizes:
+                why = "Options.dynamic is off" if not opts.dynamic else \
+                    f"the {target.target} target does not compile symbolic sizes yet"
+                log.warning("coil: %s graph has symbolic shapes and %s; running it eagerly", kind, why)
+                _count("eager")
+                return gm.forward
+            _count("symbolic")
         if kind == "forward" and _has_convolution(gm):
             from coil.passes.pipeline import resolve_target
 
@@ -173,7 +180,14 @@ def _report_output_strides(compiled: Any) -> None:
     if not returns:
         return
     for name in returns[-1].names:
-        strides.append(None if name is None else tuple(program.layout(name).stride))
+        strides.append(None if name is None else _stride_for_aot(program, name))
+
+
+def _stride_for_aot(program: Any, name: str) -> tuple[Any, ...] | None:
+    """An output's strides as AOTAutograd takes them: ints; None (eager's) where
+    any is symbolic (coil's symbols are not the ShapeEnv's)."""
+    stride = tuple(program.layout(name).stride)
+    return stride if all(isinstance(s, int) for s in stride) else None
 
 
 def _partition_fn() -> Callable[..., Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
+import sympy
 import torch
 
 from coil.backends.common import KernelBackend
@@ -45,6 +46,8 @@ def py_value(v: Any) -> str:
         return str(v)
     if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
         return f"float({str(v)!r})"
+    if isinstance(v, sympy.Expr):  # a size: `call` has bound its symbols
+        return py_size(norm(v))
     return repr(v)
 
 

@@ -185,6 +185,9 @@ class TargetTraits:
     # Triton kernels do; every load from memory is a pointer plus an offset in kernel
     # coordinates, masked by the tails of the symbols it uses (passes/schedule/loads.py)
     loads_first: bool = False
+    # kernels whose sizes are symbols, taken as arguments (dynamic shapes): a graph with
+    # symbolic sizes compiles for a target that has this, and runs eagerly elsewhere
+    symbolic_sizes: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -233,9 +236,9 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            device_asserts=True, loads_first=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
-                        scratch=CPP_SCRATCH, hoists_row_invariants=True, row_reciprocals=True),
+                        scratch=CPP_SCRATCH, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
-                              channels_last=False),
+                              channels_last=False, symbolic_sizes=True),
 }
 
 
@@ -305,6 +308,10 @@ class Options:
     # torch.compile: a graph coil cannot compile (CoilError) runs eagerly, with a
     # warning that names the reason; off: the error reaches the caller
     eager_fallback: bool = True
+    # torch.compile: graphs with symbolic sizes (dynamic=True, automatic dynamic) compile
+    # once for every size on targets whose traits take symbolic sizes; off: they run
+    # eagerly, with a warning (for bisecting and comparing)
+    dynamic: bool = True
     # torch.compile on CUDA: record each compiled graph into a CUDA graph and replay
     # it (mode="reduce-overhead" turns it on; backends/cudagraphs.py says when a
     # graph is not recorded, and why)

@@ -163,7 +163,8 @@ class _Fuser:
             return out
 
         common = touched(a) & touched(b)
-        return sum(self.g.graph.layout(n).nbytes for n in common if self.g.graph.get(n).layout is not None)
+        hint = self.g.shapes.hint  # symbolic sizes: a score at the hints (it only ranks candidates)
+        return sum(hint(self.g.graph.layout(n).nbytes) for n in common if self.g.graph.get(n).layout is not None)
 
     def will_fusion_create_cycle(self, a: Group, b: Group, prune: bool = True) -> bool:
         """True when a path leaves one group through an outside group and comes back

@@ -89,10 +89,11 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
         if traits.loads_first:
             spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts), reads=loads.reads(spec, layouts))
         if traits.nests is not None:
-            spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests, traits.columns)
-            if traits.streams is not None:
-                spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
-            spec = rows.row_work(spec, traits)
+            spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests, traits.columns, plan.shapes)
+            if is_static(k.group):  # symbolic sizes: plain stores, no row scratch (no static bound to size it)
+                if traits.streams is not None:
+                    spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
+                spec = rows.row_work(spec, traits)
         if plan.shapes:
             spec = attrs.evolve(spec, symbols=_symbols_used(spec, layouts))
         specs.append(spec)

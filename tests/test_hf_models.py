@@ -125,12 +125,14 @@ def test_compare_fails_on_shape_dtype_and_missing_grad() -> None:
 
 
 def test_counting_sees_a_graph_coil_ran_eagerly() -> None:
-    """A graph with symbolic shapes is one coil runs eagerly (with a warning): the
-    count must see it, so a model that only passes that way does not pass."""
+    """A graph with symbolic shapes and Options.dynamic off is one coil runs eagerly
+    (with a warning): the count must see it, so a model that only passes that way
+    does not pass."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    fn = torch.compile(lambda x: (x * 2).sum(), backend="coil", options={"target": "cpp"}, dynamic=True)
+    fn = torch.compile(lambda x: (x * 2).sum(), backend="coil", options={"target": "cpp", "dynamic": False},
+                       dynamic=True)
     counts = Counts()
     level = logging.getLogger("coil").level
     with counting(counts):

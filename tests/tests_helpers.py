@@ -63,3 +63,22 @@ def lowered_externs(g: Any) -> list[str]:
     from coil.ir.lowered import Extern
 
     return [n.kernel for n in g.nodes if isinstance(n, Extern)]
+
+
+def capture_aot(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """The inference graph and example inputs (SymInts, fake tensors of symbolic
+    sizes) that torch.compile(dynamic=True) hands a backend at the AOT level."""
+    import torch._dynamo
+    from torch._dynamo.backends.common import aot_autograd
+
+    got: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        got.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=aot_autograd(fw_compiler=keep, inference_compiler=keep), dynamic=True)(*inputs)
+    torch._dynamo.reset()
+    return got[0]

@@ -309,9 +309,10 @@ def raise_check(word: Any) -> None:
     raise check_error(error, value, size, dim)
 
 
-def bind(lib: ctypes.CDLL, name: str, pointers: int) -> Any:
-    """The kernel `name`: `pointers` data pointers, then xnumel and rnumel."""
+def bind(lib: ctypes.CDLL, name: str, pointers: int, sizes: int = 2) -> Any:
+    """The kernel `name`: `pointers` data pointers, then xnumel and rnumel (and the
+    size symbols of a kernel of symbolic sizes: `sizes` int64 in all)."""
     fn = getattr(lib, name)
-    fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64, ctypes.c_int64]
+    fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * sizes
     fn.restype = None
     return fn

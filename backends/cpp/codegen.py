@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coil.backends.cpp.kernel import kernel_source, kernels_of, pointer_count, translation_unit
+from coil.backends.cpp.kernel import kernel_source, kernels_of, pointer_count, size_count, translation_unit
 from coil.errors import CoilError
 from coil.ir.bounds import runtime_checks
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import KernelCall, WrapperProgram
+from coil.ir.shapes import py_size
 from coil.options import Options
 from coil.passes.kernel_model import kernel_buffers
 
@@ -44,7 +45,8 @@ class CppBackend:
             "",
             f"_cpp_lib = _cpp_build.load_library(_cpp_source, {options.cache_dir!r})",
         ]
-        lines += [f"{k.name} = _cpp_build.bind(_cpp_lib, {k.name!r}, {pointer_count(k.source)})" for k in kernels]
+        lines += [f"{k.name} = _cpp_build.bind(_cpp_lib, {k.name!r}, {pointer_count(k.source)}"
+                  + (f", {n})" if (n := size_count(k.source)) != 2 else ")") for k in kernels]
         lines.append("_cpp_err = _cpp_build.error_word(_cpp_lib)")
         return lines
 
@@ -53,7 +55,7 @@ class CppBackend:
         bound in `call` while the kernel runs."""
         k = kernels_of(program)[line.kernel]
         ptrs = [f"{a}.data_ptr()" for a in line.args]
-        out = [f"{line.kernel}({', '.join([*ptrs, str(k.group[0]), str(k.group[1])])})"]
+        out = [f"{line.kernel}({', '.join([*ptrs, py_size(k.group[0]), py_size(k.group[1]), *line.sizes])})"]
         g = program.schedule_graph
         if any(runtime_checks(b.body) for b in kernel_buffers(k, g)):
             out.append("if _cpp_err[0]: _cpp_build.raise_check(_cpp_err)")

@@ -45,7 +45,15 @@ def signature(plan: KernelPlan, shared: frozenset[str] = frozenset()) -> str:
         restrict = "" if p.name in shared else " __restrict__"
         args.append(f"{const}{ctype}*{restrict} {p.arg}")
     args += ["int64_t xnumel", "int64_t rnumel"]
+    args += [f"int64_t {s}" for s in plan.spec.symbols]  # symbolic sizes, after the numels
     return f'extern "C" void {plan.kernel.name}({", ".join(args)})'
+
+
+def size_count(source: str) -> int:
+    """How many int64 size parameters (xnumel, rnumel and the size symbols) it takes."""
+    m = re.search(r'extern "C" void \w+\(([^)]*)\)', source)
+    assert m is not None, "not a coil C++ kernel"
+    return m.group(1).count("int64_t ")
 
 
 def pointer_count(source: str) -> int:

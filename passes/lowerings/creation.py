@@ -17,6 +17,7 @@ from torch._prims_common import get_acc_type
 
 from coil.errors import CoilError
 from coil.ir.expr import Cast, Expr, IndexExpr, xsyms
+from coil.ir.shapes import norm, sizes
 from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, op, register_lowering
 
 aten = torch.ops.aten
@@ -44,7 +45,7 @@ def _scalar_dtype(value: Scalar) -> torch.dtype:
 def _fill(ctx: LowerCtx, size: Sequence[int], value: Scalar, dtype: torch.dtype | None,
           device: Any = None) -> TensorValue:
     dtype = _scalar_dtype(value) if dtype is None else dtype
-    return ctx.pointwise(tuple(int(s) for s in size), constant(value, dtype), dtype, _device(ctx, device))
+    return ctx.pointwise(sizes(size), constant(value, dtype), dtype, _device(ctx, device))
 
 
 @register_lowering(aten.full)
@@ -135,6 +136,11 @@ def arange(ctx: LowerCtx, *args: Scalar, dtype: torch.dtype | None = None, layou
     """arange(end), arange(start, end), arange(start, end, step)."""
     if not 1 <= len(args) <= 3:
         raise CoilError(f"arange: unexpected arguments {args}")
+    if any(isinstance(a, sympy.Expr) for a in args):
+        if len(args) == 1 and (dtype is None or dtype == torch.int64):  # arange(n) of a size n
+            dev = _device(ctx, device)
+            return ctx.pointwise((norm(args[0]),), IndexExpr(xsyms(1)[0], torch.int64), torch.int64, dev)
+        return NotImplemented
     start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
     integer_args = all(isinstance(v, int) for v in (start, end, step))
     if dtype is None:
@@ -150,4 +156,4 @@ def iota(ctx: LowerCtx, length: int, *, start: int, step: int, dtype: torch.dtyp
          requires_grad: bool = False) -> TensorValue:
     body = IndexExpr(sympy.Integer(int(start)) + int(step) * xsyms(1)[0], torch.int64)
     dev = _device(ctx, device)
-    return ctx.pointwise((int(length),), body if dtype == torch.int64 else Cast(body, dtype), dtype, dev)
+    return ctx.pointwise((norm(length),), body if dtype == torch.int64 else Cast(body, dtype), dtype, dev)

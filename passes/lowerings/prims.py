@@ -30,6 +30,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
 
 from coil.errors import CoilError
 from coil.ir.expr import Constant, Expr, xsyms
+from coil.ir.shapes import sizes
 from coil.passes.lowerings import reductions, views
 from coil.passes.lowerings.pointwise import where
 from coil.passes.lowerings.registry import (
@@ -122,7 +123,7 @@ def broadcast_in_dim(ctx: LowerCtx, a: TensorValue, shape: Sequence[int],
             index.append(sympy.Integer(0))
         else:
             raise CoilError(f"broadcast_in_dim: cannot broadcast {list(a.size)} to {list(shape)}")
-    return views._view(ctx, a, [int(s) for s in shape], index)
+    return views._view(ctx, a, sizes(shape), index)
 
 
 @register_lowering(prims.squeeze.default)
@@ -209,7 +210,7 @@ def var(ctx: LowerCtx, a: TensorValue, dims: Sequence[int] | None, correction: f
 def _fill(ctx: LowerCtx, size: Sequence[int], value: Any, dtype: torch.dtype) -> TensorValue:
     v: bool | int | float = bool(value) if dtype == torch.bool else (
         float(value) if dtype.is_floating_point else int(value))
-    return ctx.pointwise(tuple(int(s) for s in size), Constant(v, dtype), dtype)
+    return ctx.pointwise(sizes(size), Constant(v, dtype), dtype)
 
 
 @register_lowering(prims.full.default)

@@ -30,6 +30,8 @@ import torch
 from coil.errors import CoilError
 from coil.ir.expr import xsyms
 from coil.ir.indexing import flatten, ranges_of, simplify_index, strided_offset, unflatten
+from coil.ir.shapes import Size, is_static, norm, same_size
+from coil.ir.shapes import sizes as to_sizes
 from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, normalize_dim, register_lowering
 
 
@@ -38,12 +40,13 @@ aten = torch.ops.aten
 
 def _view(ctx: LowerCtx, x: TensorValue, size: Sequence[int], index: Sequence[sympy.Expr]) -> TensorValue:
     rng = ranges_of(xsyms(len(size)), size)
-    return ctx.view(x, tuple(int(s) for s in size), tuple(simplify_index(i, rng) for i in index))
+    return ctx.view(x, to_sizes(size), tuple(simplify_index(i, rng) for i in index))
 
 
-def infer_size(size: Sequence[int], numel: int) -> tuple[int, ...]:
-    """`size` with its one -1 filled in; an error when the element counts differ."""
-    out = [int(s) for s in size]
+def infer_size(size: Sequence[Size], numel: Size) -> tuple[Size, ...]:
+    """`size` with its one -1 filled in; an error when the element counts differ
+    (symbolic sizes: unless equal for every size)."""
+    out = list(to_sizes(size))
     if out.count(-1) > 1:
         raise CoilError(f"view: only one dimension can be -1, got {out}")
     if -1 in out:
@@ -51,11 +54,12 @@ def infer_size(size: Sequence[int], numel: int) -> tuple[int, ...]:
         for s in out:
             if s != -1:
                 known *= s
-        out[out.index(-1)] = numel // known if known else 0
-    prod = 1
+        out[out.index(-1)] = (numel // known if known else 0) if is_static((numel, known)) \
+            else norm(sympy.cancel(sympy.sympify(numel) / known))
+    prod: Size = 1
     for s in out:
-        prod *= s
-    if prod != numel:
+        prod = norm(prod * s)
+    if not same_size(prod, numel):
         raise CoilError(f"view: shape {out} is invalid for input of size {numel}")
     return tuple(out)
 
@@ -106,12 +110,12 @@ def expand(ctx: LowerCtx, x: TensorValue, size: Sequence[int], *, implicit: bool
     lead = len(size) - x.ndim
     if lead < 0:
         raise CoilError(f"expand: {list(size)} has fewer dims than {list(x.size)}")
-    out = [x.size[i - lead] if (s == -1 and i >= lead) else int(s) for i, s in enumerate(size)]
+    out = [x.size[i - lead] if (isinstance(s, int) and s == -1 and i >= lead) else norm(s) for i, s in enumerate(size)]
     xs = xsyms(len(out))
     index: list[sympy.Expr] = []
     for i, s in enumerate(x.size):
         o = out[lead + i]
-        if s == o:
+        if same_size(s, o):
             index.append(xs[lead + i])
         elif s == 1:
             index.append(sympy.Integer(0))
@@ -183,8 +187,8 @@ def _split_sizes(sizes: Any, n: int) -> list[int]:
         if sizes <= 0:
             raise CoilError(f"split: split_size must be positive, got {sizes}")
         return [min(sizes, n - s) for s in range(0, n, sizes)] or [0]
-    out = [int(s) for s in sizes]
-    if sum(out) != n:
+    out = list(to_sizes(sizes))
+    if not same_size(norm(sum(out)), n):
         raise CoilError(f"split_with_sizes: {out} does not sum to {n}")
     return out
 
@@ -211,6 +215,8 @@ def unbind(ctx: LowerCtx, x: TensorValue, dim: int = 0) -> tuple[TensorValue, ..
 def as_strided(ctx: LowerCtx, x: TensorValue, size: Sequence[int], stride: Sequence[int],
                storage_offset: int | None = None) -> Any:
     base = ctx.arg_vals[0] if ctx.arg_vals else None
+    if not is_static((*x.size, *size, *stride, storage_offset or 0)):
+        return NotImplemented  # symbolic: the aten op, as an extern
     offset = int(storage_offset or 0)
     if (not isinstance(base, torch.Tensor) or tuple(base.shape) != x.size or not base.is_contiguous()
             or base.storage_offset() != 0 or len(size) != len(stride) or offset < 0

@@ -31,6 +31,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, rsyms, substitute_symbols, walk, xsyms
 from coil.ir.indexing import FloorDiv, ModularIndexing, contiguous_strides, simplify_index, unflatten
 from coil.ir.layout import Layout
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_static, norm
 from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map
 
 
@@ -41,7 +42,7 @@ def loop_symbol(prefix: str, i: int) -> sympy.Symbol:
 @attrs.frozen
 class Dim:
     sym: sympy.Symbol
-    size: int
+    size: Size
 
 
 @attrs.frozen
@@ -75,18 +76,51 @@ def _flat(dims: Sequence[Dim]) -> sympy.Expr:
 # ---- 1. refinement -------------------------------------------------------------------------
 
 
-def _suffix_products(size: Sequence[int]) -> list[int]:
-    out, acc = [1], 1
+def _suffix_products(size: Sequence[Size]) -> list[Size]:
+    out: list[Size] = [1]
+    acc: Size = 1
     for s in reversed(size):
-        acc *= int(s)
+        acc = acc * int(s) if isinstance(s, int) and isinstance(acc, int) else norm(sympy.expand(acc * s))
         out.append(acc)
     return out
 
 
-def refine(total: int, cuts: Iterable[int]) -> tuple[int, ...]:
+def _quotient(a: Size, b: Size) -> Size | None:
+    """a / b where b divides a for every size (a polynomial of integer
+    coefficients), else None."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a // b if b and a % b == 0 else None
+    q = sympy.cancel(sympy.sympify(a) / sympy.sympify(b))
+    if sympy.fraction(q)[1] != 1:
+        return None
+    if q.is_number:
+        return int(q) if q.is_Integer else None
+    if not q.is_polynomial() or not all(c.is_Integer for c in sympy.Poly(q, *sorted(q.free_symbols, key=str)).coeffs()):
+        return None
+    return norm(sympy.expand(q))
+
+
+def _refine_symbolic(total: Size, cuts: Iterable[Size], shapes: ShapeInfo) -> tuple[Size, ...]:
+    """refine where sizes are symbolic: the chain is taken in the order of the
+    hints, and each link must divide the next for every size."""
+    chain: list[Size] = [1]
+    for c in sorted(set(cuts) | {total}, key=lambda v: (shapes.hint(v), str(v))):
+        if not gt(c, 1) or (isinstance(c, int) and isinstance(total, int) and c > total):
+            continue
+        if _quotient(c, chain[-1]) is not None and _quotient(total, c) is not None and c != chain[-1]:
+            chain.append(c)
+    if chain[-1] != total and _quotient(total, chain[-1]) is not None:
+        chain.append(total)
+    return tuple(q for i in reversed(range(len(chain) - 1)) if (q := _quotient(chain[i + 1], chain[i])) is not None)
+
+
+def refine(total: Size, cuts: Iterable[Size], shapes: ShapeInfo = EMPTY) -> tuple[Size, ...]:
     """Dim sizes (outermost first) of the finest nest whose boundaries are cuts
     that divide one another and `total`; a cut that breaks the chain is dropped."""
-    if total <= 1:
+    cuts = list(cuts)
+    if not is_static((total, *cuts)):
+        return _refine_symbolic(total, cuts, shapes)
+    if total <= 1:  # type: ignore[operator]
         return (total,)
     chain = [1]
     for c in sorted(set(cuts) | {total}):
@@ -95,24 +129,24 @@ def refine(total: int, cuts: Iterable[int]) -> tuple[int, ...]:
     return tuple(chain[i + 1] // chain[i] for i in reversed(range(len(chain) - 1)))
 
 
-def initial_nest(bufs: Sequence[ComputedBuffer], group: tuple[int, int]) -> Nest:
+def initial_nest(bufs: Sequence[ComputedBuffer], group: tuple[Size, Size], shapes: ShapeInfo = EMPTY) -> Nest:
     n, r = group
-    xcuts: set[int] = set()
-    rcuts: set[int] = set()
+    xcuts: set[Size] = set()
+    rcuts: set[Size] = set()
     for b in bufs:
         role = node_role(b, group)
         if role == "inner":
             for p in _suffix_products(b.ranges):
-                if p % r == 0:
-                    xcuts.add(p // r)
-                elif r % p == 0:
+                if (q := _quotient(p, r)) is not None:
+                    xcuts.add(q)
+                elif _quotient(r, p) is not None:
                     rcuts.add(p)
         else:
             xcuts.update(_suffix_products(b.ranges))
             if role == "reduction":
                 rcuts.update(_suffix_products(b.reduction_ranges))
-    has_r = r > 1 or any(b.is_reduction for b in bufs)
-    return Nest.of_sizes(refine(n, xcuts), refine(r, rcuts) if has_r else ())
+    has_r = gt(r, 1) or any(b.is_reduction for b in bufs)
+    return Nest.of_sizes(refine(n, xcuts, shapes), refine(r, rcuts, shapes) if has_r else ())
 
 
 # ---- index simplification -----------------------------------------------------------------
@@ -242,10 +276,10 @@ def nest_nodes(bufs: Sequence[ComputedBuffer], group: tuple[int, int], nest: Nes
 
 
 def kernel_nest(bufs: Sequence[ComputedBuffer], group: tuple[int, int], layouts: dict[str, Layout],
-                stored: set[str]) -> tuple[Nest, tuple[NodeIndexing, ...]]:
+                stored: set[str], shapes: ShapeInfo = EMPTY) -> tuple[Nest, tuple[NodeIndexing, ...]]:
     """The nest of a kernel (refined, then merged until no adjacent dims merge)
     and its nodes in the nest's loop variables; `stored`: the buffers it writes."""
-    nest = initial_nest(bufs, group)
+    nest = initial_nest(bufs, group, shapes)
     inside = {b.name for b in bufs}
     while True:
         nodes = nest_nodes(bufs, group, nest)

@@ -44,23 +44,31 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import loads
 from coil.ir.kernel import KernelSpec, LoopNest, NestNode, NestTile, Parallel, Rows, Split, StagedRead
 from coil.ir.layout import Layout
+from coil.ir.shapes import EMPTY, ShapeInfo, is_static
 from coil.options import ColumnTraits, NestTraits
 from coil.passes.kernel_model import down_columns
 from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, kernel_nest, loop_index
 
 
 def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[str, Layout],
-           removed: frozenset[str], traits: NestTraits, columns: ColumnTraits) -> KernelSpec:
+           removed: frozenset[str], traits: NestTraits, columns: ColumnTraits,
+           shapes: ShapeInfo = EMPTY) -> KernelSpec:
     """The spec with its loop nest and the decisions made on it (the space's lanes
     or split, a tile or blocks, parallel loops); `columns`: the target's traits of
     kernel_model.down_columns."""
     stored = {b.name for b in bufs if b.name not in removed}
-    nest, nodes = kernel_nest(bufs, spec.group, dict(layouts), stored)
-    reads = outside_loads(nodes, layouts, nest.ranges)
+    nest, nodes = kernel_nest(bufs, spec.group, dict(layouts), stored, shapes)
     xsizes = tuple(d.size for d in nest.xdims)
     rsizes = tuple(d.size for d in nest.rdims)
     in_loops = tuple(NestNode(nd.buf.name, nd.body, nd.store if nd.buf.name in stored else None) for nd in nodes)
     par: Parallel | None
+    if not is_static((*xsizes, *rsizes)):
+        # symbolic sizes: loops to run-time bounds, no tiles, blocks, lanes or splits
+        # (each right for every size); threads share the outer loops where the work
+        # at the hints is enough
+        return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, parallel=_symbolic_parallel(nest, shapes, traits),
+                                                nodes=in_loops))
+    reads = outside_loads(nodes, layouts, nest.ranges)
     if not nest.rdims:
         tile = transposed_tile(nest, reads, traits)
         block = 0 if tile is not None else pointwise_block(nest, traits)
@@ -81,6 +89,16 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     else:
         par = row_parallel(nest, lanes, traits)
     return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par, nodes=in_loops))
+
+
+def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> Parallel | None:
+    """The x loops shared among threads, chunked by the hints (the chunk is only
+    how the iterations are dealt out)."""
+    numel = shapes.hint(math.prod(d.size for d in nest.xdims))
+    rnumel = shapes.hint(math.prod(d.size for d in nest.rdims))
+    if not nest.xdims or numel <= 1 or numel * max(rnumel, 1) < traits.parallel_min_work:
+        return None
+    return parallel(len(nest.xdims), numel, traits)
 
 
 def outside_loads(nodes: Sequence[NodeIndexing], layouts: Mapping[str, Layout],
