@@ -233,7 +233,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            channels_last=True, channels_last_training=True, splits=TRITON_SPLITS,
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
-                           device_asserts=True, loads_first=True),
+                           device_asserts=True, loads_first=True, symbolic_sizes=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
                         scratch=CPP_SCRATCH, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True),

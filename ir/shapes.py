@@ -99,6 +99,9 @@ def _lower_bound(e: sympy.Expr) -> int | None:
     syms = e.free_symbols
     if not all(is_size_symbol(s) for s in syms):
         return None
+    if type(e).__name__ == "FloorDiv" and e.args[1].is_Integer and int(e.args[1]) > 0:
+        inner = _lower_bound(e.args[0])  # nondecreasing in its numerator
+        return None if inner is None else inner // int(e.args[1])
     poly = sympy.expand(e)
     if not poly.is_polynomial(*syms):
         return None

@@ -84,6 +84,7 @@ from coil.ir.kernel import (
     tails_of,
 )
 from coil.ir.verify import fail
+from coil.ir.shapes import gt
 
 
 _AXES = {"y": YINDEX, "x": XINDEX, "r": RINDEX}
@@ -222,7 +223,9 @@ def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     for ln in k.launches:
         c = ln.config
         blocks = [c.xblock, c.num_warps] + [b for b in (c.rblock, c.yblock) if b]
-        if any(g <= 0 for g in ln.grid) or any(v <= 0 for v in ln.sizes) or not all(map(_power_of_2, blocks)):
+        # a symbolic grid or size is positive when its least value is (ir/shapes.lower_bound)
+        if any(not gt(g, 0) for g in ln.grid) or any(not gt(v, 0) for v in ln.sizes) \
+                or not all(map(_power_of_2, blocks)):
             fail(p, stage, k.name, f"K8 launch of {ln.function}: grid {ln.grid}, sizes {ln.sizes}, {c.as_kwargs()}")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -38,6 +38,7 @@ from coil.ir.kernel import KernelLaunch, KernelSpec, LaunchRule, Split, Tiled
 from coil.ir.lowered import resolve_kernel
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import ExternCall, KernelCall, MultiOutputLine, ReinterpretView, WrapperProgram
+from coil.ir.shapes import py_size
 from coil.options import Options
 
 # launch options of a CUDA kernel whose device asserts must exist
@@ -86,12 +87,15 @@ def grid_text(k: KernelSpec, ln: KernelLaunch) -> str:
         return f"({ln.grid[0]},)"
     if isinstance(k.space, Tiled):
         return f"grid2({ln.sizes[0]}, {ln.sizes[1]}, {c.yblock}, {c.xblock})"
-    return f"grid({ln.sizes[0]}, {c.xblock})"
+    return f"grid({py_size(ln.sizes[0])}, {c.xblock})"
 
 
 def _launch(k: KernelSpec, ln: KernelLaunch, tensors: tuple[str, ...]) -> Launch:
     c = ln.config
-    return Launch(ln.function, ln.grid, grid_text(k, ln), tensors, ln.sizes, (*c.meta().items(), ("num_warps", c.num_warps)))
+    sizes: tuple[Any, ...] = ln.sizes
+    if k.symbols:  # symbolic sizes: expressions of the symbols `call` bound, then the symbols
+        sizes = (*(py_size(v) for v in ln.sizes), *k.symbols)
+    return Launch(ln.function, ln.grid, grid_text(k, ln), tensors, sizes, (*c.meta().items(), ("num_warps", c.num_warps)))
 
 
 def workspaces(k: KernelSpec) -> list[str]:
@@ -215,7 +219,8 @@ class TritonBackend:
         # interpreter (TRITON_INTERPRET=1) has no libdevice, CUDA tensors or not
         for text in helpers_for((k.source for k in kernels), cuda and not interpreter_on()) + [k.source for k in kernels]:
             out += ["", text, ""]
-        if cuda and not options.autotune:  # bound launches: Triton's binding runs once (runtime.Launcher)
+        symbolic = bool(program.shapes)  # sizes change by call: Triton's own launch path, no precompiling
+        if cuda and not options.autotune and not symbolic:  # bound launches: Triton's binding runs once (runtime.Launcher)
             guard = self.guard_device(program)
             _, unknown = aligned_by_allocation(program)
             out.append("")
@@ -227,7 +232,7 @@ class TritonBackend:
             specs = precompile_specs(program) if options.precompile else []
             if specs:  # compiled now, several at a time, instead of one by one at their first launch
                 out += ["", "precompile([", *specs, "])"]
-        if options.autotune:
+        if options.autotune and not symbolic:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
             cache = f", cache_dir={options.cache_dir!r}" if options.cache_dir else ""
@@ -244,7 +249,7 @@ class TritonBackend:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
         before, out, after = planned
         if k.device.startswith("cuda"):
-            if options.autotune:
+            if options.autotune or program.shapes:
                 return [*before, *(ln.line() for ln in out), *after]
             return [*before, *(ln.bound_line("stream0") for ln in out), *after]
         body = [ln.line() for ln in out]
@@ -258,7 +263,7 @@ class TritonBackend:
         they launch on is not 16-byte aligned (then they launch through Triton's
         path, which specializes on alignment)."""
         guard = self.guard_device(program)
-        if guard is None:
+        if guard is None or program.shapes:  # symbolic sizes launch through Triton's own path: no stream
             return []
         graph = program.buffer_graph
         inputs, _ = aligned_by_allocation(program)

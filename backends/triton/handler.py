@@ -35,6 +35,7 @@ from coil.errors import CoilError
 from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, indsym
 from coil.ir.indexing import simplify_index
 from coil.ir.kernel import RINDEX, XINDEX, YINDEX, Read, tails_of
+from coil.ir.shapes import is_size_symbol
 from coil.passes.schedule.loads import value_symbols
 
 TL_DTYPES: dict[torch.dtype, str] = {
@@ -71,7 +72,7 @@ def literal(value: bool | int | float) -> str:
 
 
 def _symbol(s: sympy.Symbol) -> str:
-    if s in (XINDEX, RINDEX, YINDEX):
+    if s in (XINDEX, RINDEX, YINDEX) or is_size_symbol(s):  # a size symbol is a kernel argument
         return s.name
     raise CoilError(f"triton target: loop symbol {s} left in a kernel index")
 

@@ -85,12 +85,13 @@ def signature(spec: KernelSpec, name: str = "", workspaces: int = 0) -> str:
     """Pointers (in, then out, then a split's workspaces), the sizes, then the
     block constexprs."""
     args = [p.arg for p in spec.params] + [f"ws_ptr{i}" for i in range(workspaces)]
+    symbols = list(spec.symbols)  # symbolic sizes: after the numels, before the blocks
     if isinstance(spec.space, Tiled):
-        args += ["ynumel", "xnumel", "YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
+        args += ["ynumel", "xnumel", *symbols, "YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
     elif spec.kind == "pointwise":
-        args += ["xnumel", "XBLOCK: tl.constexpr"]
+        args += ["xnumel", *symbols, "XBLOCK: tl.constexpr"]
     else:
-        args += ["xnumel", "rnumel", "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+        args += ["xnumel", "rnumel", *symbols, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
     return f"def {name or spec.name}({', '.join(args)}):"
 
 

@@ -1,0 +1,147 @@
+"""Dynamic shapes: torch.compile(dynamic=True) and automatic dynamic compile one
+graph for every size, run coil's kernels (not eager) at each size, and match eager.
+
+Each case is called at three batch sizes and three sequence lengths; the counters
+Dynamo and coil keep (torch._dynamo.utils.counters) say how many graphs were
+captured, compiled and left eager."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+import coil
+from coil.ir.shapes import EMPTY, ShapeInfo, SymbolFacts, py_size, size_symbol
+from coil.options import Options
+
+TARGETS = ["cpp", "reference", "triton"]  # triton under TRITON_INTERPRET=1 here, compiled on CUDA
+SIZES = [(2, 3), (5, 17), (16, 64)]  # (batch, sequence): three of each
+
+
+def _seed(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (torch.relu(x) + y).sum(-1) * 2
+
+
+CASES: dict[str, tuple[Callable[..., Any], Callable[[int, int], tuple[torch.Tensor, ...]]]] = {
+    "seed": (_seed, lambda b, s: (torch.randn(b, s), torch.randn(b, s))),
+    "softmax": (lambda x: torch.softmax(x, -1), lambda b, s: (torch.randn(b, s),)),
+}
+
+
+def _compiled(fn: Callable[..., Any], target: str, **kw: Any) -> Callable[..., Any]:
+    torch._dynamo.reset()
+    counters.clear()
+    return torch.compile(fn, backend="coil", options={"target": target, "eager_fallback": False}, **kw)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dynamic_true_compiles_one_graph_for_every_size(case: str, target: str) -> None:
+    fn, make = CASES[case]
+    f = _compiled(fn, target, dynamic=True)
+    for b, s in SIZES:
+        args = make(b, s)
+        torch.testing.assert_close(f(*args), fn(*args))
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["coil"]["compiled"] == 1 and counters["coil"]["symbolic"] == 1
+    assert counters["coil"]["eager"] == 0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_training_forward_and_backward_compile_once(target: str) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, -1) * x
+
+    f = _compiled(fn, target, dynamic=True)
+    for b, s in SIZES:
+        x = torch.randn(b, s)
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, ref = f(x1), fn(x2)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x1.grad, x2.grad)
+    assert counters["coil"]["compiled"] == 2 and counters["coil"]["eager"] == 0  # forward and backward
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_automatic_dynamic_serves_later_sizes(target: str) -> None:
+    """The default mode: the first size compiles a static graph, the first change
+    a symbolic one, which serves every later size without compiling again."""
+    fn, make = CASES["softmax"]
+    f = _compiled(fn, target)
+    for b, s in [(8, 16), (16, 16), (13, 16), (3, 16)]:
+        args = make(b, s)
+        torch.testing.assert_close(f(*args), fn(*args))
+    assert counters["coil"]["compiled"] == 2 and counters["coil"]["symbolic"] == 1
+    assert counters["coil"]["eager"] == 0
+
+
+def test_option_off_runs_symbolic_graphs_eagerly() -> None:
+    fn, make = CASES["softmax"]
+    torch._dynamo.reset()
+    counters.clear()
+    f = torch.compile(fn, backend="coil", options={"target": "cpp", "dynamic": False}, dynamic=True)
+    args = make(4, 8)
+    torch.testing.assert_close(f(*args), fn(*args))
+    assert counters["coil"]["eager"] == 1 and counters["coil"]["compiled"] == 0
+
+
+def test_no_guards_added() -> None:
+    """coil decides by proofs over the ranges and by hints, never by guarding: the
+    ShapeEnv holds as many guards after coil compiled the graph as before."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen: list[tuple[int, int]] = []
+
+    def inner(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        env = next(a for a in example_inputs if isinstance(a, torch.SymInt)).node.shape_env
+        before = len(env.guards)
+        compiled = coil.compile_graph(gm, example_inputs, Options(target="cpp"), kind="inference")
+        seen.append((before, len(env.guards)))
+        return lambda *args: compiled.call_boxed(list(args))
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return aot_autograd(fw_compiler=inner, inference_compiler=inner)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend=backend, dynamic=True)
+    with torch.no_grad():
+        x = torch.randn(6, 10)
+        torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)
+    assert seen and all(a == b for a, b in seen)
+
+
+def test_wrapper_binds_symbols_and_passes_them_to_kernels() -> None:
+    """The printed wrapper of a symbolic softmax: each symbol's facts, where call
+    reads it, and every kernel taking the symbols it uses."""
+    from coil.ir.printer import show
+    from tests_helpers import capture_aot
+
+    gm, example = capture_aot(lambda x: torch.softmax(x, -1), (torch.randn(8, 16),))
+    w = coil.default_pipeline().run(gm, example, until="wrap", options=Options(target="cpp"))
+    text = show(w)
+    assert "# size s0 in [2, oo] hint 8" in text and "# size s1 in [2, oo] hint 16" in text
+    assert "s0 = arg0_1" in text and "s1 = arg1_1" in text
+    calls = [ln for ln in text.splitlines() if ln.strip().startswith("cpp_fused")]
+    assert calls and all(ln.rstrip(")").endswith("s0, s1") for ln in calls)
+
+
+def test_shape_info_proves_over_ranges_and_hints_for_speed() -> None:
+    s0, s1 = size_symbol(0), size_symbol(1)
+    info = ShapeInfo((SymbolFacts(s0, 8, 2, None), SymbolFacts(s1, 16, 2, 512)))
+    assert info.hint(s0 * s1 + 3) == 131
+    assert info.known_le(s1, 512) and not info.known_le(s0, 512)
+    assert info.known_eq(s0 * s1, s1 * s0) and not info.known_eq(s0, s1)
+    assert info.known_multiple(4 * s0 + 8, 4) and not info.known_multiple(4 * s0 + 2, 4)
+    assert info.bounds(4 * s1) == (8, 2048) and info.bounds(s0) == (2, None)
+    assert not EMPTY and EMPTY.hint(7) == 7
+    from coil.ir.indexing import FloorDiv
+
+    assert py_size(FloorDiv(s0 * s1, 2) + s0) == "s0 + (s0*s1 // 2)"
+    assert isinstance(sympy.expand(s0 - s0), sympy.Integer)
