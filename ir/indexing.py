@@ -15,11 +15,11 @@ from typing import Mapping, Sequence
 
 import sympy
 
-from coil.ir.shapes import Size, norm, product, sizes
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, is_size_symbol, norm, product, sizes
 
 
 class FloorDiv(sympy.Function):
-    """floor(a / b) for a >= 0, b > 0 integers."""
+    """floor(a / b) for a >= 0, b > 0 integers (b an int or a size expression)."""
 
     is_integer = True
     is_nonnegative = True
@@ -40,11 +40,20 @@ class FloorDiv(sympy.Function):
             whole = [t for t in terms if _coeff(t) % int(b) == 0]
             if whole and len(whole) == len(terms):
                 return sympy.Add(*[t / b for t in whole])
+            if isinstance(a, FloorDiv):  # a symbolic inner divisor (static graphs never have one)
+                return FloorDiv(a.args[0], a.args[1] * b)
+            return None
+        # a symbolic divisor (a size expression): the same two folds, by syntactic multiples
+        if isinstance(a, FloorDiv):  # (a // b1) // b2 == a // (b1*b2) for b1, b2 > 0
+            return FloorDiv(a.args[0], a.args[1] * b)
+        qs = [_quotient(t, b) for t in sympy.Add.make_args(a)]
+        if all(q is not None for q in qs):
+            return sympy.Add(*qs)
         return None
 
 
 class ModularIndexing(sympy.Function):
-    """(a // b) % c for a >= 0 and b, c > 0 integers."""
+    """(a // b) % c for a >= 0 and b, c > 0 integers (ints or size expressions)."""
 
     is_integer = True
     is_nonnegative = True
@@ -55,6 +64,16 @@ class ModularIndexing(sympy.Function):
             return sympy.Integer(0)
         if a.is_Integer and b.is_Integer and c.is_Integer:
             return sympy.Integer((int(a) // int(b)) % int(c))
+        if b.is_Integer and c.is_Integer:
+            return None
+        # a symbolic b or c: a multiple of b*c is 0, a multiple of b is divided out
+        terms = sympy.Add.make_args(a)
+        if all(_quotient(t, b * c) is not None for t in terms):
+            return sympy.Integer(0)
+        if b != 1:
+            qs = [_quotient(t, b) for t in terms]
+            if all(q is not None for q in qs):
+                return ModularIndexing(sympy.Add(*qs), 1, c)
         return None
 
 
@@ -63,81 +82,227 @@ def _coeff(term: sympy.Expr) -> int:
     return int(c) if c.is_Integer else 1
 
 
-def _max_value(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> int | None:
-    """Largest value of a nonnegative index expression, or None if unknown."""
+def _monomial(e: sympy.Expr) -> tuple[int, dict[sympy.Expr, int]] | None:
+    """`e` as (integer coefficient, {base: positive int exponent}), or None when it
+    is no monomial (an Add, a rational coefficient, a negative power)."""
+    c, rest = e.as_coeff_Mul()
+    if not c.is_Integer:
+        return None
+    powers: dict[sympy.Expr, int] = {}
+    for f in sympy.Mul.make_args(rest):
+        if f == 1:
+            continue
+        base, exp = f.as_base_exp()
+        if isinstance(base, sympy.Add) or not exp.is_Integer or int(exp) <= 0:
+            return None
+        powers[base] = powers.get(base, 0) + int(exp)
+    return int(c), powers
+
+
+def _quotient(t: sympy.Expr, b: Size) -> sympy.Expr | None:
+    """t / b when the term `t` is a syntactic multiple of `b` (an int: its integer
+    coefficient divides; an expression: a monomial whose coefficient and powers
+    divide t's), else None."""
+    if isinstance(b, int) or b.is_Integer:
+        return t / b if _coeff(t) % int(b) == 0 else None
+    mb = _monomial(b)
+    mt = _monomial(t)
+    if mb is None or mt is None or mb[0] == 0 or mt[0] % mb[0] != 0:
+        return None
+    if any(mt[1].get(base, 0) < exp for base, exp in mb[1].items()):
+        return None
+    return t / b
+
+
+def _eq(a: Size, b: Size) -> bool:
+    """Structural equality of two sizes (after expand): a proof for every value."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
+
+
+def _lt(m: Size, b: Size, shapes: ShapeInfo) -> bool:
+    """m < b for every value of the size symbols (the int comparison when static)."""
+    if isinstance(m, int) and isinstance(b, int):
+        return m < b
+    return shapes.known_lt(m, b)
+
+
+def _size_divisor(b: sympy.Expr, shapes: ShapeInfo) -> Size | None:
+    """`b` as a divisor the rewrites may use: a positive int, or an expression over
+    size symbols only that is positive for every size; None otherwise."""
+    if b.is_Integer:
+        return int(b) if int(b) > 0 else None
+    if not b.free_symbols or not all(is_size_symbol(s) for s in b.free_symbols):
+        return None
+    if b.is_positive or shapes.known_gt(b, 0):
+        return b
+    return None
+
+
+def _nonneg_factor(f: sympy.Expr) -> bool:
+    """A factor of an index term that is never negative: a loop or size symbol,
+    a FloorDiv / ModularIndexing, a positive power of one."""
+    if isinstance(f, (sympy.Symbol, FloorDiv, ModularIndexing)):
+        return True
+    if isinstance(f, sympy.Pow):
+        return f.exp.is_Integer and int(f.exp) > 0 and _nonneg_factor(f.base)
+    return bool(f.is_nonnegative)
+
+
+def _max_value(e: sympy.Expr, ranges: Mapping[sympy.Symbol, Size]) -> Size | None:
+    """Largest value of a nonnegative index expression, or None if unknown: an int
+    while the ranges are ints, else an expression over size symbols that bounds it
+    for every size (a size symbol is its own largest value)."""
     if e.is_Integer:
         return int(e)
     if isinstance(e, sympy.Symbol):
         n = ranges.get(e)
-        return None if n is None else n - 1
+        if n is None:
+            return e if is_size_symbol(e) else None
+        return n - 1
     if isinstance(e, sympy.Add):
         parts = [_max_value(a, ranges) for a in e.args]
-        return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
+        if any(p is None for p in parts):
+            return None
+        if all(isinstance(p, int) for p in parts):
+            return sum(parts)  # type: ignore[arg-type]
+        return norm(sympy.Add(*parts))
     if isinstance(e, sympy.Mul):
         c, rest = e.as_coeff_Mul()
         if c.is_Integer and int(c) >= 0:
+            if isinstance(rest, sympy.Mul):
+                # a product of factors never negative: the product of their maxima
+                if not all(_nonneg_factor(f) for f in rest.args):
+                    return None
+                ms = [_max_value(f, ranges) for f in rest.args]
+                if any(m is None for m in ms):
+                    return None
+                return norm(int(c) * sympy.Mul(*ms))
             m = _max_value(rest, ranges)
-            return None if m is None else int(c) * m
+            if m is None:
+                return None
+            return int(c) * m if isinstance(m, int) else norm(int(c) * m)
+        return None
+    if isinstance(e, sympy.Pow):
+        if e.exp.is_Integer and int(e.exp) > 0 and _nonneg_factor(e.base):
+            m = _max_value(e.base, ranges)
+            return None if m is None else norm(sympy.sympify(m) ** int(e.exp))
         return None
     if isinstance(e, FloorDiv):
         m = _max_value(e.args[0], ranges)
-        return None if m is None or not e.args[1].is_Integer else m // int(e.args[1])
+        b = e.args[1]
+        if m is None:
+            return None
+        if b.is_Integer and isinstance(m, int):
+            return m // int(b)
+        if b.is_Integer or all(is_size_symbol(s) for s in b.free_symbols):
+            return norm(FloorDiv(m, b))
+        return None
     if isinstance(e, ModularIndexing):
-        if e.args[2].is_Integer:
-            return int(e.args[2]) - 1
+        c = e.args[2]
+        if c.is_Integer:
+            return int(c) - 1
+        if all(is_size_symbol(s) for s in c.free_symbols):
+            return norm(c - 1)
     return None
 
 
-def _split_floordiv(a: sympy.Expr, b: int, ranges: Mapping[sympy.Symbol, int]) -> sympy.Expr | None:
+def _split_floordiv(a: sympy.Expr, b: Size, ranges: Mapping[sympy.Symbol, Size],
+                    shapes: ShapeInfo) -> sympy.Expr | None:
     """a // b when a's terms split into multiples of b and a remainder < b."""
     terms = sympy.Add.make_args(sympy.expand(a))
-    whole = [t for t in terms if _coeff(t) % b == 0]
-    rest = [t for t in terms if _coeff(t) % b != 0]
+    if isinstance(b, int):
+        whole = [t for t in terms if _coeff(t) % b == 0]
+        rest = [t for t in terms if _coeff(t) % b != 0]
+        rest_max = _max_value(sympy.Add(*rest), ranges) if rest else 0
+        if rest_max is not None and _lt(rest_max, b, shapes):
+            return sympy.expand(sympy.Add(*[t / b for t in whole]))
+        return None
+    qs = [(t, _quotient(t, b)) for t in terms]
+    rest = [t for t, q in qs if q is None]
     rest_max = _max_value(sympy.Add(*rest), ranges) if rest else 0
-    if rest_max is not None and rest_max < b:
-        return sympy.expand(sympy.Add(*[t / b for t in whole]))
+    if rest_max is not None and _lt(rest_max, b, shapes):
+        return sympy.expand(sympy.Add(*[q for _, q in qs if q is not None]))
     return None
 
 
-def _split_terms(a: sympy.Expr, k: int) -> tuple[sympy.Expr, sympy.Expr]:
-    """(terms whose integer coefficient k divides, the other terms)."""
-    if k == 0:  # a zero-size loop: nothing divides by it
-        return sympy.Integer(0), a
+def _split_terms(a: sympy.Expr, k: Size) -> tuple[sympy.Expr, sympy.Expr]:
+    """(terms that are multiples of k, the other terms): k an int, its divisibility
+    of their integer coefficients; a size expression, syntactic multiples."""
+    if isinstance(k, int):
+        if k == 0:  # a zero-size loop: nothing divides by it
+            return sympy.Integer(0), a
+        terms = sympy.Add.make_args(sympy.expand(a))
+        whole = [t for t in terms if _coeff(t) % k == 0 and not t.is_Integer or (t.is_Integer and int(t) % k == 0)]
+        rest = [t for t in terms if t not in whole]
+        return sympy.Add(*whole), sympy.Add(*rest)
     terms = sympy.Add.make_args(sympy.expand(a))
-    whole = [t for t in terms if _coeff(t) % k == 0 and not t.is_Integer or (t.is_Integer and int(t) % k == 0)]
+    whole = [t for t in terms if _quotient(t, k) is not None]
     rest = [t for t in terms if t not in whole]
     return sympy.Add(*whole), sympy.Add(*rest)
 
 
-def _scale_down(a: sympy.Expr, b: int, ranges: Mapping[sympy.Symbol, int]) -> tuple[sympy.Expr, int] | None:
+def _gcd_monomial(b: sympy.Expr, t: sympy.Expr) -> sympy.Expr | None:
+    """The greatest common monomial divisor of the monomials b and t (None when
+    either is no monomial)."""
+    mb, mt = _monomial(b), _monomial(t)
+    if mb is None or mt is None:
+        return None
+    powers = [base ** min(exp, mt[1][base]) for base, exp in mb[1].items() if base in mt[1]]
+    return sympy.Integer(math.gcd(mb[0], mt[0])) * sympy.Mul(*powers)
+
+
+def _scale_down(a: sympy.Expr, b: Size, ranges: Mapping[sympy.Symbol, Size],
+                shapes: ShapeInfo) -> tuple[sympy.Expr, Size] | None:
     """(q, b // k) when a = k*q + r with k > 1 dividing b and 0 <= r < k: then
     a // b == q // (b // k), the remainder never carrying into the quotient
-    ((64*i + j) // 512 with j < 64 is i // 8)."""
+    ((64*i + j) // 512 with j < 64 is i // 8; (64*s1*i + j) // (128*s1) with
+    j < 64*s1 is i // 2)."""
     terms = sympy.Add.make_args(sympy.expand(a))
-    for k in sorted({math.gcd(b, _coeff(t)) for t in terms if not t.is_Integer}, reverse=True):
-        if k <= 1:
-            continue
-        whole = [t for t in terms if not t.is_Integer and _coeff(t) % k == 0]
+    if isinstance(b, int):
+        for k in sorted({math.gcd(b, _coeff(t)) for t in terms if not t.is_Integer}, reverse=True):
+            if k <= 1:
+                continue
+            whole = [t for t in terms if not t.is_Integer and _coeff(t) % k == 0]
+            rest = [t for t in terms if t not in whole]
+            m = _max_value(sympy.Add(*rest), ranges) if rest else 0
+            if whole and m is not None and _lt(m, k, shapes):
+                return sympy.expand(sympy.Add(*whole) / k), b // k
+        return None
+    ks = {_gcd_monomial(b, t) for t in terms if not t.is_Integer}
+
+    def size(k: sympy.Expr) -> tuple[int, int, str]:
+        m = _monomial(k)
+        assert m is not None
+        return (sum(m[1].values()), m[0], str(k))
+
+    for k in sorted((k for k in ks if k is not None and k != 1 and k != 0), key=size, reverse=True):
+        whole = [t for t in terms if not t.is_Integer and _quotient(t, k) is not None]
         rest = [t for t in terms if t not in whole]
         m = _max_value(sympy.Add(*rest), ranges) if rest else 0
-        if whole and m is not None and m < k:
-            return sympy.expand(sympy.Add(*whole) / k), b // k
+        if whole and m is not None and _lt(m, k, shapes):
+            return sympy.expand(sympy.Add(*whole) / k), norm(b / k)
     return None
 
 
-def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> sympy.Expr:
+def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, Size], shapes: ShapeInfo = EMPTY) -> sympy.Expr:
     """Range-aware simplification of FloorDiv / ModularIndexing, innermost first.
-    A pure function of the expression and the ranges of its symbols, so its results
-    are kept (the passes ask for the same index many times: extract_deps, fuse's
-    register model and schedule_kernels each simplify every load of a kernel, and a
-    channels-last graph's permuted indices cost sympy several times a plain one's)."""
+    A pure function of the expression, the ranges of its symbols and what is known
+    of the size symbols (`shapes`: a range may be a size expression, a divisor too;
+    a rewrite that needs `rest < b` fires only where that holds for every size), so
+    its results are kept (the passes ask for the same index many times: extract_deps,
+    fuse's register model and schedule_kernels each simplify every load of a kernel,
+    and a channels-last graph's permuted indices cost sympy several times a plain one's)."""
     e = sympy.sympify(e)
     free = e.free_symbols
-    return _simplify_index(e, frozenset((k, v) for k, v in ranges.items() if k in free))
+    return _simplify_index(e, frozenset((k, v if isinstance(v, int) else norm(v))
+                                        for k, v in ranges.items() if k in free), shapes)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, int]]) -> sympy.Expr:
+def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, Size]],
+                    shapes: ShapeInfo) -> sympy.Expr:
     ranges = dict(ranges_items)
     if not e.has(FloorDiv, ModularIndexing):
         return sympy.expand(e)
@@ -148,38 +313,41 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, i
         args = [visit(a) for a in node.args]
         if isinstance(node, FloorDiv):
             a, b = args
-            if b.is_Integer and int(b) > 0:
-                s = _split_floordiv(a, int(b), ranges)
+            bv = _size_divisor(b, shapes)
+            if bv is not None:
+                s = _split_floordiv(a, bv, ranges, shapes)
                 if s is not None:
                     return s
-                whole, rest = _split_terms(a, int(b))
+                whole, rest = _split_terms(a, bv)
                 if whole != 0:  # (k*b*i + rest) // b == k*i + rest // b
                     return sympy.expand(whole / b) + visit(FloorDiv(rest, b))
                 m = _max_value(a, ranges)
-                if m is not None and m < int(b):
+                if m is not None and _lt(m, bv, shapes):
                     return sympy.Integer(0)
-                scaled = _scale_down(a, int(b), ranges)
+                scaled = _scale_down(a, bv, ranges, shapes)
                 if scaled is not None:
                     return visit(FloorDiv(scaled[0], scaled[1]))
             return FloorDiv(sympy.expand(a), b)
         if isinstance(node, ModularIndexing):
             a, b, c = args
-            if b.is_Integer and c.is_Integer and int(b) > 0 and int(c) > 0:
-                whole, rest = _split_terms(a, int(b) * int(c))
+            bv, cv = _size_divisor(b, shapes), _size_divisor(c, shapes)
+            if bv is not None and cv is not None:
+                bc = bv * cv if isinstance(bv, int) and isinstance(cv, int) else norm(bv * cv)
+                whole, rest = _split_terms(a, bc)
                 if whole != 0:  # multiples of b*c do not change (a // b) % c
                     return visit(ModularIndexing(rest, b, c))
                 m = _max_value(a, ranges)
-                if m is not None and m < int(b) * int(c):
+                if m is not None and _lt(m, bc, shapes):
                     return visit(FloorDiv(a, b))
-                q = _split_floordiv(a, int(b), ranges) if int(b) != 1 else sympy.expand(a)
+                q = _split_floordiv(a, bv, ranges, shapes) if bv != 1 else sympy.expand(a)
                 if q is not None:
-                    terms = [t for t in sympy.Add.make_args(q) if _coeff(t) % int(c) != 0]
+                    terms = [t for t in sympy.Add.make_args(q) if _quotient(t, cv) is None]
                     q2 = sympy.Add(*terms)
                     m = _max_value(q2, ranges)
-                    if m is not None and m < int(c):
+                    if m is not None and _lt(m, cv, shapes):
                         return q2
                     return ModularIndexing(q2, 1, c)
-                scaled = _scale_down(a, int(b), ranges)
+                scaled = _scale_down(a, bv, ranges, shapes)
                 if scaled is not None:
                     return visit(ModularIndexing(scaled[0], scaled[1], c))
             return ModularIndexing(sympy.expand(a), b, c)
@@ -190,8 +358,9 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, i
     return _merge_digits(sympy.expand(visit(e)))
 
 
-def _digit(term: sympy.Expr) -> tuple[int, sympy.Expr, int, int | None] | None:
-    """`c * ModularIndexing(a, b, n)` as (c, a, b, n); FloorDiv(a, b) has n None."""
+def _digit(term: sympy.Expr) -> tuple[Size, sympy.Expr, Size, Size | None] | None:
+    """`c * ModularIndexing(a, b, n)` as (c, a, b, n); FloorDiv(a, b) has n None.
+    c, b and n are ints, or with size symbols, expressions over size symbols only."""
     c, rest = term.as_coeff_Mul()
     if not c.is_Integer:
         return None
@@ -199,7 +368,24 @@ def _digit(term: sympy.Expr) -> tuple[int, sympy.Expr, int, int | None] | None:
         return int(c), rest.args[0], int(rest.args[1]), int(rest.args[2])
     if isinstance(rest, FloorDiv) and rest.args[1].is_Integer:
         return int(c), rest.args[0], int(rest.args[1]), None
-    return None
+    # symbolic: one FloorDiv / ModularIndexing factor, the others sizes
+    factors = sympy.Mul.make_args(rest)
+    digits = [f for f in factors if isinstance(f, (FloorDiv, ModularIndexing))]
+    if len(digits) != 1:
+        return None
+    d = digits[0]
+    coeff = sympy.Mul(*[f for f in factors if f is not d])
+    if not all(_sizes_only(v) for v in (coeff, *d.args[1:])):
+        return None
+    if isinstance(d, ModularIndexing):
+        return norm(c * coeff), d.args[0], norm(d.args[1]), norm(d.args[2])
+    return norm(c * coeff), d.args[0], norm(d.args[1]), None
+
+
+def _sizes_only(e: sympy.Expr) -> bool:
+    """An int or an expression over size symbols, nothing else."""
+    return e.is_Integer or (not e.has(FloorDiv, ModularIndexing)
+                            and all(is_size_symbol(s) for s in e.free_symbols))
 
 
 def _merge_digits(e: sympy.Expr) -> sympy.Expr:
@@ -222,7 +408,7 @@ def _merge_digits(e: sympy.Expr) -> sympy.Expr:
                 c1, a1, b1, n1 = d1
                 c2, a2, b2, n2 = d2
                 assert n2 is not None
-                if a1 == a2 and b1 == b2 * n2 and c1 == c2 * n2:
+                if a1 == a2 and _eq(b1, b2 * n2) and _eq(c1, c2 * n2):
                     merged = FloorDiv(a1, b2) if n1 is None else ModularIndexing(a1, b2, n1 * n2)
                     terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [c2 * merged]
                     changed = True

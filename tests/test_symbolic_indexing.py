@@ -1,0 +1,352 @@
+"""Index simplification and value ranges with symbolic sizes (dynamic shapes, plan
+commit 2): coefficients, divisors and loop ranges that are expressions of size
+symbols s0, s1, ...
+
+What must simplify does, for every size: a softmax row's `s1*x0 + r0` taken apart
+by `s1`, the unflatten / flatten round trips of (s0, s1, 4) and (s0, 3, s1); what
+cannot be proved (a remainder not known below the divisor) is left as it is.  The
+hypothesis tests check soundness: at concrete sizes and loop positions the
+simplified index has the value of the original one, and a range holds every value.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Sequence
+
+import sympy
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coil.ir.bounds import index_range, load_in_bounds, mask_ranges, prove_checks, value_range
+from coil.ir.expr import Check, Constant, Expr, IndexExpr, Load, Op, rsyms, walk, xsyms
+from coil.ir.indexing import FloorDiv, ModularIndexing, flatten, simplify_index, unflatten
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, SymbolFacts, size_symbol
+
+s0, s1 = size_symbol(0), size_symbol(1)
+x0, x1, x2 = xsyms(3)
+(r0,) = rsyms(1)
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+
+
+def info(upper0: int | None = None, upper1: int | None = None) -> ShapeInfo:
+    return ShapeInfo((SymbolFacts(s0, 8, 2, upper0), SymbolFacts(s1, 16, 2, upper1)))
+
+
+INFO = info()
+ROW = {x0: s0, r0: s1}  # a softmax over (s0, s1): rows x0, columns r0
+
+
+# ---- FloorDiv / ModularIndexing: what their constructors fold by structure
+
+
+def test_floordiv_folds_syntactic_multiples_of_a_symbolic_divisor() -> None:
+    assert FloorDiv(s1 * x0, s1) == x0
+    assert FloorDiv(2 * s1 * x0 + 4 * s1, 2 * s1) == x0 + 2
+    assert FloorDiv(s0 * s1**2 * x0, s1) == s0 * s1 * x0
+    assert FloorDiv(FloorDiv(x0, s1), s0) == FloorDiv(x0, s0 * s1)
+    assert FloorDiv(FloorDiv(x0, s1), 4) == FloorDiv(x0, 4 * s1)
+
+
+def test_floordiv_keeps_what_needs_ranges() -> None:
+    # the remainder r0 may be >= s1 for all the constructor knows
+    assert isinstance(FloorDiv(s1 * x0 + r0, s1), FloorDiv)
+    assert isinstance(FloorDiv(2 * x0, s1), FloorDiv)  # 2 is no multiple of s1
+    assert isinstance(FloorDiv(s1 * x0, 2 * s1), FloorDiv)  # nor s1 of 2*s1
+    assert isinstance(FloorDiv(s1 * x0, s1 + 1), FloorDiv)  # a sum is no monomial divisor
+
+
+def test_modular_indexing_folds_syntactic_multiples() -> None:
+    assert ModularIndexing(s1 * x0, 1, s1) == 0
+    assert ModularIndexing(2 * s0 * s1 * x0, s1, s0) == 0
+    assert ModularIndexing(s1 * x0, s1, s0) == ModularIndexing(x0, 1, s0)
+    assert isinstance(ModularIndexing(s1 * x0 + r0, 1, s1), ModularIndexing)
+
+
+def test_static_folds_are_unchanged() -> None:
+    assert FloorDiv(4 * x0 + 8, 2) == 2 * x0 + 4
+    assert isinstance(FloorDiv(4 * x0 + 1, 2), FloorDiv)
+    assert FloorDiv(FloorDiv(x0, 4), 2) == FloorDiv(x0, 8)
+    assert ModularIndexing(sympy.Integer(13), 2, 4) == 2
+    assert isinstance(ModularIndexing(4 * x0, 1, 4), ModularIndexing)  # simplify_index's work, not eval's
+
+
+# ---- simplify_index with symbolic ranges
+
+
+def test_a_row_index_comes_apart_by_its_symbolic_length() -> None:
+    assert simplify_index(ModularIndexing(s1 * x0 + r0, 1, s1), ROW, INFO) == r0
+    assert simplify_index(FloorDiv(s1 * x0 + r0, s1), ROW, INFO) == x0
+    assert simplify_index(ModularIndexing(s1 * x0 + r0, s1, s0), ROW, INFO) == x0
+    # without shapes the symbols' positivity alone proves it too
+    assert simplify_index(FloorDiv(s1 * x0 + r0, s1), ROW) == x0
+
+
+def test_a_remainder_not_known_below_the_divisor_is_kept() -> None:
+    for rng in ({x0: s0}, {x0: s0, r0: s1 + 1}, {x0: s0, r0: 2 * s1}):
+        e = simplify_index(FloorDiv(s1 * x0 + r0, s1), rng, INFO)
+        assert e == x0 + FloorDiv(r0, s1), rng  # the multiple comes out, the rest stays
+        m = simplify_index(ModularIndexing(s1 * x0 + r0, 1, s1), rng, INFO)
+        assert m == ModularIndexing(r0, 1, s1), rng
+    # a divisor that is no size expression is left alone
+    assert simplify_index(FloorDiv(x1 * x0, x1), {x0: 4, x1: 4}, INFO) == FloorDiv(x0 * x1, x1)
+
+
+def test_an_int_divisor_against_a_symbolic_range_needs_its_upper_bound() -> None:
+    e = ModularIndexing(r0, 1, 16)
+    assert simplify_index(e, {r0: s1}, INFO) == e  # s1 unbounded: r0 may pass 16
+    assert simplify_index(e, {r0: s1}, info(upper1=16)) == r0  # s1 <= 16: r0 <= 15
+    assert simplify_index(e, {r0: s1}, info(upper1=17)) == e
+    # the same expression and ranges under two ShapeInfos: the cache keys on shapes
+    assert simplify_index(FloorDiv(r0, 16), {r0: s1}, info(upper1=16)) == 0
+    assert simplify_index(FloorDiv(r0, 16), {r0: s1}, INFO) == FloorDiv(r0, 16)
+
+
+def test_scale_down_by_a_symbolic_common_factor() -> None:
+    rng = {x0: s0, r0: 64 * s1}
+    assert simplify_index(FloorDiv(64 * s1 * x0 + r0, 128 * s1), rng, INFO) == FloorDiv(x0, 2)
+    assert simplify_index(ModularIndexing(64 * s1 * x0 + r0, 128 * s1, 3), rng, INFO) == ModularIndexing(x0, 2, 3)
+    # below 128*s1*s0 for every size: no modulus at all
+    assert simplify_index(ModularIndexing(64 * s1 * x0 + r0, 128 * s1, s0), rng, INFO) == FloorDiv(x0, 2)
+    wide = {x0: s0, r0: 64 * s1 + 1}  # the remainder may carry: kept
+    assert isinstance(simplify_index(FloorDiv(64 * s1 * x0 + r0, 128 * s1), wide, INFO), FloorDiv)
+
+
+def test_symbolic_coefficients_with_int_divisors() -> None:
+    rng = {x0: s0, x1: s1, x2: 4}
+    assert simplify_index(ModularIndexing(4 * s1 * x0 + 4 * x1 + x2, 1, 4), rng, INFO) == x2
+    assert simplify_index(FloorDiv(4 * s1 * x0 + 4 * x1 + x2, 4), rng, INFO) == s1 * x0 + x1
+
+
+def test_unflatten_then_simplify_gives_the_loop_symbols() -> None:
+    for size in ((s0, s1, 4), (s0, 3, s1), (4, s0, s1)):
+        flat = flatten((x0, x1, x2), size)
+        rng = dict(zip((x0, x1, x2), size))
+        assert [simplify_index(u, rng, INFO) for u in unflatten(flat, size)] == [x0, x1, x2], size
+
+
+def test_flatten_of_unflatten_gives_the_flat_index() -> None:
+    for size in ((s0, s1, 4), (s0, 3, s1), (s1, s0), (2, s1, 3, s0)):
+        back = flatten(unflatten(XINDEX, size), size)
+        assert back != XINDEX
+        assert simplify_index(back, {XINDEX: math.prod(size)}, INFO) == XINDEX, size
+
+
+def test_a_partial_round_trip_keeps_the_digits_it_cannot_merge() -> None:
+    # only the two inner digits of (s0, s1, 4): they merge into one modulus of 4*s1
+    size = (s0, s1, 4)
+    _, mid, inner = unflatten(XINDEX, size)
+    got = simplify_index(4 * mid + inner, {XINDEX: s0 * s1 * 4}, INFO)
+    assert got == ModularIndexing(XINDEX, 1, 4 * s1)
+
+
+# ---- soundness: the simplified index has the original's value at every size
+
+
+def _evaluate(e: sympy.Expr, values: dict[str, int]) -> int:
+    """The value of an index at ints for its symbols (by name), in Python ints."""
+    if e.is_Integer:
+        return int(e)
+    if isinstance(e, sympy.Symbol):
+        return values[e.name]
+    args = [_evaluate(a, values) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return sum(args)
+    if isinstance(e, sympy.Mul):
+        return math.prod(args)
+    if isinstance(e, sympy.Pow):
+        return int(args[0] ** args[1])
+    if isinstance(e, FloorDiv):
+        return args[0] // args[1]
+    if isinstance(e, ModularIndexing):
+        return (args[0] // args[1]) % args[2]
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        return max(args) if isinstance(e, sympy.Max) else min(args)
+    raise TypeError(f"cannot evaluate {e}")
+
+
+SIZES: list[Size] = [s0, s1, 2 * s1, s0 * s1, 3, 4, 1]
+DIVISORS: list[Size] = [s0, s1, 2 * s1, s0 * s1, 4 * s1, 2, 3, 4]
+
+
+@st.composite
+def _symbolic_index(draw: st.DrawFn) -> tuple[sympy.Expr, dict[sympy.Symbol, Size]]:
+    """A nonnegative index over x0, x1, r0 with symbolic ranges: a random
+    polynomial (coefficients of ints and size symbols) wrapped in FloorDiv /
+    ModularIndexing, or the unflatten of a flatten over other sizes (a view)."""
+    syms = [x0, x1, r0]
+    ranges = {s: draw(st.sampled_from(SIZES)) for s in syms}
+    if draw(st.booleans()):
+        dims = draw(st.lists(st.sampled_from(SIZES[:-1]), min_size=1, max_size=3))
+        order = draw(st.permutations(range(len(dims))))
+        idx = [syms[i] for i in range(len(dims))]
+        rng = dict(zip(idx, dims))
+        flat = flatten([idx[i] for i in order], [dims[i] for i in order])
+        view = draw(st.lists(st.sampled_from(SIZES[:-1]), min_size=1, max_size=3))
+        parts = unflatten(flat, view)
+        coeffs = draw(st.lists(st.sampled_from([1, 2, s1, 4 * s0]), min_size=len(parts), max_size=len(parts)))
+        return sympy.Add(*[c * p for c, p in zip(coeffs, parts)]), rng
+
+    def poly(depth: int) -> sympy.Expr:
+        terms = []
+        for _ in range(draw(st.integers(1, 3))):
+            c = draw(st.sampled_from([1, 2, 3, 4, s0, s1, 2 * s1, s0 * s1, 4 * s1]))
+            if depth and draw(st.integers(0, 2)) == 0:
+                inner = poly(depth - 1)
+                if draw(st.booleans()):
+                    terms.append(c * FloorDiv(inner, draw(st.sampled_from(DIVISORS))))
+                else:
+                    b = draw(st.sampled_from([1, 1, 2, s1] + DIVISORS))
+                    terms.append(c * ModularIndexing(inner, b, draw(st.sampled_from(DIVISORS))))
+            else:
+                terms.append(c * draw(st.sampled_from(syms)))
+        if draw(st.booleans()):
+            terms.append(draw(st.integers(0, 5)))
+        return sympy.Add(*terms)
+
+    return poly(2), ranges
+
+
+@settings(max_examples=400, deadline=None)
+@given(_symbolic_index(), st.sampled_from([None, 3, 5]), st.integers(0, 2**32 - 1))
+def test_simplify_index_is_sound_for_every_size(drawn: tuple[sympy.Expr, dict[sympy.Symbol, Size]],
+                                                upper: int | None, seed: int) -> None:
+    e, ranges = drawn
+    shapes = info(upper, upper)
+    out = simplify_index(e, ranges, shapes)
+    rnd = random.Random(seed)
+    hi = upper or 6
+    for size_values in [(2, 2), (hi, hi), (2, hi), (hi, 2)] + [(rnd.randint(2, hi), rnd.randint(2, hi)) for _ in range(4)]:
+        sv = {"s0": size_values[0], "s1": size_values[1]}
+        extents = {s: _evaluate(sympy.sympify(n), sv) for s, n in ranges.items()}
+        points = [{s: 0 for s in extents}, {s: n - 1 for s, n in extents.items()}]
+        points += [{s: rnd.randrange(n) for s, n in extents.items()} for _ in range(12)]
+        for p in points:
+            at = {**sv, **{s.name: v for s, v in p.items()}}
+            assert _evaluate(out, at) == _evaluate(e, at), (e, out, ranges, at)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_symbolic_index(), st.sampled_from([None, 4]), st.integers(0, 2**32 - 1))
+def test_index_range_holds_every_value_for_every_size(drawn: tuple[sympy.Expr, dict[sympy.Symbol, Size]],
+                                                      upper: int | None, seed: int) -> None:
+    e, ranges = drawn
+    shapes = info(upper, upper)
+    r = index_range(e, ranges, shapes)
+    if r is None:
+        return
+    rnd = random.Random(seed)
+    hi = upper or 6
+    for size_values in [(2, 2), (hi, hi), (rnd.randint(2, hi), rnd.randint(2, hi))]:
+        sv = {"s0": size_values[0], "s1": size_values[1]}
+        extents = {s: _evaluate(sympy.sympify(n), sv) for s, n in ranges.items()}
+        lo, up = (_evaluate(sympy.sympify(v), sv) for v in r)
+        for _ in range(12):
+            at = {**sv, **{s.name: rnd.randrange(n) for s, n in extents.items()}}
+            assert lo <= _evaluate(e, at) <= up, (e, r, at)
+
+
+# ---- value ranges and checks with symbolic loop sizes
+
+
+def _index_check(arg: sympy.Expr, size: Size, wrap: bool = False, dtype: torch.dtype = torch.int64) -> Check:
+    return Check(IndexExpr(arg, dtype), "index", size, 0, wrap)  # type: ignore[arg-type]
+
+
+def _status(c: Check, ranges: dict[sympy.Symbol, Size], shapes: ShapeInfo = INFO) -> str:
+    out = prove_checks(c, ranges, shapes)
+    checks = [e for e in walk(out) if isinstance(e, Check)]
+    return checks[0].status
+
+
+def test_a_symbolic_loop_symbol_has_a_symbolic_range() -> None:
+    assert value_range(IndexExpr(r0), ROW, shapes=INFO) == (0, s1 - 1)
+    assert index_range(s1 * x0 + r0, ROW, INFO) == (0, s0 * s1 - 1)
+    assert index_range(FloorDiv(r0, 4), ROW, INFO) == (0, FloorDiv(s1 - 1, 4))
+    assert index_range(ModularIndexing(r0, 1, s0), ROW, INFO) == (0, s0 - 1)
+    # an int32 value fits only where the sizes are bounded
+    assert value_range(IndexExpr(r0, torch.int32), ROW, shapes=INFO) == (-(2**31), 2**31 - 1)
+    assert value_range(IndexExpr(r0, torch.int32), ROW, shapes=info(upper1=1000)) == (0, s1 - 1)
+    # int64 holds every size (a size is an int64), not every product of them
+    assert value_range(IndexExpr(s1 * s1 * r0), ROW, shapes=INFO) == (-(2**63), 2**63 - 1)
+
+
+def test_an_index_within_its_symbolic_dim_is_proven() -> None:
+    assert _status(_index_check(r0, s1), ROW) == "proven"  # 0 <= r0 <= s1 - 1 < s1
+    # s1*x0 + r0 <= s0*s1 - 1 < s0*s1, once the sizes are bounded: unbounded, the
+    # int64 product might wrap for sizes in the ranges (each size is below 2**63,
+    # their product need not be), and the check stays
+    assert _status(_index_check(s1 * x0 + r0, s0 * s1), ROW, info(2**20, 2**20)) == "proven"
+    assert _status(_index_check(s1 * x0 + r0, s0 * s1), ROW) == "checked"
+    assert _status(_index_check(r0, 2 * s1), ROW) == "proven"
+    # an int dim: only with a known upper bound of s1
+    assert _status(_index_check(r0, 16), ROW) == "checked"
+    assert _status(_index_check(r0, 16), ROW, info(upper1=16)) == "proven"
+    assert _status(_index_check(r0, 16), ROW, info(upper1=17)) == "checked"
+
+
+def test_an_index_that_may_leave_its_symbolic_dim_keeps_its_check() -> None:
+    assert _status(_index_check(r0 + 1, s1), ROW) == "checked"
+    assert _status(_index_check(r0, s1 - 1), ROW) == "checked"
+    assert _status(_index_check(r0, s0), ROW) == "checked"  # s0 may be smaller than s1
+    assert _status(_index_check(r0, s0), {x0: s0, r0: s1}, info()) == "checked"
+    assert _status(_index_check(r0 - 1, s1), ROW) == "checked"  # -1 at r0 = 0
+    assert _status(_index_check(r0 - 1, s1, wrap=True), ROW) == "proven"  # wraps to the end
+    assert _status(_index_check(x0, s1), {x0: s1}) == "proven"
+    assert _status(_index_check(x0, 4), {x0: s1}) == "checked"
+
+
+def test_divisor_checks_and_recorded_ranges() -> None:
+    plus_one = Op("add", (IndexExpr(r0), Constant(1, torch.int64)), torch.int64)
+    c = prove_checks(Check(plus_one, "division"), ROW, INFO)
+    assert isinstance(c, Check) and c.status == "proven"
+    assert c.range == (1, 2**63 - 1)  # the ints over every size: s1 is at most 2**63 - 1
+    bare = prove_checks(Check(IndexExpr(r0), "division"), ROW, INFO)
+    assert isinstance(bare, Check) and bare.status == "checked"
+    # an op without a symbolic rule uses the ends' bounds: r0 % 7 is in [0, 6]
+    rem = Op("remainder", (IndexExpr(r0), Constant(7, torch.int64)), torch.int64)
+    assert value_range(rem, ROW, shapes=INFO) == (0, 6)
+    assert _status(Check(rem, "index", 7), ROW) == "proven"
+
+
+def test_symbolic_arithmetic_of_ranges() -> None:
+    sub = Op("sub", (IndexExpr(s1 - 1 - r0), Constant(0, torch.int64)), torch.int64)
+    assert value_range(sub, ROW, shapes=INFO) == (0, s1 - 1)
+    assert _status(Check(sub, "index", s1), ROW) == "proven"  # a flip  # type: ignore[arg-type]
+    mx = Op("maximum", (IndexExpr(r0), Constant(3, torch.int64)), torch.int64)
+    assert value_range(mx, ROW, shapes=INFO) == (3, sympy.Max(3, s1 - 1))
+    assert _status(Check(mx, "index", s1 + 3), ROW) == "proven"  # type: ignore[arg-type]
+    assert _status(Check(mx, "index", s1), ROW) == "checked"  # 3 at s1 = 2  # type: ignore[arg-type]
+    mn = Op("minimum", (IndexExpr(r0), Constant(3, torch.int64)), torch.int64)
+    assert _status(Check(mn, "index", 4), ROW) == "proven"
+
+
+def _load(index: Sequence[sympy.Expr], mask: Expr | None = None) -> Load:
+    return Load("a", tuple(index), torch.float32, mask)
+
+
+def test_load_in_bounds_with_symbolic_sizes() -> None:
+    assert load_in_bounds(_load((x0, r0)), (s0, s1), ROW, INFO)
+    assert load_in_bounds(_load((s1 * x0 + r0,)), (s0 * s1,), ROW, INFO)
+    assert not load_in_bounds(_load((x0, r0 + 1)), (s0, s1), ROW, INFO)
+    assert not load_in_bounds(_load((s1 * x0 + r0,)), (s0 * s1 - 1,), ROW, INFO)
+    assert not load_in_bounds(_load((x0, r0)), (s0, 4), ROW, INFO)
+    assert not load_in_bounds(_load((r0, x0)), (s0, s1), ROW, INFO)  # transposed sizes differ
+
+
+def test_a_mask_narrows_a_symbolic_range() -> None:
+    lt4 = Op("lt", (IndexExpr(r0), Constant(4, torch.int64)), torch.bool)
+    assert mask_ranges(lt4, ROW, INFO)[r0] == (0, sympy.Min(3, s1 - 1))
+    assert load_in_bounds(_load((x0, r0), lt4), (s0, 4), ROW, INFO)
+    ge1 = Op("ge", (IndexExpr(r0), Constant(1, torch.int64)), torch.bool)
+    assert load_in_bounds(_load((x0, r0 - 1), ge1), (s0, s1), ROW, INFO)  # a shifted read of a padded row
+    assert not load_in_bounds(_load((x0, r0 - 1)), (s0, s1), ROW, INFO)
+    assert not load_in_bounds(_load((x0, r0), ge1), (s0, s1 - 1), ROW, INFO)
+
+
+def test_static_ranges_are_ints_as_before() -> None:
+    assert value_range(IndexExpr(2 * x0 - x1 + 1), {x0: 4, x1: 8}) == (-6, 7)
+    assert index_range(x0, {x0: 0}) is None  # an empty static loop: unknown, as before
+    assert mask_ranges(None, {x0: 4}, EMPTY) == {x0: (0, 3)}
