@@ -25,6 +25,12 @@ class IndexPrinter:
     def __call__(self, e: sympy.Expr) -> str:
         return self.p(sympy.sympify(e))
 
+    def operand(self, e: sympy.Expr) -> str:
+        """A divisor or modulus: a symbolic product in parentheses (a / (32*s0)),
+        since / and % bind as tightly as *."""
+        text = self.p(e)
+        return text if e.is_Integer or e.is_Symbol or text.startswith("(") else f"({text})"
+
     def p(self, e: sympy.Expr) -> str:
         if e.is_Integer:
             return str(int(e))
@@ -49,11 +55,11 @@ class IndexPrinter:
             return "*".join(parts)
         if isinstance(e, FloorDiv):
             a, b = e.args
-            return f"({self.p(a)} {self.floordiv} {self.p(b)})"
+            return f"({self.p(a)} {self.floordiv} {self.operand(b)})"
         if isinstance(e, ModularIndexing):
             a, b, c = e.args
-            inner = self.p(a) if b == 1 else f"({self.p(a)} {self.floordiv} {self.p(b)})"
-            return f"({inner} {self.mod} {self.p(c)})"
+            inner = self.p(a) if b == 1 else f"({self.p(a)} {self.floordiv} {self.operand(b)})"
+            return f"({inner} {self.mod} {self.operand(c)})"
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             return "*".join([self.p(e.base)] * int(e.exp))
         raise ValueError(f"cannot print index {e}")

@@ -39,8 +39,11 @@ MIB = 1 << 20
 # ---- small formatting helpers --------------------------------------------------------------
 
 
-def fmt_bytes(n: int) -> str:
-    """Bytes in the unit a person reads fastest: 256 B, 96.2 KiB, 1.25 MiB."""
+def fmt_bytes(n: Any) -> str:
+    """Bytes in the unit a person reads fastest: 256 B, 96.2 KiB, 1.25 MiB; a
+    symbolic size as its expression (4*s0*s1 B)."""
+    if not isinstance(n, (int, float)):
+        return f"{n} B"
     if n < 1024:
         return f"{n} B"
     value = float(n)

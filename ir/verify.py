@@ -74,8 +74,8 @@ def fail(ir: Any, stage: str, node: str, rule: str) -> None:
     )
 
 
-def _symbols_ok(body: Expr, nx: int, nr: int) -> sympy.Symbol | None:
-    allowed = {f"x{i}" for i in range(nx)} | {f"r{i}" for i in range(nr)}
+def _symbols_ok(body: Expr, nx: int, nr: int, sizes: frozenset[str] = frozenset()) -> sympy.Symbol | None:
+    allowed = {f"x{i}" for i in range(nx)} | {f"r{i}" for i in range(nr)} | sizes  # and the graph's size symbols
     for e in walk(body):
         exprs: Iterable[sympy.Expr] = (
             e.index if isinstance(e, (Load, IndirectLoad)) else (e.expr,) if isinstance(e, IndexExpr) else ())
@@ -111,7 +111,7 @@ def verify_lowered(g: LoweredGraph, stage: str) -> None:
                 elif len(ld.index) != seen[ld.name]:
                     fail(g, stage, n.name, f"L2 loads {ld.name} with {len(ld.index)} indices, it has {seen[ld.name]} dims")
             nr = len(n.reduction_ranges) if isinstance(n, Reduction) else 0
-            bad = _symbols_ok(n.body, len(n.ranges), nr)
+            bad = _symbols_ok(n.body, len(n.ranges), nr, frozenset(x.name for x in g.sizes.shapes.symbols))
             if bad is not None:
                 fail(g, stage, n.name, f"L3 uses symbol {bad} outside its loops")
             mask = _bad_mask(n.body)
@@ -149,7 +149,8 @@ def verify_buffers(g: BufferGraph, stage: str) -> None:
                     fail(g, stage, b.name, f"B2 loads {ld.name}, not an input or earlier buffer")
                 elif rank[ld.name] >= 0 and len(ld.index) != rank[ld.name]:
                     fail(g, stage, b.name, f"B2 loads {ld.name} with {len(ld.index)} indices, it has {rank[ld.name]} dims")
-            bad = _symbols_ok(b.body, len(b.ranges), len(b.reduction_ranges))
+            bad = _symbols_ok(b.body, len(b.ranges), len(b.reduction_ranges),
+                              frozenset(x.name for x in g.sizes.shapes.symbols))
             if bad is not None:
                 fail(g, stage, b.name, f"B4 uses symbol {bad} outside its loops")
             mask = _bad_mask(b.body)

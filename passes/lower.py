@@ -35,7 +35,7 @@ from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
 from coil.passes.layout import prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS
-from coil.passes.lowerings.registry import LowerCtx, TensorValue, find_lowering
+from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering
 from coil.passes.symbolic import STATIC, SizeMap, size_arith
 
 log = logging.getLogger("coil.trace")
@@ -251,7 +251,11 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
     if fn is not None:
         mark = len(ctx.nodes)
         ctx.arg_vals = tuple(vals.get(a.name) if isinstance(a, torch.fx.Node) else None for a in node.args)
-        out = fn(ctx, *args, **kwargs)
+        try:
+            out = fn(ctx, *args, **kwargs)
+        except NeedsStaticSizes as e:
+            log.debug("lower %s: %s -> extern fallback (%s)", node.name, target, e)
+            out = NotImplemented
         if out is not NotImplemented:
             log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)
             return out

@@ -14,6 +14,7 @@ evaluating the producer's body right here (an inner node).
 from __future__ import annotations
 
 import itertools
+from typing import Any
 import math
 from collections.abc import Mapping
 
@@ -43,6 +44,11 @@ from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 
 cpp_index = IndexPrinter(floordiv="/", mod="%")
+
+
+def _sz(size: Any) -> str:
+    """A check's size: a literal, or a parenthesized expression of size arguments."""
+    return str(size) if isinstance(size, int) else f"({cpp_index(size)})"
 
 
 @attrs.define
@@ -142,9 +148,10 @@ class LoopCheck:
     def report(self) -> list[str]:
         if self.kind == "divisor":
             return [f"if ({self.hi}) coil_fail({self.code}, 0, 0, 0);"]
-        lowest = -self.size if self.wrap else 0
-        return [f"if ({self.hi} >= {self.size}) coil_fail({self.code}, {self.hi}, {self.size}, {self.dim});",
-                f"else if ({self.lo} < {lowest}) coil_fail({self.code}, {self.lo}, {self.size}, {self.dim});"]
+        size = _sz(self.size)
+        lowest = (-self.size if isinstance(self.size, int) else f"-{size}") if self.wrap else 0
+        return [f"if ({self.hi} >= {size}) coil_fail({self.code}, {self.hi}, {size}, {self.dim});",
+                f"else if ({self.lo} < {lowest}) coil_fail({self.code}, {self.lo}, {size}, {self.dim});"]
 
 
 class CppHandler:
@@ -225,10 +232,10 @@ class CppHandler:
         v = f"static_cast<int64_t>({arg})"
         if node.checked:
             wrap = "true" if node.wrap else "false"
-            return self.emit(torch.int64, f"coil_check_index({v}, {node.size}, {wrap}, {code}, {node.dim})")
+            return self.emit(torch.int64, f"coil_check_index({v}, {_sz(node.size)}, {wrap}, {code}, {node.dim})")
         if node.may_be_negative:
             v = self.emit(torch.int64, v)
-            return self.emit(torch.int64, f"({v} < 0 ? {v} + {node.size} : {v})")
+            return self.emit(torch.int64, f"({v} < 0 ? {v} + {_sz(node.size)} : {v})")
         return self.emit(torch.int64, v)
 
     def loop_check(self, node: Check, arg: str, code: int) -> str:
@@ -242,8 +249,9 @@ class CppHandler:
         v = self.emit(torch.int64, f"static_cast<int64_t>({arg})")
         self.lines.append(f"{hi} = {v} > {hi} ? {v} : {hi}; {lo} = {v} < {lo} ? {v} : {lo};")
         if node.wrap:
-            v = self.emit(torch.int64, f"({v} < 0 ? {v} + {node.size} : {v})")
-        return self.emit(torch.int64, f"(static_cast<uint64_t>({v}) < {node.size}ULL ? {v} : INT64_C(0))")
+            v = self.emit(torch.int64, f"({v} < 0 ? {v} + {_sz(node.size)} : {v})")
+        bound = f"{node.size}ULL" if isinstance(node.size, int) else f"static_cast<uint64_t>({_sz(node.size)})"
+        return self.emit(torch.int64, f"(static_cast<uint64_t>({v}) < {bound} ? {v} : INT64_C(0))")
 
     def constant(self, node: Constant) -> str:
         v = node.value

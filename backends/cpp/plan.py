@@ -6,6 +6,7 @@ streamed stores are staged and streamed out."""
 from __future__ import annotations
 
 import math
+from typing import Any
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -106,16 +107,26 @@ def parallel_pragma(par: Parallel, options: Options) -> str:
     return f"omp parallel for{collapsed} schedule(dynamic, {par.chunk}){threads}"
 
 
+def cpp_size(v: Any) -> str:
+    """A size in C++: a literal, or an expression of the kernel's int64_t size
+    arguments."""
+    from coil.backends.cpp.handler import cpp_index
+
+    return str(v) if isinstance(v, int) else cpp_index(v)
+
+
 def dim_bound(nest: Nest, i: int, reduction: bool) -> str:
     """Trip count of dim i.  The outermost loop runs to `xnumel / (inner sizes)`
     (`rnumel / ...`): the kernel's trip counts come from its size arguments, its
     index arithmetic from constants."""
     dims = nest.rdims if reduction else nest.xdims
     if i > 0:
-        return str(dims[i].size)
+        return cpp_size(dims[i].size)
     inner = math.prod(d.size for d in dims[1:])
     size = "rnumel" if reduction else "xnumel"
-    return f"{size} / {inner}" if inner != 1 else size
+    if isinstance(inner, int):
+        return f"{size} / {inner}" if inner != 1 else size
+    return f"{size} / ({cpp_size(inner)})"  # a symbolic product, whole
 
 
 # ---- nodes -----------------------------------------------------------------------------------------

@@ -469,7 +469,10 @@ class ReductionEmitter:
             nd = a.node
             if a.kind == "welford_m2" and not a.second_pass:
                 mean = self.ctx.fresh("mean")
-                body.append(f"const {a.ctype} {mean} = {a.acc} / {a.ctype}({max(self.rnumel, 1)});")
+                from coil.backends.cpp.plan import cpp_size
+
+                count = max(self.rnumel, 1) if isinstance(self.rnumel, int) else cpp_size(self.rnumel)
+                body.append(f"const {a.ctype} {mean} = {a.acc} / {a.ctype}({count});")
                 self.keep_mean(nd.buf.name, mean, a.ctype, body)
                 continue
             result, rdtype = a.acc, a.dtype

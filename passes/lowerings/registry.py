@@ -35,6 +35,11 @@ LOWERINGS: dict[Any, Lowering] = {}
 HALF = (torch.float16, torch.bfloat16)
 
 
+class NeedsStaticSizes(CoilError):
+    """A lowering met symbolic sizes it cannot take: lower runs that op as an
+    Extern instead (the rest of the graph still compiles)."""
+
+
 @attrs.frozen
 class TensorValue:
     """A tensor during lowering: the IR node that produces it."""
@@ -55,9 +60,13 @@ class TensorValue:
         """Element `index`; with a `mask`, read only where it holds (0 elsewhere)."""
         return Load(self.name, tuple(index), self.dtype, mask)
 
-    def meta(self) -> torch.Tensor:
-        """An empty meta tensor of this shape and dtype (for type promotion, which
-        reads only the rank: a symbolic size stands in as 2)."""
+    def meta(self, rank_only: bool = False) -> torch.Tensor:
+        """An empty meta tensor of this shape and dtype.  Symbolic sizes have no
+        meta tensor: a lowering that asks for one declines (the op runs as an
+        Extern), unless only the rank matters (type promotion): then a symbolic
+        size stands in as 2."""
+        if not rank_only and not all(isinstance(s, int) for s in self.size):
+            raise NeedsStaticSizes(f"{self.name} has symbolic sizes {list(self.size)}")
         return torch.empty(tuple(s if isinstance(s, int) else 2 for s in self.size), dtype=self.dtype, device="meta")
 
 
@@ -208,7 +217,7 @@ def promote(
     args: Iterable[Any], kind: ELEMENTWISE_TYPE_PROMOTION_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 ) -> tuple[torch.dtype, torch.dtype]:
     """aten's type promotion: (compute dtype, result dtype)."""
-    metas = [a.meta() if is_tensor(a) else a for a in args if is_tensor(a) or isinstance(a, (bool, int, float))]
+    metas = [a.meta(rank_only=True) if is_tensor(a) else a for a in args if is_tensor(a) or isinstance(a, (bool, int, float))]
     # 0-d tensors promote like scalars unless all are 0-d; torch handles that on meta tensors
     compute, result = elementwise_dtypes(*metas, type_promotion_kind=kind)
     return compute, result
