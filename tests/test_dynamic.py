@@ -30,6 +30,9 @@ def _seed(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 CASES: dict[str, tuple[Callable[..., Any], Callable[[int, int], tuple[torch.Tensor, ...]]]] = {
     "seed": (_seed, lambda b, s: (torch.randn(b, s), torch.randn(b, s))),
     "softmax": (lambda x: torch.softmax(x, -1), lambda b, s: (torch.randn(b, s),)),
+    "layer_norm": (lambda x, w, bias: F.layer_norm(x, (32,), w, bias),
+                   lambda b, s: (torch.randn(b, s, 32), torch.randn(32), torch.randn(32))),
+    "cross_entropy": (lambda x, t: F.cross_entropy(x, t), lambda b, s: (torch.randn(b, s), torch.randint(0, s, (b,)))),
 }
 
 
@@ -80,6 +83,46 @@ def test_automatic_dynamic_serves_later_sizes(target: str) -> None:
         torch.testing.assert_close(f(*args), fn(*args))
     assert counters["coil"]["compiled"] == 2 and counters["coil"]["symbolic"] == 1
     assert counters["coil"]["eager"] == 0
+
+
+@pytest.mark.parametrize("target", ["cpp", "reference"])
+def test_transformer_block_forward_and_backward(target: str) -> None:
+    """A transformer encoder layer in training (attention, layer norms, the MLP):
+    one forward and one backward graph for every batch size and sequence length,
+    outputs and every parameter's gradient as eager's."""
+    import copy
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    ref = copy.deepcopy(layer)
+    f = _compiled(layer, target, dynamic=True)
+    for b, s in SIZES:
+        x = torch.randn(b, s, 32)
+        out, want = f(x), ref(x)
+        torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+        out.sum().backward()
+        want.sum().backward()
+        for p, q in zip(layer.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-3, rtol=1e-3)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["coil"]["compiled"] == 2 and counters["coil"]["eager"] == 0
+
+
+def test_hf_gpt2_from_config() -> None:
+    """GPT-2 (random weights from a config) in inference: one graph for three
+    batch sizes and three sequence lengths."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256, n_positions=128,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    f = _compiled(model, "cpp", dynamic=True)
+    with torch.no_grad():
+        for b, s in SIZES:
+            ids = torch.randint(0, 256, (b, s))
+            torch.testing.assert_close(f(ids).logits, model(ids).logits, atol=1e-4, rtol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
 
 
 def test_option_off_runs_symbolic_graphs_eagerly() -> None:

@@ -29,10 +29,17 @@ import torch
 
 from coil.errors import CoilError
 from coil.ir.expr import xsyms
-from coil.ir.indexing import flatten, ranges_of, simplify_index, strided_offset, unflatten
+from coil.ir.indexing import FloorDiv, flatten, ranges_of, simplify_index, strided_offset, unflatten
 from coil.ir.shapes import Size, is_static, norm, same_size
 from coil.ir.shapes import sizes as to_sizes
-from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, normalize_dim, register_lowering
+from coil.passes.lowerings.registry import (
+    LowerCtx,
+    NeedsStaticSizes,
+    TensorValue,
+    constant,
+    normalize_dim,
+    register_lowering,
+)
 
 
 aten = torch.ops.aten
@@ -155,6 +162,8 @@ def slice_(ctx: LowerCtx, x: TensorValue, dim: int = 0, start: Any = None, end: 
     if step <= 0:
         raise CoilError(f"slice: step must be positive, got {step}")
     dim = normalize_dim(dim, x.ndim)
+    if not is_static((x.size[dim], start or 0, end or 0)):
+        return _symbolic_slice(ctx, x, dim, start, end, step)
     begin, stop, stride = slice(start, end, step).indices(x.size[dim])
     out = list(x.size)
     out[dim] = len(range(begin, stop, stride))
@@ -163,10 +172,49 @@ def slice_(ctx: LowerCtx, x: TensorValue, dim: int = 0, start: Any = None, end: 
     return _view(ctx, x, out, index)
 
 
+def _symbolic_slice(ctx: LowerCtx, x: TensorValue, dim: int, start: Any, end: Any, step: int) -> TensorValue:
+    """A slice where the size or a bound is symbolic: Python's clamping, proved
+    for every size instead of computed (0 <= begin <= end <= size); where it
+    cannot be, the op runs as an Extern."""
+    n = x.size[dim]
+    shapes = ctx.sizes.shapes
+
+    def bound(v: Any, default: Size) -> Size:
+        if v is None or (isinstance(v, int) and v >= 2**62):  # x[a:] arrives as end = sys.maxsize
+            return default
+        v = norm(v)
+        return norm(n + v) if isinstance(v, int) and v < 0 else v
+
+    begin, stop = bound(start, 0), bound(end, n)
+    if not (shapes.known_le(0, begin) and shapes.known_le(begin, stop)):
+        raise NeedsStaticSizes(f"slice [{start}:{end}] of size {n}: bounds not provably in order")
+    if not shapes.known_le(stop, n):
+        if shapes.known_le(n, stop):
+            stop = n  # past the end: clamped
+        else:
+            raise NeedsStaticSizes(f"slice [{start}:{end}] of size {n}: its end may pass the size or not")
+    length = norm(stop - begin) if step == 1 else norm(FloorDiv(stop - begin + step - 1, step))
+    out = list(x.size)
+    out[dim] = length
+    index = list(xsyms(len(out)))
+    index[dim] = begin + step * index[dim]
+    return _view(ctx, x, out, index)
+
+
 @register_lowering(aten.select.int)
 def select(ctx: LowerCtx, x: TensorValue, dim: int, index: int) -> TensorValue:
     dim = normalize_dim(dim, x.ndim)
     n = x.size[dim]
+    if not is_static((n, index)):
+        shapes = ctx.sizes.shapes
+        at = norm(index)
+        if isinstance(at, int) and at < 0:
+            at = norm(n + at)
+        if not (shapes.known_le(0, at) and shapes.known_lt(at, n)):
+            raise NeedsStaticSizes(f"select {index} of size {n}: not provably inside")
+        out = [s for i, s in enumerate(x.size) if i != dim]
+        xs = iter(xsyms(len(out)))
+        return _view(ctx, x, out, [sympy.sympify(at) if i == dim else next(xs) for i in range(x.ndim)])
     if not -n <= index < n:
         raise CoilError(f"select: index {index} out of range for size {n}")
     out = [s for i, s in enumerate(x.size) if i != dim]
