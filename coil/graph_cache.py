@@ -80,6 +80,21 @@ def _input_key(x: Any) -> str:
     return f"V{type(x).__name__}:{x!r}"
 
 
+def _symbol_ranges(example_inputs: Sequence[Any]) -> list[str]:
+    """The ranges of a symbolic graph's size symbols (none for a static graph): code
+    compiled for a bounded range (a persistent reduction under mark_dynamic's max)
+    must not serve a wider one.  The hints are left out: they tune the code, and it
+    is right for every size in the ranges, so one entry serves every batch size."""
+    from coil.errors import CoilError
+    from coil.passes.symbolic import SizeMap
+
+    try:
+        sm = SizeMap.of(example_inputs)
+    except CoilError as e:  # sizes lower refuses: the compile fails the same way, cached or not
+        return [f"unkeyed: {e}"]
+    return [f.show().split(" hint ")[0] for f in sm.shapes.facts]
+
+
 def _interpreter() -> str:
     # Triton's interpreter mode changes the source made for CUDA tensors (no libdevice, no bound launches)
     return f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
@@ -96,7 +111,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: 
     # torch's deterministic mode changes what lower makes (embedding gradients: embedding_dense_backward)
     parts = [coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(), gm.code,
              f"deterministic={torch.are_deterministic_algorithms_enabled()}",
-             *map(_input_key, example_inputs), repr(sorted(opts.items()))]
+             *map(_input_key, example_inputs), repr(sorted(opts.items())), *_symbol_ranges(example_inputs)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 

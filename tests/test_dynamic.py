@@ -188,3 +188,43 @@ def test_shape_info_proves_over_ranges_and_hints_for_speed() -> None:
 
     assert py_size(FloorDiv(s0 * s1, 2) + s0) == "s0 + (s0*s1 // 2)"
     assert isinstance(sympy.expand(s0 - s0), sympy.Integer)
+
+
+def test_graph_cache_serves_another_batch_size(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph cache keys a symbolic graph by its code, its inputs' symbolic
+    sizes and their ranges, not the sizes of the first call: compiled at batch 8,
+    the entry serves batch 13 after a reset, without running the pipeline."""
+    from coil.passes.pipeline import Pipeline
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, -1) * 2
+
+    opts = {"target": "cpp", "cache_dir": str(tmp_path), "eager_fallback": False}
+    torch._dynamo.reset()
+    with torch.no_grad():
+        x = torch.randn(8, 40)
+        torch.testing.assert_close(torch.compile(fn, backend="coil", dynamic=True, options=opts)(x), fn(x))
+
+    def forbid(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the pipeline ran: the cache missed")
+
+    monkeypatch.setattr(Pipeline, "run", forbid)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        x = torch.randn(13, 40)
+        torch.testing.assert_close(torch.compile(fn, backend="coil", dynamic=True, options=opts)(x), fn(x))
+    torch._dynamo.reset()
+
+
+def test_graph_cache_keys_symbol_ranges() -> None:
+    """A graph compiled for a bounded range (mark_dynamic's max) has another key
+    than the same graph over an unbounded one."""
+    from coil.graph_cache import _symbol_ranges
+    from tests_helpers import capture_aot
+
+    _, unbounded = capture_aot(lambda x: x * 2, (torch.randn(8, 4),))
+    x = torch.randn(8, 4)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    _, bounded = capture_aot(lambda x: x * 2, (x,))
+    assert _symbol_ranges(unbounded) != _symbol_ranges(bounded)
+    assert any("[2, 64]" in r for r in _symbol_ranges(bounded))
