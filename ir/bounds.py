@@ -41,7 +41,7 @@ import torch
 
 from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rewrite, walk
 from coil.ir.indexing import FloorDiv, ModularIndexing
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, is_size_symbol, norm
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, _to_torch, is_size_symbol, norm
 
 IntRange = tuple[int, int]
 Range = tuple[Size, Size]  # ints on a static graph; ends may be size expressions
@@ -62,15 +62,6 @@ def dtype_range(dt: torch.dtype) -> IntRange | None:
 
 def _static(r: Range) -> bool:
     return isinstance(r[0], int) and isinstance(r[1], int)
-
-
-def _to_torch(e: sympy.Expr) -> sympy.Expr:
-    from torch.utils._sympy import functions as tf
-
-    if not e.has(FloorDiv, ModularIndexing):
-        return e
-    return e.replace(FloorDiv, lambda a, b: tf.FloorDiv(a, b)).replace(
-        ModularIndexing, lambda a, b, c: tf.ModularIndexing(a, b, c))
 
 
 @functools.lru_cache(maxsize=8192)

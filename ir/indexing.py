@@ -5,6 +5,14 @@ as sympy functions, plus the range-aware simplification that turns
 Every index expression in coil is a polynomial of loop symbols with integer
 coefficients, wrapped at most in FloorDiv / ModularIndexing.  Ranges (the size of
 each symbol's loop) are passed explicitly; nothing is global.
+
+With dynamic shapes, coefficients, divisors and ranges may be expressions of size
+symbols (ir/shapes.py): a softmax over (s0, s1) loads `s1*x0 + r0` over
+{x0: s0, r0: s1}.  The rules are the same, a divisor `b` taking out the terms that
+are syntactic multiples of it (`64*s1*x0` of `64*s1`), and each `rest < b` they
+need a `ShapeInfo.known_lt` proof over the size symbols' ranges: where none holds
+for every size, the expression stays as it is (correct, less simplified).  Static
+graphs see only ints and take the int code, as before.
 """
 
 from __future__ import annotations
@@ -368,6 +376,8 @@ def _digit(term: sympy.Expr) -> tuple[Size, sympy.Expr, Size, Size | None] | Non
         return int(c), rest.args[0], int(rest.args[1]), int(rest.args[2])
     if isinstance(rest, FloorDiv) and rest.args[1].is_Integer:
         return int(c), rest.args[0], int(rest.args[1]), None
+    if not isinstance(rest, (sympy.Mul, FloorDiv, ModularIndexing)):
+        return None
     # symbolic: one FloorDiv / ModularIndexing factor, the others sizes
     factors = sympy.Mul.make_args(rest)
     digits = [f for f in factors if isinstance(f, (FloorDiv, ModularIndexing))]

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coil.ir.bounds import index_range, load_in_bounds, mask_ranges, prove_checks, value_range
-from coil.ir.expr import Check, Constant, Expr, IndexExpr, Load, Op, rsyms, walk, xsyms
+from coil.backends.reference import ReferenceHandler, loop_env
+from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, Load, Op, evaluate, rewrite, rsyms, walk, xsyms
 from coil.ir.indexing import FloorDiv, ModularIndexing, flatten, simplify_index, unflatten
 from coil.ir.shapes import EMPTY, ShapeInfo, Size, SymbolFacts, size_symbol
 
@@ -350,3 +351,86 @@ def test_static_ranges_are_ints_as_before() -> None:
     assert value_range(IndexExpr(2 * x0 - x1 + 1), {x0: 4, x1: 8}) == (-6, 7)
     assert index_range(x0, {x0: 0}) is None  # an empty static loop: unknown, as before
     assert mask_ranges(None, {x0: 4}, EMPTY) == {x0: (0, 3)}
+
+
+@st.composite
+def _symbolic_int_expr(draw: st.DrawFn, depth: int = 0) -> Expr:
+    """A small integer body over x0 in [0, s0) and x1 in [0, s1): iotas with size
+    symbols in them, constants, and the ops value_range knows (symbolic rules for
+    some, the ends' int bounds for the others)."""
+    dt = draw(st.sampled_from([torch.int64, torch.int64, torch.int32]))
+    if depth >= 3 or draw(st.integers(0, 3)) == 0:
+        if draw(st.booleans()):
+            a = draw(st.sampled_from([0, 1, 2, -1, s1, -s1]))
+            b = draw(st.sampled_from([0, 1, 3, -2]))
+            c = draw(st.sampled_from([0, 2, -3, s0, s1 - 1, -s0]))
+            return IndexExpr(a * x0 + b * x1 + c, dt)
+        return Constant(draw(st.integers(-7, 7)), dt)
+    name = draw(st.sampled_from(["add", "sub", "mul", "maximum", "minimum", "neg", "abs", "where", "floordiv",
+                                 "remainder", "relu", "sign"]))
+    a = draw(_symbolic_int_expr(depth + 1))
+    if name in ("neg", "abs", "relu", "sign"):
+        return Op(name, (a,), a.dtype)
+    b = draw(_symbolic_int_expr(depth + 1))
+    if b.dtype != a.dtype:
+        b = Cast(b, a.dtype)
+    if name == "where":
+        return Op("where", (Op("lt", (a, b), torch.bool), a, b), a.dtype)
+    if name in ("floordiv", "remainder"):
+        b = Check(Op("add", (Op("abs", (b,), a.dtype), Constant(1, a.dtype)), a.dtype), "division")
+    return Op(name, (a, b), a.dtype)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_symbolic_int_expr(), st.sampled_from([None, 5]), st.integers(2, 5), st.integers(2, 5))
+def test_value_range_holds_every_value_for_every_size(expr: Expr, upper: int | None, v0: int, v1: int) -> None:
+    shapes = info(upper, upper)
+    r = value_range(expr, {x0: s0, x1: s1}, shapes=shapes)
+    assert r is not None
+    at = {s0: sympy.Integer(v0), s1: sympy.Integer(v1)}
+    concrete = rewrite(expr, lambda e: IndexExpr(e.expr.xreplace(at), e.dtype) if isinstance(e, IndexExpr) else None)
+    cpu = torch.device("cpu")
+    got = evaluate(concrete, ReferenceHandler(loop_env((v0, v1), (), cpu), {}, {}, cpu))
+    lo, hi = (_evaluate(sympy.sympify(v), {"s0": v0, "s1": v1}) for v in r)
+    assert lo <= int(got.min()) and int(got.max()) <= hi, (expr, r, got)
+
+
+@st.composite
+def _symbolic_masked_load(draw: st.DrawFn) -> tuple[Load, tuple[Size, Size]]:
+    """A load over x0 in [0, s0), x1 in [0, s1) at a shifted index of a tensor with
+    symbolic or int dims, masked by comparisons of a symbol with a constant (which
+    the analysis reads) and of an expression (which it must not trust)."""
+    tests: list[Expr] = []
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from(["lt", "le", "gt", "ge", "eq", "expr"]))
+        sym = draw(st.sampled_from([x0, x1]))
+        c = draw(st.integers(-1, 6))
+        if kind == "expr":
+            tests.append(Op("lt", (IndexExpr(sym - 3), Constant(c, torch.int64)), torch.bool))
+        else:
+            tests.append(Op(kind, (IndexExpr(sym), Constant(c, torch.int64)), torch.bool))
+    mask: Expr | None = None
+    for t in tests:
+        mask = t if mask is None else Op("logical_and", (mask, t), torch.bool)
+    index = (x0 + draw(st.integers(-2, 2)), draw(st.sampled_from([1, 2, -1])) * x1 + draw(st.sampled_from([0, 1, -1, s1])))
+    size = (draw(st.sampled_from([s0, s0 + 1, s0 - 1, 3, s1])), draw(st.sampled_from([s1, 2 * s1, s1 + 1, 4, s0 * s1])))
+    return Load("a", index, torch.float32, mask), size
+
+
+@settings(max_examples=300, deadline=None)
+@given(_symbolic_masked_load(), st.sampled_from([None, 5]), st.integers(2, 5), st.integers(2, 5))
+def test_load_in_bounds_is_sound_for_every_size(drawn: tuple[Load, tuple[Size, Size]], upper: int | None,
+                                                v0: int, v1: int) -> None:
+    ld, size = drawn
+    if not load_in_bounds(ld, size, {x0: s0, x1: s1}, info(upper, upper)):
+        return
+    sv = {"s0": v0, "s1": v1}
+    at = {s0: sympy.Integer(v0), s1: sympy.Integer(v1)}
+    cpu = torch.device("cpu")
+    holds = torch.ones(v0, v1, dtype=torch.bool) if ld.mask is None else torch.broadcast_to(
+        evaluate(ld.mask, ReferenceHandler(loop_env((v0, v1), (), cpu), {}, {}, cpu)), (v0, v1))
+    dims = [_evaluate(sympy.sympify(n), sv) for n in size]
+    for p0, p1 in holds.nonzero().tolist():
+        point = {**sv, "x0": p0, "x1": p1}
+        for i, n in zip(ld.index, dims):
+            assert 0 <= _evaluate(sympy.sympify(i).xreplace(at), point) < n, (ld, size, point)
