@@ -291,17 +291,23 @@ def _bounds(info: ShapeInfo, e: sympy.Expr) -> tuple[int | None, int | None]:
 class _PySizePrinter(StrPrinter):
     """Python source for a size expression: what the wrapper evaluates once a call."""
 
+    def _operand(self, e: sympy.Expr) -> str:
+        """Each side of // and % whole: they bind as tightly as * (s0 // (2*s1))."""
+        text = self._print(e)
+        return text if e.is_Integer or e.is_Symbol or type(e).__name__ in ("FloorDiv", "ModularIndexing") \
+            else f"({text})"
+
     def _print_FloorDiv(self, e: sympy.Expr) -> str:
         a, b = e.args
-        return f"({self._print(a)} // {self._print(b)})"
+        return f"({self._operand(a)} // {self._operand(b)})"
 
     def _print_ModularIndexing(self, e: sympy.Expr) -> str:
         a, b, c = e.args
-        return f"(({self._print(a)} // {self._print(b)}) % {self._print(c)})"
+        return f"(({self._operand(a)} // {self._operand(b)}) % {self._operand(c)})"
 
     def _print_CeilDiv(self, e: sympy.Expr) -> str:
         a, b = e.args
-        return f"(-(-{self._print(a)} // {self._print(b)}))"
+        return f"(-(-{self._operand(a)} // {self._operand(b)}))"
 
     def _print_Max(self, e: sympy.Expr) -> str:
         return f"max({', '.join(self._print(a) for a in e.args)})"

@@ -19,8 +19,15 @@ import coil
 from coil.ir.shapes import EMPTY, ShapeInfo, SymbolFacts, py_size, size_symbol
 from coil.options import Options
 
-TARGETS = ["cpp", "reference", "triton"]  # triton under TRITON_INTERPRET=1 here, compiled on CUDA
+HAS_CUDA = torch.cuda.is_available()
+CUDA = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
+# (target, device): triton on CPU tensors runs under TRITON_INTERPRET=1 (CI), on CUDA compiled
+TARGETS = [("cpp", "cpu"), ("reference", "cpu"), ("triton", "cpu"), pytest.param(("triton", "cuda"), marks=CUDA)]
 SIZES = [(2, 3), (5, 17), (16, 64)]  # (batch, sequence): three of each
+
+
+def _on(device: str, args: Any) -> Any:
+    return tuple(a.to(device) for a in args) if isinstance(args, tuple) else args.to(device)
 
 
 def _seed(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -42,27 +49,30 @@ def _compiled(fn: Callable[..., Any], target: str, **kw: Any) -> Callable[..., A
     return torch.compile(fn, backend="coil", options={"target": target, "eager_fallback": False}, **kw)
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("where", TARGETS)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_dynamic_true_compiles_one_graph_for_every_size(case: str, target: str) -> None:
+def test_dynamic_true_compiles_one_graph_for_every_size(case: str, where: tuple[str, str]) -> None:
+    target, device = where
     fn, make = CASES[case]
     f = _compiled(fn, target, dynamic=True)
     for b, s in SIZES:
-        args = make(b, s)
+        args = _on(device, make(b, s))
         torch.testing.assert_close(f(*args), fn(*args))
     assert counters["stats"]["unique_graphs"] == 1
     assert counters["coil"]["compiled"] == 1 and counters["coil"]["symbolic"] == 1
     assert counters["coil"]["eager"] == 0
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_training_forward_and_backward_compile_once(target: str) -> None:
+@pytest.mark.parametrize("where", TARGETS)
+def test_training_forward_and_backward_compile_once(where: tuple[str, str]) -> None:
+    target, device = where
+
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, -1) * x
 
     f = _compiled(fn, target, dynamic=True)
     for b, s in SIZES:
-        x = torch.randn(b, s)
+        x = torch.randn(b, s, device=device)
         x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
         out, ref = f(x1), fn(x2)
         torch.testing.assert_close(out, ref)
@@ -72,32 +82,34 @@ def test_training_forward_and_backward_compile_once(target: str) -> None:
     assert counters["coil"]["compiled"] == 2 and counters["coil"]["eager"] == 0  # forward and backward
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_automatic_dynamic_serves_later_sizes(target: str) -> None:
+@pytest.mark.parametrize("where", TARGETS)
+def test_automatic_dynamic_serves_later_sizes(where: tuple[str, str]) -> None:
     """The default mode: the first size compiles a static graph, the first change
     a symbolic one, which serves every later size without compiling again."""
+    target, device = where
     fn, make = CASES["softmax"]
     f = _compiled(fn, target)
     for b, s in [(8, 16), (16, 16), (13, 16), (3, 16)]:
-        args = make(b, s)
+        args = _on(device, make(b, s))
         torch.testing.assert_close(f(*args), fn(*args))
     assert counters["coil"]["compiled"] == 2 and counters["coil"]["symbolic"] == 1
     assert counters["coil"]["eager"] == 0
 
 
-@pytest.mark.parametrize("target", ["cpp", "reference"])
-def test_transformer_block_forward_and_backward(target: str) -> None:
+@pytest.mark.parametrize("where", [("cpp", "cpu"), ("reference", "cpu"), pytest.param(("triton", "cuda"), marks=CUDA)])
+def test_transformer_block_forward_and_backward(where: tuple[str, str]) -> None:
     """A transformer encoder layer in training (attention, layer norms, the MLP):
     one forward and one backward graph for every batch size and sequence length,
     outputs and every parameter's gradient as eager's."""
     import copy
 
+    target, device = where
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).to(device)
     ref = copy.deepcopy(layer)
     f = _compiled(layer, target, dynamic=True)
     for b, s in SIZES:
-        x = torch.randn(b, s, 32)
+        x = torch.randn(b, s, 32, device=device)
         out, want = f(x), ref(x)
         torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
         out.sum().backward()
@@ -108,18 +120,20 @@ def test_transformer_block_forward_and_backward(target: str) -> None:
     assert counters["coil"]["compiled"] == 2 and counters["coil"]["eager"] == 0
 
 
-def test_hf_gpt2_from_config() -> None:
+@pytest.mark.parametrize("where", [("cpp", "cpu"), pytest.param(("triton", "cuda"), marks=CUDA)])
+def test_hf_gpt2_from_config(where: tuple[str, str]) -> None:
     """GPT-2 (random weights from a config) in inference: one graph for three
     batch sizes and three sequence lengths."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256, n_positions=128,
                                   bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    f = _compiled(model, "cpp", dynamic=True)
+    target, device = where
+    model = transformers.GPT2LMHeadModel(cfg).eval().to(device)
+    f = _compiled(model, target, dynamic=True)
     with torch.no_grad():
         for b, s in SIZES:
-            ids = torch.randint(0, 256, (b, s))
+            ids = torch.randint(0, 256, (b, s), device=device)
             torch.testing.assert_close(f(ids).logits, model(ids).logits, atol=1e-4, rtol=1e-4)
     assert counters["stats"]["unique_graphs"] == 1
     assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
@@ -184,9 +198,12 @@ def test_shape_info_proves_over_ranges_and_hints_for_speed() -> None:
     assert info.known_multiple(4 * s0 + 8, 4) and not info.known_multiple(4 * s0 + 2, 4)
     assert info.bounds(4 * s1) == (8, 2048) and info.bounds(s0) == (2, None)
     assert not EMPTY and EMPTY.hint(7) == 7
-    from coil.ir.indexing import FloorDiv
+    from coil.ir.indexing import FloorDiv, ModularIndexing
 
-    assert py_size(FloorDiv(s0 * s1, 2) + s0) == "s0 + (s0*s1 // 2)"
+    assert py_size(FloorDiv(s0 * s1, 2) + s0) == "s0 + ((s0*s1) // 2)"
+    for e in (FloorDiv(s0, 2 * s1), ModularIndexing(s0 + s1, s1, 3), FloorDiv(s0 + 127, 128) * s1):
+        # each side of // and % whole: the printed size is the expression's value
+        assert eval(py_size(e), {"s0": 12, "s1": 3}) == int(e.xreplace({s0: 12, s1: 3}))
     assert isinstance(sympy.expand(s0 - s0), sympy.Integer)
 
 
