@@ -58,8 +58,9 @@ class Config:
 
 def parse_args(argv: Sequence[str] | None) -> Config:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--suite", default="smoke", choices=("gpu", "cpu", "smoke", "models"),
-                   help="models: real transformers models, with its own options (python -m bench --suite models -h)")
+    p.add_argument("--suite", default="smoke", choices=("gpu", "cpu", "smoke", "models", "dynamic"),
+                   help="models: real transformers models, with its own options (python -m bench --suite models -h); "
+                        "dynamic: shapes that change between calls (python -m bench --suite dynamic -h)")
     p.add_argument("--only", action="append", default=[], help="workload name (repeatable, or comma-separated)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--target", default="auto",
@@ -90,17 +91,23 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                   a.overlap, a.threads, a.rounds)
 
 
-def _wants_models(argv: Sequence[str]) -> bool:
+def _suite_of(argv: Sequence[str]) -> str | None:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--suite")
-    return p.parse_known_args(list(argv))[0].suite == "models"
+    suite: str | None = p.parse_known_args(list(argv))[0].suite
+    return suite
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if _wants_models(sys.argv[1:] if argv is None else argv):
+    suite = _suite_of(sys.argv[1:] if argv is None else argv)
+    if suite == "models":
         from bench.models import main as models_main
 
         return models_main(argv)
+    if suite == "dynamic":
+        from bench.dynamic import main as dynamic_main
+
+        return dynamic_main(argv)
     try:
         results = run(parse_args(argv))
     except BaseException:
