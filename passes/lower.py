@@ -256,6 +256,13 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         except NeedsStaticSizes as e:
             log.debug("lower %s: %s -> extern fallback (%s)", node.name, target, e)
             out = NotImplemented
+        except TypeError as e:
+            # a lowering written for static sizes that met a symbolic one (a comparison
+            # sympy cannot decide, int() of a symbol): the aten op takes any size
+            if not ctx.sizes.shapes or not _symbolic_size_error(e):
+                raise
+            log.debug("lower %s: %s -> extern fallback (symbolic sizes: %s)", node.name, target, e)
+            out = NotImplemented
         if out is not NotImplemented:
             log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)
             return out
@@ -269,6 +276,11 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         return _lower_graph_into(ctx, sub, flat_args, depth + 1)
     log.debug("lower %s: %s -> extern fallback", node.name, target)
     return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
+
+
+def _symbolic_size_error(e: TypeError) -> bool:
+    text = str(e)
+    return "Relational" in text or "symbols to int" in text or "Symbol" in text
 
 
 SIZE_QUERIES = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
