@@ -125,11 +125,29 @@ class SizeMap:
         out = out.replace(tf.ModularIndexing, lambda a, b, c: ModularIndexing(a, b, c))
         out = out.replace(tf.PythonMod, lambda a, b: ModularIndexing(a, 1, b))
         out = out.replace(tf.Mod, lambda a, b: ModularIndexing(a, 1, b))
+        # ceil(a / b) of ints (32*ceil(s / 32): a size padded to a multiple)
+        out = out.replace(lambda x: isinstance(x, tf.CeilToInt) and isinstance(x.args[0], tf.IntTrueDiv),
+                          lambda x: FloorDiv(x.args[0].args[0] + x.args[0].args[1] - 1, x.args[0].args[1]))
+        out = out.replace(tf.CeilDiv, lambda a, b: FloorDiv(a + b - 1, b))
+        # max/min of sizes where one side is provably the larger for every size (a
+        # contiguous stride max(1, n) of an n never 0): that side
+        out = out.replace(lambda x: isinstance(x, (tf.Max, tf.Min, sympy.Max, sympy.Min)), self._extreme)
         bad = [f for f in out.atoms(sympy.Function) if not isinstance(f, (FloorDiv, ModularIndexing))]
+        bad += [f for f in out.atoms(tf.Max, tf.Min, sympy.Max, sympy.Min)]
         if bad:
             raise CoilError(f"size {e} uses {type(bad[0]).__name__}, which coil's sizes do not take yet",
                             stage="lower")
         return norm(out)
+
+    def _extreme(self, x: sympy.Expr) -> sympy.Expr:
+        from torch.utils._sympy import functions as tf
+
+        big = isinstance(x, (tf.Max, sympy.Max))
+        args = list(x.args)
+        for a in args:
+            if all((self.shapes.known_ge(a, b) if big else self.shapes.known_le(a, b)) for b in args if b is not a):
+                return a
+        return x
 
     def layout_parts(self, t: torch.Tensor) -> tuple[tuple[Size, ...], tuple[Size, ...], Size]:
         return self.sizes(t.shape), self.sizes(t.stride()), self.size(t.storage_offset())

@@ -20,9 +20,18 @@ import sympy
 import torch
 
 from coil.errors import CoilError
-from coil.ir.expr import Cast, Constant, Expr, Op, rsyms, xsyms
+from coil.ir.expr import Cast, Constant, Expr, IndexExpr, Op, rsyms, xsyms
 from coil.ir.indexing import unflatten
-from coil.passes.lowerings.registry import LOWERINGS, LowerCtx, TensorValue, normalize_dim, register_lowering, upcast
+from coil.ir.shapes import norm
+from coil.passes.lowerings.registry import (
+    LOWERINGS,
+    LowerCtx,
+    NeedsStaticSizes,
+    TensorValue,
+    normalize_dim,
+    register_lowering,
+    upcast,
+)
 
 aten = torch.ops.aten
 
@@ -181,13 +190,16 @@ def count_of(x: TensorValue, dims: tuple[int, ...]) -> int:
     return math.prod(x.size[d] for d in dims)
 
 
-def scale(ctx: LowerCtx, t: TensorValue, divisor: float, dtype: torch.dtype) -> TensorValue:
-    """t / divisor, computed in float32 (or float64) and stored as `dtype`."""
+def scale(ctx: LowerCtx, t: TensorValue, divisor: Any, dtype: torch.dtype) -> TensorValue:
+    """t / divisor, computed in float32 (or float64) and stored as `dtype`; a
+    symbolic divisor (a count of elements) is the kernel's size argument, cast."""
     compute = torch.float64 if torch.float64 in (t.dtype, dtype) else torch.float32
     v: Expr = t.load(xsyms(t.ndim))
     if v.dtype != compute:
         v = Cast(v, compute)
-    body: Expr = Op("truediv", (v, Constant(float(divisor), compute)), compute)
+    d: Expr = (Constant(float(divisor), compute) if not isinstance(divisor, sympy.Expr)
+               else Cast(IndexExpr(divisor, torch.int64), compute))
+    body: Expr = Op("truediv", (v, d), compute)
     return ctx.pointwise(t.size, body if compute == dtype else Cast(body, dtype), dtype)
 
 
@@ -206,7 +218,12 @@ def var_over(ctx: LowerCtx, x: TensorValue, dims: tuple[int, ...], correction: f
     """m2 / max(n - correction, 0): 0/0 gives nan and m2/0 inf, as aten does."""
     acc = _float_acc(out)
     m2 = reduce_over(ctx, x, dims, keepdim, "welford_m2", acc, acc)
-    return scale(ctx, m2, max(count_of(x, dims) - correction, 0.0), out)
+    n = count_of(x, dims)
+    if isinstance(n, sympy.Expr):  # a symbolic count is at least 2, above any correction of 0 or 1
+        if correction not in (0.0, 1.0):
+            raise NeedsStaticSizes(f"var with correction {correction} over {n} elements")
+        return scale(ctx, m2, norm(n - int(correction)), out)
+    return scale(ctx, m2, max(n - correction, 0.0), out)
 
 
 @register_lowering(aten.mean.default, aten.mean.dim)
