@@ -256,9 +256,16 @@ class CompiledFn:
             if tuple(t.shape) != size:
                 raise CoilError(f"input {name}: compiled for size {list(lay.size)} = {list(size)} here, called with "
                                 f"size {list(t.shape)}")
-            if t.dtype != lay.dtype or t.device != torch.device(lay.device):
-                raise CoilError(f"input {name}: compiled for {lay.dtype} on {lay.device}, called with {t.dtype} on "
-                                f"{t.device}")
+            if t.dtype != lay.dtype:
+                raise CoilError(f"input {name}: compiled for dtype {lay.dtype}, called with {t.dtype}")
+            if t.device != torch.device(lay.device):
+                # a CPU scalar where a scalar of another device was compiled for (CUDA
+                # attention's RNG seed and offset): as check() takes it
+                if t.dim() != 0 or t.device.type != "cpu":
+                    raise CoilError(f"input {name}: compiled for device {lay.device}, called with {t.device}")
+                if name in self._indexed:
+                    inputs[k] = t.to(lay.device)
+                continue
             stride = tuple(at(v) for v in lay.stride)
             if any(n != 1 and a != b for n, a, b in zip(size, stride, t.stride())):
                 if restride and name not in self._indexed:
