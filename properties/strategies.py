@@ -125,9 +125,9 @@ def _layout_dims(shape: Sequence[int]) -> dict[str, list[tuple[int, ...]]]:
     }
 
 
-def _layout(draw: st.DrawFn, shape: Sequence[int]) -> tuple[str, tuple[int, ...]]:
-    """A layout (equally likely among those that apply), then its dims."""
-    choices = {k: v for k, v in _layout_dims(shape).items() if v}
+def _layout(draw: st.DrawFn, shape: Sequence[int], layouts: Sequence[str] = LAYOUTS) -> tuple[str, tuple[int, ...]]:
+    """A layout (equally likely among those of `layouts` that apply), then its dims."""
+    choices = {k: v for k, v in _layout_dims(shape).items() if v and k in layouts}
     layout = draw(st.sampled_from(tuple(choices)))
     return layout, draw(st.sampled_from(choices[layout]))
 
@@ -142,13 +142,17 @@ def _mostly(draw: st.DrawFn, n: int) -> int:
 
 @st.composite
 def input_specs(draw: st.DrawFn, max_inputs: int = 3, max_rank: int = 3, max_dim: int = 6,
-                dtypes: Sequence[torch.dtype] = DEFAULT_DTYPES, noncontiguous: bool = True) -> tuple[InputSpec, ...]:
+                dtypes: Sequence[torch.dtype] = DEFAULT_DTYPES, noncontiguous: bool = True,
+                min_dim: int = 1, layouts: Sequence[str] = LAYOUTS) -> tuple[InputSpec, ...]:
     """Specs of 1..max_inputs inputs: suffixes of one base shape, some dims 1; most
-    share one dtype, some another (so promotion is drawn too)."""
+    share one dtype, some another (so promotion is drawn too).  The base shape's
+    dims are at least `min_dim` (symbolic draws ask for 2: a dim of size 1 stays
+    static); an input's own dims may still be 1, to broadcast.  Non-contiguous
+    inputs take one of `layouts`."""
     # most graphs get the full rank (their dims still shrink to 1), few are scalars
     # with nothing to reduce
     rank = _mostly(draw, max_rank)
-    base = [draw(st.integers(1, max_dim)) for _ in range(rank)]
+    base = [draw(st.integers(min_dim, max_dim)) for _ in range(rank)]
     main = draw(st.sampled_from(tuple(dtypes)))
     specs = []
     for _ in range(draw(st.integers(1, max_inputs))):
@@ -157,7 +161,7 @@ def input_specs(draw: st.DrawFn, max_inputs: int = 3, max_rank: int = 3, max_dim
         if len(own) > 0 and draw(st.booleans()):  # some dims 1: broadcast against the others
             shape = tuple(1 if draw(st.booleans()) else s for s in own)
         dtype = draw(st.sampled_from(tuple(dtypes))) if draw(st.booleans()) else main
-        layout, dims = _layout(draw, shape) if noncontiguous else ("contiguous", ())
+        layout, dims = _layout(draw, shape, layouts) if noncontiguous else ("contiguous", ())
         profile = draw(st.sampled_from(PROFILES))
         specs.append(InputSpec(shape, dtype, layout, dims, profile, draw(st.integers(0, 2**16 - 1))))
     return tuple(specs)
@@ -168,11 +172,13 @@ def input_specs(draw: st.DrawFn, max_inputs: int = 3, max_rank: int = 3, max_dim
 
 @attrs.frozen(eq=False, repr=False)
 class DrawnGraph:
-    """A drawn FX graph of aten ops and the inputs to run it on."""
+    """A drawn FX graph of aten ops and the inputs to run it on.  A graph traced
+    with symbolic sizes (symbolic.py) also takes sizes: an int input's spec is
+    the int itself."""
 
     gm: torch.fx.GraphModule
-    inputs: tuple[torch.Tensor, ...]
-    specs: tuple[InputSpec, ...]
+    inputs: tuple[Any, ...]  # tensors, and ints for the SymInt placeholders of a symbolic graph
+    specs: tuple[InputSpec | int, ...]
     instructions: tuple[str, ...]  # the drawn instruction families, in order
 
     @property
@@ -183,6 +189,7 @@ class DrawnGraph:
     def describe(self) -> str:
         """One line per input: name, dtype, shape, strides, offset and how it was made."""
         return "\n".join(
+            f"{name}: size {t}" if not isinstance(spec, InputSpec) else
             f"{name}: {str(t.dtype).removeprefix('torch.')}{list(t.shape)} stride={tuple(t.stride())} "
             f"offset={t.storage_offset()}  ({spec.describe()})"
             for name, t, spec in zip(self.input_names, self.inputs, self.specs)
@@ -192,20 +199,22 @@ class DrawnGraph:
     def input_names(self) -> tuple[str, ...]:
         return tuple(n.name for n in self.gm.graph.nodes if n.op == "placeholder")
 
-    def fresh_inputs(self) -> tuple[torch.Tensor, ...]:
+    def fresh_inputs(self) -> tuple[Any, ...]:
         """The inputs made again from their specs: what `inputs` held before any
         compiled code ran on them."""
-        return tuple(materialize(s, str(t.device)) for s, t in zip(self.specs, self.inputs))
+        return tuple(materialize(s, str(t.device)) if isinstance(s, InputSpec) else s
+                     for s, t in zip(self.specs, self.inputs))
 
-    def eager(self) -> tuple[torch.Tensor, ...]:
+    def eager(self) -> tuple[Any, ...]:
         """Eager PyTorch's outputs, on fresh inputs."""
         return tuple(self.gm(*self.fresh_inputs()))
 
-    def eager_float64(self) -> tuple[torch.Tensor, ...] | None:
+    def eager_float64(self) -> tuple[Any, ...] | None:
         """The graph run with float inputs in float64: the yardstick for how far a
         low-precision result may stray.  None when the graph does not run so."""
         try:
-            return tuple(self.gm(*[t.to(torch.float64) if is_float(t.dtype) else t for t in self.fresh_inputs()]))
+            return tuple(self.gm(*[t.to(torch.float64) if isinstance(t, torch.Tensor) and is_float(t.dtype) else t
+                                   for t in self.fresh_inputs()]))
         except RuntimeError:
             return None
 
@@ -246,8 +255,8 @@ def _outputs(draw: st.DrawFn, b: GraphBuilder) -> list[Value]:
 
 @st.composite
 def _graphs(draw: st.DrawFn, cfg: Config, max_nodes: int, max_inputs: int, families: tuple[Family, ...],
-            noncontiguous: bool) -> DrawnGraph:
-    specs = draw(input_specs(max_inputs, cfg.max_rank, cfg.max_dim, cfg.dtypes, noncontiguous))
+            noncontiguous: bool, min_dim: int = 1, layouts: Sequence[str] = LAYOUTS) -> DrawnGraph:
+    specs = draw(input_specs(max_inputs, cfg.max_rank, cfg.max_dim, cfg.dtypes, noncontiguous, min_dim, layouts))
     b = GraphBuilder()
     for spec in specs:
         b.placeholder(materialize(spec, cfg.device))
