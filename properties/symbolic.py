@@ -182,7 +182,10 @@ class SymbolicGraph:
     def hints(self) -> Point:
         """The drawn example's sizes."""
         env = _env(self.example_inputs)
-        return tuple(int(env.backed_var_to_val[s]) for s in self.symbols)
+        table = getattr(env, "backed_var_to_val", None)
+        if table is None:  # torch before 2.13
+            table = env.var_to_val
+        return tuple(int(table[s]) for s in self.symbols)
 
     def ranges(self) -> tuple[tuple[int, int | None], ...]:
         """Each symbol's range, as the ShapeEnv knows it after its guards."""

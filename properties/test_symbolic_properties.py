@@ -129,7 +129,7 @@ def test_symbolic_draws_are_symbolic(sym: SymbolicGraph) -> None:
             assert tuple(t.shape) == spec.shape  # type: ignore[union-attr]
 
 
-@examples(25)
+@examples(40)
 @given(symbolic_graphs())
 def test_symbolic_reference_matches_eager_and_invariants_hold(sym: SymbolicGraph) -> None:
     """The reference target, sanitized (every free a poison, so a read after the
@@ -138,7 +138,7 @@ def test_symbolic_reference_matches_eager_and_invariants_hold(sym: SymbolicGraph
     event(f"reuses: {min(check_symbolic_invariants(program), 2)}")
 
 
-@examples(6)
+@examples(10)
 @given(symbolic_graphs())
 def test_symbolic_cpp_matches_eager_and_invariants_hold(sym: SymbolicGraph) -> None:
     program = run_at_every_point(sym, "cpp")
