@@ -242,7 +242,8 @@ class SymbolicGraph:
         return f"sizes {shapes}; hints {hints}; points {list(self.points)} (symbols {list(self.symbols)})"
 
     def __repr__(self) -> str:
-        return f"SymbolicGraph(\n{self.describe()}\n{self.drawn.describe()}\n{self.drawn.code.strip()}\n--- AOT graph\n{self.gm.code.strip()}\n)"
+        return (f"SymbolicGraph(\n{self.describe()}\n{self.drawn.describe()}\n{self.drawn.code.strip()}\n"
+                f"--- AOT graph\n{self.gm.code.strip()}\n)")
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))
