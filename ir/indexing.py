@@ -455,7 +455,7 @@ def unflatten(flat: sympy.Expr, size: Sequence[Size]) -> tuple[sympy.Expr, ...]:
 
 
 def strided_offset(index: Sequence[sympy.Expr], stride: Sequence[Size], offset: Size = 0) -> sympy.Expr:
-    return sympy.expand(sympy.Integer(offset) + sum((i * s for i, s in zip(index, stride)), sympy.Integer(0)))
+    return sympy.expand(sympy.sympify(offset) + sum((i * s for i, s in zip(index, stride)), sympy.Integer(0)))
 
 
 def numel(size: Sequence[Size]) -> Size:

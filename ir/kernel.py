@@ -96,7 +96,7 @@ passes/schedule/rows.py).  Their expressions are subtrees of the nest's bodies.
 from __future__ import annotations
 
 import enum
-from typing import Collection, Union
+from typing import Any, Collection, Union
 
 import attrs
 import sympy
@@ -118,9 +118,11 @@ def tails_of(symbols: Collection[sympy.Basic]) -> str:
     return "".join(a for a, s in (("y", YINDEX), ("x", XINDEX), ("r", RINDEX)) if s in symbols)
 
 
-def group_ranges(group: tuple[int, int]) -> dict[sympy.Symbol, int]:
-    """xindex and rindex over a kernel's group, at least 1 each."""
-    return {XINDEX: max(group[0], 1), RINDEX: max(group[1], 1)}
+def group_ranges(group: tuple[Any, Any]) -> dict[sympy.Symbol, Any]:
+    """xindex and rindex over a kernel's group, at least 1 each (a symbolic size
+    is at least 1 already)."""
+    return {XINDEX: max(group[0], 1) if isinstance(group[0], int) else group[0],
+            RINDEX: max(group[1], 1) if isinstance(group[1], int) else group[1]}
 
 
 class Role(str, enum.Enum):

@@ -45,12 +45,9 @@ graph).
 Left out of symbolic draws, because coil's symbolic path fails on them (each has
 a reproducer in test_symbolic_properties.py, a strict xfail that fails once coil
 is fixed, to say the exclusion can go):
-- the "offset" input layout (SYMBOLIC_LAYOUTS): Dynamo makes the storage offset of
-  an input with a dynamic dim a size symbol, and coil fails on it;
-- select, slice, diagonal, unfold, cumsum, mean and var acting on a dim of
-  symbolic size, and a cat whose result is a sum of symbols along its dim
-  (SYMBOLIC_EXCLUDED): the graph is rejected after capture.  The same ops on
-  static dims of symbolic tensors are drawn.
+- diagonal over two dims of symbolic size (SYMBOLIC_EXCLUDED): its length is a
+  min of two symbols, which coil's sizes do not take; the graph is rejected after
+  capture.  The same op on static dims of symbolic tensors is drawn.
 """
 
 from __future__ import annotations
@@ -80,11 +77,9 @@ __all__ = ["SYMBOLIC_EXCLUDED", "SYMBOLIC_LAYOUTS", "SymbolicGraph", "capture", 
 
 aten = torch.ops.aten
 
-# Input layouts of symbolic draws.  Not "offset": Dynamo makes the storage offset of
-# an input with a dynamic dim a size symbol of its own, and coil fails on it
-# (`torch.randn(5, 4)[1:]` with dim 1 dynamic: "[extract_deps] TypeError: Argument
-# of Integer should be of numeric type, got s1"; in realize after a squeeze).
-SYMBOLIC_LAYOUTS = ("contiguous", "transposed", "strided", "expanded")
+# Input layouts of symbolic draws: all of them (an offset input's storage offset is
+# a size symbol, which coil takes since 6433490's draws found it refused).
+SYMBOLIC_LAYOUTS = ("contiguous", "transposed", "strided", "expanded", "offset")
 
 Point = tuple[int, ...]  # one value per symbol of a SymbolicGraph, in `symbols` order
 
@@ -125,24 +120,18 @@ def _sum_of_sizes(n: torch.fx.Node) -> bool:
         len(size.node.expr.free_symbols) > 1
 
 
-# Where coil's symbolic path fails (as of 6433490; each with its reproducer in
+# Where coil's symbolic path fails (each with its reproducer in
 # test_symbolic_properties.py, a strict xfail, which passes once coil is fixed:
 # then delete the entry here).  A drawn graph whose AOT graph has a node the
 # predicate holds for is rejected; the same ops on static dims are drawn as usual.
+# (select, slice, unfold, cumsum, mean, var, a cat of a sum of sizes and inputs of a
+# symbolic storage offset were excluded at 6433490 and are drawn since; their
+# reproducers stay as tests: test_once_excluded_now_compiles.)
 SYMBOLIC_EXCLUDED: dict[Any, tuple[Callable[[torch.fx.Node], bool], str]] = {
-    aten.select.int: (_on_symbolic_dim(1), "[lower] TypeError: cannot determine truth value of Relational: s0 > 1"),
-    aten.slice.Tensor: (_on_symbolic_dim(1), "[lower] TypeError: 'Symbol' object cannot be interpreted as an integer"),
+    # the diagonal of an (s0, s1) matrix has min(s0, s1) elements: coil's sizes take
+    # no min of two symbols (lower refuses it: the graph runs eagerly)
     aten.diagonal.default: (_on_symbolic_dim(2, 3),
-                            "[lower] TypeError: cannot determine truth value of Relational: s1 < s0"),
-    aten.unfold.default: (_on_symbolic_dim(1), "[lower] TypeError: cannot determine truth value of Relational: s0 < 2"),
-    aten.cumsum.default: (_on_symbolic_dim(1),
-                          "[lower] TypeError: cannot determine truth value of Relational: s0 <= 1"),
-    aten.mean.dim: (_on_symbolic_dim(1), "[lower] TypeError: Cannot convert expression to float"),
-    aten.var.correction: (_on_symbolic_dim(1), "[lower] TypeError: Cannot convert expression to float"),
-    # a size that is a sum of symbols (cat of s0 and s1 rows) reaches a comparison
-    # that asks sympy for a truth value
-    aten.cat.default: (_sum_of_sizes,
-                       "[plan_memory] TypeError: cannot determine truth value of Relational: 2*s0 + 2*s1 < 1"),
+                            "[lower] size Min(s0, s1) uses Min, which coil's sizes do not take yet"),
 }
 
 

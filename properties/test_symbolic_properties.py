@@ -180,17 +180,41 @@ def _cat_of_two_sizes(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 # name: (function, inputs, dynamic (input, dim)s); each fails in coil as SYMBOLIC_EXCLUDED says
 EXCLUDED_REPRODUCERS: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]], list[tuple[int, int]]]] = {
-    "select": (lambda x: aten.select.int(x, 0, 1), lambda: [torch.randn(4, 3)], [(0, 0)]),
-    "slice": (lambda x: aten.slice.Tensor(x, 0, 1, 3), lambda: [torch.randn(4, 3)], [(0, 0)]),
     "diagonal": (lambda x: aten.diagonal.default(x, 0, 0, 1), lambda: [torch.randn(4, 5)], [(0, 0), (0, 1)]),
-    "unfold": (lambda x: aten.unfold.default(x, 0, 2, 1), lambda: [torch.randn(4, 5)], [(0, 0)]),
-    "cumsum": (lambda x: aten.cumsum.default(x, 1), lambda: [torch.randn(4, 5)], [(0, 1)]),
-    "mean": (lambda x: aten.mean.dim(x, [0]), lambda: [torch.randn(4, 3)], [(0, 0)]),
-    "var": (lambda x: aten.var.correction(x, [0], correction=0), lambda: [torch.randn(4, 3)], [(0, 0)]),
-    "cat": (_cat_of_two_sizes, lambda: [torch.randn(5, 2), torch.randn(4, 2)], [(0, 0), (1, 0)]),
-    # the "offset" layout (SYMBOLIC_LAYOUTS): an input's storage offset is a size symbol
-    "offset_input": (lambda x: x + 1, lambda: [torch.randn(5, 4)[1:]], [(0, 1)]),
 }
+
+# what the draws excluded at 6433490, found failing by them and fixed since: each must
+# compile symbolically (no eager fallback) and match eager at its size and a larger one
+ONCE_EXCLUDED: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Tensor]], list[tuple[int, int]]]] = {
+    "select": (lambda x: aten.select.int(x, 0, 1), lambda k: [torch.randn(4 + k, 3)], [(0, 0)]),
+    "slice": (lambda x: aten.slice.Tensor(x, 0, 1, 3), lambda k: [torch.randn(4 + k, 3)], [(0, 0)]),
+    "unfold": (lambda x: aten.unfold.default(x, 0, 2, 1), lambda k: [torch.randn(4 + k, 5)], [(0, 0)]),
+    "cumsum": (lambda x: aten.cumsum.default(x, 1), lambda k: [torch.randn(4, 5 + k)], [(0, 1)]),
+    "mean": (lambda x: aten.mean.dim(x, [0]), lambda k: [torch.randn(4 + k, 3)], [(0, 0)]),
+    "var": (lambda x: aten.var.correction(x, [0], correction=0), lambda k: [torch.randn(4 + k, 3)], [(0, 0)]),
+    "cat": (_cat_of_two_sizes, lambda k: [torch.randn(5 + k, 2), torch.randn(4 + 2 * k, 2)], [(0, 0), (1, 0)]),
+    # an input's storage offset is a size symbol
+    "offset_input": (lambda x: x + 1, lambda k: [torch.randn(5 + k, 4)[1:]], [(0, 1)]),
+}
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+@pytest.mark.parametrize("name", sorted(ONCE_EXCLUDED))
+def test_once_excluded_now_compiles(name: str, target: str) -> None:
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    fn, make, dynamic = ONCE_EXCLUDED[name]
+    torch._dynamo.reset()
+    counters.clear()
+    f = torch.compile(fn, backend="coil", options={"target": target, "eager_fallback": False, "graph_cache": False})
+    for k in (0, 3):
+        inputs = make(k)
+        for i, d in dynamic:
+            torch._dynamo.mark_dynamic(inputs[i], d)
+        torch.testing.assert_close(f(*inputs), fn(*inputs))
+    torch._dynamo.reset()
+    assert counters["coil"]["symbolic"] >= 1 and counters["coil"]["eager"] == 0
 
 
 def test_every_exclusion_has_a_reproducer() -> None:
