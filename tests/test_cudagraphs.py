@@ -28,6 +28,16 @@ def test_verdicts_name_what_stops_a_recording() -> None:
     assert cudagraphs.capture_verdict([x], frozenset(), frozenset(), []) == "input 0 is a META tensor"
 
 
+def test_symbolic_graphs_are_not_recorded() -> None:
+    """A graph of symbolic sizes (dynamic shapes) runs without a CUDA graph: one
+    recording holds one size."""
+    from tests_helpers import capture_aot
+
+    _, example = capture_aot(lambda t: t * 2, (torch.randn(8, 4),))
+    assert cudagraphs.capture_verdict(example, frozenset(), frozenset(), []) == (
+        "its sizes are symbolic (dynamic shapes): a recording holds one size")
+
+
 def test_graph_facts_find_writes_into_inputs_and_syncs() -> None:
     def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
         a.add_(1)
