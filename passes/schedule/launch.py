@@ -175,15 +175,7 @@ def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Siz
     evaluates once a call."""
     if not is_static((xnumel, rnumel)):
         assert space_tile is None, "symbolic kernels are not tiled"
-        hx, hr = shapes.hint(xnumel), shapes.hint(rnumel)
-        at = launch(traits, name, kind, hx, hr, reductions, None)
-        if kind == "reduction" and 1 < next_power_of_2(hr) <= traits.persistent_elements:
-            # a looped reduction whose row at the hints fits a persistent tile: steps that
-            # wide, so at the hints the loop runs once (a persistent kernel's speed) and
-            # still any length runs right (as a persistent kernel could not)
-            cfg, _ = _heuristic(traits, "persistent", hx, hr, 1)
-            at = attrs.evolve(at, config=cfg, why=f"rows of {hr} at the hints in one step of {cfg.rblock}, "
-                                                   f"{cfg.xblock} row(s) a program; longer rows loop")
+        at = launch(traits, name, kind, shapes.hint(xnumel), shapes.hint(rnumel), reductions, None)
         sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
         return attrs.evolve(at, grid=(ceil_div(xnumel, at.config.xblock), 1, 1), sizes=sizes,
                             why=f"{at.why} (at the hints {shapes.hint(xnumel)}, {shapes.hint(rnumel)})")
