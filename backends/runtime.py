@@ -138,7 +138,9 @@ class CompiledFn:
             self.input_layouts = tuple(by_name.get(n) for n in self.input_names)  # type: ignore[misc]
             from coil.ir.wrapper import Bind
 
-            self._binds = tuple(ln for ln in module.program.lines if isinstance(ln, Bind))
+            # the symbols the inputs give; a data-dependent one (u0) `call` binds from an extern's result
+            self._binds = tuple(ln for ln in module.program.lines
+                                if isinstance(ln, Bind) and ln.source in bg.sizes.order)
         self.constants = tuple(i.value for i in bg.inputs if i.value is not None)
         self._tokens = frozenset(i.name for i in bg.inputs if i.token)
         self._restrided: set[str] = set()
@@ -235,6 +237,8 @@ class CompiledFn:
             v = src if b.what == "value" else (src.shape if b.what == "size" else src.stride())[b.dim]
             values[sympy.Symbol(b.symbol, integer=True, positive=True)] = int(v)
         for f in self.sizes.shapes.facts:
+            if not f.backed:  # known once `call` ran its extern, which checks its range then
+                continue
             v = values[f.symbol]
             if v < f.lower or (f.upper is not None and v > f.upper):
                 raise CoilError(f"size {f.symbol} = {v} is outside the range {f.lower}..{f.upper} compiled for")

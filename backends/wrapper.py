@@ -15,7 +15,7 @@ from coil.ir.buffers import ComputedBuffer, ExternBuffer
 from coil.ir.layout import Layout
 from coil.ir.lowered import TensorRef, resolve_kernel
 from coil.ir.module import KernelSource
-from coil.ir.shapes import Size, norm, py_size
+from coil.ir.shapes import UNBACKED_PREFIX, Size, gt, norm, py_size
 from coil.ir.wrapper import (
     Alloc,
     Bind,
@@ -48,6 +48,8 @@ def py_value(v: Any) -> str:
         return f"float({str(v)!r})"
     if isinstance(v, sympy.Expr):  # a size: `call` has bound its symbols
         return py_size(norm(v))
+    if isinstance(v, sympy.core.relational.Relational):  # a condition on sizes (what _assert_scalar checks)
+        return f"({py_size(norm(v.lhs))} {v.rel_op} {py_size(norm(v.rhs))})"
     return repr(v)
 
 
@@ -133,11 +135,24 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
     guard_device = getattr(backend, "guard_device", None)
     cuda_guard = guard_device(program) if guard_device is not None else None
     static_offset: dict[str, int] = {}  # storage offsets of coil's own views, known now
+    # an extern's result whose sizes bind data-dependent symbols (u0 = buf1.size()[0]) is held to its
+    # layout after the last of those binds, which its layout reads
+    ensure_after = {ln.source: ln.symbol for ln in program.lines
+                     if isinstance(ln, Bind) and ln.symbol.startswith(UNBACKED_PREFIX)}
     returned = {n for ln in program.lines if isinstance(ln, Return) for n in ln.names if n is not None}
+    shapes = program.sizes.shapes
     for ln in program.lines:
         match ln:
             case Bind():
                 out.append(f"    {ln.symbol} = {ln.text()}")
+                fact = shapes.fact(sympy.Symbol(ln.symbol, integer=True, nonnegative=True)) \
+                    if ln.symbol.startswith(UNBACKED_PREFIX) else None
+                if fact is not None:  # a size of an extern's result: the range coil's proofs took, checked here
+                    test = f"{fact.lower} <= {ln.symbol}" + (f" <= {fact.upper}" if fact.upper is not None else "")
+                    out.append(f"    if not {test}: raise RuntimeError(f'{ln.symbol} = {{{ln.symbol}}}, outside "
+                               f"the range {fact.lower}..{fact.upper} coil compiled for')")
+                    if ensure_after.get(ln.source) == ln.symbol:
+                        out += _ensure_layout(program, ln.source, indexed)
             case Alloc():
                 if ln.layout.device == cuda_guard:  # torch's allocation without the dispatcher, on the guard's device
                     out.append(f"    {ln.name} = empty_strided_cuda({layout_args(ln.layout)}, {ln.layout.dtype})")
@@ -166,14 +181,20 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 else:
                     out.append(f"    {ln.name} = reinterpret_view({ln.base}, {layout_args(ln.layout)}, {delta})")
             case KernelCall():
-                out += ["    " + s for s in backend.call(ln, program, options)]
+                calls = backend.call(ln, program, options)
+                n = program.spec(ln.kernel).group[0]
+                if not gt(n, 0):  # data-dependent rows (u0), maybe none: then nothing is launched
+                    calls = [f"if {py_size(n)} > 0:", *("    " + s for s in calls)]
+                out += ["    " + s for s in calls]
             case ExternCall():
                 args = [py_value(a) for a in ln.args] + [f"{k}={py_value(v)}" for k, v in ln.kwargs]
                 out.append(f"    {ln.name} = {extern_symbol(ln.kernel)}({', '.join(args)})")
-                out += _ensure_layout(program, ln.name, indexed)
+                if ln.name not in ensure_after:
+                    out += _ensure_layout(program, ln.name, indexed)
             case MultiOutputLine():
                 out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i}]' for i in ln.index)}")
-                out += _ensure_layout(program, ln.name, indexed)
+                if ln.name not in ensure_after:
+                    out += _ensure_layout(program, ln.name, indexed)
             case Free():
                 if ln.kind is FreeKind.BUFFER and options.sanitize and owns_storage(program, ln.name):
                     out.append(f"    poison({ln.name}); del {ln.name}")

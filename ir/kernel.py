@@ -120,7 +120,7 @@ def tails_of(symbols: Collection[sympy.Basic]) -> str:
 
 def group_ranges(group: tuple[Any, Any]) -> dict[sympy.Symbol, Any]:
     """xindex and rindex over a kernel's group, at least 1 each (a symbolic size
-    is at least 1 already)."""
+    as it is: where a data-dependent one is 0, the loop runs over nothing)."""
     return {XINDEX: max(group[0], 1) if isinstance(group[0], int) else group[0],
             RINDEX: max(group[1], 1) if isinstance(group[1], int) else group[1]}
 

@@ -33,6 +33,12 @@ from sympy.printing.str import StrPrinter
 Size = Union[int, sympy.Expr]
 
 SIZE_PREFIX = "s"
+UNBACKED_PREFIX = "u"
+UNBACKED_HINT = 8192
+"""The hint of an unbacked symbol (clamped to its range): a size known only at run
+time still needs a value for speed decisions (block sizes, scores).  Inductor's
+`unbacked_symint_fallback` is the same 8192: large enough that kernels are tuned for
+real work rather than for a handful of elements."""
 
 
 def size_symbol(i: int) -> sympy.Symbol:
@@ -40,9 +46,39 @@ def size_symbol(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"{SIZE_PREFIX}{i}", integer=True, positive=True)
 
 
+def unbacked_symbol(i: int) -> sympy.Symbol:
+    """The i-th data-dependent size of a graph (`u0, u1, ...`): the size of an
+    Extern's result (nonzero, masked_select, x[mask]), known once that Extern ran.
+    It may be 0 or 1, so it is only nonnegative."""
+    return sympy.Symbol(f"{UNBACKED_PREFIX}{i}", integer=True, nonnegative=True)
+
+
+def is_unbacked_symbol(s: sympy.Basic) -> bool:
+    return (isinstance(s, sympy.Symbol) and s.name.startswith(UNBACKED_PREFIX) and s.name[1:].isdigit()
+            and bool(s.is_nonnegative))
+
+
 def is_size_symbol(s: sympy.Basic) -> bool:
-    return (isinstance(s, sympy.Symbol) and s.name.startswith(SIZE_PREFIX) and s.name[1:].isdigit()
-            and bool(s.is_positive))
+    """A size symbol of either kind: `s0, s1, ...` (at least 2) or `u0, u1, ...`
+    (data-dependent, at least 0).  Both are kernel arguments and may appear in
+    bodies; only `s*` may be taken to be at least 2 (`symbol_floor`)."""
+    if not isinstance(s, sympy.Symbol) or not s.name[1:].isdigit():
+        return False
+    if s.name.startswith(SIZE_PREFIX):
+        return bool(s.is_positive)
+    return s.name.startswith(UNBACKED_PREFIX) and bool(s.is_nonnegative)
+
+
+def symbol_floor(s: sympy.Symbol) -> int:
+    """The least value a size symbol takes without its ShapeInfo: 2 for `s*`
+    (Dynamo specializes the sizes 0 and 1, and lower admits no backed symbol whose
+    range starts below 2), 0 for a data-dependent `u*`."""
+    return 0 if is_unbacked_symbol(s) else 2
+
+
+def symbol_key(s: sympy.Symbol) -> tuple[int, int]:
+    """The order of size symbols: `s*` by number, then `u*` by number."""
+    return (1 if is_unbacked_symbol(s) else 0, int(s.name[1:]))
 
 
 def norm(v: object) -> Size:
@@ -86,9 +122,9 @@ def product(values: Sequence[Size]) -> Size:
 def lower_bound(e: Size) -> int | None:
     """A least value of `e` without its ShapeInfo: an int is itself; a polynomial
     of size symbols with nonnegative coefficients is least where every symbol is
-    least, and every size symbol coil takes is at least 2 (Dynamo specializes the
-    sizes 0 and 1, and lower admits no symbol whose range starts below 2); None
-    for anything else."""
+    least: 2 for a backed `s*` (Dynamo specializes the sizes 0 and 1, and lower
+    admits no such symbol whose range starts below 2), 0 for a data-dependent
+    `u*` (symbol_floor); None for anything else."""
     if isinstance(e, int):
         return e
     return _lower_bound(e)
@@ -108,7 +144,7 @@ def _lower_bound(e: sympy.Expr) -> int | None:
     p = sympy.Poly(poly, *sorted(syms, key=str))
     if any(not c.is_Integer or c < 0 for c in p.coeffs()):
         return None
-    return int(poly.xreplace({s: sympy.Integer(2) for s in syms}))
+    return int(poly.xreplace({s: sympy.Integer(symbol_floor(s)) for s in syms}))
 
 
 def same_size(a: Size, b: Size) -> bool:

@@ -84,7 +84,7 @@ from coil.ir.kernel import (
     tails_of,
 )
 from coil.ir.verify import fail
-from coil.ir.shapes import gt
+from coil.ir.shapes import Size, free_size_symbols, gt, is_unbacked_symbol, lower_bound
 
 
 _AXES = {"y": YINDEX, "x": XINDEX, "r": RINDEX}
@@ -211,6 +211,14 @@ def _verify_space(p: KernelProgram, stage: str, k: KernelSpec) -> None:
             fail(p, stage, node.name, f"K7 a {node.role.value} node in a {'tiled' if tiled else 'untiled'} space")
 
 
+def _launchable(v: Size) -> bool:
+    """A grid or size a launch may take: positive, or 0 only where data-dependent."""
+    if gt(v, 0):
+        return True
+    lb = lower_bound(v)
+    return lb is not None and lb >= 0 and any(is_unbacked_symbol(s) for s in free_size_symbols((v,)))
+
+
 def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     if not k.launches:
         return
@@ -223,8 +231,9 @@ def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     for ln in k.launches:
         c = ln.config
         blocks = [c.xblock, c.num_warps] + [b for b in (c.rblock, c.yblock) if b]
-        # a symbolic grid or size is positive when its least value is (ir/shapes.lower_bound)
-        if any(not gt(g, 0) for g in ln.grid) or any(not gt(v, 0) for v in ln.sizes) \
+        # a symbolic grid or size is positive when its least value is (ir/shapes.lower_bound); one of
+        # data-dependent sizes may be 0 (u0 rows: `call` launches nothing then, u0 columns: none loaded)
+        if any(not _launchable(g) for g in ln.grid) or any(not _launchable(v) for v in ln.sizes) \
                 or not all(map(_power_of_2, blocks)):
             fail(p, stage, k.name, f"K8 launch of {ln.function}: grid {ln.grid}, sizes {ln.sizes}, {c.as_kwargs()}")
 

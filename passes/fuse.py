@@ -69,9 +69,10 @@ def _merged_group(a: tuple[Size, Size], b: tuple[Size, Size]) -> tuple[Size, Siz
         if b[1] > 1:  # type: ignore[operator]
             return b if a[0] in (b[0], b[0] * b[1]) else None
         return a if a[0] == b[0] else None
-    ra, rb = gt(a[1], 1), gt(b[1], 1)
+    # a reduction unless its rows are provably at most one element (u0 may be 0, 1 or more)
+    ra, rb = not le(a[1], 1), not le(b[1], 1)
     if not ra and not same_size(a[1], 1) or not rb and not same_size(b[1], 1):
-        return None  # a reduction size not known to be 1 or more than 1
+        return None  # a reduction over at most one element that is not one
     if ra and rb:
         return a if same_size(a[0], b[0]) and same_size(a[1], b[1]) else None
     if ra:
@@ -326,9 +327,11 @@ class _Fuser:
 
 
 def _kind(group: tuple[Size, Size], o: Options, shapes: ShapeInfo = EMPTY) -> KernelKind:
-    """Persistent (a whole row in registers) only where every row provably fits; a
+    """Pointwise only where a row is provably at most one element (a
+    data-dependent row of u0 elements may be 0, 1 or more: it is reduced);
+    persistent (a whole row in registers) only where every row provably fits; a
     symbolic row of unbounded length is looped, which is right for every length."""
-    if not gt(group[1], 1):
+    if le(group[1], 1):
         return KernelKind.POINTWISE
     return KernelKind.PERSISTENT if shapes.known_le(group[1], o.persistent_limit()) else KernelKind.REDUCTION
 

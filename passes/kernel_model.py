@@ -32,7 +32,7 @@ from coil.ir.indexing import numel, simplify_index, unflatten
 from coil.ir.kernel import RINDEX, XINDEX, Param, ParamRole, Role, group_ranges
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
-from coil.ir.shapes import gt, is_static, same_size
+from coil.ir.shapes import gt, is_static, le, same_size
 from coil.options import ColumnTraits, SplitTraits
 
 
@@ -59,7 +59,7 @@ def node_role(b: ComputedBuffer, group: tuple[int, int]) -> Role | None:
     size = numel(b.ranges)
     if same_size(size, n):
         return Role.OUTER
-    if gt(r, 1) and same_size(size, n * r):
+    if not le(r, 1) and same_size(size, n * r):  # (rows of u0 elements, u0 maybe 0 or 1: inner all the same)
         return Role.INNER
     return None
 

@@ -30,7 +30,7 @@ import torch.fx
 from coil.errors import CoilError
 from coil.ir.indexing import numel
 from coil.ir.layout import Layout
-from coil.ir.shapes import NO_SIZES, GraphSizes, Size
+from coil.ir.shapes import NO_SIZES, GraphSizes, Size, norm
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
 from coil.passes.layout import prefer_channels_last
@@ -66,7 +66,10 @@ def ensure_meta(fx: FxGraph) -> dict[str, Any]:
     """Fake values of every node: from node.meta['val'] when the tracer left them,
     else from a FakeTensorProp run (graphs from symbolic_trace)."""
     nodes = list(fx.gm.graph.nodes)
-    if all("val" in n.meta for n in nodes if n.op in ("placeholder", "call_function")):
+    if all("val" in n.meta or _returns_nothing(n) for n in nodes if n.op in ("placeholder", "call_function")):
+        # a runtime assert (_assert_scalar) or a range declaration has no value to record; a
+        # FakeTensorProp run could not replace the tracer's values anyway where an op's size
+        # depends on data (nonzero: DynamicOutputShapeException without the tracer's ShapeEnv)
         return {n.name: n.meta["val"] for n in nodes if "val" in n.meta}
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -88,6 +91,12 @@ def ensure_meta(fx: FxGraph) -> dict[str, Any]:
                 continue
             vals[n.name] = env[n]
     return vals
+
+
+def _returns_nothing(n: torch.fx.Node) -> bool:
+    """A call made for its effect only, which a tracer leaves without a value."""
+    return (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and not n.target._schema.returns)
 
 
 def _layout_of_val(v: Any, device: str, sm: SizeMap = STATIC) -> Layout:
@@ -118,6 +127,8 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
     refs = tuple(_to_ref(a) for a in args)
     kw = tuple(sorted((k, _to_ref(v)) for k, v in kwargs.items()))
     sized = _sized_by_data(target, args, kwargs)
+    if ctx.sizes is not STATIC:  # the sizes only its run knows become u0, u1, ... (SizeMap.admit_unbacked)
+        ctx.sizes.admit_unbacked(val)
     if isinstance(val, torch.Tensor):
         return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device, ctx.sizes), ctx.origin, ctx.op, mutated,
                               sized))
@@ -303,9 +314,78 @@ def _size_op(ctx: LowerCtx, target: Any, args: Any) -> Any:
         if lay is None:
             raise CoilError(f"{target} of {x.name}, whose layout is not known in lower", stage="lower")
         return lay.stride[args[1]] if target is torch.ops.aten.sym_stride.int else lay.offset
+    if target in RANGE_FACTS and ctx.sizes.shapes:
+        return _range_fact(ctx, target, args)
     if ctx.sizes.shapes:
         return size_arith(target, args)
     return None
+
+
+# calls that state a fact about sizes: a runtime assert of a condition on sizes
+# (Dynamo's `_assert_scalar(u0 >= 0, ...)`, or a torch._check), and the range
+# declarations of `.item()`'s values
+RANGE_FACTS = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default,
+               torch.ops.aten.sym_constrain_range.default}
+
+
+def _range_fact(ctx: LowerCtx, target: Any, args: Any) -> Any:
+    """A condition on sizes is dropped where coil proves it from the symbols'
+    ranges: the ranges hold at run time, as `call` checks every backed symbol's
+    range on entry (runtime._check_symbolic) and every data-dependent one's right
+    where it binds it (the Bind after its Extern).  The asserts Dynamo adds after a
+    nonzero (`u0 >= 0`, `u0 <= numel`) are such range facts.  A condition not proved
+    stays, as an Extern that runs `_assert_scalar` on its value (externs keep their
+    place after the Extern that binds its symbols: extract_deps orders them)."""
+    if target is not torch.ops.aten._assert_scalar.default:
+        # sym_constrain_range*: the range is already in the ShapeEnv's var_to_range, and so
+        # in coil's facts; a symbol coil does not know (an .item() value) fails in lower
+        v = args[0]
+        if isinstance(v, sympy.Expr) and not all(s in ctx.sizes.shapes.symbols for s in v.free_symbols):
+            raise CoilError(f"{target} of {v}: not a size coil knows", stage="lower")
+        return _NOTHING
+    cond, msg = args[0], args[1] if len(args) > 1 else ""
+    if cond is True or cond == sympy.true:
+        return _NOTHING
+    if cond is False or cond == sympy.false:
+        raise CoilError(f"a runtime assert that always fails: {msg}", stage="lower")
+    if not isinstance(cond, sympy.core.relational.Relational):
+        raise CoilError(f"_assert_scalar of {cond!r}: not a condition on sizes", stage="lower")
+    if _proved(ctx.sizes.shapes, cond):
+        log.debug("lower: %s proved by the size ranges, dropped", cond)
+        return _NOTHING
+    log.debug("lower: %s not proved by the size ranges: checked at run time", cond)
+    lower_extern(ctx, target, (cond, msg), {}, None)
+    return _NOTHING
+
+
+_NOTHING = ()  # the value of a node that makes none (no node reads it)
+
+
+def _proved(shapes: Any, cond: Any) -> bool:
+    a, b = norm_size(cond.lhs), norm_size(cond.rhs)
+    if a is None or b is None:
+        return False
+    rel = type(cond)
+    if rel is sympy.Ge:
+        return bool(shapes.known_ge(a, b))
+    if rel is sympy.Gt:
+        return bool(shapes.known_gt(a, b))
+    if rel is sympy.Le:
+        return bool(shapes.known_le(a, b))
+    if rel is sympy.Lt:
+        return bool(shapes.known_lt(a, b))
+    if rel is sympy.Eq:
+        return bool(shapes.known_eq(a, b))
+    if rel is sympy.Ne:
+        return bool(shapes.known_ne(a, b))
+    return False
+
+
+def norm_size(v: Any) -> Size | None:
+    try:
+        return norm(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def _lower_with_effects(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals: dict[str, Any]) -> Any:

@@ -78,6 +78,7 @@ from coil.ir.lowered import (
     View,
     extern_tensor_names,
 )
+from coil.ir.shapes import free_size_symbols, is_unbacked_symbol
 from coil.options import Options
 
 log = logging.getLogger("coil.trace")
@@ -382,12 +383,16 @@ class _Realizer:
     def visit_extern(self, n: Extern) -> None:
         items = [m.name for m in self.g.nodes if isinstance(m, MultiOutput) and m.extern == n.name] if n.sized_by_data else []
         readers = [r for m in (n.name, *items) for r in self.readers.get(m, [])]
-        if n.sized_by_data and readers:
+        # traced with data-dependent sizes (u0, bound by `call` from the result) its size is right
+        # for every call; traced with the sizes of one call's data it is not
+        unbacked = any(is_unbacked_symbol(s) for m in (n, *(x for x in self.g.nodes if x.name in items))
+                       if m.layout is not None for s in free_size_symbols(m.layout.size))
+        if n.sized_by_data and readers and not unbacked:
             raise CoilError(
                 f"the size of {n.op}'s result depends on the values of its inputs (traced as "
                 f"{list(n.layout.size) if n.layout else 'a tuple'}), and {readers[0]} reads it: coil compiles static "
                 "shapes only, so this graph cannot be compiled (torch.compile breaks the graph before such ops, "
-                "or traces them with unbacked sizes, which run eagerly)", stage="realize", node=n.origin)
+                "or traces them with unbacked sizes, which coil binds)", stage="realize", node=n.origin)
 
         def arg(a: Any) -> Any:
             if isinstance(a, TensorRef):

@@ -13,6 +13,7 @@ A static graph's SizeMap is empty, and its `size` is the identity on ints.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Iterable, Sequence
 
 import attrs
@@ -21,7 +22,17 @@ import torch
 
 from coil.errors import CoilError
 from coil.ir.indexing import FloorDiv, ModularIndexing
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, SymbolFacts, norm, size_symbol
+from coil.ir.shapes import (
+    EMPTY,
+    UNBACKED_HINT,
+    ShapeInfo,
+    Size,
+    SymbolFacts,
+    is_unbacked_symbol,
+    norm,
+    size_symbol,
+    unbacked_symbol,
+)
 
 
 def _shape_env(values: Iterable[Any]) -> Any:
@@ -51,9 +62,21 @@ def _leaves(v: Any) -> list[Any]:
     return []
 
 
-@attrs.frozen(eq=False)
+def _range_of(env: Any, s: sympy.Symbol) -> tuple[int, int | None]:
+    """A symbol's range in the ShapeEnv: (least, greatest), None for unbounded (an
+    upper end at int64's largest values says nothing a size does not)."""
+    r = env.var_to_range.get(s)
+    lo = int(r.lower) if r is not None and isinstance(r.lower, (int, sympy.Integer)) else 0
+    up = r.upper if r is not None else None
+    hi = int(up) if isinstance(up, (int, sympy.Integer)) else None
+    return max(lo, 0), (None if hi is not None and hi >= 2**63 - 2 else hi)
+
+
+@attrs.define(eq=False)
 class SizeMap:
-    """Renames the ShapeEnv's symbols to coil's and converts SymInts to sizes."""
+    """Renames the ShapeEnv's symbols to coil's and converts SymInts to sizes.
+    It grows while lower walks the graph: each data-dependent (unbacked) symbol met
+    in an Extern's result (`admit_unbacked`) becomes a `u*` symbol."""
 
     env: Any = None
     names: dict[sympy.Symbol, sympy.Expr] = attrs.Factory(dict)  # ShapeEnv symbol -> coil size
@@ -78,10 +101,7 @@ class SizeMap:
                     if hint is None:
                         raise CoilError(f"input size {expr} depends on data (unbacked symbol {s}): not supported yet",
                                         stage="lower")
-                    r = env.var_to_range.get(s)
-                    lo = int(r.lower) if r is not None and isinstance(r.lower, (int, sympy.Integer)) else 0
-                    up = r.upper if r is not None else None
-                    hi = int(up) if isinstance(up, (int, sympy.Integer)) else None
+                    lo, hi = _range_of(env, s)
                     if hi is not None and hi == lo:  # specialized: a constant
                         names[s] = sympy.Integer(lo)
                         continue
@@ -92,6 +112,30 @@ class SizeMap:
                     names[s] = coil
                     facts.append(SymbolFacts(coil, hint, max(lo, 0), hi))
         return cls(env, names, ShapeInfo(tuple(facts)))
+
+    def admit_unbacked(self, val: Any) -> None:
+        """Name the data-dependent symbols in an Extern's fake result (`(u0, 2)` of
+        nonzero) `u0, u1, ...` in order of appearance, with their ranges from the
+        ShapeEnv (which may start at 0) and the fallback hint UNBACKED_HINT clamped to
+        the range (a hint steers speed decisions only).  A symbol of the ShapeEnv with
+        a hint that no input binds stays unknown (`expr` refuses it)."""
+        for leaf in (x for v in torch.utils._pytree.tree_leaves(val) for x in _leaves(v)):
+            if not isinstance(leaf, torch.SymInt):
+                continue
+            env = self.env if self.env is not None else leaf.node.shape_env
+            expr = env.replace(leaf.node.expr)
+            for s in sorted(expr.free_symbols, key=str):
+                if s in self.names or _hint_of(env, s) is not None:
+                    continue
+                lo, hi = _range_of(env, s)
+                self.env = env
+                if hi is not None and hi == lo:
+                    self.names[s] = sympy.Integer(lo)
+                    continue
+                coil = unbacked_symbol(sum(1 for f in self.shapes.facts if is_unbacked_symbol(f.symbol)))
+                self.names[s] = coil
+                hint = min(max(UNBACKED_HINT, lo), hi) if hi is not None else max(UNBACKED_HINT, lo)
+                self.shapes = ShapeInfo((*self.shapes.facts, SymbolFacts(coil, hint, lo, hi, backed=False)))
 
     def size(self, v: Any) -> Size:
         """A size as coil keeps it: an int, or an expression over coil's symbols."""
@@ -156,16 +200,26 @@ class SizeMap:
 STATIC = SizeMap()
 
 
-def size_arith(target: Any, args: Sequence[Any]) -> Size | None:
-    """The value of a Python size operation (`operator.mul` of two sizes, ...) on
-    coil sizes; None when `target` is not one."""
-    import operator
+# comparisons of sizes: the conditions Dynamo's runtime asserts check (`u0 >= 0`)
+_COMPARISONS: dict[Any, Callable[[Any, Any], Any]] = {
+    operator.ge: sympy.Ge, operator.gt: sympy.Gt, operator.le: sympy.Le, operator.lt: sympy.Lt,
+    operator.eq: sympy.Eq, operator.ne: sympy.Ne}
 
+
+def size_arith(target: Any, args: Sequence[Any]) -> Any:
+    """The value of a Python size operation (`operator.mul` of two sizes, ...) on
+    coil sizes, or a comparison of sizes as a sympy condition; None when `target`
+    is not one."""
     ops: dict[Any, Callable[..., Any]] = {operator.mul: lambda a, b: a * b, operator.add: lambda a, b: a + b,
            operator.sub: lambda a, b: a - b, operator.neg: lambda a: -a,
            operator.floordiv: lambda a, b: (a // b if isinstance(a, int) and isinstance(b, int) else FloorDiv(a, b)),
            operator.mod: lambda a, b: (a % b if isinstance(a, int) and isinstance(b, int)
                                        else ModularIndexing(a, 1, b))}
+    compare = _COMPARISONS.get(target)
+    if compare is not None and len(args) == 2 and all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool)
+                                                      for a in args):
+        v = compare(*(sympy.sympify(a) for a in args))  # a condition on sizes (what an assert checks)
+        return v if isinstance(v, (sympy.logic.boolalg.BooleanAtom, sympy.core.relational.Relational)) else None
     fn = ops.get(target)
     if fn is None or not all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool) for a in args):
         return None

@@ -27,6 +27,7 @@ from coil.ir.wrapper import (
     Reuse,
     WrapperProgram,
 )
+from coil.ir.shapes import free_size_symbols, is_unbacked_symbol
 from coil.options import Options
 
 
@@ -73,7 +74,7 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
     if not sizes:
         return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)
     names = sizes.order + tuple(i.name for i in bg.inputs if i.name not in sizes.order)  # constants last
-    return WrapperProgram(names, (*binds(bg), *lines), program)
+    return WrapperProgram(names, (*binds(bg), *bind_unbacked(lines, program)), program)
 
 
 def binds(bg: BufferGraph) -> tuple[Bind, ...]:
@@ -90,8 +91,66 @@ def binds(bg: BufferGraph) -> tuple[Bind, ...]:
             for d, v in enumerate(i.layout.size if what == "size" else i.layout.stride):
                 if isinstance(v, sympy.Symbol):
                     out.setdefault(v.name, Bind(v.name, i.name, what, d))
-    missing = [str(s) for s in bg.sizes.shapes.symbols if s.name not in out]
+    backed = [s for s in bg.sizes.shapes.symbols if not is_unbacked_symbol(s)]
+    missing = [str(s) for s in backed if s.name not in out]
     if missing:
         raise CoilError(f"size symbols {missing} are no input's size, stride or value: the wrapper cannot read them",
                         stage="wrap")
-    return tuple(out[s.name] for s in bg.sizes.shapes.symbols)
+    return tuple(out[s.name] for s in backed)
+
+
+def bind_unbacked(lines: list[Line], program: KernelProgram) -> list[Line]:
+    """The lines with a Bind of each data-dependent size symbol (`u0`) right after
+    the line that makes the tensor whose size it is (`u0 = buf3.size()[0]` after
+    the ExternCall or MultiOutputLine of buf3), so that `call` knows it before any
+    line uses it; a line that uses a symbol no earlier line bound fails the graph."""
+    bg = program.buffer_graph
+    unbacked = {s for s in bg.sizes.shapes.symbols if is_unbacked_symbol(s)}
+    if not unbacked:
+        return lines
+    bound: set[sympy.Symbol] = set()
+    out: list[Line] = []
+    for ln in lines:
+        used = _symbols_used_by(ln, program) & unbacked
+        if used - bound:
+            raise CoilError(f"{ln} uses the data-dependent sizes {sorted(map(str, used - bound))} before any "
+                            "line binds them", stage="wrap")
+        out.append(ln)
+        if isinstance(ln, (ExternCall, MultiOutputLine)):
+            lay = bg.get(ln.name).layout
+            for d, v in enumerate(lay.size if lay is not None else ()):
+                if isinstance(v, sympy.Symbol) and v in unbacked and v not in bound:
+                    bound.add(v)
+                    out.append(Bind(v.name, ln.name, "size", d))
+    return out
+
+
+def _symbols_used_by(ln: Line, program: KernelProgram) -> set[sympy.Symbol]:
+    """The size symbols a wrapper line reads: in the layouts it allocates or views,
+    a kernel's group, launches and size arguments, an extern's arguments, a
+    returned size."""
+    match ln:
+        case Alloc() | Reuse() | ReinterpretView():
+            lay = ln.layout
+            return set(free_size_symbols((*lay.size, *lay.stride, lay.offset)))
+        case KernelCall():
+            spec = program.spec(ln.kernel)
+            grids = [v for launch in spec.launches for v in (*launch.grid, *launch.sizes)]
+            named = {s for s in program.buffer_graph.sizes.shapes.symbols if s.name in ln.sizes}
+            return set(free_size_symbols((*spec.group, *grids))) | named
+        case ExternCall():
+            found: set[sympy.Symbol] = set()
+            for a in (*ln.args, *(v for _, v in ln.kwargs)):
+                for leaf in _leaves(a):
+                    if isinstance(leaf, sympy.Basic):
+                        found |= {s for s in leaf.free_symbols if isinstance(s, sympy.Symbol)}
+            return found
+        case Return():
+            return set(free_size_symbols(v for _, v in program.buffer_graph.sizes.outputs))
+    return set()
+
+
+def _leaves(a: object) -> list[object]:
+    if isinstance(a, (tuple, list)):
+        return [x for v in a for x in _leaves(v)]
+    return [a]

@@ -31,7 +31,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, rsyms, substitute_symbols, walk, xsyms
 from coil.ir.indexing import FloorDiv, ModularIndexing, contiguous_strides, simplify_index, unflatten
 from coil.ir.layout import Layout
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_static, norm
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_static, le, norm
 from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map
 
 
@@ -145,7 +145,7 @@ def initial_nest(bufs: Sequence[ComputedBuffer], group: tuple[Size, Size], shape
             xcuts.update(_suffix_products(b.ranges))
             if role == "reduction":
                 rcuts.update(_suffix_products(b.reduction_ranges))
-    has_r = gt(r, 1) or any(b.is_reduction for b in bufs)
+    has_r = not le(r, 1) or any(b.is_reduction for b in bufs)
     return Nest.of_sizes(refine(n, xcuts, shapes), refine(r, rcuts, shapes) if has_r else ())
 
 
