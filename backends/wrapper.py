@@ -148,9 +148,11 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 fact = shapes.fact(sympy.Symbol(ln.symbol, integer=True, nonnegative=True)) \
                     if ln.symbol.startswith(UNBACKED_PREFIX) else None
                 if fact is not None:  # a size of an extern's result: the range coil's proofs took, checked here
-                    test = f"{fact.lower} <= {ln.symbol}" + (f" <= {fact.upper}" if fact.upper is not None else "")
-                    out.append(f"    if not {test}: raise RuntimeError(f'{ln.symbol} = {{{ln.symbol}}}, outside "
-                               f"the range {fact.lower}..{fact.upper} coil compiled for')")
+                    if fact.lower > 0 or fact.upper is not None:
+                        test = f"{fact.lower} <= {ln.symbol}" + (f" <= {fact.upper}" if fact.upper is not None else "")
+                        out.append(f"    if not {test}: raise RuntimeError(f'{ln.symbol} = {{{ln.symbol}}}, outside "
+                                   f"the range {fact.lower}..{fact.upper if fact.upper is not None else 'oo'} "
+                                   "coil compiled for')")
                     if ensure_after.get(ln.source) == ln.symbol:
                         out += _ensure_layout(program, ln.source, indexed)
             case Alloc():

@@ -41,7 +41,7 @@ import torch
 
 from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rewrite, walk
 from coil.ir.indexing import FloorDiv, ModularIndexing
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, _to_torch, is_size_symbol, norm
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, _to_torch, is_size_symbol, is_unbacked_symbol, norm
 
 IntRange = tuple[int, int]
 Range = tuple[Size, Size]  # ints on a static graph; ends may be size expressions
@@ -77,8 +77,8 @@ def _int64_bounds(shapes: ShapeInfo, e: sympy.Expr) -> tuple[int | None, int | N
         f = facts.get(s)
         if f is not None:
             vr[s] = ValueRanges(f.lower, min(f.upper, INT64_MAX) if f.upper is not None else INT64_MAX)
-        elif is_size_symbol(s):
-            vr[s] = ValueRanges(1, INT64_MAX)
+        elif is_size_symbol(s):  # a data-dependent u* may be 0
+            vr[s] = ValueRanges(0 if is_unbacked_symbol(s) else 1, INT64_MAX)
         else:
             return None, None
     try:

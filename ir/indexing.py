@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import sympy
 
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, is_size_symbol, norm, product, sizes
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, is_size_symbol, is_unbacked_symbol, norm, product, sizes
 
 
 class FloorDiv(sympy.Function):
@@ -304,8 +304,10 @@ def simplify_index(e: sympy.Expr, ranges: Mapping[sympy.Symbol, Size], shapes: S
     and a channels-last graph's permuted indices cost sympy several times a plain one's)."""
     e = sympy.sympify(e)
     free = e.free_symbols
-    return _simplify_index(e, frozenset((k, v if isinstance(v, int) else norm(v))
-                                        for k, v in ranges.items() if k in free), shapes)
+    items = frozenset((k, v if isinstance(v, int) else norm(v)) for k, v in ranges.items() if k in free)
+    # a loop over u0 (data-dependent, maybe 0) elements runs only where u0 >= 1: an index inside it may take so
+    loops = [v for _, v in items if is_unbacked_symbol(v)]
+    return _simplify_index(e, items, shapes.at_least_one(loops) if loops else shapes)
 
 
 @functools.lru_cache(maxsize=1 << 16)

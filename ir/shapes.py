@@ -207,6 +207,16 @@ class ShapeInfo:
     def show(self) -> list[str]:
         return [f.show() for f in self.facts]
 
+    def at_least_one(self, symbols: Iterable[sympy.Symbol]) -> "ShapeInfo":
+        """These facts, each of `symbols` at least 1: what code inside a loop over
+        u0 elements knows (where u0 is 0, it never runs)."""
+        facts = {f.symbol: f for f in self.facts}
+        for s in symbols:
+            f = facts.get(s) or SymbolFacts(s, UNBACKED_HINT, 0, None, backed=False)
+            if f.lower < 1 and (f.upper is None or f.upper >= 1):
+                facts[s] = attrs.evolve(f, lower=1, hint=max(f.hint, 1))
+        return ShapeInfo(tuple(sorted(facts.values(), key=lambda f: symbol_key(f.symbol))))
+
     # ---- evaluation at the hints (speed decisions only)
     def hint(self, e: Size) -> int:
         if isinstance(e, int):

@@ -6,7 +6,9 @@ The seed's fork in `_compute_attrs`:
   indirect load (its index depends on values) may touch any element: a StarDep.
 - Path B, ExternBuffer: reads come from the declared inputs, as StarDeps.
 Aliases and tuple results are no-op nodes.  A mutation adds WeakDeps so the mutating
-node runs after every earlier reader of what it mutates.
+node runs after every earlier reader of what it mutates, and a data-dependent size
+(u0) adds WeakDeps so every node that uses it runs after the extern whose result
+it is the size of (wrap binds it there).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
+import attrs
 import sympy
 
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
@@ -22,7 +25,7 @@ from coil.ir.indexing import numel
 from coil.ir.layout import Layout
 from coil.ir.lowered import extern_tensor_names
 from coil.ir.schedule import Dep, MemoryDep, NodeKind, ReadWrites, ScheduleGraph, SchedulerNode, StarDep, WeakDep
-from coil.ir.shapes import Size, norm
+from coil.ir.shapes import Size, is_unbacked_symbol, norm
 from coil.options import Options
 
 log = logging.getLogger("coil.trace")
@@ -96,6 +99,7 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
     nodes: list[SchedulerNode] = []
     readers_so_far: dict[str, list[str]] = {}
     mutation_real_name: list[tuple[str, str]] = []
+    bound_by = _unbacked_sources(g)
     for b in g.buffers:
         match b:
             case ComputedBuffer():
@@ -118,9 +122,37 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
             case AliasBuffer():
                 rw = ReadWrites(frozenset({StarDep(b.base)}), frozenset({StarDep(b.name)}))
                 kind, group = NodeKind.NOP, (0, 0)
+        if bound_by:
+            after = {bound_by[s] for s in _symbols_in(b) if s in bound_by} - {b.name}
+            if after:
+                rw = ReadWrites(rw.reads | {WeakDep(n, b.name) for n in after}, rw.writes)
         for d in rw.reads:
             readers_so_far.setdefault(d.name, []).append(b.name)
         log.debug("read_writes %s: reads=%s writes=%s", b.name,
                   sorted(d.name for d in rw.reads), sorted(d.name for d in rw.writes))
         nodes.append(SchedulerNode(b.name, kind, group, rw, b.origins, b.ops))
     return ScheduleGraph(tuple(nodes), g, tuple(mutation_real_name))
+
+
+def _unbacked_sources(g: BufferGraph) -> dict[sympy.Symbol, str]:
+    """Each data-dependent size symbol and the first extern result (or item of
+    one) whose size it is, where wrap binds it."""
+    unbacked = {s for s in g.sizes.shapes.symbols if is_unbacked_symbol(s)}
+    out: dict[sympy.Symbol, str] = {}
+    for b in g.buffers:
+        if isinstance(b, (ExternBuffer, MultiOutputBuffer)) and b.layout is not None:
+            for v in b.layout.size:
+                if v in unbacked:
+                    out.setdefault(v, b.name)
+    return out
+
+
+def _symbols_in(v: object) -> set[sympy.Symbol]:
+    """The symbols anywhere in a buffer: its layout, ranges, body, arguments."""
+    if isinstance(v, sympy.Basic):
+        return {s for s in v.free_symbols if isinstance(s, sympy.Symbol)}
+    if isinstance(v, (tuple, list, frozenset, set)):
+        return set().union(*(_symbols_in(x) for x in v)) if v else set()
+    if attrs.has(type(v)):
+        return set().union(*(_symbols_in(getattr(v, f.name)) for f in attrs.fields(type(v))))  # type: ignore[arg-type]
+    return set()

@@ -58,7 +58,7 @@ from coil.ir.kernel import (
 )
 from coil.ir.layout import Layout
 from coil.ir.memory import MemoryPlan
-from coil.ir.shapes import EMPTY, ShapeInfo, is_size_symbol, is_static
+from coil.ir.shapes import EMPTY, ShapeInfo, is_size_symbol, is_static, symbol_key
 from coil.options import Options, TargetTraits
 from coil.passes.kernel_model import (
     kernel_buffers,
@@ -177,7 +177,8 @@ def _largest(k: FusedKernel, params: tuple[Param, ...], layouts: Mapping[str, La
 
 def _symbols_used(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[str, ...]:
     """The size symbols a kernel's code reads (its sizes, indices, the layouts of
-    its parameters), sorted by number: its arguments after the pointers.  Launch
+    its parameters), `s*` then data-dependent `u*`, each by number: its arguments
+    after the pointers.  Launch
     grids are not among them: the wrapper computes those."""
     found: set[sympy.Symbol] = set()
 
@@ -198,7 +199,7 @@ def _symbols_used(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[str,
     for p in spec.params:
         lay = layouts[p.name]
         visit((lay.size, lay.stride, lay.offset))
-    return tuple(s.name for s in sorted(found, key=lambda s: int(s.name[1:])))
+    return tuple(s.name for s in sorted(found, key=symbol_key))
 
 
 def _node(k: FusedKernel, b: ComputedBuffer, tile: Tiled | None, stored: bool, drop: bool) -> KernelNode:

@@ -58,6 +58,7 @@ from coil.ir.kernel import (
     Update,
 )
 from coil.ir.module import KernelSource
+from coil.ir.shapes import py_size
 from coil.passes.schedule.split import result_dtype
 
 
@@ -248,8 +249,10 @@ def _emit_loop(ctx: KernelContext, out: Emitter, loop: Loop, registers: dict[str
     out.emit(f"# loop {loop.level}: {', '.join(n.name for n in loop_roots(ctx, loop))}"
              + "".join(f"; {n} online with {m}" for n, m in sums.items()))
     step = LoopStep(ctx, out, loop, sums, accs, row_max, wide)
-    # literal bounds: Triton 3.6's interpreter cannot range() to a kernel argument
-    r = ctx.spec.group[1]
+    # literal bounds: Triton 3.6's interpreter cannot range() to a kernel argument; a symbolic
+    # one (u0 + 1) whole, in parentheses: `- r % RBLOCK` binds tighter than its `+`
+    rnumel = ctx.spec.group[1]
+    r = rnumel if isinstance(rnumel, int) or rnumel.is_Symbol else f"({py_size(rnumel)})"
     if not ctx.tails.inner:
         out.emit(f"for roffset in range(0, {r}, RBLOCK):")
         step.emit(registers, memo, masked=False)

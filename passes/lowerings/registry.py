@@ -188,8 +188,8 @@ def find_lowering(target: Any) -> Lowering | None:
 def broadcast_shapes(*sizes: Sequence[Size]) -> tuple[Size, ...]:
     if all(isinstance(v, int) for s in sizes for v in s):
         return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in sizes]))
-    # symbolic: a size symbol is never 1 (Dynamo specializes sizes 0 and 1), so a
-    # dim broadcasts only where a side is the literal 1; other sides must agree
+    # symbolic: a dim broadcasts only where a side is the literal 1 (a backed size symbol is
+    # never 1, Dynamo specializes it; a data-dependent u0 may be, and then must equal the others)
     rank = max(len(s) for s in sizes)
     out: list[Size] = []
     for d in range(rank):
