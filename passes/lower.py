@@ -14,6 +14,12 @@ call (`with_effects`, e.g. the error check after linalg.inv) runs as an Extern i
 graph order and hands its token on.  Last, `prefer_channels_last`
 (passes/layout.py) lays the tensors around 2-d convolutions out channels-last where
 the target's trait asks for it.
+
+Data-dependent sizes (nonzero, masked_select, x[mask] traced with
+capture_dynamic_output_shape_ops): the Extern's fake result is sized by the
+ShapeEnv's unbacked symbols, which become coil's `u0, u1, ...` (SizeMap.admit_unbacked);
+`sym_size` of it is `u0`, and the runtime asserts Dynamo adds about it are dropped
+where the ranges prove them, else kept as Externs (`_range_fact`).
 """
 
 from __future__ import annotations

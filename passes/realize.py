@@ -385,8 +385,8 @@ class _Realizer:
         readers = [r for m in (n.name, *items) for r in self.readers.get(m, [])]
         # traced with data-dependent sizes (u0, bound by `call` from the result) its size is right
         # for every call; traced with the sizes of one call's data it is not
-        unbacked = any(is_unbacked_symbol(s) for m in (n, *(x for x in self.g.nodes if x.name in items))
-                       if m.layout is not None for s in free_size_symbols(m.layout.size))
+        layouts = [n.layout] + [m.layout for m in self.g.nodes if isinstance(m, MultiOutput) and m.name in items]
+        unbacked = any(is_unbacked_symbol(s) for lay in layouts if lay is not None for s in free_size_symbols(lay.size))
         if n.sized_by_data and readers and not unbacked:
             raise CoilError(
                 f"the size of {n.op}'s result depends on the values of its inputs (traced as "

@@ -117,8 +117,10 @@ class SizeMap:
         """Name the data-dependent symbols in an Extern's fake result (`(u0, 2)` of
         nonzero) `u0, u1, ...` in order of appearance, with their ranges from the
         ShapeEnv (which may start at 0) and the fallback hint UNBACKED_HINT clamped to
-        the range (a hint steers speed decisions only).  A symbol of the ShapeEnv with
-        a hint that no input binds stays unknown (`expr` refuses it)."""
+        the range (a hint steers speed decisions only).  A range of one value stays a
+        symbol all the same: `call` checks it where it binds it, which it would not
+        check as a constant.  A symbol of the ShapeEnv with a hint that no input
+        binds stays unknown (`expr` refuses it)."""
         for leaf in (x for v in torch.utils._pytree.tree_leaves(val) for x in _leaves(v)):
             if not isinstance(leaf, torch.SymInt):
                 continue
@@ -129,9 +131,6 @@ class SizeMap:
                     continue
                 lo, hi = _range_of(env, s)
                 self.env = env
-                if hi is not None and hi == lo:
-                    self.names[s] = sympy.Integer(lo)
-                    continue
                 coil = unbacked_symbol(sum(1 for f in self.shapes.facts if is_unbacked_symbol(f.symbol)))
                 self.names[s] = coil
                 hint = min(max(UNBACKED_HINT, lo), hi) if hi is not None else max(UNBACKED_HINT, lo)
