@@ -17,9 +17,11 @@ class IndexPrinter:
     """Prints an index expression; `floordiv` and `mod` spell integer division and
     remainder in the target language (operands are nonnegative)."""
 
-    def __init__(self, floordiv: str = "//", mod: str = "%", symbol: Callable[[sympy.Symbol], str] | None = None) -> None:
+    def __init__(self, floordiv: str = "//", mod: str = "%", symbol: Callable[[sympy.Symbol], str] | None = None,
+                 maximum: str = "max", minimum: str = "min") -> None:
         self.floordiv = floordiv
         self.mod = mod
+        self.maximum, self.minimum = maximum, minimum  # of sizes: max(1, u0), a stride of a size that may be 0
         self.symbol = symbol or (lambda s: s.name)
 
     def __call__(self, e: sympy.Expr) -> str:
@@ -60,6 +62,12 @@ class IndexPrinter:
             a, b, c = e.args
             inner = self.p(a) if b == 1 else f"({self.p(a)} {self.floordiv} {self.operand(b)})"
             return f"({inner} {self.mod} {self.operand(c)})"
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            fn = self.maximum if isinstance(e, sympy.Max) else self.minimum
+            out = self.p(e.args[0])
+            for a in e.args[1:]:
+                out = f"{fn}({out}, {self.p(a)})"
+            return out
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             return "*".join([self.p(e.base)] * int(e.exp))
         raise ValueError(f"cannot print index {e}")

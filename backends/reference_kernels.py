@@ -9,7 +9,8 @@ from typing import Sequence
 import sympy
 
 from coil.backends.common import IndexPrinter
-from coil.backends.wrapper import layout_args
+from coil.backends.wrapper import layout_args, sizes_text
+from coil.ir.shapes import py_size
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rsyms, xsyms
 from coil.ir.fused import FusedKernel
@@ -39,13 +40,13 @@ class PythonHandler:
     def load(self, node: Load, mask: str | None) -> str:
         lay = self.layouts[node.name]
         off = pyindex(lay.offset_of(node.index))
-        return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off}, {mask})")
+        return self._emit(f"_rt.load({self.ptr[node.name]}, {py_size(lay.storage_size())}, {py_size(lay.offset)}, {off}, {mask})")
 
     def indirect_load(self, node: IndirectLoad, values: tuple[str, ...], mask: str | None) -> str:
         lay = self.layouts[node.name]
         bind = {indsym(k): sympy.Symbol(v, integer=True) for k, v in enumerate(values)}  # positions (Checks)
         off = pyindex(lay.offset_of(node.index).xreplace(bind))
-        return self._emit(f"_rt.load({self.ptr[node.name]}, {lay.storage_size()}, {lay.offset}, {off}, {mask})")
+        return self._emit(f"_rt.load({self.ptr[node.name]}, {py_size(lay.storage_size())}, {py_size(lay.offset)}, {off}, {mask})")
 
     def constant(self, node: Constant) -> str:
         v = node.value
@@ -90,14 +91,15 @@ def _node_lines(b: ComputedBuffer, ptr: dict[str, str], layouts: dict[str, Layou
     shape = (*b.ranges, *b.reduction_ranges)
     out = [f"# {b.name}: {b.reduction_type or 'pointwise'} from {', '.join(b.origins)}"]
     for i, s in enumerate((*xsyms(len(b.ranges)), *rsyms(len(b.reduction_ranges)))):
-        out.append(f"{s} = _rt.iota({shape[i]}, {i}, {len(shape)}, _dev)")
+        out.append(f"{s} = _rt.iota({py_size(shape[i])}, {i}, {len(shape)}, _dev)")
     h = PythonHandler(ptr, layouts)
     result = evaluate(b.body, h)
     out += [ln.replace("tmp", f"{b.name}_t") for ln in h.lines]
     res = result.replace("tmp", f"{b.name}_t")
     init = _INIT.get(b.reduction_type or "sum")
     init_lit = "float('nan')" if init != init else repr(init)
-    out.append(f"{b.name}_v = _rt.finish({res}, {tuple(shape)}, {b.reduction_type!r}, {len(b.reduction_ranges)}, {init_lit})")
+    out.append(f"{b.name}_v = _rt.finish({res}, {sizes_text(shape)}, {b.reduction_type!r}, {len(b.reduction_ranges)}, "
+               f"{init_lit})")
     if b.name in ptr:
         out.append(f"_rt.store({ptr[b.name]}, {b.name}_v)")
     else:

@@ -175,8 +175,8 @@ class SizeMap:
         # max/min of sizes where one side is provably the larger for every size (a
         # contiguous stride max(1, n) of an n never 0): that side
         out = out.replace(lambda x: isinstance(x, (tf.Max, tf.Min, sympy.Max, sympy.Min)), self._extreme)
+        out = out.replace(tf.Max, lambda *a: sympy.Max(*a)).replace(tf.Min, lambda *a: sympy.Min(*a))
         bad = [f for f in out.atoms(sympy.Function) if not isinstance(f, (FloorDiv, ModularIndexing))]
-        bad += [f for f in out.atoms(tf.Max, tf.Min, sympy.Max, sympy.Min)]
         if bad:
             raise CoilError(f"size {e} uses {type(bad[0]).__name__}, which coil's sizes do not take yet",
                             stage="lower")

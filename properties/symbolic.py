@@ -45,9 +45,8 @@ graph).
 Left out of symbolic draws, because coil's symbolic path fails on them (each has
 a reproducer in test_symbolic_properties.py, a strict xfail that fails once coil
 is fixed, to say the exclusion can go):
-- diagonal over two dims of symbolic size (SYMBOLIC_EXCLUDED): its length is a
-  min of two symbols, which coil's sizes do not take; the graph is rejected after
-  capture.  The same op on static dims of symbolic tensors is drawn.
+- nothing at present (SYMBOLIC_EXCLUDED is empty): diagonal over two symbolic dims
+  (a min of two sizes), the last op left out, compiles since sizes take min and max.
 """
 
 from __future__ import annotations
@@ -124,15 +123,10 @@ def _sum_of_sizes(n: torch.fx.Node) -> bool:
 # test_symbolic_properties.py, a strict xfail, which passes once coil is fixed:
 # then delete the entry here).  A drawn graph whose AOT graph has a node the
 # predicate holds for is rejected; the same ops on static dims are drawn as usual.
-# (select, slice, unfold, cumsum, mean, var, a cat of a sum of sizes and inputs of a
+# (select, slice, unfold, cumsum, mean, var, diagonal, a cat of a sum of sizes and inputs of a
 # symbolic storage offset were excluded at 6433490 and are drawn since; their
 # reproducers stay as tests: test_once_excluded_now_compiles.)
-SYMBOLIC_EXCLUDED: dict[Any, tuple[Callable[[torch.fx.Node], bool], str]] = {
-    # the diagonal of an (s0, s1) matrix has min(s0, s1) elements: coil's sizes take
-    # no min of two symbols (lower refuses it: the graph runs eagerly)
-    aten.diagonal.default: (_on_symbolic_dim(2, 3),
-                            "[lower] size Min(s0, s1) uses Min, which coil's sizes do not take yet"),
-}
+SYMBOLIC_EXCLUDED: dict[Any, tuple[Callable[[torch.fx.Node], bool], str]] = {}
 
 
 def excluded_use(gm: torch.fx.GraphModule) -> str | None:

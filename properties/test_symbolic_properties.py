@@ -180,7 +180,6 @@ def _cat_of_two_sizes(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 # name: (function, inputs, dynamic (input, dim)s); each fails in coil as SYMBOLIC_EXCLUDED says
 EXCLUDED_REPRODUCERS: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]], list[tuple[int, int]]]] = {
-    "diagonal": (lambda x: aten.diagonal.default(x, 0, 0, 1), lambda: [torch.randn(4, 5)], [(0, 0), (0, 1)]),
 }
 
 # what the draws excluded at 6433490, found failing by them and fixed since: each must
@@ -193,6 +192,9 @@ ONCE_EXCLUDED: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Te
     "mean": (lambda x: aten.mean.dim(x, [0]), lambda k: [torch.randn(4 + k, 3)], [(0, 0)]),
     "var": (lambda x: aten.var.correction(x, [0], correction=0), lambda k: [torch.randn(4 + k, 3)], [(0, 0)]),
     "cat": (_cat_of_two_sizes, lambda k: [torch.randn(5 + k, 2), torch.randn(4 + 2 * k, 2)], [(0, 0), (1, 0)]),
+    # its length is min(s0, s1)
+    "diagonal": (lambda x: aten.diagonal.default(x, 0, 0, 1) * 2, lambda k: [torch.randn(4 + k, 5 + 2 * k)],
+                 [(0, 0), (0, 1)]),
     # an input's storage offset is a size symbol
     "offset_input": (lambda x: x + 1, lambda k: [torch.randn(5 + k, 4)[1:]], [(0, 1)]),
 }

@@ -43,7 +43,7 @@ from coil.ir.expr import (
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 
-cpp_index = IndexPrinter(floordiv="/", mod="%")
+cpp_index = IndexPrinter(floordiv="/", mod="%", maximum="std::max<int64_t>", minimum="std::min<int64_t>")
 
 
 def _sz(size: Any) -> str:

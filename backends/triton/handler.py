@@ -77,7 +77,7 @@ def _symbol(s: sympy.Symbol) -> str:
     raise CoilError(f"triton target: loop symbol {s} left in a kernel index")
 
 
-print_index = IndexPrinter("//", "%", _symbol)
+print_index = IndexPrinter("//", "%", _symbol, "tl.maximum", "tl.minimum")
 
 
 def tail_mask(tails: str) -> str | None:

@@ -111,7 +111,8 @@ def _refine_symbolic(total: Size, cuts: Iterable[Size], shapes: ShapeInfo) -> tu
             chain.append(c)
     if chain[-1] != total and _quotient(total, chain[-1]) is not None:
         chain.append(total)
-    return tuple(q for i in reversed(range(len(chain) - 1)) if (q := _quotient(chain[i + 1], chain[i])) is not None)
+    dims = tuple(q for i in reversed(range(len(chain) - 1)) if (q := _quotient(chain[i + 1], chain[i])) is not None)
+    return dims or (total,)  # no chain of exact divisors (min(s0, s1)): one dim of the whole size
 
 
 def refine(total: Size, cuts: Iterable[Size], shapes: ShapeInfo = EMPTY) -> tuple[Size, ...]:
