@@ -194,48 +194,59 @@ class CompiledFn:
         if len(inputs) != len(self.input_layouts):
             raise CoilError(f"compiled for {len(self.input_layouts)} inputs, called with {len(inputs)}")
         for k, (name, lay, t) in enumerate(zip(self.input_names, self.input_layouts, inputs)):
-            if name in self._tokens and t is None:
-                continue  # AOTAutograd passes None for an effect token
-            if not isinstance(t, torch.Tensor):
-                raise CoilError(f"input {name}: expected a tensor, got {type(t).__name__}")
-            if tuple(t.shape) != lay.size:
-                raise CoilError(f"input {name}: compiled for size {list(lay.size)}, called with size {list(t.shape)}; "
-                                "recompile for new shapes")
-            if t.dtype != lay.dtype:
-                raise CoilError(f"input {name}: compiled for dtype {lay.dtype}, called with {t.dtype}")
-            if t.device != torch.device(lay.device):
-                if t.dim() != 0 or t.device.type != "cpu":
-                    raise CoilError(f"input {name}: compiled for device {lay.device}, called with {t.device}")
-                if name in self._indexed:
-                    inputs[k] = t.to(lay.device)
-                continue
-            if any(s != 1 and a != b for s, a, b in zip(lay.size, lay.stride, t.stride())):
-                if restride and name not in self._indexed:
-                    continue  # only externs see it: they take any strides, as in eager
-                if not restride:
-                    raise CoilError(f"input {name}: compiled for strides {list(lay.stride)}, called with {list(t.stride())}")
-                if name not in self._restrided:
-                    self._restrided.add(name)
-                    log.warning("coil: input %s arrives with strides %s, compiled for %s: copying it",
-                                name, list(t.stride()), list(lay.stride))
-                fixed = torch.empty_strided(lay.size, lay.stride, dtype=lay.dtype, device=t.device)
-                fixed.copy_(t)
-                inputs[k] = fixed
+            self._check_tensor(inputs, k, name, lay, t, lay.size, lay.stride, restride)
+
+    def _check_tensor(self, inputs: list[Any], k: int, name: str, lay: Layout, t: Any, size: tuple[int, ...],
+                      stride: tuple[int, ...], restride: bool) -> None:
+        """check of input k against `lay`, whose size and strides are `size` and
+        `stride` in this call (the layout's own, or its symbolic ones evaluated)."""
+        here = "" if size == lay.size else f" = {list(size)} here"
+        if name in self._tokens and t is None:
+            return  # AOTAutograd passes None for an effect token
+        if not isinstance(t, torch.Tensor):
+            raise CoilError(f"input {name}: expected a tensor, got {type(t).__name__}")
+        if tuple(t.shape) != size:
+            raise CoilError(f"input {name}: compiled for size {list(lay.size)}{here}, called with size "
+                            f"{list(t.shape)}; recompile for new shapes")
+        if t.dtype != lay.dtype:
+            raise CoilError(f"input {name}: compiled for dtype {lay.dtype}, called with {t.dtype}")
+        if t.device != torch.device(lay.device):
+            if t.dim() != 0 or t.device.type != "cpu":
+                raise CoilError(f"input {name}: compiled for device {lay.device}, called with {t.device}")
+            if name in self._indexed:
+                inputs[k] = t.to(lay.device)
+            return
+        if any(n != 1 and a != b for n, a, b in zip(size, stride, t.stride())):
+            if restride and name not in self._indexed:
+                return  # only externs see it: they take any strides, as in eager
+            if not restride:
+                shown = "" if stride == lay.stride else f" = {list(stride)} here"
+                raise CoilError(f"input {name}: compiled for strides {list(lay.stride)}{shown}, called with "
+                                f"{list(t.stride())}")
+            if name not in self._restrided:
+                self._restrided.add(name)
+                log.warning("coil: input %s arrives with strides %s, compiled for %s: copying it",
+                            name, list(t.stride()), list(stride))
+            fixed = torch.empty_strided(size, stride, dtype=lay.dtype, device=t.device)
+            fixed.copy_(t)
+            inputs[k] = fixed
 
     def _check_symbolic(self, inputs: list[Any], restride: bool) -> None:
         """check for a graph of symbolic sizes: the symbols' values come from the
-        inputs as `call` reads them (its Bind lines), each must lie in its range,
-        and every input must have the sizes and strides its layout gives at them."""
-        import sympy
-
+        inputs as `call` reads them (its Bind lines from inputs), each must lie in
+        its range, and every input must have the sizes and strides its layout gives
+        at them.  A data-dependent symbol is bound and checked inside `call`."""
         if len(inputs) != len(self.input_names):
             raise CoilError(f"compiled for {len(self.input_names)} inputs, called with {len(inputs)}")
         args = dict(zip(self.input_names, inputs))
-        values: dict[sympy.Symbol, int] = {}
+        symbols = {f.symbol.name: f.symbol for f in self.sizes.shapes.facts}
+        values: dict[Any, int] = {}
         for b in self._binds:
+            if b.source not in args:
+                continue  # bound from an extern's result, after it runs
             src = args[b.source]
             v = src if b.what == "value" else (src.shape if b.what == "size" else src.stride())[b.dim]
-            values[sympy.Symbol(b.symbol, integer=True, positive=True)] = int(v)
+            values[symbols[b.symbol]] = int(v)
         for f in self.sizes.shapes.facts:
             if not f.backed:  # known once `call` ran its extern, which checks its range then
                 continue
@@ -252,34 +263,8 @@ class CompiledFn:
                 if not isinstance(t, int) or t != at(expect):
                     raise CoilError(f"input {name}: expected the size {expect} = {at(expect)}, got {t!r}")
                 continue
-            if name in self._tokens and t is None:
-                continue
-            if not isinstance(t, torch.Tensor):
-                raise CoilError(f"input {name}: expected a tensor, got {type(t).__name__}")
-            size = tuple(at(v) for v in lay.size)
-            if tuple(t.shape) != size:
-                raise CoilError(f"input {name}: compiled for size {list(lay.size)} = {list(size)} here, called with "
-                                f"size {list(t.shape)}")
-            if t.dtype != lay.dtype:
-                raise CoilError(f"input {name}: compiled for dtype {lay.dtype}, called with {t.dtype}")
-            if t.device != torch.device(lay.device):
-                # a CPU scalar where a scalar of another device was compiled for (CUDA
-                # attention's RNG seed and offset): as check() takes it
-                if t.dim() != 0 or t.device.type != "cpu":
-                    raise CoilError(f"input {name}: compiled for device {lay.device}, called with {t.device}")
-                if name in self._indexed:
-                    inputs[k] = t.to(lay.device)
-                continue
-            stride = tuple(at(v) for v in lay.stride)
-            if any(n != 1 and a != b for n, a, b in zip(size, stride, t.stride())):
-                if restride and name not in self._indexed:
-                    continue
-                if not restride:
-                    raise CoilError(f"input {name}: compiled for strides {list(lay.stride)} = {list(stride)} here, "
-                                    f"called with {list(t.stride())}")
-                fixed = torch.empty_strided(size, stride, dtype=lay.dtype, device=t.device)
-                fixed.copy_(t)
-                inputs[k] = fixed
+            self._check_tensor(inputs, k, name, lay, t, tuple(at(v) for v in lay.size),
+                               tuple(at(v) for v in lay.stride), restride)
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         args = list(inputs)

@@ -252,3 +252,18 @@ def test_graph_cache_keys_symbol_ranges() -> None:
     _, bounded = capture_aot(lambda x: x * 2, (x,))
     assert _symbol_ranges(unbounded) != _symbol_ranges(bounded)
     assert any("[2, 64]" in r for r in _symbol_ranges(bounded))
+
+
+def test_symbolic_inputs_are_checked_at_their_sizes() -> None:
+    """A compiled symbolic graph called directly checks each input against its
+    layout at the sizes the call binds: right sizes run, a tensor that disagrees
+    with the bound sizes is refused with both the expression and its value."""
+    from tests_helpers import capture_aot
+
+    gm, example = capture_aot(lambda x, y: x + y, (torch.randn(8, 16), torch.randn(8, 16)))
+    compiled = coil.compile_graph(gm, example, Options(target="cpp"))
+    n_sizes = sum(isinstance(e, torch.SymInt) for e in example)
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    torch.testing.assert_close(compiled(*([5, 7][:n_sizes]), x, y)[0], x + y)
+    with pytest.raises(coil.CoilError, match=r"here, called with size \[5, 6\]"):
+        compiled(*([5, 7][:n_sizes]), x, torch.randn(5, 6))
