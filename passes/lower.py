@@ -371,20 +371,9 @@ def _proved(shapes: Any, cond: Any) -> bool:
     a, b = norm_size(cond.lhs), norm_size(cond.rhs)
     if a is None or b is None:
         return False
-    rel = type(cond)
-    if rel is sympy.Ge:
-        return bool(shapes.known_ge(a, b))
-    if rel is sympy.Gt:
-        return bool(shapes.known_gt(a, b))
-    if rel is sympy.Le:
-        return bool(shapes.known_le(a, b))
-    if rel is sympy.Lt:
-        return bool(shapes.known_lt(a, b))
-    if rel is sympy.Eq:
-        return bool(shapes.known_eq(a, b))
-    if rel is sympy.Ne:
-        return bool(shapes.known_ne(a, b))
-    return False
+    proof = {sympy.Ge: shapes.known_ge, sympy.Gt: shapes.known_gt, sympy.Le: shapes.known_le,
+             sympy.Lt: shapes.known_lt, sympy.Eq: shapes.known_eq, sympy.Ne: shapes.known_ne}.get(type(cond))
+    return proof is not None and bool(proof(a, b))
 
 
 def norm_size(v: Any) -> Size | None:
