@@ -215,6 +215,11 @@ def peak_report(plan: MemoryPlan) -> str:
     at = peak_step(plan)
     where = "before any step (inputs only)" if at is None else f"at step {at} ({step_label(plan, plan.steps[at].step)})"
     cands = ", ".join(f"{n}={b} B" for n, b in plan.candidates) or "-"
+    if plan.shapes:  # symbolic sizes: the peak is an expression, the figures at the hints
+        from coil.passes.plan_memory import peak_expression
+
+        at_hints = ", ".join(f"{f.symbol}={f.hint}" for f in plan.shapes.facts)
+        where = f"{where}; peak {peak_expression(plan)} bytes, at the hints ({at_hints})"
     return (
         f"peak {plan.peak_bytes} bytes ({fmt_mib(plan.peak_bytes)}) {where}\n"
         f"order strategy: {plan.strategy}; candidates: {cands}"

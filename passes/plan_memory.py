@@ -32,6 +32,7 @@ from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
 from coil.ir.memory import MemoryPlan, Order, PlannedStep
 from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names
+from coil.ir.shapes import Size, norm
 from coil.options import Options
 from coil.passes.kernel_model import load_position, node_role, store_position, var_map
 
@@ -239,6 +240,32 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
 
 
 _Planned = tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str], list[str]]
+
+
+def peak_expression(plan: MemoryPlan) -> Size:
+    """The plan's peak as an expression of the size symbols: the bytes alive at the
+    step that peaks at the hints, each buffer's storage size as it is (an int for a
+    static graph, equal to peak_bytes; at the hints it is peak_bytes)."""
+    bg = plan.buffer_graph
+
+    def nbytes(name: str) -> Size:
+        b = bg.get(name)
+        return 0 if isinstance(b, AliasBuffer) or b.layout is None else b.layout.nbytes
+
+    reused = {old for ps in plan.steps for _, old in ps.reuses}
+    live: Size = sum((i.layout.nbytes for i in bg.inputs), 0)
+    best, best_hint = live, bg.sizes.shapes.hint(live)
+    for ps in plan.steps:
+        step = ps.step
+        for n in (*ps.allocs, *([step.name] if isinstance(step, ExternStep) else []),
+                  *(n for n in step.nodes if isinstance(bg.get(n), MultiOutputBuffer))):
+            live = norm(live + nbytes(n))
+        if bg.sizes.shapes.hint(live) > best_hint:
+            best, best_hint = live, bg.sizes.shapes.hint(live)
+        for f in ps.frees:
+            if f not in reused:
+                live = norm(live - nbytes(f))
+    return best if isinstance(best, int) else norm(sympy.expand(best))
 
 
 def _replay(planned: Sequence[_Planned], bg: BufferGraph, reused: set[str]) -> list[int]:

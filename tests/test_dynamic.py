@@ -267,3 +267,22 @@ def test_symbolic_inputs_are_checked_at_their_sizes() -> None:
     torch.testing.assert_close(compiled(*([5, 7][:n_sizes]), x, y)[0], x + y)
     with pytest.raises(coil.CoilError, match=r"here, called with size \[5, 6\]"):
         compiled(*([5, 7][:n_sizes]), x, torch.randn(5, 6))
+
+
+def test_peak_is_an_expression_and_the_report_evaluates_it_at_the_hints() -> None:
+    """plan_memory's peak of a symbolic graph is an expression of its sizes whose
+    value at the hints is peak_bytes, as the wrapper's replay finds it; the memory
+    report (debug_dir's memory_plan.txt) prints both."""
+    from coil.ir.invariants import replay_peak_expr
+    from coil.passes.plan_memory import peak_expression
+    from coil.report import peak_report
+    from tests_helpers import capture_aot
+
+    gm, example = capture_aot(lambda x: torch.softmax(x, -1).exp() * x, (torch.randn(8, 16),))
+    plan = coil.default_pipeline().run(gm, example, until="plan_memory", options=Options(target="cpp"))
+    peak = peak_expression(plan)
+    assert isinstance(peak, sympy.Expr) and plan.shapes.hint(peak) == plan.peak_bytes
+    w = coil.default_pipeline().run(gm, example, until="wrap", options=Options(target="cpp"))
+    assert sympy.expand(replay_peak_expr(w) - peak) == 0
+    text = peak_report(plan)
+    assert f"peak {peak} bytes, at the hints (s0=8, s1=16)" in text and f"peak {plan.peak_bytes} bytes" in text
