@@ -13,6 +13,19 @@ from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
 
 
+def _one_group(text: str) -> bool:
+    """Whether `text` is one parenthesized group, "(a / b)", not "(a)*(b)"."""
+    if not text.startswith("("):
+        return False
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
 class IndexPrinter:
     """Prints an index expression; `floordiv` and `mod` spell integer division and
     remainder in the target language (operands are nonnegative)."""
@@ -31,7 +44,7 @@ class IndexPrinter:
         """A divisor or modulus: a symbolic product in parentheses (a / (32*s0)),
         since / and % bind as tightly as *."""
         text = self.p(e)
-        return text if e.is_Integer or e.is_Symbol or text.startswith("(") else f"({text})"
+        return text if e.is_Integer or e.is_Symbol or _one_group(text) else f"({text})"
 
     def p(self, e: sympy.Expr) -> str:
         if e.is_Integer:
@@ -69,7 +82,7 @@ class IndexPrinter:
                 out = f"{fn}({out}, {self.p(a)})"
             return out
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-            return "*".join([self.p(e.base)] * int(e.exp))
+            return "(" + "*".join([self.p(e.base)] * int(e.exp)) + ")"
         raise ValueError(f"cannot print index {e}")
 
 

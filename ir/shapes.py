@@ -364,7 +364,7 @@ class _PySizePrinter(StrPrinter):
     def _print_Pow(self, e: sympy.Expr, rational: bool = False) -> str:
         base, exp = e.args
         if exp.is_Integer and int(exp) > 0:
-            return f"({self._print(base)} ** {int(exp)})"
+            return f"({self._operand(base)} ** {int(exp)})"
         raise ValueError(f"size expression {e} has a non-integer power")
 
 

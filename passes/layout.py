@@ -250,8 +250,9 @@ def _meta_layout(ext: Extern, layouts: dict[str, Layout], device: str) -> Layout
 
 
 def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
-    """Rewrite the preferred rank-4 nodes to compute channels-last (module docstring)."""
-    if not options.prefers_channels_last():
+    """Rewrite the preferred rank-4 nodes to compute channels-last (module docstring).
+    Not for a graph of symbolic sizes: its convolutions keep eager's layouts."""
+    if not options.prefers_channels_last() or g.sizes:
         return g
     convs = _convolutions(g)
     if not convs:
@@ -288,7 +289,7 @@ def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
                 layouts[n.name] = n.layout
             case Pointwise() | Reduction() | View():
                 layouts[n.name] = Layout.contiguous(n.size, n.dtype, n.device)
-    return LoweredGraph(tuple(nodes), g.outputs, g.output_strides)
+    return LoweredGraph(tuple(nodes), g.outputs, g.output_strides, g.sizes)
 
 
 def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode], taken: set[str],

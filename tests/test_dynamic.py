@@ -208,7 +208,8 @@ def test_shape_info_proves_over_ranges_and_hints_for_speed() -> None:
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     assert py_size(FloorDiv(s0 * s1, 2) + s0) == "s0 + ((s0*s1) // 2)"
-    for e in (FloorDiv(s0, 2 * s1), ModularIndexing(s0 + s1, s1, 3), FloorDiv(s0 + 127, 128) * s1):
+    for e in (FloorDiv(s0, 2 * s1), ModularIndexing(s0 + s1, s1, 3), FloorDiv(s0 + 127, 128) * s1,
+              (FloorDiv(s1 - 1, 2) + 1) ** 2 * 16):  # a conv's output area: (((s1 - 1) // 2) + 1) ** 2
         # each side of // and % whole: the printed size is the expression's value
         assert eval(py_size(e), {"s0": 12, "s1": 3}) == int(e.xreplace({s0: 12, s1: 3}))
     assert isinstance(sympy.expand(s0 - s0), sympy.Integer)
@@ -286,3 +287,55 @@ def test_peak_is_an_expression_and_the_report_evaluates_it_at_the_hints() -> Non
     assert sympy.expand(replay_peak_expr(w) - peak) == 0
     text = peak_report(plan)
     assert f"peak {peak} bytes, at the hints (s0=8, s1=16)" in text and f"peak {plan.peak_bytes} bytes" in text
+
+
+class _ConvNeXtBlock(torch.nn.Module):
+    """A strided convolution, a depthwise one, a LayerNorm over channels through
+    permutes and a residual: sizes like ((s1 - 1) // 2 + 1) ** 2 and FloorDiv(s1, 4)
+    squared in indices, as ResNet's and ConvNeXt's (from the HF models under
+    dynamic=True, which once printed them with the wrong precedence)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.max_pool2d(self.stem(x), 2)
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        return x + torch.nn.functional.gelu(self.fc(y)).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("name", ["convnext", "resnet"])
+def test_hf_vision_models_with_symbolic_spatial_sizes(name: str) -> None:
+    """HF ConvNeXt and ResNet (bench.hf_models' tiny size) under dynamic=True on cpp:
+    their indices divide by squared spatial sizes, which were once printed with
+    the wrong precedence (wrong results at the second size)."""
+    pytest.importorskip("transformers")
+    import dataclasses
+
+    from bench.hf_models import ALL_MODELS, SIZES
+
+    spec, base = ALL_MODELS[name], SIZES["tiny"]
+    torch.manual_seed(0)
+    model = spec.build(base, spec.attn).eval()
+    f = _compiled(model, "cpp", dynamic=True)
+    with torch.no_grad():
+        for batch in (base.batch, base.batch + 1):
+            kw = spec.inputs(dataclasses.replace(base, batch=batch), torch.Generator().manual_seed(batch), False)
+            torch.testing.assert_close(f(**kw).logits, model(**kw).logits, atol=1e-3, rtol=1e-3)
+    assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
+
+
+@pytest.mark.parametrize("target", ["cpp", "reference"])
+def test_convolutions_with_symbolic_spatial_sizes(target: str) -> None:
+    torch.manual_seed(0)
+    m = _ConvNeXtBlock().eval()
+    f = _compiled(m, target, dynamic=True)
+    with torch.no_grad():
+        for b, hw in ((2, 32), (3, 42), (5, 20)):
+            x = torch.randn(b, 3, hw, hw)
+            torch.testing.assert_close(f(x), m(x), atol=1e-4, rtol=1e-4)
+    assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
