@@ -775,8 +775,8 @@ NOTES = [
     "shapes, so one-off start-up (imports, coil's precompiled prelude header, Inductor's first C++ build) is not "
     "counted. Variants run one after another (not interleaved: each needs its own Dynamo state); eager first.",
     "Dynamo graphs: torch._dynamo.utils.counters['stats']['unique_graphs'] (frame compiles, recompiles included); "
-    "coil compiled / eager: counters['coil']['compiled'] and ['eager'] (today a graph with symbolic shapes runs "
-    "eagerly: it counts under eager); Dynamo's recompile limit is raised above the number of shapes, so a static "
+    "coil compiled / eager: counters['coil']['compiled'] and ['eager'] (a graph coil left to run eagerly counts "
+    "under eager); Dynamo's recompile limit is raised above the number of shapes, so a static "
     "variant compiles every shape.",
     "compile s: the sum over shapes of (first call at a shape - the steady time at that shape), clipped at 0: "
     "everything a new shape costs, Dynamo's tracing and guards included. Dynamo compile s: Dynamo's own timer of "
