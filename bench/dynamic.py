@@ -760,13 +760,9 @@ def _cell(rec: dict[str, Any] | None) -> str:
 
 
 def _versions() -> dict[str, str]:
-    out = {"torch": torch.__version__, "python": platform.python_version()}
-    for mod in ("triton", "transformers"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except ImportError:
-            out[mod] = "none"
-    return out
+    from bench.models import _versions as versions  # the models suite's, the same fields
+
+    return versions()
 
 
 NOTES = [
