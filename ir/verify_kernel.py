@@ -84,7 +84,7 @@ from coil.ir.kernel import (
     tails_of,
 )
 from coil.ir.verify import fail
-from coil.ir.shapes import Size, free_size_symbols, gt, is_unbacked_symbol, lower_bound
+from coil.ir.shapes import Size, free_size_symbols, gt, is_unbacked_symbol, lower_bound, same_size
 
 
 _AXES = {"y": YINDEX, "x": XINDEX, "r": RINDEX}
@@ -247,7 +247,9 @@ def _verify_nest(p: KernelProgram, stage: str, k: KernelSpec) -> None:
             fail(p, stage, k.name, f"K9 {'lanes' if lanes else 'an even split'} without a loop nest")
         return
     n, r = k.group
-    if math.prod(nest.xsizes) != n or (nest.rsizes and math.prod(nest.rsizes) != r) or not nest.xsizes:
+    # sizes equal for every size (s0*s1 - s0 is s0*(s1 - 1)): ints compared, expressions expanded
+    if (not same_size(math.prod(nest.xsizes), n) or (nest.rsizes and not same_size(math.prod(nest.rsizes), r))
+            or not nest.xsizes):
         fail(p, stage, k.name, f"K9 loop nest {list(nest.xsizes)} x {list(nest.rsizes)} does not cover group {k.group}")
     if tuple(nn.name for nn in nest.nodes) != tuple(kn.name for kn in k.nodes):
         fail(p, stage, k.name, f"K9 loop nest's nodes {[nn.name for nn in nest.nodes]} are not the kernel's")
