@@ -56,8 +56,9 @@ def capture_verdict(example_inputs: Sequence[Any], copied: frozenset[int], mutat
     `syncs`: the ops that wait for the GPU."""
     if syncs:
         return f"{syncs[0]} waits for the GPU (its result's size depends on the data)"
-    if any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
-            isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride()))) for x in example_inputs):
+    from coil.passes.symbolic import shape_env
+
+    if shape_env(example_inputs) is not None:
         return "its sizes are symbolic (dynamic shapes): a recording holds one size"
     written = sorted(mutated & copied)
     if written:

@@ -35,14 +35,13 @@ from coil.ir.shapes import (
 )
 
 
-def _shape_env(values: Iterable[Any]) -> Any:
+def shape_env(values: Iterable[Any]) -> Any:
+    """The ShapeEnv of the first symbolic value among `values` (a SymInt, or a
+    tensor of a symbolic size, stride or offset); None when all are static."""
     for v in values:
-        if isinstance(v, torch.SymInt):
-            return v.node.shape_env
-        if isinstance(v, torch.Tensor):
-            for s in (*v.shape, *v.stride(), v.storage_offset()):
-                if isinstance(s, torch.SymInt):
-                    return s.node.shape_env
+        for leaf in size_leaves(v):
+            if isinstance(leaf, torch.SymInt):
+                return leaf.node.shape_env
     return None
 
 
@@ -54,7 +53,8 @@ def _hint_of(env: Any, s: sympy.Symbol) -> int | None:
     return None if v is None else int(v)
 
 
-def _leaves(v: Any) -> list[Any]:
+def size_leaves(v: Any) -> list[Any]:
+    """A value's sizes: a SymInt itself, a tensor's sizes, strides and offset."""
     if isinstance(v, torch.SymInt):
         return [v]
     if isinstance(v, torch.Tensor):
@@ -84,13 +84,13 @@ class SizeMap:
 
     @classmethod
     def of(cls, inputs: Sequence[Any]) -> "SizeMap":
-        env = _shape_env(inputs)
+        env = shape_env(inputs)
         if env is None:
             return cls()
         names: dict[sympy.Symbol, sympy.Expr] = {}
         facts: list[SymbolFacts] = []
         for x in inputs:
-            for leaf in _leaves(x):
+            for leaf in size_leaves(x):
                 if not isinstance(leaf, torch.SymInt):
                     continue
                 expr = env.replace(leaf.node.expr)
@@ -121,7 +121,7 @@ class SizeMap:
         symbol all the same: `call` checks it where it binds it, which it would not
         check as a constant.  A symbol of the ShapeEnv with a hint that no input
         binds stays unknown (`expr` refuses it)."""
-        for leaf in (x for v in torch.utils._pytree.tree_leaves(val) for x in _leaves(v)):
+        for leaf in (x for v in torch.utils._pytree.tree_leaves(val) for x in size_leaves(v)):
             if not isinstance(leaf, torch.SymInt):
                 continue
             env = self.env if self.env is not None else leaf.node.shape_env
@@ -205,21 +205,24 @@ _COMPARISONS: dict[Any, Callable[[Any, Any], Any]] = {
     operator.eq: sympy.Eq, operator.ne: sympy.Ne}
 
 
+# arithmetic of sizes, as the graph's Python size operations spell it
+_ARITHMETIC: dict[Any, Callable[..., Any]] = {
+    operator.mul: lambda a, b: a * b, operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b,
+    operator.neg: lambda a: -a,
+    operator.floordiv: lambda a, b: a // b if isinstance(a, int) and isinstance(b, int) else FloorDiv(a, b),
+    operator.mod: lambda a, b: a % b if isinstance(a, int) and isinstance(b, int) else ModularIndexing(a, 1, b)}
+
+
 def size_arith(target: Any, args: Sequence[Any]) -> Any:
     """The value of a Python size operation (`operator.mul` of two sizes, ...) on
     coil sizes, or a comparison of sizes as a sympy condition; None when `target`
     is not one."""
-    ops: dict[Any, Callable[..., Any]] = {operator.mul: lambda a, b: a * b, operator.add: lambda a, b: a + b,
-           operator.sub: lambda a, b: a - b, operator.neg: lambda a: -a,
-           operator.floordiv: lambda a, b: (a // b if isinstance(a, int) and isinstance(b, int) else FloorDiv(a, b)),
-           operator.mod: lambda a, b: (a % b if isinstance(a, int) and isinstance(b, int)
-                                       else ModularIndexing(a, 1, b))}
     compare = _COMPARISONS.get(target)
     if compare is not None and len(args) == 2 and all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool)
                                                       for a in args):
         v = compare(*(sympy.sympify(a) for a in args))  # a condition on sizes (what an assert checks)
         return v if isinstance(v, (sympy.logic.boolalg.BooleanAtom, sympy.core.relational.Relational)) else None
-    fn = ops.get(target)
+    fn = _ARITHMETIC.get(target)
     if fn is None or not all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool) for a in args):
         return None
     v = fn(*args)

@@ -61,6 +61,7 @@ import torch
 import torch.fx
 from hypothesis import reject
 
+from coil.passes.symbolic import shape_env, size_leaves
 from coil.properties.builder import VALUE_LIMIT
 from coil.properties.families import Config, Family
 from coil.properties.strategies import (
@@ -241,18 +242,10 @@ def _tensor_specs(drawn: DrawnGraph) -> tuple[InputSpec, ...]:
 
 
 def _env(example_inputs: Sequence[Any]) -> Any:
-    for a in example_inputs:
-        if isinstance(a, torch.SymInt):
-            return a.node.shape_env
-        if isinstance(a, torch.Tensor):
-            for s in (*a.shape, *a.stride(), a.storage_offset()):
-                if isinstance(s, torch.SymInt):
-                    return s.node.shape_env
-    raise ValueError("no symbolic example input")
-
-
-def _leaves(t: torch.Tensor) -> list[Any]:
-    return [*t.shape, *t.stride(), t.storage_offset()]
+    env = shape_env(example_inputs)
+    if env is None:
+        raise ValueError("no symbolic example input")
+    return env
 
 
 def _bind(example_inputs: Sequence[Any], sources: Sequence[int | sympy.Expr],
@@ -264,7 +257,7 @@ def _bind(example_inputs: Sequence[Any], sources: Sequence[int | sympy.Expr],
     for fake, src in zip(example_inputs, sources):
         if not isinstance(src, int):
             continue
-        for leaf, real in zip(_leaves(fake), _leaves(tensors[src])):
+        for leaf, real in zip(size_leaves(fake), size_leaves(tensors[src])):
             if isinstance(leaf, torch.SymInt):
                 e = env.replace(leaf.node.expr)
                 if isinstance(e, sympy.Symbol):
@@ -334,7 +327,7 @@ def symbolic(drawn: DrawnGraph, dynamic: Sequence[tuple[int, int]], duck: bool =
         return None
     gm, example, which = got
     if not any(isinstance(a, torch.SymInt) for a in example) and not any(
-            isinstance(s, torch.SymInt) for a in example if isinstance(a, torch.Tensor) for s in _leaves(a)):
+            isinstance(s, torch.SymInt) for a in example if isinstance(a, torch.Tensor) for s in size_leaves(a)):
         return None
     env = _env(example)
     sources: list[int | sympy.Expr] = []
