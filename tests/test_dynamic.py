@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 import coil
 from coil.ir.shapes import EMPTY, ShapeInfo, SymbolFacts, py_size, size_symbol
 from coil.options import Options
+from tests_helpers import compiled_counted
 
 HAS_CUDA = torch.cuda.is_available()
 CUDA = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
@@ -43,12 +44,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[int, int], tuple[torch.Tens
 }
 
 
-def _compiled(fn: Callable[..., Any], target: str, **kw: Any) -> Callable[..., Any]:
-    torch._dynamo.reset()
-    counters.clear()
-    # no graph cache: a graph an earlier test cached would load through its link, uncounted
-    return torch.compile(fn, backend="coil", options={"target": target, "eager_fallback": False, "graph_cache": False},
-                         **kw)
+_compiled = compiled_counted
 
 
 @pytest.mark.parametrize("where", TARGETS)

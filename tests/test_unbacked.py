@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 
 from coil.ir.shapes import SymbolFacts, ShapeInfo, gt, is_size_symbol, le, lower_bound, size_symbol, unbacked_symbol
 from coil.options import Options
+from tests_helpers import compiled_counted
 from coil.passes.fuse import _kind, _merged_group
 from coil.ir.fused import KernelKind
 
@@ -65,12 +66,7 @@ CASES: dict[str, Callable[[torch.Tensor], Any]] = {
 }
 
 
-def _compiled(fn: Callable[..., Any], target: str, **kw: Any) -> Callable[..., Any]:
-    torch._dynamo.reset()
-    counters.clear()
-    # no graph cache: a graph an earlier run cached loads through its link, uncounted
-    return torch.compile(fn, backend="coil", options={"target": target, "eager_fallback": False, "graph_cache": False},
-                         **kw)
+_compiled = compiled_counted
 
 
 @pytest.mark.parametrize("target", TARGETS)

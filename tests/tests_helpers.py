@@ -82,3 +82,17 @@ def capture_aot(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> tuple
         torch.compile(fn, backend=aot_autograd(fw_compiler=keep, inference_compiler=keep), dynamic=True)(*inputs)
     torch._dynamo.reset()
     return got[0]
+
+
+def compiled_counted(fn: Callable[..., Any], target: str, **kw: Any) -> Callable[..., Any]:
+    """torch.compile(fn, backend="coil") from a fresh Dynamo with its counters
+    cleared, so a test can count the graphs coil compiled and left eager; no eager
+    fallback, and no graph cache (a graph an earlier test cached would load through
+    its link, uncounted)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    return torch.compile(fn, backend="coil", options={"target": target, "eager_fallback": False, "graph_cache": False},
+                         **kw)
