@@ -192,6 +192,30 @@ def test_wrapper_binds_symbols_and_passes_them_to_kernels() -> None:
     assert calls and all(ln.rstrip(")").endswith("s0, s1") for ln in calls)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_symbolic_cuda_launches_skip_tritons_binding() -> None:
+    """On CUDA a symbolic graph's kernels launch through fast_launch: Triton's
+    binding runs once a specialization (rows a multiple of 16, or not), and
+    every other size launches the compiled kernel; each matches eager."""
+    from coil.backends.runtime import load_module
+    from coil.backends.triton.runtime import fast_launch
+    from tests_helpers import capture_aot
+
+    fn = lambda x: torch.softmax(x, -1) * x.sum(-1, keepdim=True)  # noqa: E731
+    module = coil.default_pipeline().run(*capture_aot(fn, (torch.randn(32, 48, device="cuda"),)),
+                                         options=Options(target="triton"))
+    compiled = load_module(module)
+    launchers = [v for v in compiled.namespace.values() if isinstance(v, fast_launch)]
+    assert launchers and all(f.enabled for f in launchers), module.source
+    for rows, cols in [(32, 48), (64, 48), (48, 96), (33, 48), (35, 50), (160, 48)]:
+        x = torch.randn(rows, cols, device="cuda")
+        (got,) = compiled(rows, cols, x)
+        torch.testing.assert_close(got, fn(x), atol=1e-4, rtol=1e-4)
+    # (multiple of 16, not) for rows and columns as launched: (32|64|48|160 rows, 48|96 cols), (33|35, 48|50)
+    assert all(1 <= len(f.compiled) <= 3 for f in launchers), [list(f.compiled) for f in launchers]
+
+
 def test_shape_info_proves_over_ranges_and_hints_for_speed() -> None:
     s0, s1 = size_symbol(0), size_symbol(1)
     info = ShapeInfo((SymbolFacts(s0, 8, 2, None), SymbolFacts(s1, 16, 2, 512)))

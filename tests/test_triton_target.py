@@ -1211,6 +1211,65 @@ def test_a_launcher_whose_bound_call_is_refused_falls_back() -> None:
     assert launched == [((4, 1, 1), ("x", 16), {"XBLOCK": 4, "num_warps": 1})]
 
 
+def test_int_key_matches_tritons_specialization() -> None:
+    """fast_launch's key of an integer argument separates every pair of values
+    this Triton compiles differently (its native_specialize_impl, where it has one):
+    two values with the same key must share a kernel."""
+    from coil.backends.triton.runtime import int_key
+
+    native = pytest.importorskip("triton._C.libtriton").__dict__.get("native_specialize_impl")
+    if native is None:
+        pytest.skip("this Triton specializes in Python")
+    from triton.backends.compiler import BaseBackend
+
+    values = [0, 1, 2, 3, 15, 16, 17, 31, 32, 48, 4095, 4096, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16,
+              2**40, -1, -16, -(2**31), -(2**31) - 1]
+    by_key: dict[Any, set[Any]] = {}
+    for v in values:
+        by_key.setdefault(int_key(v), set()).add(native(BaseBackend, v, False, True, True))
+    assert all(len(specs) == 1 for specs in by_key.values()), by_key
+
+
+def test_fast_launch_keys_symbolic_sizes_not_grids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A symbolic graph's launches through fast_launch: a new grid with sizes of
+    the same specialization runs the kernel already compiled (no Triton binding);
+    a size equal to 1, off a multiple of 16 or past int32 goes through Triton's
+    path once for its own specialization."""
+    from coil.backends.triton import runtime
+
+    monkeypatch.setattr(runtime, "_current_stream", lambda: (lambda: 7))
+    triton_calls: list[tuple[Any, ...]] = []
+    runs: list[tuple[Any, ...]] = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "md"
+
+        def __init__(self, tag: int) -> None:
+            self.tag = tag
+
+        def run(self, *args: Any) -> None:
+            runs.append((self.tag, *args))
+
+    class Kernel:
+        arg_names = ("in_ptr0", "out_ptr0", "xnumel", "s0", "XBLOCK")
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **meta: Any) -> Compiled:
+                triton_calls.append((grid, args, meta))
+                return Compiled(len(triton_calls))
+            return launch
+
+    fl = runtime.fast_launch(Kernel())
+    assert fl.enabled
+    x, y = torch.empty(64), torch.empty(64)
+    for n in (32, 48, 64, 17, 33, 1, 32):
+        fl[(n // 16 + 1,)](x, y, n, n, XBLOCK=16, num_warps=1)
+    # 32 compiles (Triton's path), 48 and 64 reuse it; 17 compiles, 33 reuses; 1 compiles; 32 reuses
+    assert [c[1][2] for c in triton_calls] == [32, 17, 1]
+    assert [(r[0], r[1], r[-3]) for r in runs] == [(1, 4, 48), (1, 5, 64), (2, 3, 33), (1, 3, 32)]
+    assert all(r[4] == 7 and r[5:7] == ("fn", "md") for r in runs)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pow_small_integer_exponents_are_products(dtype: torch.dtype) -> None:
     """x ** n for a constant integer |n| <= 4 is lowered as products (GELU's x ** 3),

@@ -232,6 +232,14 @@ class TritonBackend:
             specs = precompile_specs(program) if options.precompile else []
             if specs:  # compiled now, several at a time, instead of one by one at their first launch
                 out += ["", "precompile([", *specs, "])"]
+        if cuda and not options.autotune and symbolic:
+            # sizes change by call: each launch line computes its grid and passes the sizes, and
+            # fast_launch keys on how Triton specializes them instead of running its binding
+            guard = self.guard_device(program)
+            named = [launch.kernel for ln in program.lines if isinstance(ln, KernelCall)
+                     and program.spec(ln.kernel).device == guard and (planned := launches(ln, program)) is not None
+                     for launch in planned[1]]
+            out += ["", *(f"{name} = fast_launch({name})" for name in dict.fromkeys(named))]
         if options.autotune and not symbolic:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead

@@ -212,15 +212,26 @@ def _fast_launch_supported() -> bool:
         hasattr(CompiledKernel, a) for a in ("launch_metadata", "_init_handles"))
 
 
+def int_key(v: int) -> tuple[bool, bool, bool]:
+    """What Triton 3.4-3.9 specialize an integer argument on (read off
+    native_specialize_impl on 3.9 and 3.6): equal to 1 (a constant of the
+    kernel), a multiple of 16 (divisibility, which vectorizes), and whether it
+    fits int32 (else the argument is int64).  Two values with the same key run
+    the same compiled kernel."""
+    return v == 1, v % 16 == 0, -(2**31) <= v < 2**31
+
+
 class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
     """Stands in for a CUDA kernel in `kernel[grid](*args, XBLOCK=..., num_warps=...)`
     launch lines.  The first launch of each specialization goes through Triton's
     JITFunction (binding, specialization, cache lookup: tens of microseconds of
     CPU per launch, which a slow host pays before every kernel); later ones call
-    the compiled kernel's launcher directly.  coil's size arguments are constants
-    of the launch line, so what can change between calls is each tensor's dtype
-    and whether its address is 16-byte aligned, which Triton specializes on: both
-    are in the key."""
+    the compiled kernel's launcher directly.  The key holds what Triton
+    specializes a kernel on that can change between calls: each tensor's dtype and
+    whether its address is 16-byte aligned, and each integer's `int_key` (a
+    symbolic graph's sizes change by call; a static one's are constants of the
+    launch line).  The grid is not in the key: it picks no specialization, and a
+    symbolic launch computes a new one for every size."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
@@ -228,6 +239,7 @@ class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
         self.compiled: dict[Any, Any] = {}
         self.sites: dict[tuple[int, ...], Any] = {}  # grid -> its launcher
         self.tensor_at: tuple[int, ...] | None = None  # positions of the tensor arguments
+        self.int_at: tuple[int, ...] = ()  # and of the integer ones
         self.enabled = bool(self.names) and _fast_launch_supported()
         if self.enabled:  # imported here, not on every launch
             from triton import knobs
@@ -237,7 +249,9 @@ class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
     def __getitem__(self, launch_grid: tuple[int, ...]) -> Any:
         site = self.sites.get(launch_grid)
         if site is None:
-            site = self.sites[launch_grid] = functools.partial(self._run, launch_grid)
+            site = functools.partial(self._run, launch_grid)
+            if len(self.sites) < 64:  # a symbolic launch's grids: one a size, kept for the first few
+                self.sites[launch_grid] = site
         return site
 
     def _run(self, launch_grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
@@ -247,7 +261,9 @@ class fast_launch:  # noqa: N801 - used like a decorator in output_code.py
         at = self.tensor_at
         if at is None:  # a launch line passes the same kinds of argument every time
             at = self.tensor_at = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
-        key = (launch_grid, *meta.values(), *[(args[i].dtype, args[i].data_ptr() % 16 == 0) for i in at])
+            self.int_at = tuple(i for i, a in enumerate(args) if isinstance(a, int))
+        key = (*meta.values(), *[(args[i].dtype, args[i].data_ptr() % 16 == 0) for i in at],
+               *[int_key(args[i]) for i in self.int_at])
         hit = self.compiled.get(key)
         if hit is None:
             ck = self.kernel[launch_grid](*args, **meta)
