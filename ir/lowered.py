@@ -138,6 +138,9 @@ class Extern:
     # its result's size depends on the values it reads (nonzero, a boolean mask):
     # the traced size holds for the example inputs only
     sized_by_data: bool = False
+    # an attention kernel's: the strides eager handed each top-level argument (None: not a
+    # tensor), which its meta function computed the result's layout for (passes/layout.py)
+    arg_strides: tuple[tuple[int, ...] | None, ...] = ()
 
     @property
     def size(self) -> tuple[int, ...]:

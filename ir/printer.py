@@ -69,7 +69,9 @@ def show_lowered(g: LoweredGraph) -> str:
                 lay = n.layout.show() if n.layout else "tuple"
                 mut = f" mutates {list(n.mutated)}" if n.mutated else ""
                 sized = " sized_by_data" if n.sized_by_data else ""
-                out.append(f"  {n.name} = Extern {n.kernel}({args}) -> {lay}{mut}{sized} from {n.origin}")
+                eager = (" eager strides [" + ", ".join("-" if st is None else str(list(st)) for st in n.arg_strides)
+                         + "]" if n.arg_strides else "")
+                out.append(f"  {n.name} = Extern {n.kernel}({args}) -> {lay}{mut}{sized}{eager} from {n.origin}")
             case MultiOutput():
                 out.append(f"  {n.name} = MultiOutput {n.extern}{list(n.index)} -> {n.layout.show()}")
     out.append(f"  return ({', '.join(str(o) for o in g.outputs)},)")

@@ -55,6 +55,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
 import torch
 
 from coil.ir.expr import Load, loads, substitute_symbols, xsyms
@@ -169,12 +170,13 @@ def preferred(g: LoweredGraph, convs: list[Extern]) -> set[str]:
     return out | seen
 
 
-def _permuted(n: Pointwise | Reduction, name: str) -> Pointwise | Reduction:
-    """The node over (N, H, W, C): its dim k is the old dim PERM[k]."""
-    xs = xsyms(RANK)
-    old_to_new = {xs[old]: xs[new] for new, old in enumerate(PERM)}
+def _permuted(n: Pointwise | Reduction, name: str, perm: tuple[int, ...] = PERM) -> Pointwise | Reduction:
+    """The node over its dims in the order `perm` (its dim k is the old dim
+    perm[k]): (N, H, W, C) for channels-last."""
+    xs = xsyms(len(perm))
+    old_to_new = {xs[old]: xs[new] for new, old in enumerate(perm)}
     body = substitute_symbols(n.body, old_to_new)
-    ranges = tuple(n.ranges[d] for d in PERM)
+    ranges = tuple(n.ranges[d] for d in perm)
     if isinstance(n, Pointwise):
         return Pointwise(name, n.dtype, n.device, ranges, body, n.origin, n.op)
     return Reduction(name, n.dtype, n.device, ranges, n.reduction_ranges, n.reduction_type, body, n.origin, n.op)
@@ -202,10 +204,11 @@ def _kept_outputs(g: LoweredGraph, prefer: set[str]) -> list[str]:
     return out
 
 
-def _view_of(base: str, n: Pointwise | Reduction) -> View:
-    """n's (N, C, H, W) view of a node laid out (N, H, W, C)."""
-    xs = xsyms(RANK)
-    index = tuple(xs[PERM[k]] for k in range(RANK))
+def _view_of(base: str, n: Pointwise | Reduction, perm: tuple[int, ...] = PERM) -> View:
+    """n's view, in its own dim order, of a node laid out in the order `perm`
+    ((N, C, H, W) of one laid out (N, H, W, C))."""
+    xs = xsyms(len(perm))
+    index = tuple(xs[perm[k]] for k in range(len(perm)))
     return View(n.name, base, n.dtype, n.device, n.size, index, n.origin, n.op)
 
 
@@ -316,7 +319,7 @@ def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode
         layouts[view.name] = Layout(lay.size, channels_last_strides(lay.size), lay.dtype, lay.device)
         args[i] = TensorRef(view.name)
         log.debug("prefer_channels_last %s reads a channels-last copy of %s (%s)", c.name, ref.name, copy.name)
-    c = Extern(c.name, c.kernel, tuple(args), c.kwargs, c.layout, c.origin, c.op, c.mutated, c.sized_by_data)
+    c = attrs.evolve(c, args=tuple(args))
     device = c.layout.device if c.layout is not None else _device_of(c, layouts)
     try:
         result = _meta_layout(c, layouts, device)
@@ -324,7 +327,7 @@ def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode
         log.debug("prefer_channels_last %s: no meta layout (%s)", c.name, e)
         return c
     if isinstance(result, Layout):
-        return Extern(c.name, c.kernel, c.args, c.kwargs, result, c.origin, c.op, c.mutated, c.sized_by_data)
+        return attrs.evolve(c, layout=result)
     results[c.name] = {(k,): lay for k, lay in enumerate(result) if lay is not None}
     return c
 
@@ -332,3 +335,119 @@ def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode
 def _device_of(c: Extern, layouts: dict[str, Layout]) -> str:
     refs = [a for a in c.args if isinstance(a, TensorRef)]
     return layouts[refs[0].name].device
+
+
+# ---- attention kernels get their arguments in eager's strides ----------------------------------
+
+
+def dense_order(size: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The dims from outermost to innermost of a tensor laid out densely (each
+    stride the product of the sizes inside it, dims of size 1 anywhere), the
+    order `_permuted` takes; None for a padded or overlapping layout."""
+    order = tuple(sorted(range(len(size)), key=lambda d: (-stride[d], d) if size[d] != 1 else (0, d)))
+    inner = 1
+    for d in reversed(order):
+        if size[d] != 1 and stride[d] != inner:
+            return None
+        inner *= size[d]
+    return order
+
+
+def _same_strides(size: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return all(n == 1 or x == y for n, x, y in zip(size, a, b))
+
+
+class _Planned:
+    """The strides each node of a lowered graph will have once realized, as far
+    as they are known here: an input's, an extern's or a multi-output's own, a
+    computed node's contiguous ones (or those of the order it was rewritten in),
+    a view's as realize aliases it (`_strided` of its index into its base), or
+    contiguous where realize copies it."""
+
+    def __init__(self) -> None:
+        self.layouts: dict[str, Layout] = {}
+
+    def add(self, n: LNode) -> None:
+        from coil.passes.realize import _strided
+
+        match n:
+            case Input() | MultiOutput():
+                self.layouts[n.name] = n.layout
+            case Extern() if n.layout is not None:
+                self.layouts[n.name] = n.layout
+            case Pointwise() | Reduction():
+                self.layouts[n.name] = Layout.contiguous(n.size, n.dtype, n.device)
+            case View():
+                base = self.layouts.get(n.base)
+                lay = _strided(n.index, n.size, base) if base is not None else None
+                self.layouts[n.name] = lay if lay is not None else Layout.contiguous(n.size, n.dtype, n.device)
+
+
+def attention_input_strides(g: LoweredGraph, options: Options) -> LoweredGraph:
+    """An attention kernel's meta function gives its result's layout for the
+    strides eager handed it its arguments (Extern.arg_strides), and some of its
+    CUDA kernels follow the query's layout instead (cuDNN's): so each argument is
+    given the strides eager gave it, as Inductor's `sdpa_constraint` requires
+    them.  A computed argument read by no graph output is computed in that order
+    (the rotary embedding writes the query (B, S, H, D) in memory, and the output
+    projection then reads the attention's result as a view); any other argument
+    laid out otherwise reads a copy in that order.  Arguments eager had padded
+    or overlapping (not dense) are left as they are.  Without this, Llama's
+    attention results came back contiguous where coil planned (B, S, H, D), and
+    the wrapper copied each one on every call (H200, bf16: 4 copies a call)."""
+    wanted: dict[str, set[tuple[int, ...]]] = {}
+    for n in g.nodes:
+        if isinstance(n, Extern) and n.arg_strides:
+            for a, st in zip(n.args, n.arg_strides):
+                if isinstance(a, TensorRef) and st is not None:
+                    size = tuple(g.node(a.name).size)
+                    order = dense_order(size, st)
+                    if order is not None and not _same_strides(size, contiguous_strides(size), st):
+                        wanted.setdefault(a.name, set()).add(order)
+    if not wanted or g.sizes:
+        return g
+    outputs = set(g.outputs)
+    taken = {n.name for n in g.nodes}
+    planned = _Planned()
+    nodes: list[LNode] = []
+    for n in g.nodes:
+        orders = wanted.get(n.name, set())
+        if isinstance(n, (Pointwise, Reduction)) and len(orders) == 1 and n.name not in outputs:
+            order = next(iter(orders))
+            inner = _permuted(n, _fresh(f"{n.name}__eager", taken), order)
+            view = _view_of(inner.name, n, order)
+            for m in (inner, view):
+                nodes.append(m)
+                planned.add(m)
+            log.debug("attention_input_strides %s computed over %s (dims %s)", n.name, inner.name, list(order))
+            continue
+        if isinstance(n, Extern) and n.arg_strides:
+            n = _eager_args(n, planned, nodes, taken)
+        nodes.append(n)
+        planned.add(n)
+    return LoweredGraph(tuple(nodes), g.outputs, g.output_strides, g.sizes)
+
+
+def _eager_args(ext: Extern, planned: _Planned, nodes: list[LNode], taken: set[str]) -> Extern:
+    """The extern reading, for each argument planned in other strides than eager
+    gave it, a copy in eager's order (`<extern>__eager_in<i>`)."""
+    args = list(ext.args)
+    for i, (a, st) in enumerate(zip(ext.args, ext.arg_strides)):
+        if not isinstance(a, TensorRef) or st is None:
+            continue
+        lay = planned.layouts[a.name]
+        order = dense_order(lay.size, st)
+        if order is None or _same_strides(lay.size, lay.stride, st):
+            continue
+        xs = xsyms(len(order))
+        src = Load(a.name, tuple(xs[order.index(d)] for d in range(len(order))), lay.dtype)
+        copy = Pointwise(_fresh(f"{ext.name}__eager_in{i}", taken), lay.dtype, lay.device,
+                         tuple(lay.size[d] for d in order), src, ext.origin, "eager_strides")
+        view = View(_fresh(f"{copy.name}_view", taken), copy.name, lay.dtype, lay.device, lay.size,
+                    tuple(xs[order[k]] for k in range(len(order))), ext.origin, "eager_strides")
+        for m in (copy, view):
+            nodes.append(m)
+            planned.add(m)
+        args[i] = TensorRef(view.name)
+        log.debug("attention_input_strides %s reads a copy of %s in eager's strides %s", ext.name, a.name, list(st))
+    return attrs.evolve(ext, args=tuple(args))

@@ -39,7 +39,7 @@ from coil.ir.layout import Layout
 from coil.ir.shapes import NO_SIZES, GraphSizes, Size, norm
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
-from coil.passes.layout import prefer_channels_last
+from coil.passes.layout import attention_input_strides, prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering
 from coil.passes.symbolic import STATIC, SizeMap, size_arith
@@ -119,9 +119,24 @@ def _to_ref(x: Any) -> Any:
     return x
 
 
-def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[str, Any], val: Any) -> Any:
+def _eager_strides(kernel: str, args: Sequence[Any], arg_vals: Sequence[Any]) -> tuple[tuple[int, ...] | None, ...]:
+    """An attention kernel's argument strides as eager handed them (its fake
+    inputs'), which passes/layout.py gives it back; () for other kernels, and for
+    symbolic strides."""
+    if "scaled_dot_product" not in kernel or len(arg_vals) != len(args):
+        return ()
+    out = tuple(tuple(v.stride()) if isinstance(a, TensorValue) and isinstance(v, torch.Tensor) else None
+                for a, v in zip(args, arg_vals))
+    if any(st is not None and not all(isinstance(x, int) for x in st) for st in out):
+        return ()
+    return out
+
+
+def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[str, Any], val: Any,
+                 arg_vals: Sequence[Any] = ()) -> Any:
     """The fallback: keep the aten call whole; its result layout comes from the fake
-    value.  Tuple results become MultiOutput nodes."""
+    value.  Tuple results become MultiOutput nodes.  `arg_vals`: the fake values of
+    the node's arguments (an attention kernel keeps their strides)."""
     kernel = str(target) if isinstance(target, torch._ops.OpOverload) else _short(target)
     if not isinstance(target, torch._ops.OpOverload):
         raise CoilError(f"cannot call {target!r} as an extern (not an aten op)", stage="lower", node=ctx.origin)
@@ -137,12 +152,13 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
         ctx.sizes.admit_unbacked(val)
     if isinstance(val, torch.Tensor):
         return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device, ctx.sizes), ctx.origin, ctx.op, mutated,
-                              sized))
+                              sized, _eager_strides(kernel, args, arg_vals)))
     if val is None and not target._schema.returns:  # called for its effect (a check that raises)
         ctx.append(Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated))
         return None
     if isinstance(val, (tuple, list)):
-        ext = Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated, sized)
+        ext = Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated, sized,
+                     _eager_strides(kernel, args, arg_vals))
         ctx.append(ext)
         outs: list[Any] = []
         for i, v in enumerate(val):
@@ -292,7 +308,8 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         flat_args = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorValue)]
         return _lower_graph_into(ctx, sub, flat_args, depth + 1)
     log.debug("lower %s: %s -> extern fallback", node.name, target)
-    return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
+    arg_vals = [vals.get(a.name) if isinstance(a, torch.fx.Node) else None for a in node.args]
+    return lower_extern(ctx, target, args, kwargs, vals.get(node.name), arg_vals)
 
 
 def _symbolic_size_error(e: TypeError) -> bool:
@@ -486,7 +503,8 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
         free = set(options.free_output_strides)
         output_strides = tuple(None if i in free else st for i, st in enumerate(output_strides))
     sizes = NO_SIZES if not sm.shapes else GraphSizes(sm.shapes, tuple(size_inputs), tuple(order), size_outputs)
-    return prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides, sizes), options)
+    g = prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides, sizes), options)
+    return attention_input_strides(g, options)
 
 
 def _constant(ctx: LowerCtx, fx: FxGraph, n: torch.fx.Node, device: str) -> Any:
