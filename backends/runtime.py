@@ -13,6 +13,7 @@ import torch
 
 from coil.errors import CoilError
 from coil.ir.layout import Layout
+from coil.ir.shapes import GraphSizes, py_size
 from coil.ir.module import CompiledModule
 
 log = logging.getLogger("coil")
@@ -141,6 +142,7 @@ class CompiledFn:
             # the symbols the inputs give; a data-dependent one (u0) `call` binds from an extern's result
             self._binds = tuple(ln for ln in module.program.lines
                                 if isinstance(ln, Bind) and ln.source in bg.sizes.order)
+            self._at = _expected_at(bg.sizes, self.input_names, self.input_layouts)
         self.constants = tuple(i.value for i in bg.inputs if i.value is not None)
         self._tokens = frozenset(i.name for i in bg.inputs if i.token)
         self._restrided: set[str] = set()
@@ -254,17 +256,14 @@ class CompiledFn:
             if v < f.lower or (f.upper is not None and v > f.upper):
                 raise CoilError(f"size {f.symbol} = {v} is outside the range {f.lower}..{f.upper} compiled for")
 
-        def at(e: Any) -> int:
-            return e if isinstance(e, int) else int(e.xreplace(values))
-
-        for k, (name, lay, t) in enumerate(zip(self.input_names, self.input_layouts, inputs)):
+        expected = self._at(*(values[f.symbol] for f in self.sizes.shapes.facts if f.backed))
+        for k, (name, lay, t, want) in enumerate(zip(self.input_names, self.input_layouts, inputs, expected)):
             if lay is None:  # a SymInt input
-                expect = dict(self.sizes.inputs)[name]
-                if not isinstance(t, int) or t != at(expect):
-                    raise CoilError(f"input {name}: expected the size {expect} = {at(expect)}, got {t!r}")
+                if not isinstance(t, int) or t != want:
+                    raise CoilError(f"input {name}: expected the size {dict(self.sizes.inputs)[name]} = {want}, "
+                                    f"got {t!r}")
                 continue
-            self._check_tensor(inputs, k, name, lay, t, tuple(at(v) for v in lay.size),
-                               tuple(at(v) for v in lay.stride), restride)
+            self._check_tensor(inputs, k, name, lay, t, want[0], want[1], restride)
 
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         args = list(inputs)
@@ -306,6 +305,26 @@ class CompiledFn:
         if self.constants:
             args.extend(self.constants)
         return tuple(self._call(args))
+
+
+def _expected_at(sizes: GraphSizes, names: Sequence[str], layouts: Sequence[Layout | None]) -> Callable[..., Any]:
+    """A function of the backed symbols' values (in the order of their facts)
+    giving, for each input, its value (a SymInt input) or its sizes and strides:
+    the expressions written once as Python, so a call checks its inputs without
+    evaluating sympy (a backward graph's check runs on every call)."""
+    backed = [f.symbol for f in sizes.shapes.facts if f.backed]
+    given = dict(sizes.inputs)
+    items = []
+    for name, lay in zip(names, layouts):
+        if lay is None:
+            items.append(py_size(given[name]))
+        else:
+            items.append(f"(({''.join(py_size(v) + ', ' for v in lay.size)}), "
+                         f"({''.join(py_size(v) + ', ' for v in lay.stride)}))")
+    text = f"def at({', '.join(s.name for s in backed)}):\n    return ({''.join(i + ', ' for i in items)})\n"
+    scope: dict[str, Any] = {}
+    exec(compile(text, "<coil input sizes>", "exec"), scope)  # noqa: S102 - expressions coil printed
+    return scope["at"]  # type: ignore[no-any-return]
 
 
 class CacheUnwritable(CoilError):
