@@ -145,9 +145,9 @@ def may_skip_aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> boo
     (if AOTAutograd passes it through unchanged): plain static tensors in, no
     autocast, no input that needs grad while grad is on (a training graph), no
     parameters or submodules, and nothing called that gm.code does not spell out."""
-    if not all(map(_plain_tensor, example_inputs)) or _autocast_on():
+    if not all(_plain_tensor(x) or isinstance(x, torch.SymInt) for x in example_inputs) or _autocast_on():
         return False
-    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs):
         return False
     if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
         return False
@@ -167,8 +167,30 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
     state = (f"grad={torch.is_grad_enabled()} inference={torch.is_inference_mode_enabled()} "
              f"dtype={torch.get_default_dtype()} deterministic={torch.are_deterministic_algorithms_enabled()}")
     parts = ["dynamo", coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(), state, gm.code,
-             *(f"{_input_key(x)}:rg={x.requires_grad}" for x in example_inputs), repr(sorted(opts.items()))]
+             *_dynamo_input_keys(gm, example_inputs), repr(sorted(opts.items()))]
+    if any(isinstance(x, torch.SymInt) for x in example_inputs):
+        parts += _symbol_ranges(example_inputs)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _dynamo_input_keys(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[str]:
+    """Each input of a Dynamo graph as its link's key holds it.  A graph of symbolic
+    sizes takes SymInts (keyed by their symbols) and tensors of the first call's
+    sizes: those are keyed by the sizes its placeholders' fake values give
+    (`(s77, 32)`), so one link serves every size the graph's guards admit."""
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    symbolic = any(isinstance(x, torch.SymInt) for x in example_inputs) and len(places) == len(example_inputs)
+    out = []
+    for k, x in enumerate(example_inputs):
+        fake = places[k].meta.get("example_value") if symbolic else None
+        if isinstance(x, torch.SymInt):
+            out.append(f"S{x.node.expr}")
+        elif isinstance(fake, torch.Tensor) and isinstance(x, torch.Tensor):
+            shown = ", ".join(map(str, (*fake.shape, "/", *fake.stride(), "+", fake.storage_offset())))
+            out.append(f"T({shown}):{x.dtype}:{x.device}:rg={x.requires_grad}")
+        else:
+            out.append(f"{_input_key(x)}:rg={getattr(x, 'requires_grad', False)}")
+    return out
 
 
 def load_link(key: str, cache_dir: str | None) -> CompiledModule | None:

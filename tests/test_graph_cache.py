@@ -143,6 +143,28 @@ def test_an_inference_graph_loads_through_its_link(tmp_path: Path, no_aot: Calla
     torch.testing.assert_close(again, two_outputs(x2, y2))
 
 
+def test_a_symbolic_graph_links_and_serves_another_batch_size(tmp_path: Path, no_aot: Callable[[], None]) -> None:
+    """Under dynamic=True the link keys on the graph's symbolic sizes (and their
+    ranges): a compile at batch 8 leaves one, and in a fresh Dynamo a call at batch
+    13 loads the compiled graph through it, without AOTAutograd, and is right."""
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x + y, -1) * 2
+
+    def run(b: int) -> None:
+        torch._dynamo.reset()
+        x, y = torch.randn(b, 12), torch.randn(b, 12)
+        compiled = torch.compile(f, backend="coil", dynamic=True,
+                                 options={"target": "cpp", "cache_dir": str(tmp_path)})
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+
+    run(8)
+    assert len(_links(tmp_path)) == 1
+    no_aot()
+    run(13)
+    run(5)
+    assert len(_links(tmp_path)) == 1
+
+
 def test_a_grad_free_graph_of_inputs_that_need_grad_links(tmp_path: Path, no_aot: Callable[[], None]) -> None:
     x, y = torch.randn(8, 12, requires_grad=True), torch.randn(12, 8)
     with torch.no_grad():
