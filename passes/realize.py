@@ -78,7 +78,7 @@ from coil.ir.lowered import (
     View,
     extern_tensor_names,
 )
-from coil.ir.shapes import free_size_symbols, is_unbacked_symbol
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, free_size_symbols, is_size_symbol, is_unbacked_symbol, norm
 from coil.options import Options
 
 log = logging.getLogger("coil.trace")
@@ -145,14 +145,18 @@ def _effective_readers(g: LoweredGraph) -> dict[str, list[str]]:
     return {n.name: eff(n.name) for n in g.nodes}
 
 
-def _strided(index: tuple[sympy.Expr, ...], size: tuple[int, ...], base: Layout) -> Layout | None:
-    """The layout of a view when its storage offset is affine in the view's index."""
+def _strided(index: tuple[sympy.Expr, ...], size: tuple[Size, ...], base: Layout,
+             shapes: ShapeInfo = EMPTY) -> Layout | None:
+    """The layout of a view when its storage offset is affine in the view's index.
+    With symbolic sizes a stride or offset may be an expression of the size
+    symbols (a slice of a padded row: `s1 - Mod(s1, 16) + 16`), where its ranges
+    prove it nonnegative."""
     xs = xsyms(len(size))
     off = simplify_index(base.offset_of(index), ranges_of(xs, size))
     poly = off.as_poly(*xs) if xs else None
     if xs and (poly is None or poly.total_degree() > 1):
         return None
-    strides = []
+    strides: list[Size] = []
     for x, s in zip(xs, size):
         c = off.coeff(x)
         if c.is_Integer and int(c) < 0:
@@ -161,12 +165,24 @@ def _strided(index: tuple[sympy.Expr, ...], size: tuple[int, ...], base: Layout)
             if s == 1:
                 strides.append(0)
                 continue
-            return None
+            if not _size_expr(c, shapes):
+                return None
+            strides.append(norm(c))
+            continue
         strides.append(int(c))
     const = off.subs({x: 0 for x in xs})
-    if not const.is_Integer or int(const) < 0:
+    if const.is_Integer:
+        if int(const) < 0:
+            return None
+        return Layout(size, tuple(strides), base.dtype, base.device, int(const))
+    if not _size_expr(const, shapes):
         return None
-    return Layout(size, tuple(strides), base.dtype, base.device, int(const))
+    return Layout(size, tuple(strides), base.dtype, base.device, norm(const))
+
+
+def _size_expr(e: sympy.Expr, shapes: ShapeInfo) -> bool:
+    """An expression of size symbols alone, provably nonnegative."""
+    return bool(e.free_symbols) and all(is_size_symbol(s) for s in e.free_symbols) and shapes.known_le(0, e)
 
 
 def _full_readers(g: LoweredGraph) -> dict[str, int]:
@@ -440,7 +456,7 @@ class _Realizer:
         if isinstance(body, Load) and body.mask is None and body.name in self.layouts:
             rng = ranges_of(xsyms(len(entry.ranges)), entry.ranges)
             idx = tuple(simplify_index(i, rng) for i in body.index)
-            layout = _strided(idx, entry.ranges, self.layouts[body.name])
+            layout = _strided(idx, entry.ranges, self.layouts[body.name], self.shapes)
             if layout == self.layouts[body.name]:
                 return body.name  # an identity view (alias, detach): the tensor itself
             if layout is not None:

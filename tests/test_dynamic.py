@@ -216,6 +216,38 @@ def test_symbolic_cuda_launches_skip_tritons_binding() -> None:
     assert all(1 <= len(f.compiled) <= 3 for f in launchers), [list(f.compiled) for f in launchers]
 
 
+def _padded_slice_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    n = x.shape[-1]
+    return F.pad(x * 2, (0, 16 - n % 16))[:, :n] @ w
+
+
+def test_a_slice_of_a_padded_row_reaches_an_extern_as_a_view() -> None:
+    """A symbolic slice of a padded tensor (what scaled_dot_product_attention makes
+    of a mask for memory-efficient attention) is an alias of the padded buffer, its
+    row stride an expression of the sizes, not a contiguous copy: memory-efficient
+    attention refuses a mask whose rows are not aligned (GPT-2 on CUDA)."""
+    from coil.ir.buffers import AliasBuffer, ExternBuffer
+    from tests_helpers import capture_aot
+
+    gm, example = capture_aot(_padded_slice_mm, (torch.randn(8, 9), torch.randn(9, 4)))
+    bg = coil.default_pipeline().run(gm, example, until="realize", options=Options(target="cpp"))
+    mm = next(b for b in bg.buffers if isinstance(b, ExternBuffer) and b.kernel == "aten.mm.default")
+    arg = next(b for b in bg.buffers if b.name == mm.args[0].name)
+    assert isinstance(arg, AliasBuffer), arg
+    assert not isinstance(arg.layout.stride[0], int) and "16" in str(arg.layout.stride[0]), arg.layout
+
+
+@pytest.mark.parametrize("where", TARGETS)
+def test_padded_slices_compile_once_and_match(where: tuple[str, str]) -> None:
+    target, device = where
+    f = _compiled(_padded_slice_mm, target, dynamic=True)
+    for rows, n in [(8, 9), (5, 17), (16, 33)]:
+        x, w = torch.randn(rows, n, device=device), torch.randn(n, 4, device=device)
+        torch.testing.assert_close(f(x, w), _padded_slice_mm(x, w), atol=1e-4, rtol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
+
+
 def test_shape_info_proves_over_ranges_and_hints_for_speed() -> None:
     s0, s1 = size_symbol(0), size_symbol(1)
     info = ShapeInfo((SymbolFacts(s0, 8, 2, None), SymbolFacts(s1, 16, 2, 512)))
