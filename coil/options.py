@@ -188,6 +188,12 @@ class TargetTraits:
     # kernels whose sizes are symbols, taken as arguments (dynamic shapes): a graph with
     # symbolic sizes compiles for a target that has this, and runs eagerly elsewhere
     symbolic_sizes: bool = False
+    # a looped reduction over a symbolic row whose hint fits in one tile (persistent_limit)
+    # but whose range does not also gets a persistent variant, and each call launches the
+    # one that fits its row (KernelSpec.choice; Inductor's multi-kernel): a row held in
+    # registers runs 1.3x-4.4x faster than looped at 4096 (bench/results/h200-dynamic-batches.md);
+    # else such a row loops whatever its length (the C++ target's r-loops do anyway)
+    multi_kernel: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -233,7 +239,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            channels_last=True, channels_last_training=True, splits=TRITON_SPLITS,
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
-                           device_asserts=True, loads_first=True, symbolic_sizes=True),
+                           device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
                         scratch=CPP_SCRATCH, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True),

@@ -15,7 +15,10 @@ Grammar::
                     nodes: KernelNode*, stages: Stage*, wide_index,
                     tails: Tails | None, launches: KernelLaunch*, nest: LoopNest | None,
                     streams: Streams | None, scratch: ScratchArray*, hoisted: Hoisted*,
-                    asserts: CheckKind*, reads: Read*)
+                    asserts: CheckKind*, reads: Read*, symbols, choice: Choice | None)
+    Choice ::= (persistent: KernelSpec, rnumel, rblock, why)
+                                             a looped kernel's persistent variant, which
+                                             a call launches instead where rnumel <= rblock
     Read ::= (load: Load | IndirectLoad, offset, tails)
                                              a load from memory: its offset from the
                                              start of its buffer's view, in kernel
@@ -91,6 +94,14 @@ streaming stores (`streams`, passes/schedule/streams.py), a reduction's row
 scratch arrays and what each r-loop computes once per row, divisions by such
 values made multiplications by a reciprocal (`scratch`, `hoisted`,
 passes/schedule/rows.py).  Their expressions are subtrees of the nest's bodies.
+A target whose traits ask for a run-time choice (multi_kernel: Triton) gets, on
+a looped reduction over a symbolic row whose hint fits one tile but whose range
+does not, a persistent variant of the same nodes, parameters and size arguments
+(`choice`): its RBLOCK is the hint's row rounded up to a power of two, its tail
+masked on rindex < rnumel, its launch the persistent rule's at the hints; the
+wrapper launches it where the row fits, `rnumel <= rblock`, and the looped kernel
+otherwise, once a call (Inductor's multi-kernel, decided by the bound instead of
+by timing both).
 """
 
 from __future__ import annotations
@@ -106,6 +117,7 @@ from coil.ir._delegate import ExtendsMemoryPlan, PlanKernels
 from coil.ir.expr import Expr, IndirectLoad, Load
 from coil.ir.fused import KernelKind, Step
 from coil.ir.memory import MemoryPlan
+from coil.ir.shapes import Size, py_size
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
@@ -454,6 +466,7 @@ class KernelSpec:
     asserts: tuple[str, ...] = ()  # the kinds of run-time check ("index", "divisor") spelled as device asserts
     reads: tuple[Read, ...] = ()  # its bodies' loads from memory, each once, in first-read order
     symbols: tuple[str, ...] = ()  # the size symbols it takes as arguments after its pointers (symbolic sizes)
+    choice: Choice | None = None  # a persistent variant a call launches instead where its row fits
 
     def node(self, name: str) -> KernelNode:
         for n in self.nodes:
@@ -486,6 +499,24 @@ class KernelSpec:
     @property
     def reductions(self) -> int:
         return sum(1 for n in self.nodes if n.reduction_type)
+
+
+@attrs.frozen
+class Choice:
+    """A looped kernel's persistent variant and when a call launches it instead:
+    where the row, `rnumel` (the kernel's, a size of its symbols), fits the
+    variant's tile, rnumel <= `rblock` (its launch's RBLOCK); the looped kernel
+    where it does not.  Both compute the same nodes into the same parameters
+    from the same size arguments."""
+
+    persistent: KernelSpec
+    rnumel: Size
+    rblock: int
+    why: str
+
+    def test(self) -> str:
+        """The condition as the wrapper spells it, over the symbols `call` bound."""
+        return f"{py_size(self.rnumel)} <= {self.rblock}"
 
 
 @attrs.frozen

@@ -77,7 +77,12 @@ def show_wrapper(w: WrapperProgram) -> str:
             case Bind():
                 out.append(f"  {ln.symbol} = {ln.text()}")
             case KernelCall():
-                out.append(f"  {ln.kernel}({', '.join(ln.args + ln.sizes)})")
+                args = ", ".join(ln.args + ln.sizes)
+                choice = w.spec(ln.kernel).choice
+                if choice is None:
+                    out.append(f"  {ln.kernel}({args})")
+                else:  # the persistent variant where the row fits it (KernelSpec.choice)
+                    out += [f"  if {choice.test()}: {choice.persistent.name}({args})", f"  else: {ln.kernel}({args})"]
             case ExternCall():
                 args = ", ".join([fmt_arg(a) for a in ln.args] + [f"{k}={fmt_arg(v)}" for k, v in ln.kwargs])
                 out.append(f"  {ln.name} = {ln.kernel}({args})")

@@ -3,7 +3,8 @@ runs nests) and streamed stores, parameters, tails, the checks it asserts on the
 device, where each load from memory lies and the tails that mask it, nodes (with
 their bodies in kernel coordinates), stages (with the loads each scope issues
 first), row scratch arrays and what each r-loop computes once
-per row, and launches.  Every line that describes a kernel or a node starts with
+per row, launches, and a looped kernel's persistent variant with the bound under
+which a call launches it instead (its spec indented below the looped one's).  Every line that describes a kernel or a node starts with
 its name, so a verifier's error can point at it.  A subtree of the nest's bodies
 prints as its temporary in the first body that has it (`buf1.t3 (exp)`)."""
 
@@ -202,6 +203,11 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
         out.append("    launches: none (nothing to compute)")
     else:
         out.append("    launches: chosen by the target's renderer")
+    if k.choice is not None:
+        c = k.choice
+        out.append(f"    choice: {c.persistent.name} where {c.rnumel} <= {c.rblock}, else {k.name}: {c.why}")
+        # the variant's nodes are the looped kernel's: one line each
+        out += ["    " + ln for ln in show_spec(c.persistent, bodies=False)]
     return out
 
 

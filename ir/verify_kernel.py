@@ -57,6 +57,12 @@ K14 a split's prelude, in kernel order, holds nodes of its outer stage 0, every
    is empty (its nest computes them)
 K15 a kernel of several launches (a split) fixes each of them (autotuning and
    compiling ahead take a kernel's one launch)
+K16 a choice belongs to a launched looped kernel along rows (not down columns) of a
+   symbolic row, and tests that row; its persistent variant has another name than
+   every kernel's, the persistent kind, rows held whole, one launch whose RBLOCK is
+   the choice's bound, no choice of its own, and the looped kernel's group,
+   device, parameters, nodes (bodies and stores) and size arguments; it keeps
+   every rule above
 """
 
 from __future__ import annotations
@@ -102,6 +108,25 @@ def verify_kernel_program(p: KernelProgram, stage: str) -> None:
         if tuple(n.name for n in spec.nodes) != k.nodes or spec.group != k.group or spec.kind != k.kind:
             fail(p, stage, spec.name, "K1 nodes, group or kind differ from the fused kernel's")
         _verify_spec(p, stage, spec)
+        _verify_choice(p, stage, spec, {s.name for s in p.specs})
+
+
+def _verify_choice(p: KernelProgram, stage: str, k: KernelSpec, names: set[str]) -> None:
+    c = k.choice
+    if c is None:
+        return
+    v = c.persistent
+    rows = isinstance(k.space, Rows) and k.space.looped and not k.space.columns
+    if not rows or not k.launches or isinstance(k.group[1], int) or not same_size(c.rnumel, k.group[1]):
+        fail(p, stage, k.name, f"K16 a choice on a {k.kind} kernel of group {k.group} testing rows of {c.rnumel}")
+    held = isinstance(v.space, Rows) and not v.space.looped
+    if (v.name in names or v.kind is not KernelKind.PERSISTENT or not held or len(v.launches) != 1
+            or v.launches[0].config.rblock != c.rblock or v.choice is not None):
+        fail(p, stage, v.name, f"K16 the persistent variant of {k.name} for rows up to {c.rblock}: not a kernel "
+                               "of its own name whose one launch holds such rows whole")
+    if (v.group, v.device, v.params, v.nodes, v.symbols) != (k.group, k.device, k.params, k.nodes, k.symbols):
+        fail(p, stage, v.name, f"K16 computes other nodes, parameters or sizes than {k.name}, its looped variant")
+    _verify_spec(p, stage, v)
 
 
 def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:

@@ -11,6 +11,9 @@ one policy, from the target's frozen traits (coil/options.py: TargetTraits):
   many programs (split.py);
 - the stages: one scope, or outer stages and reduction loops with their
   accumulators, online softmax included (loops.py);
+- where the traits ask for a run-time choice (multi_kernel), a looped kernel over
+  a symbolic row whose hint fits one tile but whose range does not also gets its
+  persistent variant, which a call launches where the row fits (KernelSpec.choice);
 - the launches, their configs and tails, and the rule that chose each (launch.py);
   the kinds of run-time check a kernel asserts on the device, which its launch
   compiles in (launch.py: device_asserts, where the traits have device asserts);
@@ -41,6 +44,7 @@ from coil.ir.expr import Cast, Expr, read_names, rewrite, substitute_symbols
 from coil.ir.fused import FusedKernel, KernelKind
 from coil.ir.kernel import (
     RINDEX,
+    Choice,
     Flat,
     KernelLaunch,
     KernelNode,
@@ -58,7 +62,7 @@ from coil.ir.kernel import (
 )
 from coil.ir.layout import Layout
 from coil.ir.memory import MemoryPlan
-from coil.ir.shapes import EMPTY, ShapeInfo, is_size_symbol, is_static, symbol_key
+from coil.ir.shapes import EMPTY, ShapeInfo, is_size_symbol, is_static, is_unbacked_symbol, symbol_key
 from coil.options import Options, TargetTraits
 from coil.passes.kernel_model import (
     kernel_buffers,
@@ -85,19 +89,65 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
     specs = []
     for k in plan.schedule.kernels:
         bufs = kernel_buffers(k, g)
-        spec = schedule_kernel(k, bufs, kernel_params(k, g, plan.removed), layouts, traits, drop, plan.shapes)
-        if traits.loads_first:
-            spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts), reads=loads.reads(spec, layouts))
-        if traits.nests is not None:
-            spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests, traits.columns, plan.shapes)
-            if is_static(k.group):  # symbolic sizes: plain stores, no row scratch (no static bound to size it)
-                if traits.streams is not None:
-                    spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
-                spec = rows.row_work(spec, traits)
-        if plan.shapes:
-            spec = attrs.evolve(spec, symbols=_symbols_used(spec, layouts))
+        params = kernel_params(k, g, plan.removed)
+        spec = _scheduled(k, bufs, params, layouts, traits, drop, plan)
+        if traits.multi_kernel and _may_hold_rows(k, spec, options.persistent_limit(), plan.shapes):
+            variant = _scheduled(attrs.evolve(k, name=persistent_name(k.name, traits), kind=KernelKind.PERSISTENT),
+                                 bufs, params, layouts, traits, drop, plan)
+            spec = attrs.evolve(spec, choice=_choice(spec, variant, options.persistent_limit(), plan.shapes))
         specs.append(spec)
     return KernelProgram(plan, tuple(specs))
+
+
+def _scheduled(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[Param, ...],
+               layouts: Mapping[str, Layout], traits: TargetTraits, drop: bool, plan: MemoryPlan) -> KernelSpec:
+    """One kernel's spec with every decision its target's traits ask for."""
+    spec = schedule_kernel(k, bufs, params, layouts, traits, drop, plan.shapes)
+    if traits.loads_first:
+        spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts), reads=loads.reads(spec, layouts))
+    if traits.nests is not None:
+        spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests, traits.columns, plan.shapes)
+        if is_static(k.group):  # symbolic sizes: plain stores, no row scratch (no static bound to size it)
+            if traits.streams is not None:
+                spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
+            spec = rows.row_work(spec, traits)
+    if plan.shapes:
+        spec = attrs.evolve(spec, symbols=_symbols_used(spec, layouts))
+    return spec
+
+
+def _may_hold_rows(k: FusedKernel, spec: KernelSpec, limit: int, shapes: ShapeInfo) -> bool:
+    """Whether a looped kernel also gets a persistent variant, chosen at run time:
+    a reduction along rows in memory (not down columns) over a symbolic row of
+    the inputs' sizes (backed symbols: a data-dependent size's hint is a guess)
+    whose hint fits one tile (`limit`) but whose range does not (where the range
+    fits, fuse made the kernel persistent)."""
+    r = k.group[1]
+    if isinstance(r, int) or not spec.launches or not isinstance(spec.space, Rows):
+        return False
+    if not spec.space.looped or spec.space.columns or any(is_unbacked_symbol(s) for s in r.free_symbols):
+        return False
+    return shapes.hint(r) <= limit and not shapes.known_le(r, limit)
+
+
+def _choice(looped: KernelSpec, persistent: KernelSpec, limit: int, shapes: ShapeInfo) -> Choice:
+    """The persistent variant, launched where the row fits its launch's RBLOCK."""
+    r = looped.group[1]
+    rblock = persistent.launches[0].config.rblock
+    lo, hi = shapes.bounds(r)
+    span = f"[{lo if lo is not None else '?'}, {hi if hi is not None else 'oo'}]"
+    why = (f"rows of {r} in {span}, hint {shapes.hint(r)}: the range exceeds the persistent limit {limit}, "
+           f"the hint fits one tile; held whole where {r} <= {rblock}, looped above")
+    return Choice(persistent, r, rblock, why)
+
+
+def persistent_name(name: str, traits: TargetTraits) -> str:
+    """A looped kernel's name with the persistent kernels' prefix (triton_red_fused_..._3:
+    triton_per_fused_..._3): unique, as the kernel's number is."""
+    looped, held = (traits.prefixes[tuple(KernelKind).index(kind)]
+                    for kind in (KernelKind.REDUCTION, KernelKind.PERSISTENT))
+    assert name.startswith(looped) and looped != held, f"{name}: no looped kernel's name of this target"
+    return held + name[len(looped):]
 
 
 def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[Param, ...],

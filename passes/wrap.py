@@ -135,7 +135,8 @@ def _symbols_used_by(ln: Line, program: KernelProgram) -> set[sympy.Symbol]:
             return set(free_size_symbols((*lay.size, *lay.stride, lay.offset)))
         case KernelCall():
             spec = program.spec(ln.kernel)
-            grids = [v for launch in spec.launches for v in (*launch.grid, *launch.sizes)]
+            variants = (spec, *((spec.choice.persistent,) if spec.choice is not None else ()))
+            grids = [v for k in variants for launch in k.launches for v in (*launch.grid, *launch.sizes)]
             named = {s for s in program.buffer_graph.sizes.shapes.symbols if s.name in ln.sizes}
             return set(free_size_symbols((*spec.group, *grids))) | named
         case ExternCall():

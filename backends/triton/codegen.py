@@ -108,7 +108,12 @@ def launches(line: KernelCall, program: WrapperProgram) -> tuple[list[str], list
     """A launch line's kernel launches, with the lines before them (a split's
     workspaces) and after them (their frees); None when there is nothing to
     compute.  A kernel with device asserts launches on CUDA with CHECKED_LAUNCH."""
-    k = program.spec(line.kernel)
+    return spec_launches(program.spec(line.kernel), line)
+
+
+def spec_launches(k: KernelSpec, line: KernelCall) -> tuple[list[str], list[Launch], list[str]] | None:
+    """launches() of the kernel `k` (a spec of the program or a persistent variant) on
+    the line's arguments."""
     if not k.launches:
         return None
     before: list[str] = []
@@ -193,6 +198,11 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
         for launch in k.launches:
             kind = launch.rule.value if isinstance(k.space, Split) else k.config_kind
             out.append((launch.function, kind, f"{grid_text(k, launch)} {launch.config.as_kwargs()}", launch.why))
+        if k.choice is not None:
+            v, test = k.choice.persistent, k.choice.test()
+            for launch in v.launches:
+                out.append((launch.function, v.config_kind, f"{grid_text(v, launch)} {launch.config.as_kwargs()}",
+                            f"where {test}, instead of {k.name}: {launch.why}"))
     return out
 
 
@@ -209,7 +219,9 @@ class TritonBackend:
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
-        return tuple(split_source(k) if isinstance(k.space, Split) else kernel_source(k) for k in program.specs)
+        """One source per spec, and after a kernel with a persistent variant the variant's."""
+        specs = [v for k in program.specs for v in (k, *((k.choice.persistent,) if k.choice else ()))]
+        return tuple(split_source(k) if isinstance(k.space, Split) else kernel_source(k) for k in specs)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:
@@ -251,8 +263,17 @@ class TritonBackend:
         return out
 
     def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
+        """The launch lines of a kernel call; a kernel with a persistent variant
+        (KernelSpec.choice) launches that one where the row fits it, else itself."""
         k = program.spec(line.kernel)
-        planned = launches(line, program)
+        looped = self._call(k, line, program, options)
+        if k.choice is None:
+            return looped
+        held = self._call(k.choice.persistent, line, program, options)
+        return [f"if {k.choice.test()}:", *("    " + ln for ln in held), "else:", *("    " + ln for ln in looped)]
+
+    def _call(self, k: KernelSpec, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
+        planned = spec_launches(k, line)
         if planned is None:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
         before, out, after = planned

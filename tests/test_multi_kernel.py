@@ -1,0 +1,261 @@
+"""A run-time choice between a persistent and a looped kernel (issue 17): on a
+target whose traits ask for it (Triton's multi_kernel), a looped reduction over a
+symbolic row whose hint fits one tile but whose range does not also gets a
+persistent variant (KernelSpec.choice), and each call launches the variant whose
+bound its row meets: `if s1 <= 16:` the persistent kernel, else the looped one.
+
+Golden text pins the printed programs of a symbolic softmax and layer_norm; the
+numeric tests compile once (torch.compile, dynamic=True, at a hint of 16) and
+run rows below and above the bound, counting which kernel each call launched;
+static graphs, other targets and rows the range or the hint decides get no choice;
+the verifier rejects a corrupted choice."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Iterator, Sequence
+
+import attrs
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+import coil
+from coil.ir.kernel import Choice, KernelProgram, KernelSpec, LaunchRule, Rows
+from coil.ir.printer import show
+from coil.ir.verify import VerifyError, verify
+from coil.options import TARGET_TRAITS, Options
+from golden_util import assert_golden
+from tests_helpers import capture_aot, compiled_counted, trace
+
+HINT = 16  # the row length every symbolic graph here is compiled at: RBLOCK 16
+# (rows, row length) of the calls: rows up to HINT launch the persistent variant, the others loop
+CALLS = [(8, HINT), (4, 5000), (6, 10), (3, 17), (5, 2)]
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1)
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def _chained(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Four chained row reductions (max, the online sum, (y * x).sum, x.sum), an
+    inner node stored (the softmax) and an outer one (the sums' total)."""
+    y = torch.softmax(x, -1)
+    return y, (y * x).sum(-1) + x.sum(-1)
+
+
+CASES: dict[str, tuple[Callable[..., Any], Callable[[int, int], tuple[torch.Tensor, ...]]]] = {
+    "softmax": (_softmax, lambda b, s: (torch.randn(b, s),)),
+    "layer_norm": (_layer_norm, lambda b, s: (torch.randn(b, s), torch.randn(s), torch.randn(s))),
+    "chained": (_chained, lambda b, s: (torch.randn(b, s),)),
+}
+
+
+def _symbolic(case: str, target: str = "triton", stage: str = "schedule_kernels",
+              inputs: Sequence[torch.Tensor] | None = None) -> Any:
+    fn, make = CASES[case]
+    gm, example = capture_aot(fn, inputs if inputs is not None else make(8, HINT))
+    return coil.default_pipeline().run(gm, example, until=stage, options=Options(target=target))
+
+
+def _only(kp: KernelProgram) -> KernelSpec:
+    (k,) = kp.specs
+    return k
+
+
+def _without_bodies(text: str) -> str:
+    """The printed program without the nodes' body lines (t0: ..., return ...)."""
+    return "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith(("t", "return ")))
+
+
+# ---- the program: both variants, the bound and why ------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["softmax", "layer_norm"])
+def test_golden_symbolic_program_has_both_variants(case: str) -> None:
+    kp = _symbolic(case)
+    assert_golden(f"kernels_{case}_symbolic.txt", show(kp))
+    k = _only(kp)
+    c = k.choice
+    assert c is not None and isinstance(k.space, Rows) and k.space.looped
+    v = c.persistent
+    assert k.name.startswith("triton_red_fused_") and v.name == "triton_per_fused_" + k.name[len("triton_red_fused_"):]
+    assert isinstance(v.space, Rows) and not v.space.looped and v.nodes == k.nodes and v.params == k.params
+    (ln,) = v.launches
+    assert (c.rnumel, c.rblock, ln.config.rblock, ln.rule) == (k.group[1], HINT, HINT, LaunchRule.PERSISTENT)
+    assert v.tails is not None and v.tails.inner  # masked on rindex < rnumel: rows shorter than RBLOCK
+    text = show(kp)
+    assert (f"    choice: {v.name} where s1 <= 16, else {k.name}: rows of s1 in [2, oo], hint 16: the range exceeds "
+            "the persistent limit 8192, the hint fits one tile; held whole where s1 <= 16, looped above") in text
+    assert f"      {v.name}: persistent group=(s0, s1) cpu" in text
+    assert "        space: rows s0 x s1, persistent" in text
+
+
+def test_wrapper_and_output_code_choose_once_a_call() -> None:
+    w = _symbolic("softmax", stage="wrap")
+    k = _only(w.kernel_program)
+    assert k.choice is not None
+    per, red = k.choice.persistent.name, k.name
+    assert [ln for ln in show(w).splitlines() if "fused" in ln] == [
+        f"  if s1 <= 16: {per}(arg2_1, buf3, s0, s1)", f"  else: {red}(arg2_1, buf3, s0, s1)"]
+    fn, make = CASES["softmax"]
+    gm, example = capture_aot(fn, make(8, HINT))
+    source = coil.compile_graph(gm, example, Options(target="triton")).source
+    launch = source.index("        if s1 <= 16:\n")
+    assert source[launch:].splitlines()[:4] == [
+        "        if s1 <= 16:",
+        f"            {per}[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=16, num_warps=1)",
+        "        else:",
+        f"            {red}[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
+    ]
+    kernel = source[source.index(f"def {per}("):]
+    assert "    rindex = tl.arange(0, RBLOCK)[None, :].to(tl.int64)\n    rmask = rindex < rnumel\n" in kernel
+    assert "for roffset in range" not in kernel.split("\n\n\n")[0]  # the variant holds its row in one tile
+    assert source.count("@triton.jit\ndef triton_") == 2
+
+
+# ---- both branches in one compiled graph, against eager ---------------------------------------------
+
+
+class _Counted:
+    """A Triton kernel whose launches (`kernel[grid](...)`) are counted by name."""
+
+    def __init__(self, kernel: Any, name: str, count: collections.Counter[str]) -> None:
+        self.kernel, self.name, self.count = kernel, name, count
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.count[self.name] += 1
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
+    """Counts the launches of every kernel of the modules coil loads meanwhile."""
+    from coil.backends import runtime
+
+    count: collections.Counter[str] = collections.Counter()
+    load = runtime.load_module
+
+    def counting(module: Any, directory: str | None = None) -> Any:
+        fn = load(module, directory)
+        for k in module.kernels:
+            fn.namespace[k.name] = _Counted(fn.namespace[k.name], k.name, count)
+        return fn
+
+    monkeypatch.setattr(runtime, "load_module", counting)
+    yield count
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_graph_runs_both_variants_as_eager(case: str, launches: collections.Counter[str]) -> None:
+    fn, make = CASES[case]
+    f = compiled_counted(fn, "triton", dynamic=True)
+    for b, s in CALLS:
+        args = make(b, s)
+        torch.testing.assert_close(f(*args), fn(*args))
+    assert counters["coil"]["compiled"] == 1 and counters["coil"]["symbolic"] == 1
+    assert counters["coil"]["eager"] == 0
+    k = _only(_symbolic(case))
+    assert k.choice is not None
+    held = sum(1 for _, s in CALLS if s <= HINT)
+    assert launches == {k.choice.persistent.name: held, k.name: len(CALLS) - held}
+
+
+def test_a_graph_called_directly_runs_the_variant_its_row_fits() -> None:
+    """coil.compile_graph's callable at rows of the bound and one past it."""
+    fn, make = CASES["layer_norm"]
+    gm, example = capture_aot(fn, make(8, HINT))
+    compiled = coil.compile_graph(gm, example, Options(target="triton"))
+    count: collections.Counter[str] = collections.Counter()
+    for k in compiled.module.kernels:
+        compiled.namespace[k.name] = _Counted(compiled.namespace[k.name], k.name, count)
+    spec = _only(compiled.module.kernel_program)
+    assert spec.choice is not None
+    for s, ran in ((HINT, spec.choice.persistent.name), (HINT + 1, spec.name)):
+        args = make(3, s)
+        torch.testing.assert_close(compiled(3, s, *args)[0], fn(*args))
+        assert count[ran] == 1
+    assert sum(count.values()) == 2
+
+
+# ---- where there is no choice ------------------------------------------------------------------
+
+
+def _source(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> str:
+    return coil.compile_graph(gm, list(inputs), Options(target="triton", graph_cache=False)).source
+
+
+def test_static_graphs_are_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Static graphs have no choice: their sources are byte-identical with the
+    trait off; a symbolic graph's are not (the trait is what makes the choice)."""
+    from conftest import seed_fn
+
+    static = [(_softmax, (torch.randn(8, HINT),)), (_softmax, (torch.randn(8, 10000),)),
+              (_layer_norm, CASES["layer_norm"][1](8, 4096)), (_chained, (torch.randn(8, 300),)),
+              (seed_fn, tuple(torch.randn(64, 128) for _ in range(3)))]
+    graphs = [(trace(fn, *inputs), inputs) for fn, inputs in static] + [capture_aot(_softmax, (torch.randn(8, HINT),))]
+    on = [_source(gm, inputs) for gm, inputs in graphs]
+    monkeypatch.setitem(TARGET_TRAITS, "triton", attrs.evolve(TARGET_TRAITS["triton"], multi_kernel=False))
+    off = [_source(gm, inputs) for gm, inputs in graphs]
+    assert on[:-1] == off[:-1]
+    assert "if s1 <= 16:" in on[-1] and "if s1 <= 16:" not in off[-1] and "triton_per" not in off[-1]
+
+
+@pytest.mark.parametrize("target", ["cpp", "reference"])
+def test_other_targets_loop_either_way(target: str) -> None:
+    k = _only(_symbolic("softmax", target=target))
+    assert k.choice is None and "choice:" not in show(_symbolic("softmax", target=target))
+
+
+def test_a_range_that_fits_is_persistent_and_a_hint_that_does_not_loops() -> None:
+    x = torch.randn(8, HINT)
+    torch._dynamo.mark_dynamic(x, 1, min=2, max=4096)
+    bounded = _only(_symbolic("softmax", inputs=(x,)))
+    assert isinstance(bounded.space, Rows) and not bounded.space.looped and bounded.choice is None
+    wide = _only(_symbolic("softmax", inputs=(torch.randn(8, 10000),)))
+    assert isinstance(wide.space, Rows) and wide.space.looped and wide.choice is None
+
+
+# ---- the verifier ------------------------------------------------------------------------------
+
+
+def _reject(kp: KernelProgram, k: KernelSpec, message: str) -> None:
+    with pytest.raises(VerifyError, match=message):
+        verify(attrs.evolve(kp, specs=(k,)), "schedule_kernels")
+
+
+def test_the_verifier_rejects_a_corrupted_choice() -> None:
+    kp = _symbolic("chained")
+    k = _only(kp)
+    c = k.choice
+    assert c is not None
+    verify(kp, "schedule_kernels")
+    v = c.persistent
+    _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, rblock=32)),
+            rf"{v.name}: K16 the persistent variant of {k.name} for rows up to 32")
+    _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, persistent=attrs.evolve(v, name=k.name))),
+            rf"{k.name}: K16 the persistent variant of {k.name}")
+    _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, persistent=attrs.evolve(v, nodes=v.nodes[:-1]))),
+            rf"{v.name}: K16 computes other nodes, parameters or sizes than {k.name}")
+    _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, rnumel=k.group[0])), rf"{k.name}: K16 a choice on a reduction")
+    broken = attrs.evolve(v, stages=v.stages + v.stages)  # every node in two stages: the variant keeps K2 too
+    _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, persistent=broken)), rf"K2 sits in stages 0 and 1 of {v.name}")
+    static = _static_softmax()
+    s = _only(static)
+    _reject(static, attrs.evolve(s, choice=Choice(attrs.evolve(s, name="triton_per_x"), s.group[1], 16, "")),
+            rf"{s.name}: K16 a choice on a persistent kernel of group \(8, 16\)")
+
+
+def _static_softmax() -> KernelProgram:
+    x = torch.randn(8, HINT)
+    kp = coil.default_pipeline().run(trace(_softmax, x), [x], until="schedule_kernels", options=Options(target="triton"))
+    assert isinstance(kp, KernelProgram)
+    return kp
