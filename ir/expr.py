@@ -136,9 +136,10 @@ CHECK_ERROR_CODES: dict[str, int] = {name: i + 1 for i, name in enumerate(CHECK_
 CHECK_STATUS = ("checked", "proven")
 
 
-def check_error(error: str, value: int | None, size: int, dim: int) -> Exception:
+def check_error(error: str, value: int | None, size: int | str, dim: int) -> Exception:
     """The exception eager raises for a failed check (`value` None: not known,
-    e.g. from a device assert, and left out of the message)."""
+    e.g. from a device assert, and left out of the message; `size` a symbolic
+    size's expression where a device assert cannot know its value)."""
     exc, template = CHECK_ERRORS[error]
     if value is None:
         template = template.replace(" {value}", "").replace("{value}", "?")

@@ -45,7 +45,9 @@ from coil.options import Options
 CHECKED_LAUNCH = {"debug": True, "sanitize_overflow": False}
 
 
-_CHECK_MESSAGE = re.compile(r"coil check: error=(\w+) dim=(-?\d+) size=(\d+)")
+# a symbolic size is its expression (the message is a constant of the kernel): eager's
+# error then names the size by it ("with size s1")
+_CHECK_MESSAGE = re.compile(r"coil check: error=(\w+) dim=(-?\d+) size=([^'\"\n]+)")
 
 
 @contextmanager
@@ -72,7 +74,8 @@ def interpreter_checks() -> Iterator[None]:
         m = _CHECK_MESSAGE.search(str(e))
         if m is None:
             raise
-        raise check_error(m.group(1), None, int(m.group(3)), int(m.group(2))) from e
+        size = m.group(3).strip()
+        raise check_error(m.group(1), None, int(size) if size.isdigit() else size, int(m.group(2))) from e
     finally:
         builder.options = saved
 

@@ -34,6 +34,7 @@ from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, indsym, rew
 from coil.ir.lowered import Pointwise, Reduction
 from coil.passes.lowerings.registry import (
     LowerCtx,
+    NeedsStaticSizes,
     TensorValue,
     broadcast_load,
     broadcast_shapes,
@@ -154,12 +155,25 @@ def nll_loss_forward(ctx: LowerCtx, x: TensorValue, target: TensorValue, weight:
 
 def _lower_decomposition(ctx: LowerCtx, target: Any, args: tuple[Any, ...]) -> Any:
     """Lower `target`'s decomposition into ctx (what `lower` does for an op without
-    a lowering)."""
+    a lowering).  Symbolic sizes: traced on the FX node's own fake tensors under
+    the graph's fake mode, as lower.decompose does, so its sizes stay the graph's
+    symbols (a meta tensor has none: the op would run as an Extern, and
+    cross_entropy would write its whole log_softmax for aten's nll_loss)."""
     from coil.passes.lower import _lower_graph_into, trace_decomposition
 
-    metas = tuple(a.meta() if is_tensor(a) else a for a in args)
-    gm = trace_decomposition(target, metas, {}, ctx.device)
-    return _lower_graph_into(ctx, gm, [a for a in args if is_tensor(a)], 1)
+    tensors = [a for a in args if is_tensor(a)]
+    if all(isinstance(s, int) for t in tensors for s in t.size):
+        gm = trace_decomposition(target, tuple(a.meta() if is_tensor(a) else a for a in args), {}, ctx.device)
+        return _lower_graph_into(ctx, gm, tensors, 1)
+    vals = ctx.arg_vals
+    if len(vals) < len(args) or any(is_tensor(a) and not isinstance(v, torch.Tensor) for a, v in zip(args, vals)):
+        raise NeedsStaticSizes(f"{target} of symbolic sizes without the fake tensors of its arguments")
+    from torch._guards import detect_fake_mode
+
+    fakes = tuple(v if is_tensor(a) else a for a, v in zip(args, vals))
+    with detect_fake_mode([v for v in fakes if isinstance(v, torch.Tensor)]):  # type: ignore[union-attr]
+        gm = trace_decomposition(target, fakes, {}, ctx.device)
+    return _lower_graph_into(ctx, gm, tensors, 1)
 
 
 @register_lowering(aten.scatter.value, aten.scatter.src)
