@@ -258,7 +258,9 @@ def test_symbolic_cuda_launches_skip_tritons_binding() -> None:
         (got,) = compiled(rows, cols, x)
         torch.testing.assert_close(got, fn(x), atol=1e-4, rtol=1e-4)
     # (multiple of 16, not) for rows and columns as launched: (32|64|48|160 rows, 48|96 cols), (33|35, 48|50)
-    assert all(1 <= len(f.compiled) <= 3 for f in launchers), [list(f.compiled) for f in launchers]
+    # (a kernel with a persistent variant launches one of the two at each size)
+    assert all(len(f.compiled) <= 3 for f in launchers) and any(f.compiled for f in launchers), \
+        [list(f.compiled) for f in launchers]
 
 
 def _padded_slice_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -250,10 +250,10 @@ class TritonBackend:
         if cuda and not options.autotune and symbolic:
             # sizes change by call: each launch line computes its grid and passes the sizes, and
             # fast_launch keys on how Triton specializes them instead of running its binding
+            # (a choice's persistent variant too)
             guard = self.guard_device(program)
-            named = [launch.kernel for ln in program.lines if isinstance(ln, KernelCall)
-                     and program.spec(ln.kernel).device == guard and (planned := launches(ln, program)) is not None
-                     for launch in planned[1]]
+            named = [ln.function for k in program.specs if k.device == guard
+                     for v in (k, *((k.choice.persistent,) if k.choice else ())) for ln in v.launches]
             out += ["", *(f"{name} = fast_launch({name})" for name in dict.fromkeys(named))]
         if options.autotune and not symbolic:
             # the launch lines stay as they are; on CUDA the wrapper times a few
