@@ -110,6 +110,8 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
                 opts = opts.replace(free_output_strides=_saved_outputs(gm))
         if kind == "backward" and (donated := _donated_inputs()):
             opts = opts.replace(donated_inputs=donated)
+        if aligned := _aligned_static_inputs(gm, example_inputs, kind):
+            opts = opts.replace(aligned_inputs=aligned)
         try:
             compiled = compile_graph(gm, list(example_inputs), opts, kind=kind)
         except CoilError as e:
@@ -198,6 +200,26 @@ def _partition_fn() -> Callable[..., Any]:
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     return min_cut_rematerialization_partition
+
+
+def _on_cuda(example_inputs: Sequence[Any]) -> bool:
+    return any(getattr(x, "is_cuda", False) for x in example_inputs)
+
+
+def _aligned_static_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> tuple[int, ...]:
+    """The inputs of a forward or inference CUDA graph that stay where they are
+    between calls (AOTAutograd's static inputs: parameters and buffers) and are
+    16-byte aligned now, by their storage offsets (the base of every CUDA
+    allocation is): Options.aligned_inputs.  Not a backward's saved tensors: one
+    may be a view of an input the caller passes anew each call."""
+    if kind == "backward" or not _on_cuda(example_inputs):
+        return ()
+    from coil.backends.cudagraphs import graph_facts
+
+    static, _, _ = graph_facts(gm, kind)
+    return tuple(i for i in sorted(static) if i < len(example_inputs) and isinstance(example_inputs[i], torch.Tensor)
+                 and isinstance(off := example_inputs[i].storage_offset(), int)
+                 and off * example_inputs[i].element_size() % 16 == 0)
 
 
 def _donated_inputs() -> tuple[int, ...]:

@@ -335,6 +335,12 @@ class Options:
     # (functorch's donated_buffer: saved activations that nothing but this backward
     # reads, which it may overwrite, as Inductor's in-place buffers do), by position
     donated_inputs: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    # torch.compile: the graph inputs that keep the place they had when compiled, so the
+    # 16-byte alignment their fake tensors' storage offsets give holds on every call
+    # (parameters and buffers: AOTAutograd's static inputs of a forward or inference graph),
+    # by position: the CUDA wrapper does not test their addresses on each call (as
+    # Inductor leaves its static inputs out of its alignment checks)
+    aligned_inputs: tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
     def traits(self) -> TargetTraits:
         """The target's traits ("auto", not yet resolved to a target: the reference's)."""

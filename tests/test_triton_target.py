@@ -1090,6 +1090,54 @@ def test_precompiled_kernels_are_not_compiled_again() -> None:
     assert after == before, (before, after, compiled.source)
 
 
+def test_inputs_that_keep_their_place_are_not_tested_for_alignment() -> None:
+    """Generated for fake CUDA tensors (nothing runs): the wrapper tests the
+    addresses of the inputs its kernels read on every call, except those
+    Options.aligned_inputs names (parameters and buffers, which keep their place);
+    with all of them named it takes the stream without a test."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        inputs = [torch.empty(64, 32, device="cuda"), torch.empty(32, device="cuda"), torch.empty(32, device="cuda")]
+    gm = make_fx(lambda x, w, b: (x * w + b).relu(), tracing_mode="fake")(*inputs)
+
+    def prologue(**kw: Any) -> str:
+        out = coil.default_pipeline().run(gm, inputs, until="kernel_gen",
+                                          options=coil.Options(target="triton", graph_cache=False, **kw))
+        return next(ln.strip() for ln in out.source.splitlines() if ln.strip().startswith("stream0 ="))
+
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    x, w, b = names
+    everything = prologue()
+    assert all(f"{n}.data_ptr()" in everything for n in names), everything
+    assert prologue(aligned_inputs=(1, 2)) == f"stream0 = None if ({x}.data_ptr()) & 15 else raw_stream(0)"
+    assert prologue(aligned_inputs=(0, 1, 2)) == "stream0 = raw_stream(0)"
+
+
+def test_only_static_inputs_at_aligned_offsets_are_named_aligned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dynamo._aligned_static_inputs: AOTAutograd's static inputs of a forward graph
+    whose storage offsets keep 16-byte alignment; none for a backward, none on the CPU
+    (meta tensors stand for CUDA ones here: a CPU build cannot make CUDA views)."""
+    from torch._guards import TracingContext
+
+    from coil.backends import dynamo
+
+    base = torch.empty(100, device="meta")
+    inputs = [torch.empty(8, device="meta"), base[4:12], base[1:9], torch.empty(8, device="meta")]
+    gm = make_fx(lambda a, b, c, d: a + b + c + d)(*inputs)
+    assert dynamo._aligned_static_inputs(gm, inputs, "forward") == ()  # not on CUDA
+    monkeypatch.setattr(dynamo, "_on_cuda", lambda _: True)
+
+    class Meta:
+        static_input_indices = [1, 2, 3]
+
+    ctx = TracingContext(None)
+    ctx.fw_metadata = Meta()  # type: ignore[assignment]
+    with torch._guards.tracing(ctx):
+        assert dynamo._aligned_static_inputs(gm, inputs, "forward") == (1, 3)  # offset 4 floats: 16 bytes
+        assert dynamo._aligned_static_inputs(gm, inputs, "backward") == ()
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_launchers_bind_and_key_on_alignment() -> None:

@@ -299,15 +299,17 @@ class TritonBackend:
             return []
         graph = program.buffer_graph
         inputs, _ = aligned_by_allocation(program)
+        kept = {program.inputs[i] for i in options.aligned_inputs if i < len(program.inputs)}
+        tested = frozenset(inputs - kept)  # the others keep their place and alignment (Options.aligned_inputs)
         # a CPU scalar tensor a CUDA kernel reads (x * torch.tensor(2.0)) goes to the device first
         moved = [f"{n} = {n}.to({guard!r})" for n in sorted(inputs, key=program.inputs.index)
                  if not graph.layout(n).device.startswith("cuda")]
         if options.autotune:
             return moved
         index = torch.device(guard).index or 0
-        if not inputs:
+        if not tested:
             return [*moved, f"stream0 = raw_stream({index})"]
-        ptrs = " | ".join(f"{n}.data_ptr()" for n in sorted(inputs, key=program.inputs.index))
+        ptrs = " | ".join(f"{n}.data_ptr()" for n in sorted(tested, key=program.inputs.index))
         return [*moved, f"stream0 = None if ({ptrs}) & 15 else raw_stream({index})"]
 
     def guard_device(self, program: WrapperProgram) -> str | None:
