@@ -25,7 +25,8 @@ Grammar::
                                              coordinates, and the tails masking it
     Space ::= Flat(numel, rnumel)            xindex over numel; reductions over <= 1
                                              element fold to their value or identity
-            | Tiled(rows, cols, transposed)  yindex [YBLOCK] x xindex [XBLOCK]
+            | Tiled(rows, cols, transposed, one_axis)
+                                             yindex [YBLOCK] x xindex [XBLOCK]
             | Rows(xnumel, rnumel, looped, columns, lanes)
                                              xindex over rows, rindex along each row:
                                              held whole (persistent) or looped in
@@ -213,22 +214,27 @@ class Tiled:
     + col) and laid on the tile's two axes: yindex (YBLOCK, grid axis 1) and xindex
     (XBLOCK, grid axis 0, whose programs start one after another).  Plain: xindex
     runs along the columns; transposed: along the rows, so programs start in the
-    order a column-major output is written."""
+    order a column-major output is written.  Sizes may be symbolic; where the row
+    blocks (ynumel's) may outnumber what grid axis 1 takes, for some size, all
+    the tile's programs go on axis 0 (`one_axis`): program p is row block p //
+    cdiv(xnumel, XBLOCK), column block p % cdiv(xnumel, XBLOCK), in the order the
+    2-D grid runs them."""
 
-    rows: int
-    cols: int
+    rows: Any  # Size: an int, or an expression of the size symbols
+    cols: Any
     transposed: bool = False
+    one_axis: bool = False
 
     @property
-    def ynumel(self) -> int:
+    def ynumel(self) -> Any:
         return self.rows if not self.transposed else self.cols
 
     @property
-    def xnumel(self) -> int:
+    def xnumel(self) -> Any:
         return self.cols if not self.transposed else self.rows
 
     @property
-    def ranges(self) -> dict[sympy.Symbol, int]:
+    def ranges(self) -> dict[sympy.Symbol, Any]:
         return {YINDEX: self.ynumel, XINDEX: self.xnumel}
 
     def flat(self) -> sympy.Expr:

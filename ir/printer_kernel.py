@@ -43,7 +43,9 @@ def show_space(space: Space) -> str:
             return f"flat {space.numel}" + (f" (rnumel {space.rnumel})" if space.rnumel != 1 else "")
         case Tiled():
             order = ", transposed: xindex along the rows" if space.transposed else ""
-            return f"tiled {space.rows} rows x {space.cols} cols (yindex {space.ynumel} x xindex {space.xnumel}{order})"
+            axis = "; programs on grid axis 0 alone (row blocks may pass axis 1's limit)" if space.one_axis else ""
+            return (f"tiled {space.rows} rows x {space.cols} cols "
+                    f"(yindex {space.ynumel} x xindex {space.xnumel}{order}){axis}")
         case Rows():
             how = "looped" if space.looped else "persistent"
             lanes = f", {space.lanes} columns at a time (vector lanes)" if space.lanes else ""

@@ -22,9 +22,9 @@ K7 the space fits the group and the kind: flat for pointwise (tiled: rows x cols
    held whole in one body, looped rows and splits in loops (and a flat kernel's
    reductions over at most one element, on a target that loops every row); tiled
    nodes only in a tiled space
-K8 a launch has a positive grid and sizes, power-of-two blocks and warps; a split
-   launches twice, anything else once (none: nothing to compute, or left to the
-   target's renderer)
+K8 a launch has a positive grid and sizes (for every size the ranges admit),
+   power-of-two blocks and warps; a split launches twice, anything else once
+   (none: nothing to compute, or left to the target's renderer)
 K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
    its r loops', if any, to rnumel) and has the kernel's nodes in order; a tile pairs an outer x loop with the
    innermost, both at least the tile's side, in a nest without r loops; a space's
@@ -69,6 +69,8 @@ from __future__ import annotations
 
 import math
 
+import sympy
+
 from coil.ir.expr import Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
 from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
@@ -90,7 +92,7 @@ from coil.ir.kernel import (
     tails_of,
 )
 from coil.ir.verify import fail
-from coil.ir.shapes import Size, free_size_symbols, gt, is_unbacked_symbol, lower_bound, same_size
+from coil.ir.shapes import ShapeInfo, Size, gt, lower_bound, same_size
 
 
 _AXES = {"y": YINDEX, "x": XINDEX, "r": RINDEX}
@@ -215,7 +217,8 @@ def _verify_space(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         case Flat():
             ok = k.kind is KernelKind.POINTWISE and (s.numel, s.rnumel) == (n, r)
         case Tiled():
-            ok = k.kind is KernelKind.POINTWISE and s.rows * s.cols == n and s.rows > 0 and s.cols > 0
+            ok = (k.kind is KernelKind.POINTWISE and same_size(s.rows * s.cols, n)
+                  and all(gt(v, 0) or p.shapes.known_gt(v, 0) for v in (s.rows, s.cols)))
         case Rows():
             # a persistent kernel's rows loop on a target that holds no row in one tile
             ok = k.kind is not KernelKind.POINTWISE and (s.xnumel, s.rnumel) == (n, r) and (s.looped or k.kind is KernelKind.PERSISTENT)
@@ -236,12 +239,22 @@ def _verify_space(p: KernelProgram, stage: str, k: KernelSpec) -> None:
             fail(p, stage, node.name, f"K7 a {node.role.value} node in a {'tiled' if tiled else 'untiled'} space")
 
 
-def _launchable(v: Size) -> bool:
-    """A grid or size a launch may take: positive, or 0 only where data-dependent."""
+def _launchable(v: Size, shapes: ShapeInfo, empty: bool) -> bool:
+    """A grid or size a launch may take: positive for every size the graph's
+    ranges admit (a tile's column blocks times its row blocks on one axis, a
+    diagonal's length min(16, s0 - 1)), or, where `empty` allows, at least 0 (a
+    data-dependent u0, a slice's s0 - 2); a static one positive."""
+    if isinstance(v, int) or v.is_number:  # a static one: positive
+        return bool(sympy.sympify(v).is_Integer and v > 0)
     if gt(v, 0):
         return True
+    least = shapes.lower(v)
+    if least is not None and least >= 1:
+        return True
     lb = lower_bound(v)
-    return lb is not None and lb >= 0 and any(is_unbacked_symbol(s) for s in free_size_symbols((v,)))
+    if lb is None or lb < 0:
+        lb = least
+    return empty and lb is not None and lb >= 0
 
 
 def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
@@ -256,10 +269,13 @@ def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     for ln in k.launches:
         c = ln.config
         blocks = [c.xblock, c.num_warps] + [b for b in (c.rblock, c.yblock) if b]
-        # a symbolic grid or size is positive when its least value is (ir/shapes.lower_bound); one of
-        # data-dependent sizes may be 0 (u0 rows: `call` launches nothing then, u0 columns: none loaded)
-        if any(not _launchable(g) for g in ln.grid) or any(not _launchable(v) for v in ln.sizes) \
-                or not all(map(_power_of_2, blocks)):
+        # a symbolic grid or size is positive when its least value is (ir/shapes.lower_bound, or over
+        # the graph's ranges); a size may be 0 (u0 columns, a slice's s0 - 2: none loaded), and so may
+        # the grid where the rows may be (u0 rows: `call` launches under `if u0 > 0`, as it does every
+        # kernel whose rows are not provably some, backends/wrapper.py)
+        rows_maybe_none = not gt(k.group[0], 0)
+        if any(not _launchable(g, p.shapes, rows_maybe_none) for g in ln.grid) \
+                or any(not _launchable(v, p.shapes, True) for v in ln.sizes) or not all(map(_power_of_2, blocks)):
             fail(p, stage, k.name, f"K8 launch of {ln.function}: grid {ln.grid}, sizes {ln.sizes}, {c.as_kwargs()}")
 
 

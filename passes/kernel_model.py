@@ -32,7 +32,7 @@ from coil.ir.indexing import numel, simplify_index, unflatten
 from coil.ir.kernel import RINDEX, XINDEX, Param, ParamRole, Role, group_ranges
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
-from coil.ir.shapes import gt, is_static, le, same_size
+from coil.ir.shapes import gt, is_size_symbol, is_static, le, same_size
 from coil.options import ColumnTraits, SplitTraits
 
 
@@ -112,8 +112,9 @@ def reads_in_registers(consumer: ComputedBuffer, producer: ComputedBuffer, group
 
 def offset_step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     """How far one step of index `sym` moves an access, an offset over a kernel's
-    index symbols (from the origin, every index at 0)."""
-    zero = {s: 0 for s in off.free_symbols}
+    index symbols (from the origin, every index at 0); with symbolic strides an
+    expression of the size symbols, which stay as they are (a stride s1: s1)."""
+    zero = {s: 0 for s in off.free_symbols if not is_size_symbol(s)}
     return sympy.expand(off.xreplace({**zero, sym: 1}) - off.xreplace(zero))
 
 

@@ -154,15 +154,16 @@ def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tu
                     layouts: Mapping[str, Layout], traits: TargetTraits, drop_round_trips: bool,
                     shapes: ShapeInfo = EMPTY) -> KernelSpec:
     """One kernel's spec (drop_round_trips: its bodies keep float32 between ops).
-    Symbolic sizes: configs from the hints, and no tiles or splits (a flat space
-    or a row a program is right for every size)."""
+    Symbolic sizes: configs from the hints, tiles where they hold for every size
+    (tiling.py), and no splits (a flat space or a row a program is right for
+    every size)."""
     n, r = k.group
     static = is_static(k.group)
     stored = {p.name for p in params if p.role is not ParamRole.IN}
     tile = None
-    if k.kind is KernelKind.POINTWISE and traits.tiles is not None and static:
-        tile = tiling.tiling(bufs, layouts, stored, n, traits.tiles)
-    nodes = tuple(_node(k, b, tile, b.name in stored, drop_round_trips) for b in bufs)
+    if k.kind is KernelKind.POINTWISE and traits.tiles is not None:
+        tile = tiling.tiling(bufs, layouts, stored, n, traits.tiles, shapes)
+    nodes = tuple(_node(k, b, tile, b.name in stored, drop_round_trips, shapes) for b in bufs)
     space: Space
     flat: Space = tile if tile is not None else Flat(n, r)
     if k.kind is not KernelKind.REDUCTION and (traits.row_tiles or not any(b.is_reduction for b in bufs)):
@@ -203,8 +204,8 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
             launches = launch.split_launches(k.name, space, split_rblock, traits.splits)
             tails = Tails(n % space.xblock != 0, True)
         case Tiled():
-            launches = (launch.launch(lt, k.name, "tiled", n, r, spec.reductions, space),)
-            tails = launch.tails(lt, "tiled", space.ynumel, space.xnumel, 1)
+            launches = (launch.tiled_launch(lt, k.name, space, shapes),)
+            tails = launch.tails(lt, "tiled", space.ynumel, space.xnumel, 1, shapes)
         case _:
             kind = spec.config_kind
             launches = (launch.launch(lt, k.name, kind, n, r, spec.reductions, None, shapes),)
@@ -252,13 +253,14 @@ def _symbols_used(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[str,
     return tuple(s.name for s in sorted(found, key=symbol_key))
 
 
-def _node(k: FusedKernel, b: ComputedBuffer, tile: Tiled | None, stored: bool, drop: bool) -> KernelNode:
+def _node(k: FusedKernel, b: ComputedBuffer, tile: Tiled | None, stored: bool, drop: bool,
+          shapes: ShapeInfo = EMPTY) -> KernelNode:
     """b in kernel coordinates: its role, body and store position (from the start of
     its buffer's view)."""
     if tile is not None:
-        m = tiling.tiled_map(b, tile)
+        m = tiling.tiled_map(b, tile, shapes)
         role = Role.TILED
-        store = tiling.store_offset(b, tile, m) if stored else None
+        store = tiling.store_offset(b, tile, m, shapes) if stored else None
     else:
         found = node_role(b, k.group)
         assert found is not None, f"{b.name} does not fit {k.name}'s group {k.group}"

@@ -89,7 +89,8 @@ def grid_text(k: KernelSpec, ln: KernelLaunch) -> str:
     if ln.rule is LaunchRule.COMBINE:
         return f"({ln.grid[0]},)"
     if isinstance(k.space, Tiled):
-        return f"grid2({ln.sizes[0]}, {ln.sizes[1]}, {c.yblock}, {c.xblock})"
+        one = ", one_axis=True" if k.space.one_axis else ""
+        return f"grid2({py_size(ln.sizes[0])}, {py_size(ln.sizes[1])}, {c.yblock}, {c.xblock}{one})"
     return f"grid({py_size(ln.sizes[0])}, {c.xblock})"
 
 

@@ -9,7 +9,9 @@ Shapes by space:
                 or identity
     tiled       yindex [YBLOCK, 1] by xindex [1, XBLOCK] on a 2-D grid, so every
                 load and store is coalesced along its own contiguous axis (Triton
-                picks a layout per access and converts between them)
+                picks a layout per access and converts between them); a tile on
+                one axis (Tiled.one_axis) takes both block numbers from program
+                p: p // cdiv(xnumel, XBLOCK) and p % cdiv(xnumel, XBLOCK)
     persistent  xindex [XBLOCK, 1], rindex [1, RBLOCK] = the whole row; inner nodes
                 and reduction inputs are [XBLOCK, RBLOCK] tiles, reduction results
                 and outer nodes [XBLOCK, 1]; one scope, nodes in kernel order
@@ -104,10 +106,15 @@ def prologue(ctx: KernelContext, out: Emitter) -> None:
     tails = ctx.tails
     if isinstance(ctx.spec.space, Tiled):  # yindex on grid axis 1, xindex on axis 0
         wide = ".to(tl.int64)" if ctx.spec.wide_index else ""
-        out.emit(f"yoffset = tl.program_id(1){wide} * YBLOCK")
+        ypid, xpid = f"tl.program_id(1){wide}", f"tl.program_id(0){wide}"
+        if ctx.spec.space.one_axis:  # both on axis 0: the column blocks of a row block, then the next
+            out.emit(f"pid = tl.program_id(0){wide}")
+            out.emit("xblocks = tl.cdiv(xnumel, XBLOCK)")
+            ypid, xpid = "(pid // xblocks)", "(pid % xblocks)"
+        out.emit(f"yoffset = {ypid} * YBLOCK")
         out.emit("yindex = yoffset + tl.arange(0, YBLOCK)[:, None]")
         mask(out, "ymask", "yindex < ynumel", "[YBLOCK, 1]", not tails.outer)
-        out.emit(f"xoffset = tl.program_id(0){wide} * XBLOCK")
+        out.emit(f"xoffset = {xpid} * XBLOCK")
         out.emit("xindex = xoffset + tl.arange(0, XBLOCK)[None, :]")
         mask(out, "xmask", "xindex < xnumel", "[1, XBLOCK]", not tails.inner)
         out.emit("yxmask = ymask & xmask")

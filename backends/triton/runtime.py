@@ -37,8 +37,11 @@ def grid(xnumel: int, xblock: int) -> tuple[int]:
     return (cdiv(xnumel, xblock),)
 
 
-def grid2(ynumel: int, xnumel: int, yblock: int, xblock: int) -> tuple[int, int]:
-    """Tiled kernels: column blocks on axis 0, row blocks on axis 1."""
+def grid2(ynumel: int, xnumel: int, yblock: int, xblock: int, one_axis: bool = False) -> tuple[int, ...]:
+    """Tiled kernels: column blocks on axis 0, row blocks on axis 1; one_axis:
+    every block on axis 0 (rows that may pass axis 1's limit, Tiled.one_axis)."""
+    if one_axis:
+        return (cdiv(xnumel, xblock) * cdiv(ynumel, yblock),)
     return (cdiv(xnumel, xblock), cdiv(ynumel, yblock))
 
 

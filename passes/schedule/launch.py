@@ -158,6 +158,9 @@ def tails(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, reduction
     block for every size (4*s0 of blocks up to 4), else it is masked."""
     if not is_static((xnumel, rnumel)):
         cfgs = candidate_configs(traits, kind, shapes.hint(xnumel), shapes.hint(rnumel), reductions)
+        if kind == "tiled":
+            return Tails(not all(shapes.known_multiple(xnumel, c.yblock) for c in cfgs),
+                         not all(shapes.known_multiple(rnumel, c.xblock) for c in cfgs))
         inner = kind == "pointwise" or not all(shapes.known_multiple(rnumel, c.rblock) for c in cfgs)
         return Tails(not all(shapes.known_multiple(xnumel, c.xblock) for c in cfgs), inner)
     cfgs = candidate_configs(traits, kind, xnumel, rnumel, reductions)
@@ -173,19 +176,13 @@ def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Siz
     and why (kind: the kernel's config kind, KernelSpec.config_kind).  Symbolic
     sizes: the config from their hints, the grid an expression the wrapper
     evaluates once a call."""
+    if space_tile is not None:
+        return tiled_launch(traits, name, space_tile, shapes)
     if not is_static((xnumel, rnumel)):
-        assert space_tile is None, "symbolic kernels are not tiled"
         at = launch(traits, name, kind, shapes.hint(xnumel), shapes.hint(rnumel), reductions, None)
         sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
         return attrs.evolve(at, grid=(ceil_div(xnumel, at.config.xblock), 1, 1), sizes=sizes,
                             why=f"{at.why} (at the hints {shapes.hint(xnumel)}, {shapes.hint(rnumel)})")
-    if space_tile is not None:
-        ny, nx = space_tile.ynumel, space_tile.xnumel
-        cfg, rule = _heuristic(traits, "tiled", ny, nx, 1)
-        why = (f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, each access along its contiguous axis; "
-               + ("programs start down the columns, as the output is written" if space_tile.transposed
-                  else "programs start along the rows"))
-        return KernelLaunch(name, (cdiv(nx, cfg.xblock), cdiv(ny, cfg.yblock), 1), (ny, nx), cfg, rule, why)
     cfg, rule = _heuristic(traits, kind, xnumel, rnumel, reductions)
     if rule is LaunchRule.POINTWISE:
         why = f"{cfg.xblock} elements a program, {cfg.xblock / (32 * cfg.num_warps):g} a thread"
@@ -201,6 +198,27 @@ def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Siz
         why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
     sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
     return KernelLaunch(name, (cdiv(xnumel, cfg.xblock), 1, 1), sizes, cfg, rule, why)
+
+
+def tiled_launch(traits: LaunchTraits, name: str, tile: Tiled, shapes: ShapeInfo = EMPTY) -> KernelLaunch:
+    """A tiled kernel's launch: column blocks on grid axis 0, row blocks on axis 1
+    (sizes ynumel, xnumel).  Symbolic sizes: the config from their hints, the grid
+    an expression the wrapper evaluates once a call; a tile whose row blocks may
+    pass axis 1's limit (one_axis) has its column blocks times its row blocks on
+    axis 0."""
+    ny, nx = tile.ynumel, tile.xnumel
+    cfg, rule = _heuristic(traits, "tiled", shapes.hint(ny), shapes.hint(nx), 1)
+    why = (f"a transposed read: {cfg.yblock}x{cfg.xblock} tiles, each access along its contiguous axis; "
+           + ("programs start down the columns, as the output is written" if tile.transposed
+              else "programs start along the rows"))
+    if is_static((ny, nx)):
+        return KernelLaunch(name, (cdiv(nx, cfg.xblock), cdiv(ny, cfg.yblock), 1), (ny, nx), cfg, rule, why)
+    xs, ys = ceil_div(nx, cfg.xblock), ceil_div(ny, cfg.yblock)
+    grid = (norm(xs * ys), 1, 1) if tile.one_axis else (xs, ys, 1)
+    why += f" (at the hints {shapes.hint(ny)}, {shapes.hint(nx)})"
+    if tile.one_axis:
+        why += "; every block on grid axis 0, as the row blocks may pass axis 1's limit"
+    return KernelLaunch(name, grid, (ny, nx), cfg, rule, why)
 
 
 def combine_name(kernel: str) -> str:

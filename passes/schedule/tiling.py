@@ -2,7 +2,16 @@
 (x + y.t()): which split of the flat range into rows x columns makes every access
 coalesced along its own contiguous axis.  The kernel then runs yindex [YBLOCK, 1]
 by xindex [1, XBLOCK] on a 2-D grid (ir/kernel.py: Tiled), and Triton picks a
-layout per access and converts between them."""
+layout per access and converts between them.
+
+Symbolic sizes (a graph compiled for every size) tile too.  What a tile means is
+decided by proof: a split is taken only where rows x cols is the kernel's range
+for every size, an access is along an axis only where its step is 1 for every
+size (a stride s1 along the other axis: transposed), and the row blocks stay on
+grid axis 1 only where they fit its limit for every size (else the tile's
+programs all go on axis 0, Tiled.one_axis).  Whether a tile is worth it and
+which way its programs start are speed, decided at the hints, as the static
+rule decides them at the sizes."""
 
 from __future__ import annotations
 
@@ -15,35 +24,65 @@ from coil.ir.expr import Load, indirect_loads, loads, xsyms
 from coil.ir.indexing import simplify_index, unflatten
 from coil.ir.kernel import XINDEX, YINDEX, KernelNode, Tiled
 from coil.ir.layout import Layout
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, lower_bound, norm
 from coil.options import TileTraits
 from coil.passes.kernel_model import offset_step
 
 
-def tiled_map(b: ComputedBuffer, tile: Tiled) -> dict[sympy.Symbol, sympy.Expr]:
+def tiled_map(b: ComputedBuffer, tile: Tiled, shapes: ShapeInfo = EMPTY) -> dict[sympy.Symbol, sympy.Expr]:
     """b's loop symbols as expressions of (yindex, xindex)."""
     rng = tile.ranges
-    return {s: simplify_index(e, rng) for s, e in zip(xsyms(len(b.ranges)), unflatten(tile.flat(), b.ranges))}
+    return {s: simplify_index(e, rng, shapes)
+            for s, e in zip(xsyms(len(b.ranges)), unflatten(tile.flat(), b.ranges))}
 
 
-def store_offset(b: ComputedBuffer, tile: Tiled, m: Mapping[sympy.Symbol, sympy.Expr] | None = None) -> sympy.Expr:
+def store_offset(b: ComputedBuffer, tile: Tiled, m: Mapping[sympy.Symbol, sympy.Expr] | None = None,
+                 shapes: ShapeInfo = EMPTY) -> sympy.Expr:
     """Where b's element (yindex, xindex) lies in its buffer (`m`: b's tiled_map,
     where the caller has it already)."""
-    m = tiled_map(b, tile) if m is None else m
-    return simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m), tile.ranges)
+    m = tiled_map(b, tile, shapes) if m is None else m
+    return simplify_index(b.layout.offset_of(xsyms(len(b.ranges))).xreplace(m), tile.ranges, shapes)
 
 
-def _down_columns(dy: sympy.Expr, dx: sympy.Expr) -> bool:
-    return bool(dy == 1 and dx != 1 and dx != 0)
+def steps(off: sympy.Expr, shapes: ShapeInfo = EMPTY) -> tuple[sympy.Expr, sympy.Expr]:
+    """How far one step of yindex and one of xindex move an access (offset_step);
+    with symbolic sizes simplified over them (FloorDiv(1, s2) is 0 where s2 is
+    at least 2)."""
+    out = []
+    for sym in (YINDEX, XINDEX):
+        step = offset_step(off, sym)
+        out.append(step if step.is_number else simplify_index(step, {}, shapes))
+    return out[0], out[1]
 
 
-def contiguous_axis(off: sympy.Expr) -> str | None:
+def _is_one(step: sympy.Expr, shapes: ShapeInfo) -> bool:
+    """A step of 1 for every size: 1 itself, or an expression the ranges pin to 1."""
+    return bool(step == 1) or (not step.is_number and shapes.known_eq(step, 1))
+
+
+def _moves(step: sympy.Expr, shapes: ShapeInfo) -> bool:
+    """A step that is neither 0 nor 1 for every size: a number other than those,
+    or an expression proved past 1 (a stride s1: at least 2 for every size)."""
+    if step.is_number:
+        return bool(step != 1 and step != 0)
+    least = lower_bound(step)
+    return (least is not None and least > 1) or shapes.known_gt(step, 1)
+
+
+def _down_columns(dy: sympy.Expr, dx: sympy.Expr, shapes: ShapeInfo = EMPTY) -> bool:
+    return _is_one(dy, shapes) and _moves(dx, shapes)
+
+
+def contiguous_axis(off: sympy.Expr, shapes: ShapeInfo = EMPTY) -> str | None:
     """Along which axis of the tile an access, as an offset over (yindex, xindex),
     is contiguous: "x" (along the rows), "y" (down the columns: the transposed
-    read of x + y.t()), or None (neither: a broadcast or a strided access)."""
-    dy, dx = offset_step(off, YINDEX), offset_step(off, XINDEX)
-    if dx == 1:
+    read of x + y.t()), or None (neither: a broadcast or a strided access).  With
+    symbolic strides, for every size (without `shapes`: where the size symbols'
+    least values prove it)."""
+    dy, dx = steps(off, shapes)
+    if _is_one(dx, shapes):
         return "x"
-    return "y" if _down_columns(dy, dx) else None
+    return "y" if _down_columns(dy, dx, shapes) else None
 
 
 def load_order(nodes: Sequence[KernelNode], layouts: Mapping[str, Layout]) -> tuple[Load, ...]:
@@ -66,8 +105,17 @@ def load_order(nodes: Sequence[KernelNode], layouts: Mapping[str, Layout]) -> tu
     return tuple(sorted(found, key=key))
 
 
+def _quotient(numel: Size, cols: Size) -> Size | None:
+    """numel / cols where it divides for every size (a product of the sizes
+    cols is a product of some of), else None."""
+    if isinstance(numel, int) and isinstance(cols, int):
+        return None if numel % cols else numel // cols
+    num, den = sympy.fraction(sympy.cancel(sympy.sympify(numel) / cols))
+    return norm(num) if den == 1 else None
+
+
 def tiling(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout], stored: Collection[str],
-           numel: int, traits: TileTraits) -> Tiled | None:
+           numel: Size, traits: TileTraits, shapes: ShapeInfo = EMPTY) -> Tiled | None:
     """The 2-D tiling of a pointwise kernel of `numel` elements, or None.
 
     A split of the flat range into rows x cols is taken when, under it, some
@@ -78,39 +126,46 @@ def tiling(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout], store
     (xindex along the rows) when the kernel's first store is contiguous down the
     columns and the columns' blocks fit on grid axis 1, and when the rows' blocks
     do not fit there (axis 0 has no such limit); a split whose rows and columns
-    both overflow axis 1 is not taken."""
+    both overflow axis 1 is not taken.
+
+    Symbolic sizes: the candidates are the same suffix products, taken where
+    they divide the range for every size; the steps are proved for every size;
+    the sides' least widths and the overflows above are judged at the hints
+    (speed); and the tile's programs all go on grid axis 0 (one_axis) unless its
+    row blocks (its ynumel, at least min_side a block) fit axis 1 for every size."""
     if numel == 0 or any(b.is_reduction or indirect_loads(b.body) for b in nodes):
         return None
     inside = {b.name for b in nodes}
     most = traits.max_grid_y * traits.min_side
-    cands: list[int] = []
-    acc = 1
+    cands: list[Size] = []
+    acc: Size = 1
     for size in reversed(nodes[0].ranges[1:]):
-        acc *= int(size)
+        acc = acc * int(size) if isinstance(acc, int) and isinstance(size, int) else norm(acc * size)
         cands.append(acc)
     for cols in cands:
-        rows = numel // cols
-        tall, wide = rows > most, cols > most
-        if cols < traits.min_side or rows < traits.min_side or numel % cols or (tall and wide):
+        rows = _quotient(numel, cols)
+        if rows is None or not (shapes.known_ge(rows, 1) and shapes.known_ge(cols, 1)):  # u0 rows may be none
+            continue
+        tall, wide = shapes.hint(rows) > most, shapes.hint(cols) > most
+        if shapes.hint(cols) < traits.min_side or shapes.hint(rows) < traits.min_side or (tall and wide):
             continue
         tile = Tiled(rows, cols)
         rng = tile.ranges
-        steps: list[tuple[sympy.Expr, sympy.Expr]] = []
+        read_steps: list[tuple[sympy.Expr, sympy.Expr]] = []
         store_steps: list[tuple[sympy.Expr, sympy.Expr]] = []
         for b in nodes:
-            m = tiled_map(b, tile)
+            m = tiled_map(b, tile, shapes)
             offs = [layouts[ld.name].offset_of(ld.index).xreplace(m) for ld in loads(b.body)
                     if ld.name not in inside and ld.name in layouts]
             for off in offs:
-                off = simplify_index(off, rng)
-                steps.append((offset_step(off, YINDEX), offset_step(off, XINDEX)))
+                read_steps.append(steps(simplify_index(off, rng, shapes), shapes))
             if b.name in stored:
-                off = store_offset(b, tile, m)
-                store_steps.append((offset_step(off, YINDEX), offset_step(off, XINDEX)))
-        steps += store_steps
-        transposed = any(_down_columns(dy, dx) for dy, dx in steps)
-        along = any(dx == 1 for _, dx in steps)
+                store_steps.append(steps(store_offset(b, tile, m, shapes), shapes))
+        every = read_steps + store_steps
+        transposed = any(_down_columns(dy, dx, shapes) for dy, dx in every)
+        along = any(_is_one(dx, shapes) for _, dx in every)
         if transposed and along:
-            down = bool(store_steps) and _down_columns(*store_steps[0])
-            return Tiled(rows, cols, tall or (down and not wide))
+            down = bool(store_steps) and _down_columns(*store_steps[0], shapes)
+            turned = tall or (down and not wide)
+            return Tiled(rows, cols, turned, not shapes.known_le(cols if turned else rows, most))
     return None
