@@ -210,7 +210,10 @@ _ARITHMETIC: dict[Any, Callable[..., Any]] = {
     operator.mul: lambda a, b: a * b, operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b,
     operator.neg: lambda a: -a,
     operator.floordiv: lambda a, b: a // b if isinstance(a, int) and isinstance(b, int) else FloorDiv(a, b),
-    operator.mod: lambda a, b: a % b if isinstance(a, int) and isinstance(b, int) else ModularIndexing(a, 1, b)}
+    operator.mod: lambda a, b: a % b if isinstance(a, int) and isinstance(b, int) else ModularIndexing(a, 1, b),
+    # torch's refs compute strides with them (lerp of a transposed operand)
+    torch.sym_max: lambda a, b: max(a, b) if isinstance(a, int) and isinstance(b, int) else sympy.Max(a, b),
+    torch.sym_min: lambda a, b: min(a, b) if isinstance(a, int) and isinstance(b, int) else sympy.Min(a, b)}
 
 
 def size_arith(target: Any, args: Sequence[Any]) -> Any:

@@ -384,8 +384,9 @@ def _in_range(sym: SymbolicGraph, point: Point, drawn: dict[str, float]) -> bool
 
 @st.composite
 def _symbolic_graphs(draw: st.DrawFn, cfg: Config, max_nodes: int, max_inputs: int, families: tuple[Family, ...],
-                     noncontiguous: bool, others: int) -> SymbolicGraph:
-    drawn = draw(_graphs(cfg, max_nodes, max_inputs, families, noncontiguous, min_dim=2, layouts=SYMBOLIC_LAYOUTS))
+                     noncontiguous: bool, others: int, min_dim: int = 2,
+                     layouts: Sequence[str] = SYMBOLIC_LAYOUTS) -> SymbolicGraph:
+    drawn = draw(_graphs(cfg, max_nodes, max_inputs, families, noncontiguous, min_dim=min_dim, layouts=layouts))
     specs = _tensor_specs(drawn)
     rank = max((len(s.shape) for s in specs), default=0)
     # base axes, counted from the right (inputs are suffixes of one base shape)
@@ -420,11 +421,21 @@ def _symbolic_graphs(draw: st.DrawFn, cfg: Config, max_nodes: int, max_inputs: i
 def symbolic_graphs(max_nodes: int = 6, max_inputs: int = 3, max_rank: int = 3, max_dim: int = 6,
                     dtypes: Sequence[torch.dtype] = DEFAULT_DTYPES, allow_reductions: bool = True,
                     allow_views: bool = True, *, noncontiguous_inputs: bool = True,
-                    other_sizes: int = 2) -> st.SearchStrategy[SymbolicGraph]:
+                    other_sizes: int = 2, min_dim: int = 2,
+                    layouts: Sequence[str] = SYMBOLIC_LAYOUTS) -> st.SearchStrategy[SymbolicGraph]:
     """Drawn graphs traced with symbolic sizes (see the module docstring), each
-    with `other_sizes` more points to run at besides the drawn one."""
+    with `other_sizes` more points to run at besides the drawn one.  The drawn
+    example's base dims are at least `min_dim` (a Triton tile needs sides of 16
+    at the hints); the other points may be smaller.  Non-contiguous inputs take
+    one of `layouts` (some of SYMBOLIC_LAYOUTS: ("contiguous", "transposed")
+    draws many transposed reads)."""
+    if not set(layouts) <= set(SYMBOLIC_LAYOUTS):
+        raise ValueError(f"symbolic_graphs() draws layouts of {SYMBOLIC_LAYOUTS}, not {layouts}")
     if max_dim < 2 or max_rank < 1:
         raise ValueError("symbolic_graphs() needs max_dim >= 2 and max_rank >= 1: a dynamic dim is at least 2")
+    if not 2 <= min_dim <= max_dim:
+        raise ValueError("symbolic_graphs() needs 2 <= min_dim <= max_dim")
     cfg = Config(max_rank, max_dim, tuple(dtypes), "cpu")
     families = _families(allow_reductions, allow_views)
-    return _symbolic_graphs(cfg, max_nodes, max_inputs, families, noncontiguous_inputs, other_sizes)
+    return _symbolic_graphs(cfg, max_nodes, max_inputs, families, noncontiguous_inputs, other_sizes, min_dim,
+                            tuple(layouts))

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 import sympy
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, Phase, event, find, given, settings
+from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
+from coil.ir.kernel import KernelSpec, Tiled
 from coil.ir.wrapper import Reuse, WrapperProgram
 from coil.properties import (
     assert_matches_eager,
@@ -143,6 +145,54 @@ def test_symbolic_reference_matches_eager_and_invariants_hold(sym: SymbolicGraph
 def test_symbolic_cpp_matches_eager_and_invariants_hold(sym: SymbolicGraph) -> None:
     program = run_at_every_point(sym, "cpp")
     check_symbolic_invariants(program)
+
+
+def tile_draws() -> st.SearchStrategy[SymbolicGraph]:
+    """Draws whose sides reach a Triton tile's at the hints (16), half their
+    inputs transposed, so that a transposed read beside another tiles; pointwise
+    only (a tile is), and rank 2 keeps the interpreter quick."""
+    return symbolic_graphs(max_nodes=4, max_rank=2, min_dim=16, max_dim=24, allow_reductions=False,
+                           layouts=("contiguous", "transposed"))
+
+
+def tiled_kernels(program: WrapperProgram) -> list[KernelSpec]:
+    return [k for k in program.specs if isinstance(k.space, Tiled)]
+
+
+@examples(30)
+@given(tile_draws())
+def test_symbolic_triton_tiles_match_eager_and_invariants_hold(sym: SymbolicGraph) -> None:
+    """The Triton target (through the interpreter) on draws large enough to tile:
+    one compile, three sizes (the others may be below a tile's side), eager's
+    values, the invariants; a tiled kernel's rows x cols is its range for every
+    size and its grid an expression of the sizes."""
+    program = run_at_every_point(sym, "triton")
+    check_symbolic_invariants(program)
+    tiled = tiled_kernels(program)
+    event(f"tiled kernels: {min(len(tiled), 1)}")
+    for k in tiled:
+        assert isinstance(k.space, Tiled)
+        assert sympy.expand(sympy.sympify(k.space.rows * k.space.cols - k.group[0])) == 0
+        (launch,) = k.launches
+        assert launch.sizes == (k.space.ynumel, k.space.xnumel)
+
+
+def test_symbolic_draws_reach_the_tiled_path() -> None:
+    """Some draw tiles: a symbolic graph with a transposed read, found among the
+    draws, runs tiled on Triton at its three sizes as eager does."""
+
+    def tiles(sym: SymbolicGraph) -> bool:
+        p = coil.default_pipeline().run(sym.gm, list(sym.example_inputs), until="schedule_kernels",
+                                        options=coil.Options(target="triton"))
+        return any(isinstance(k.space, Tiled) and not isinstance(k.space.rows * k.space.cols, int) for k in p.specs)
+
+    # the first such draw, not shrunk (shrinking symbolic draws takes minutes)
+    sym = find(tile_draws(), tiles,
+               settings=settings(max_examples=300, derandomize=True, database=None, deadline=None,
+                                 phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
+    program = run_at_every_point(sym, "triton")
+    check_symbolic_invariants(program)
+    assert tiled_kernels(program)
 
 
 def chain(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:

@@ -275,3 +275,25 @@ def test_a_slice_that_may_be_empty_launches_under_its_guard(tmp_path: Path) -> N
     _check_one_graph()
     assert "if 16*s0 - 32 > 0:" in _source(tmp_path)
 
+
+def test_lerp_of_a_transposed_operand_lowers_with_symbolic_sizes() -> None:
+    """Found by the tile draws: torch's lerp decomposition computes its result's
+    strides with torch.sym_max, which lower did not take as size arithmetic
+    ("cannot call sym_max as an extern") when an operand was transposed."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from coil.properties.symbolic import capture
+
+    aten = torch.ops.aten
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return aten.lerp.Scalar(b, aten.where.ScalarSelf(aten.gt.Scalar(a, 0), 3, b), 0.25)
+
+    a, b = torch.randn(19, 18).t(), torch.randn(18, 19)
+    got = capture(make_fx(fn)(a, b), [a.clone(), b.clone()], [(0, 1), (1, 1)])
+    assert got is not None
+    gm, example, _ = got
+    compiled = coil.compile_graph(gm, example, coil.Options(target="triton"))
+    for c in (19, 5, 33):
+        a, b = torch.randn(c, 18).t(), torch.randn(18, c)
+        torch.testing.assert_close(compiled(c, a, b)[0], fn(a, b))
