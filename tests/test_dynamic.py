@@ -295,6 +295,23 @@ def test_padded_slices_compile_once_and_match(where: tuple[str, str]) -> None:
     assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
 
 
+def test_a_full_reduction_of_symbolic_length_is_configured_for_long_rows() -> None:
+    """cross_entropy's mean over the batch is one row as long as the batch: at the
+    hint (16) it would get one warp looping over a row that grows with the batch;
+    it is configured for rows of few_rows_block, and says so."""
+    from coil.options import TRITON_LAUNCH
+    from tests_helpers import capture_aot
+
+    gm, example = capture_aot(F.cross_entropy, (torch.randn(16, 100), torch.randint(0, 100, (16,))))
+    kp = coil.default_pipeline().run(gm, example, until="schedule_kernels", options=Options(target="triton"))
+    (full,) = [k for k in kp.specs if k.group[0] == 1]
+    (ln,) = full.launches  # the looped kernel's (a choice's persistent variant keeps the hint)
+    assert ln.config.rblock == TRITON_LAUNCH.few_rows_block, ln
+    assert f"configured for {TRITON_LAUNCH.few_rows_block}" in ln.why, ln.why
+    rows = [k for k in kp.specs if k.group[0] != 1]
+    assert rows and all("configured for" not in ln.why for k in rows for ln in k.launches)
+
+
 def test_shape_info_proves_over_ranges_and_hints_for_speed() -> None:
     s0, s1 = size_symbol(0), size_symbol(1)
     info = ShapeInfo((SymbolFacts(s0, 8, 2, None), SymbolFacts(s1, 16, 2, 512)))

@@ -157,7 +157,7 @@ def tails(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, reduction
     symbolic size leaves no partial block only where it is a multiple of every
     block for every size (4*s0 of blocks up to 4), else it is masked."""
     if not is_static((xnumel, rnumel)):
-        cfgs = candidate_configs(traits, kind, shapes.hint(xnumel), shapes.hint(rnumel), reductions)
+        cfgs = candidate_configs(traits, kind, *config_hints(traits, kind, xnumel, rnumel, shapes), reductions)
         if kind == "tiled":
             return Tails(not all(shapes.known_multiple(xnumel, c.yblock) for c in cfgs),
                          not all(shapes.known_multiple(rnumel, c.xblock) for c in cfgs))
@@ -170,6 +170,21 @@ def tails(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, reduction
     return Tails(not all(xnumel % c.xblock == 0 for c in cfgs), inner)
 
 
+def config_hints(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, shapes: ShapeInfo) -> tuple[int, int]:
+    """The sizes a symbolic kernel's config is chosen at: its hints, except that a
+    looped reduction of a fixed few rows (a full reduction: cross_entropy's mean
+    over the batch) whose length may pass the hint is configured for rows of
+    `few_rows_block` (or its range's bound): its one or few programs do all the
+    work, and at a short hint it got one warp looping over a row that grows with
+    the batch (64 steps of 256 at 64 times the hint).  Not where the rows are
+    symbolic too: a few rows at the hint may be many at run time."""
+    xh, rh = shapes.hint(xnumel), shapes.hint(rnumel)
+    if kind == "reduction" and isinstance(xnumel, int) and not isinstance(rnumel, int) and xh <= traits.few_rows:
+        up = shapes.upper(rnumel)
+        rh = max(rh, traits.few_rows_block if up is None else min(up, traits.few_rows_block))
+    return xh, rh
+
+
 def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Size, reductions: int,
            space_tile: Tiled | None, shapes: ShapeInfo = EMPTY) -> KernelLaunch:
     """The one launch of a kernel that is not split: its heuristic config, grid
@@ -179,10 +194,12 @@ def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Siz
     if space_tile is not None:
         return tiled_launch(traits, name, space_tile, shapes)
     if not is_static((xnumel, rnumel)):
-        at = launch(traits, name, kind, shapes.hint(xnumel), shapes.hint(rnumel), reductions, None)
+        xh, rh = config_hints(traits, kind, xnumel, rnumel, shapes)
+        at = launch(traits, name, kind, xh, rh, reductions, None)
         sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
+        longer = "" if rh == shapes.hint(rnumel) else f"; few rows of unbounded length: configured for {rh}"
         return attrs.evolve(at, grid=(ceil_div(xnumel, at.config.xblock), 1, 1), sizes=sizes,
-                            why=f"{at.why} (at the hints {shapes.hint(xnumel)}, {shapes.hint(rnumel)})")
+                            why=f"{at.why} (at the hints {shapes.hint(xnumel)}, {shapes.hint(rnumel)}{longer})")
     cfg, rule = _heuristic(traits, kind, xnumel, rnumel, reductions)
     if rule is LaunchRule.POINTWISE:
         why = f"{cfg.xblock} elements a program, {cfg.xblock / (32 * cfg.num_warps):g} a thread"
