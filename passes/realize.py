@@ -165,6 +165,7 @@ def _strided(index: tuple[sympy.Expr, ...], size: tuple[Size, ...], base: Layout
             if s == 1:
                 strides.append(0)
                 continue
+            c = sympy.factor_terms(c)  # s1*(s1 - Mod(s1, 8) + 8), as the sizes multiply, not expanded
             if not _size_expr(c, shapes):
                 return None
             strides.append(norm(c))
@@ -181,8 +182,13 @@ def _strided(index: tuple[sympy.Expr, ...], size: tuple[Size, ...], base: Layout
 
 
 def _size_expr(e: sympy.Expr, shapes: ShapeInfo) -> bool:
-    """An expression of size symbols alone, provably nonnegative."""
-    return bool(e.free_symbols) and all(is_size_symbol(s) for s in e.free_symbols) and shapes.known_le(0, e)
+    """An expression of size symbols alone, provably nonnegative (its bounds as
+    written: a product of positive factors, s1*(s1 - Mod(s1, 8) + 8), is one,
+    where its expansion's terms bound nothing)."""
+    if not e.free_symbols or not all(is_size_symbol(s) for s in e.free_symbols):
+        return False
+    lo = shapes.lower(e)
+    return (lo is not None and lo >= 0) or shapes.known_le(0, e)
 
 
 def _full_readers(g: LoweredGraph) -> dict[str, int]:

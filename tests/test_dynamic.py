@@ -284,6 +284,31 @@ def test_a_slice_of_a_padded_row_reaches_an_extern_as_a_view() -> None:
     assert not isinstance(arg.layout.stride[0], int) and "16" in str(arg.layout.stride[0]), arg.layout
 
 
+def _padded_mask_attention(q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """GPT-2's mask as scaled_dot_product_attention hands it to memory-efficient
+    attention: padded to a multiple of 8, sliced back, expanded over the heads."""
+    b, h, n, _ = q.shape
+    mask = F.pad(m.unsqueeze(1) * 2, (0, 8 - n % 8))[..., :n].expand(b, h, n, n)
+    return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+def test_an_expanded_slice_of_a_padded_mask_reaches_attention_as_a_view() -> None:
+    from coil.ir.buffers import AliasBuffer, ExternBuffer
+    from tests_helpers import capture_aot
+
+    gm, example = capture_aot(_padded_mask_attention, (torch.randn(2, 4, 9, 16), torch.randn(2, 9, 9)))
+    bg = coil.default_pipeline().run(gm, example, until="realize", options=Options(target="cpp"))
+    attn = next(b for b in bg.buffers if isinstance(b, ExternBuffer) and "scaled_dot_product" in b.kernel)
+    mask = next(b for b in bg.buffers if b.name == dict(attn.kwargs)["attn_mask"].name)
+    assert isinstance(mask, AliasBuffer), mask
+    assert mask.layout.stride[1] == 0 and "8" in str(mask.layout.stride[2]), mask.layout
+    f = _compiled(_padded_mask_attention, "cpp", dynamic=True)
+    for b, n in [(2, 9), (3, 17), (2, 32)]:
+        q, m = torch.randn(b, 4, n, 16), torch.randn(b, n, n)
+        torch.testing.assert_close(f(q, m), _padded_mask_attention(q, m), atol=1e-4, rtol=1e-4)
+    assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
+
+
 @pytest.mark.parametrize("where", TARGETS)
 def test_padded_slices_compile_once_and_match(where: tuple[str, str]) -> None:
     target, device = where
