@@ -12,11 +12,20 @@ Grammar::
                                      donated: a kernel may write over it once dead
     Buffer ::= ComputedBuffer(name, layout, ranges, reduction_ranges,
                               reduction_type | None, body, rule, origins)
-             | ExternBuffer(name, kernel, args, kwargs, layout, rule, origins, mutated)
+             | ExternBuffer(name, kernel, args, kwargs, layout, rule, origins, mutated,
+                              collective: Collective | None)
              | MultiOutputBuffer(name, extern, index, layout, rule, origins)
              | AliasBuffer(name, base, layout, rule, origins)
                                      a view of another buffer or input, no copy
     rule ::= Rule                    output | reduction | extern | reuse | ... (Rule)
+    Collective ::= (role: issue | wait, pairs: name*)
+                                     an asynchronous _c10d_functional collective (issue; pairs:
+                                     the waits that complete it) or a wait_tensor (wait; pairs:
+                                     the collective it completes, none when it waits on a tensor
+                                     issued outside the graph)
+
+A collective's result, and every storage it reads, is in flight from the issue to its
+last wait (`in_flight_buffers`): memory planning neither frees nor reuses them then.
 
 Bodies load only InputBuffers and Buffers, by logical index; the loaded buffer's
 layout turns a logical index into a storage offset.
@@ -31,6 +40,7 @@ import attrs
 
 from coil.ir.expr import Expr
 from coil.ir.layout import Layout
+from coil.ir.lowered import extern_tensor_names
 from coil.ir.shapes import NO_SIZES, GraphSizes, Size, sizes
 
 
@@ -90,6 +100,39 @@ class ComputedBuffer:
         return self.reduction_type is not None
 
 
+# the asynchronous collectives of torch.distributed._functional_collectives: each returns
+# a tensor that is valid only after `_c10d_functional.wait_tensor` on it (Inductor's
+# _CollectiveKernel / _WaitKernel)
+COLLECTIVE_KERNELS = frozenset(f"_c10d_functional.{op}.default" for op in (
+    "all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_", "all_gather_into_tensor",
+    "all_gather_into_tensor_out", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast", "broadcast_"))
+WAIT_KERNEL = "_c10d_functional.wait_tensor.default"
+
+
+class CollectiveRole(enum.StrEnum):
+    ISSUE = "issue"  # starts the collective; its result is unfinished until its waits
+    WAIT = "wait"  # wait_tensor: completes the collective it names
+
+
+@attrs.frozen(cache_hash=True)
+class Collective:
+    """The pairing of an asynchronous collective with its waits, kept on both ends.
+    It lives on the ExternBuffer (not in a table on the BufferGraph) because both
+    ends are already nodes and the pairing is a fact about each of them: passes that
+    copy or reorder buffers carry it along, and the printer shows it on the line it
+    concerns.  `pairs`: an issue's waits (several for a coalesced collective, one per
+    result), a wait's collective (empty when it waits on a tensor from outside)."""
+
+    role: CollectiveRole = attrs.field(converter=CollectiveRole)
+    pairs: tuple[str, ...] = ()
+
+    def show(self) -> str:
+        if self.role is CollectiveRole.ISSUE:
+            return f"collective waited_by=[{', '.join(self.pairs)}]"
+        return f"wait completes=[{', '.join(self.pairs) or 'outside'}]"
+
+
 @attrs.frozen(cache_hash=True)
 class ExternBuffer:
     name: str
@@ -101,6 +144,7 @@ class ExternBuffer:
     origins: tuple[str, ...]
     ops: tuple[str, ...]
     mutated: tuple[str, ...] = ()
+    collective: Collective | None = None  # set when this is a collective or its wait
 
 
 @attrs.frozen(cache_hash=True)
@@ -170,3 +214,33 @@ class BufferGraph:
     def devices(self) -> frozenset[str]:
         return frozenset(b.layout.device for b in (*self.inputs, *self.buffers) if b.layout is not None)
 
+
+
+def storage_bases(g: BufferGraph, name: str) -> tuple[str, ...]:
+    """`name` and the buffers whose storage it is a view or a result of (alias chains,
+    a MultiOutputBuffer's extern)."""
+    out = [name]
+    b = g.get(name)
+    while isinstance(b, (AliasBuffer, MultiOutputBuffer)):
+        up = b.base if isinstance(b, AliasBuffer) else b.extern
+        out.append(up)
+        b = g.get(up)
+    return tuple(out)
+
+
+def in_flight_buffers(g: BufferGraph, collective: str) -> tuple[str, ...]:
+    """Everything a collective's communication may touch until its waits: the
+    storages it reads (through views), its result and its results' MultiOutputBuffers,
+    and what it mutates.  Sorted, for printing."""
+    b = g.get(collective)
+    assert isinstance(b, ExternBuffer)
+    names: set[str] = {collective, *(m.name for m in g.buffers if isinstance(m, MultiOutputBuffer) and m.extern == collective)}
+    for r in (*extern_tensor_names((b.args, tuple(v for _, v in b.kwargs))), *b.mutated):
+        names.update(storage_bases(g, r))
+    return tuple(sorted(names, key=lambda n: (len(n), n)))
+
+
+def collectives(g: BufferGraph) -> tuple[ExternBuffer, ...]:
+    """The graph's collective issues, in buffer order."""
+    return tuple(b for b in g.buffers if isinstance(b, ExternBuffer) and b.collective is not None
+                 and b.collective.role is CollectiveRole.ISSUE)

@@ -92,7 +92,8 @@ def show_buffers(g: BufferGraph) -> str:
             case ExternBuffer():
                 args = ", ".join([fmt_arg(a) for a in b.args] + [f"{k}={fmt_arg(v)}" for k, v in b.kwargs])
                 lay = b.layout.show() if b.layout else "tuple"
-                out.append(f"  {b.name}: ExternBuffer {b.kernel}({args}) -> {lay}  rule={b.rule}  origins=[{origins}]")
+                coll = f"  {b.collective.show()}" if b.collective is not None else ""
+                out.append(f"  {b.name}: ExternBuffer {b.kernel}({args}) -> {lay}  rule={b.rule}  origins=[{origins}]{coll}")
             case MultiOutputBuffer():
                 out.append(f"  {b.name}: MultiOutputBuffer {b.extern}{list(b.index)} {b.layout.show()}  rule={b.rule}")
             case AliasBuffer():

@@ -15,6 +15,9 @@ BufferGraph
   B4 bodies use only their own loop symbols (and an IndirectLoad its own ind*)
   B5 a reduction's type is one of REDUCTION_TYPES
   B6 a load's mask, if any, is a bool expression
+  B7 collectives pair with their waits: an issue is a collective kernel whose waits
+     are later wait_tensor externs naming it back; a wait is a wait_tensor whose
+     collective is an earlier issue naming it back; every collective kernel is marked
 ScheduleGraph
   S1 one node per buffer, in buffer order
   S2 every dep names an input or a buffer defined before the node (WeakDeps: any)
@@ -31,7 +34,7 @@ import sympy
 import torch
 
 from coil.errors import CoilError
-from coil.ir.buffers import BufferGraph, ComputedBuffer
+from coil.ir.buffers import COLLECTIVE_KERNELS, WAIT_KERNEL, BufferGraph, CollectiveRole, ComputedBuffer, ExternBuffer
 from coil.ir.expr import REDUCTION_TYPES, Expr, IndexExpr, IndirectLoad, Load, walk
 from coil.ir.lowered import LoweredGraph, Pointwise, Reduction, View, extern_tensor_names, Extern, MultiOutput
 from coil.ir.schedule import ScheduleGraph, WeakDep
@@ -162,6 +165,31 @@ def verify_buffers(g: BufferGraph, stage: str) -> None:
     for o in g.outputs:
         if o is not None and o not in rank:
             fail(g, stage, o, "B2 output names no buffer")
+    _verify_collectives(g, stage)
+
+
+def _verify_collectives(g: BufferGraph, stage: str) -> None:
+    pos = {b.name: k for k, b in enumerate(g.buffers)}
+    for b in g.buffers:
+        if not isinstance(b, ExternBuffer):
+            continue
+        c = b.collective
+        if c is None:
+            if b.kernel in COLLECTIVE_KERNELS or b.kernel == WAIT_KERNEL:
+                fail(g, stage, b.name, f"B7 {b.kernel} is not marked as a collective or a wait")
+            continue
+        want, role = (COLLECTIVE_KERNELS, "a collective") if c.role is CollectiveRole.ISSUE else ({WAIT_KERNEL}, "a wait")
+        if b.kernel not in want:
+            fail(g, stage, b.name, f"B7 marked {c.role} but {b.kernel} is not {role}")
+        if c.role is CollectiveRole.WAIT and len(c.pairs) > 1:
+            fail(g, stage, b.name, f"B7 a wait completes one collective, not {list(c.pairs)}")
+        for p in c.pairs:
+            other = g.get(p) if p in pos else None
+            back = other.collective if isinstance(other, ExternBuffer) else None
+            after = c.role is CollectiveRole.ISSUE
+            if back is None or back.role is c.role or b.name not in back.pairs or (pos[p] > pos[b.name]) != after:
+                fail(g, stage, b.name, f"B7 paired with {p}, which is not {'a later wait' if after else 'an earlier collective'} "
+                     "naming it back")
 
 
 def verify_schedule(g: ScheduleGraph, stage: str) -> None:

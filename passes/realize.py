@@ -80,6 +80,7 @@ from coil.ir.lowered import (
 )
 from coil.ir.shapes import EMPTY, ShapeInfo, Size, free_size_symbols, is_size_symbol, is_unbacked_symbol, norm
 from coil.options import Options
+from coil.passes.collectives import pair_collectives
 
 log = logging.getLogger("coil.trace")
 
@@ -489,7 +490,7 @@ class _Realizer:
             for o, st in zip(self.g.outputs, strides)
         )
         rows = tuple(self._final_rows())
-        return BufferGraph(tuple(self.inputs), tuple(self.buffers), outputs, rows, self.g.sizes)
+        return pair_collectives(BufferGraph(tuple(self.inputs), tuple(self.buffers), outputs, rows, self.g.sizes))
 
     def _buffers_holding(self, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
         """The buffers an inlined node's compute ended up in (through inline chains)."""
