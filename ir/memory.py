@@ -10,19 +10,23 @@ Grammar::
     MemoryPlan ::= (steps: PlannedStep*, schedule: FusedSchedule, removed: name set,
                     peak_bytes, strategy: Order, candidates: (Order, peak_bytes)*)
     PlannedStep ::= (step, last_usage: name set, allocs: name*, reuses: (new, old)*,
-                     frees: name*, live_bytes: int, inplace: name*)
+                     frees: name*, live_bytes: int, inplace: name*, in_flight: name*)
                      inplace: the new buffers of `reuses` that take a storage dying
                      at this very step (the kernel reads it while writing over it)
+                     in_flight: the buffers of collectives issued at or before this
+                     step and waited after it (`collective_spans`): none is freed
+                     after this step, nor reused or taken in place by it
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import attrs
 
 from coil.ir._delegate import GraphInputs, PlanKernels
+from coil.ir.buffers import BufferGraph, collectives, in_flight_buffers
 from coil.ir.fused import FusedSchedule, Step
 
 
@@ -51,11 +55,41 @@ class PlannedStep:
     # the new buffers of `reuses` that take their old storage in place: the old one
     # dies at this step, which reads it through the new one (plan_memory.inplace_source)
     inplace: tuple[str, ...] = ()
+    in_flight: tuple[str, ...] = ()  # collectives' buffers still in flight after this step
 
     @property
     def inplace_pairs(self) -> tuple[tuple[str, str], ...]:
         """(new, old) of the reuses made in place."""
         return tuple((new, old) for new, old in self.reuses if new in self.inplace)
+
+
+@attrs.frozen
+class CollectiveSpan:
+    """A collective in an order of steps: issued at step `issue`, completed by its
+    last wait at step `wait` (len(steps) when the graph does not wait on it); its
+    `buffers` (ir.buffers.in_flight_buffers) are in flight at the steps issue..wait-1."""
+
+    collective: str
+    issue: int
+    wait: int
+    buffers: tuple[str, ...]
+
+
+def collective_spans(g: BufferGraph, steps: Sequence[Sequence[str]]) -> tuple[CollectiveSpan, ...]:
+    """Each collective's span in an order of steps, given as the node names of each."""
+    at = {n: i for i, nodes in enumerate(steps) for n in nodes}
+    out = []
+    for c in collectives(g):
+        assert c.collective is not None
+        waits = [at[w] for w in c.collective.pairs]
+        out.append(CollectiveSpan(c.name, at[c.name], max(waits, default=len(steps)), in_flight_buffers(g, c.name)))
+    return tuple(out)
+
+
+def in_flight_at(spans: Sequence[CollectiveSpan], step: int) -> tuple[str, ...]:
+    """The buffers in flight after `step`: of the collectives issued then or before and not yet waited."""
+    names = {n for sp in spans if sp.issue <= step < sp.wait for n in sp.buffers}
+    return tuple(sorted(names, key=lambda n: (len(n), n)))
 
 
 @attrs.frozen

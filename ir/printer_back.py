@@ -58,6 +58,8 @@ def show_plan(p: MemoryPlan) -> str:
         for new, old in ps.reuses:
             out.append(f"    reuse {new} = {old}{' in place' if new in ps.inplace else ''}")
         out.append(f"    last_usage {_names(ps.last_usage)}  live_bytes={ps.live_bytes}")
+        if ps.in_flight:
+            out.append(f"    in_flight {', '.join(ps.in_flight)}")
         if ps.frees:
             out.append(f"    free {', '.join(ps.frees)}")
     return "\n".join(out)

@@ -3,7 +3,11 @@ coil.ir.invariants, the same checks users run on their own passes
 (coil.properties.invariants re-exports them).
 
 FusedSchedule   F1 each scheduler node in exactly one step; order topological
-MemoryPlan      M1 removed buffers are never allocated or freed; M2 no name freed twice
+MemoryPlan      M1 removed buffers are never allocated or freed; M2 no name freed twice;
+                M3 a collective's buffers (what it reads, writes and mutates) are not
+                freed from its issue until its last wait, nor reused or taken in place
+                from its issue through that wait; M4 each step's in_flight is what the
+                collectives' spans say
 WrapperProgram  all invariants (lifetimes, reuse, peak replay, kernel parameters)
 CompiledModule  C1 the source is valid Python
 """
@@ -11,7 +15,7 @@ CompiledModule  C1 the source is valid Python
 from __future__ import annotations
 
 from coil.ir.fused import FusedSchedule
-from coil.ir.memory import MemoryPlan
+from coil.ir.memory import MemoryPlan, collective_spans, in_flight_at
 from coil.ir.module import CompiledModule
 from coil.ir.verify import fail
 from coil.ir.wrapper import WrapperProgram
@@ -35,6 +39,31 @@ def verify_plan(p: MemoryPlan, stage: str) -> None:
             if n in freed:
                 fail(p, stage, n, "M2 freed twice")
             freed.add(n)
+    _verify_in_flight(p, stage)
+
+
+def _verify_in_flight(p: MemoryPlan, stage: str) -> None:
+    bg = p.buffer_graph
+    real = p.schedule.graph.mutation_names()
+    spans = collective_spans(bg, [ps.step.nodes for ps in p.steps])
+    for sp in spans:
+        names = set(sp.buffers) | {real.get(n, n) for n in sp.buffers}
+        for i in range(sp.issue, min(sp.wait + 1, len(p.steps))):
+            ps = p.steps[i]
+            for n in ps.frees:
+                if n in names and i < sp.wait:
+                    fail(p, stage, sp.collective, f"M3 {n} is freed after step {i}, while collective "
+                         f"{sp.collective} (step {sp.issue}) is in flight until its wait at step {sp.wait}")
+            for new, old in ps.reuses:
+                if old in names:
+                    how = "in place" if new in ps.inplace else "as a reuse"
+                    fail(p, stage, sp.collective, f"M3 {new} takes the storage of {old} {how} at step {i}, while "
+                         f"collective {sp.collective} (step {sp.issue}) is in flight until its wait at step {sp.wait}")
+    for i, ps in enumerate(p.steps):
+        want = in_flight_at(spans, i)
+        if ps.in_flight != want:
+            fail(p, stage, ps.step.nodes[0] if ps.step.nodes else "?",
+                 f"M4 step {i} says in_flight {list(ps.in_flight)}, the collectives' spans say {list(want)}")
 
 
 def verify_wrapper(w: WrapperProgram, stage: str) -> None:

@@ -3,7 +3,10 @@
 1. removed: buffers written by a kernel and read only inside it (never outputs)
    stay in registers and are never allocated.
 2. last_usage: the seed's reverse walk, seeded with the outputs (and the bases they
-   alias), names mapped through mutation_real_name.
+   alias), names mapped through mutation_real_name.  A collective's buffers (what it
+   reads and writes, ir.buffers.in_flight_buffers) are used by its last wait too:
+   they are in flight until then, so none is freed, reused or taken in place
+   before the wait; a collective the graph never waits on keeps them to the end.
 3. frees after each step's last use; graph inputs too (`del argN_1`).
 4. reuse: a new buffer takes the storage of a freed one of the same byte size,
    dtype and device (`bufB = bufA; del bufA  # reuse`).  In place
@@ -26,11 +29,12 @@ from typing import Callable, Mapping, Sequence
 
 import sympy
 
-from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer
+from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer,
+                             collectives)
 from coil.ir.expr import IndirectLoad, Load, read_names, walk
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
-from coil.ir.memory import MemoryPlan, Order, PlannedStep
+from coil.ir.memory import MemoryPlan, Order, PlannedStep, collective_spans, in_flight_at
 from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names
 from coil.ir.shapes import Size, norm
 from coil.options import Options
@@ -189,9 +193,14 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
     real = g.mutation_names()
     outputs = set(o for o in bg.outputs if o is not None)
     future: set[str] = {real.get(o, o) for o in outputs} | _alias_bases(bg, list(outputs))
+    spans = collective_spans(bg, [st.nodes for st in order])
+    held: dict[int, set[str]] = {}  # step -> the buffers of the collectives it completes
+    for sp in spans:
+        held.setdefault(sp.wait, set()).update(real.get(n, n) for n in sp.buffers)
+    future |= held.pop(len(order), set())  # never waited in this graph: in flight past its end
     last_usage: list[frozenset[str]] = []
-    for step in reversed(order):
-        used = {real.get(n, n) for n in step_used(step, g)} - removed
+    for i, step in reversed(list(enumerate(order))):
+        used = ({real.get(n, n) for n in step_used(step, g)} | held.get(i, set())) - removed
         lu = frozenset(used - future)
         future |= used
         last_usage.append(lu)
@@ -234,8 +243,9 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
 
     _release_holds_at_peak(planned, bg, reused)
     lives = _replay(planned, bg, reused)
-    result = tuple(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live, tuple(in_place))
-                   for (step, lu, allocs, reuses, frees, in_place), live in zip(planned, lives))
+    result = tuple(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live, tuple(in_place),
+                               in_flight_at(spans, i))
+                   for i, ((step, lu, allocs, reuses, frees, in_place), live) in enumerate(zip(planned, lives)))
     return result, max([sum(bg.sizes.shapes.hint(i.layout.nbytes) for i in bg.inputs), *lives])
 
 
@@ -347,16 +357,20 @@ def _release_holds_at_peak(planned: list[_Planned], bg: BufferGraph, reused: set
 
 
 def _step_graph(steps: Sequence[Step], g: ScheduleGraph) -> tuple[dict[int, set[int]], dict[int, int]]:
+    """Data edges, and a chain through the collectives in their given order: every
+    rank must issue the same collectives in the same order, and the costs that pick
+    an order may differ between ranks (uneven shards have other sizes)."""
     owner = {n: i for i, s in enumerate(steps) for n in s.nodes}
     succ: dict[int, set[int]] = {i: set() for i in range(len(steps))}
     indeg = {i: 0 for i in range(len(steps))}
-    for i, s in enumerate(steps):
-        for n in s.nodes:
-            for d in g.node(n).read_writes.reads:
-                j = owner.get(d.name)
-                if j is not None and j != i and i not in succ[j]:
-                    succ[j].add(i)
-                    indeg[i] += 1
+    edges = [(owner[d.name], i) for i, s in enumerate(steps) for n in s.nodes for d in g.node(n).read_writes.reads
+             if d.name in owner]
+    issues = [owner[c.name] for c in collectives(g.graph)]
+    edges += list(zip(issues, issues[1:]))
+    for j, i in edges:
+        if j != i and i not in succ[j]:
+            succ[j].add(i)
+            indeg[i] += 1
     return succ, indeg
 
 

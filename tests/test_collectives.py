@@ -91,3 +91,87 @@ def test_verifier_rejects_broken_pairing(world1):
         verify(_replace(g, "buf3", collective=Collective(CollectiveRole.WAIT, ())), "realize")
     with pytest.raises(VerifyError, match=r"buf3: B7 marked wait but aten.mm.default is not a wait"):
         verify(_replace(g, "buf3", kernel="aten.mm.default"), "realize")
+
+
+def _two_in_flight(group: str):
+    """all_gather_into_tensor's input is read while it is in flight: before the fix its
+    storage (and all_reduce's) went back to the pool at the issue, and the next kernel
+    took it (`buf2 = buf0; del buf0  # reuse` with all_reduce still in flight)."""
+
+    def fn(x, w):
+        a1 = c10d.all_reduce(x * 2, "sum", group)
+        a2 = c10d.all_gather_into_tensor(w + 1, 1, group)
+        a1 = c10d.wait_tensor(a1)
+        z = a1.sin()
+        a2 = c10d.wait_tensor(a2)
+        return a2 + z
+
+    return fn
+
+
+def _plan(group: str, **options):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = torch.randn(4, 3), torch.randn(4, 3)
+    gm = make_fx(_two_in_flight(group))(x, w)
+    opts = coil.Options(**{"target": "cpp", "graph_cache": False, "verify": True, **options})
+    return coil.default_pipeline().run(gm, [x, w], until="plan_memory", options=opts)
+
+
+def _step_lines(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines() if ln.strip().split(" ")[0] in ("step", "alloc", "reuse", "free", "in_flight")]
+
+
+def test_memory_plan_holds_collective_buffers_until_the_wait(world1):
+    p = _plan(world1, reorder_for_peak_memory=False)
+    assert _step_lines(show(p)) == [
+        "step 0: cpp_fused_mul_0 pointwise group=(12, 1) nodes=[buf0]",
+        "alloc buf0",
+        "free x_1",
+        "step 1: extern buf1",
+        "in_flight buf0, buf1",
+        "step 2: cpp_fused_add_1 pointwise group=(12, 1) nodes=[buf2]",
+        "alloc buf2",  # not buf0's storage: all_reduce is in flight
+        "in_flight buf0, buf1",
+        "free w_1",
+        "step 3: extern buf3",
+        "in_flight buf0, buf1, buf2, buf3",
+        "step 4: extern buf4",
+        "in_flight buf2, buf3",
+        "free buf0, buf1",  # after all_reduce's wait
+        "step 5: extern buf5",
+        "free buf2, buf3",
+        "step 6: cpp_fused_add_sin_2 pointwise group=(12, 1) nodes=[buf6]",
+        "alloc buf6",
+        "free buf4, buf5",
+    ]
+
+
+def test_peak_memory_orders_keep_collectives_in_program_order(world1):
+    p = _plan(world1, reorder_for_peak_memory=True)
+    issues = [ps.step.nodes[0] for ps in p.steps if ps.step.nodes[0] in ("buf1", "buf3")]
+    assert issues == ["buf1", "buf3"], show(p)
+
+
+def _evolve_step(p, i, **changes):
+    steps = list(p.steps)
+    steps[i] = attrs.evolve(steps[i], **changes)
+    return attrs.evolve(p, steps=tuple(steps))
+
+
+def test_verifier_rejects_freeing_or_reusing_in_flight_buffers(world1):
+    p = _plan(world1, reorder_for_peak_memory=False)
+    verify(p, "plan_memory")
+    freed_early = _evolve_step(_evolve_step(p, 4, frees=("buf1",)), 1, frees=("buf0",))
+    with pytest.raises(VerifyError, match=r"buf1: M3 buf0 is freed after step 1, while collective buf1 \(step 1\) "
+                                          r"is in flight until its wait at step 4"):
+        verify(freed_early, "plan_memory")
+    reused = _evolve_step(p, 2, allocs=(), reuses=(("buf2", "buf0"),))
+    with pytest.raises(VerifyError, match=r"buf1: M3 buf2 takes the storage of buf0 as a reuse at step 2, while "
+                                          r"collective buf1 \(step 1\) is in flight"):
+        verify(reused, "plan_memory")
+    in_place = _evolve_step(p, 2, allocs=(), reuses=(("buf2", "buf0"),), inplace=("buf2",))
+    with pytest.raises(VerifyError, match=r"M3 buf2 takes the storage of buf0 in place at step 2"):
+        verify(in_place, "plan_memory")
+    with pytest.raises(VerifyError, match=r"M4 step 2 says in_flight \[\], the collectives' spans say \['buf0', 'buf1'\]"):
+        verify(_evolve_step(p, 2, in_flight=()), "plan_memory")
