@@ -291,7 +291,11 @@ class Options:
     # kernels, not 3 (bench/probes/README.md).  Off for Triton is not measured on a
     # GPU yet; "off" tries it
     realize_reuse: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
-    # plan_memory
+    # overlap (passes/overlap.py): the most bytes of collectives' buffers in flight at
+    # once when it moves issues earlier and waits later; 0: no overlap stage
+    overlap_bytes_limit: int = 1 << 30
+    # plan_memory; in a graph with collectives the overlap stage keeps the order
+    # (least-peak and the others would undo its overlap) unless overlap_bytes_limit is 0
     reorder_for_peak_memory: bool = True
     # a pointwise kernel's output takes the storage of an input it is the last reader
     # of, read only at the element written (plan_memory.inplace_source): no allocation

@@ -162,6 +162,14 @@ def fusion_report(s: FusedSchedule) -> str:
     return log + "\n\nresulting steps:\n" + table(steps, indent="  ")
 
 
+def overlap_report(s: FusedSchedule) -> str:
+    """The overlap stage's moves (passes/overlap.py): each collective's issue and
+    wait, the step it moved from and to, what bound it, and the bytes in flight."""
+    rows = [("node", "role", "from step", "to step", "bound", "bytes in flight")]
+    rows += [(d.node, str(d.role), str(d.before), str(d.after), d.bound, str(d.in_flight_bytes)) for d in s.overlap_log]
+    return table(rows) if len(rows) > 1 else "(no collective moved: none in the graph, or overlap_bytes_limit is 0)"
+
+
 def _step_row(st: Step) -> tuple[str, str, str]:
     match st:
         case FusedKernel():
@@ -269,6 +277,7 @@ def full_report(bg: BufferGraph, plan: MemoryPlan) -> str:
         section("realize: which FX nodes became buffers, and why", realize_report(bg)),
         section("read_writes (extract_deps)", read_writes_report(s.graph)),
         section("fusion decisions (fuse)", fusion_report(s)),
+        *([section("communication overlap (overlap)", overlap_report(s))] if s.overlap_log else []),
         section("last_usage and frees per step (plan_memory)", last_usage_report(plan)),
         section("reuse decisions", reuse_report(plan)),
         section("peak memory", peak_report(plan)),
@@ -369,6 +378,8 @@ def _extras_schedule(ir: ScheduleGraph, directory: str) -> None:
 
 def _extras_fused(ir: FusedSchedule, directory: str) -> None:
     _write(directory, "fusion_log.txt", fusion_report(ir))
+    if ir.overlap_log:
+        _write(directory, "overlap_log.txt", overlap_report(ir))
 
 
 def _extras_plan(ir: MemoryPlan, directory: str) -> None:

@@ -6,7 +6,8 @@ vs ScheduleGraph: + steps in execution order, each a group of scheduler nodes;
 
 Grammar::
 
-    FusedSchedule ::= (steps: Step*, graph: ScheduleGraph, fusion_log: FusionDecision*)
+    FusedSchedule ::= (steps: Step*, graph: ScheduleGraph, fusion_log: FusionDecision*,
+                       overlap_log: OverlapDecision*)
     Step ::= FusedKernel(name, nodes, kind, group)   kind: pointwise | reduction
                                                      | persistent (KernelKind)
            | ExternStep(name)                        one extern scheduler node
@@ -14,6 +15,10 @@ Grammar::
     FusionDecision ::= (round, node1, node2, direction, verdict, reason, score)
     direction ::= vertical | horizontal              (Direction)
     verdict ::= fused | illegal | refused            (Verdict)
+    OverlapDecision ::= (node, role: issue | wait, before, after, bound, in_flight_bytes)
+                                     the overlap stage moved a collective's issue
+                                     earlier or its wait later, from step `before`
+                                     to `after`; `bound`: what stopped it there
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Union
 import attrs
 
 from coil.ir._delegate import ExtendsScheduleGraph, GraphInputs
+from coil.ir.buffers import CollectiveRole
 from coil.ir.schedule import ScheduleGraph
 
 
@@ -93,10 +99,27 @@ class FusionDecision:
 
 
 @attrs.frozen
+class OverlapDecision:
+    """One move of the overlap stage (passes/overlap.py)."""
+
+    node: str  # the collective (role issue) or the wait (role wait) moved
+    role: CollectiveRole = attrs.field(converter=CollectiveRole)
+    before: int  # its step index before the move
+    after: int  # ... and after (equal: it could not move)
+    bound: str  # what stopped it: its input, its first reader, the previous collective, the bytes limit
+    in_flight_bytes: int  # the most bytes in flight at any step of the order after the move
+
+    def show(self) -> str:
+        return (f"{self.role} {self.node}: step {self.before} -> {self.after} (bound: {self.bound}) "
+                f"in_flight_bytes={self.in_flight_bytes}")
+
+
+@attrs.frozen
 class FusedSchedule(ExtendsScheduleGraph, GraphInputs):
     steps: tuple[Step, ...]
     graph: ScheduleGraph
     fusion_log: tuple[FusionDecision, ...] = ()
+    overlap_log: tuple[OverlapDecision, ...] = ()
 
     @property
     def kernels(self) -> tuple[FusedKernel, ...]:

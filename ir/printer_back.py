@@ -44,6 +44,9 @@ def show_fused(s: FusedSchedule) -> str:
         out.append("  fusion log:")
         for d in s.fusion_log:
             out.append(f"    round {d.round} {d.direction} {d.node1} + {d.node2}: {d.verdict} ({d.reason})")
+    if s.overlap_log:
+        out.append("  overlap log:")
+        out += [f"    {d.show()}" for d in s.overlap_log]
     return "\n".join(out)
 
 

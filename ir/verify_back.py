@@ -2,7 +2,8 @@
 coil.ir.invariants, the same checks users run on their own passes
 (coil.properties.invariants re-exports them).
 
-FusedSchedule   F1 each scheduler node in exactly one step; order topological
+FusedSchedule   F1 each scheduler node in exactly one step; order topological;
+                F2 collectives are issued in buffer (program) order
 MemoryPlan      M1 removed buffers are never allocated or freed; M2 no name freed twice;
                 M3 a collective's buffers (what it reads, writes and mutates) are not
                 freed from its issue until its last wait, nor reused or taken in place
@@ -14,6 +15,7 @@ CompiledModule  C1 the source is valid Python
 
 from __future__ import annotations
 
+from coil.ir.buffers import collectives
 from coil.ir.fused import FusedSchedule
 from coil.ir.memory import MemoryPlan, collective_spans, in_flight_at
 from coil.ir.module import CompiledModule
@@ -27,6 +29,12 @@ def verify_fused(s: FusedSchedule, stage: str) -> None:
         check_schedule_topological(s)
     except InvariantError as e:
         fail(s, stage, s.steps[0].nodes[0] if s.steps else "?", f"F1 {e}")
+    at = {n: i for i, st in enumerate(s.steps) for n in st.nodes}
+    issued = [c.name for c in collectives(s.graph.graph)]
+    for a, b in zip(issued, issued[1:]):
+        if at[a] > at[b]:
+            fail(s, stage, b, f"F2 collective {b} is issued at step {at[b]}, before {a} (step {at[a]}), "
+                 "which comes first in the program")
 
 
 def verify_plan(p: MemoryPlan, stage: str) -> None:

@@ -45,6 +45,7 @@ Lower = Pass["FxGraph", "LoweredGraph"]
 Realize = Pass["LoweredGraph", "BufferGraph"]
 ExtractDeps = Pass["BufferGraph", "ScheduleGraph"]
 Fuse = Pass["ScheduleGraph", "FusedSchedule"]
+Overlap = Pass["FusedSchedule", "FusedSchedule"]
 PlanMemory = Pass["FusedSchedule", "MemoryPlan"]
 ScheduleKernels = Pass["MemoryPlan", "KernelProgram"]
 Wrap = Pass["KernelProgram", "WrapperProgram"]
@@ -199,7 +200,7 @@ def stage_languages() -> tuple[dict[str, type], dict[str, type]]:
 
     chain: tuple[tuple[str, type], ...] = (
         ("lower", LoweredGraph), ("realize", BufferGraph), ("extract_deps", ScheduleGraph),
-        ("fuse", FusedSchedule), ("plan_memory", MemoryPlan), ("schedule_kernels", KernelProgram),
+        ("fuse", FusedSchedule), ("overlap", FusedSchedule), ("plan_memory", MemoryPlan), ("schedule_kernels", KernelProgram),
         ("wrap", WrapperProgram), ("kernel_gen", CompiledModule),
     )
     reads = {name: (FxGraph if k == 0 else chain[k - 1][1]) for k, (name, _) in enumerate(chain)}
@@ -215,18 +216,20 @@ def default_pipeline(kernel_gen: KernelGen) -> Pipeline:
     from coil.passes.extract_deps import extract_deps
     from coil.passes.fuse import fuse
     from coil.passes.lower import lower
+    from coil.passes.overlap import overlap
     from coil.passes.plan_memory import plan_memory
     from coil.passes.realize import realize
     from coil.passes.schedule_kernels import schedule_kernels
     from coil.passes.wrap import wrap
 
     stages: tuple[tuple[str, Lower], tuple[str, Realize], tuple[str, ExtractDeps], tuple[str, Fuse],
-                  tuple[str, PlanMemory], tuple[str, ScheduleKernels], tuple[str, Wrap],
+                  tuple[str, Overlap], tuple[str, PlanMemory], tuple[str, ScheduleKernels], tuple[str, Wrap],
                   tuple[str, KernelGen]] = (
         ("lower", lower),
         ("realize", realize),
         ("extract_deps", extract_deps),
         ("fuse", fuse),
+        ("overlap", overlap),  # collectives issued early, waited late
         ("plan_memory", plan_memory),
         ("schedule_kernels", schedule_kernels),
         ("wrap", wrap),

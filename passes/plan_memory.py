@@ -444,7 +444,9 @@ def plan_memory(s: FusedSchedule, options: Options) -> MemoryPlan:
     """Lifetimes, frees, reuse and the peak estimate (best of several orders)."""
     removed = removed_buffers(s)
     candidates: list[tuple[Order, Sequence[Step]]] = [(Order.ORIGINAL, s.steps)]
-    if options.reorder_for_peak_memory and len(s.steps) > 2:
+    # the overlap stage orders a graph with collectives: DFS would put each wait right after its issue
+    owned_by_overlap = options.overlap_bytes_limit > 0 and bool(collectives(s.graph.graph))
+    if options.reorder_for_peak_memory and len(s.steps) > 2 and not owned_by_overlap:
         candidates += [
             (Order.LPMF, _lpmf(s.steps, s, removed)),
             (Order.BFS, _kahn(s.steps, s.graph, Order.BFS)),

@@ -123,7 +123,7 @@ def _step_lines(text: str) -> list[str]:
 
 
 def test_memory_plan_holds_collective_buffers_until_the_wait(world1):
-    p = _plan(world1, reorder_for_peak_memory=False)
+    p = _plan(world1, reorder_for_peak_memory=False, overlap_bytes_limit=0)
     assert _step_lines(show(p)) == [
         "step 0: cpp_fused_mul_0 pointwise group=(12, 1) nodes=[buf0]",
         "alloc buf0",
@@ -150,9 +150,17 @@ def test_memory_plan_holds_collective_buffers_until_the_wait(world1):
 
 
 def test_peak_memory_orders_keep_collectives_in_program_order(world1):
-    p = _plan(world1, reorder_for_peak_memory=True)
-    issues = [ps.step.nodes[0] for ps in p.steps if ps.step.nodes[0] in ("buf1", "buf3")]
-    assert issues == ["buf1", "buf3"], show(p)
+    from coil.ir.memory import Order
+    from coil.passes.plan_memory import _kahn, _lpmf, removed_buffers
+
+    s = _plan(world1, overlap_bytes_limit=0).schedule
+    orders = {"lpmf": _lpmf(s.steps, s, removed_buffers(s)), "bfs": _kahn(s.steps, s.graph, Order.BFS),
+              "dfs": _kahn(s.steps, s.graph, Order.DFS)}
+    for name, order in orders.items():  # unchained, DFS issued all_gather (buf3) first
+        issues = [st.nodes[0] for st in order if st.nodes[0] in ("buf1", "buf3")]
+        assert issues == ["buf1", "buf3"], name
+    p = _plan(world1, reorder_for_peak_memory=True, overlap_bytes_limit=0)
+    assert [ps.step.nodes[0] for ps in p.steps if ps.step.nodes[0] in ("buf1", "buf3")] == ["buf1", "buf3"]
 
 
 def _evolve_step(p, i, **changes):
@@ -162,7 +170,7 @@ def _evolve_step(p, i, **changes):
 
 
 def test_verifier_rejects_freeing_or_reusing_in_flight_buffers(world1):
-    p = _plan(world1, reorder_for_peak_memory=False)
+    p = _plan(world1, reorder_for_peak_memory=False, overlap_bytes_limit=0)
     verify(p, "plan_memory")
     freed_early = _evolve_step(_evolve_step(p, 4, frees=()), 1, frees=("buf0",))
     with pytest.raises(VerifyError, match=r"buf1: M3 buf0 is freed after step 1, while collective buf1 \(step 1\) "
@@ -257,3 +265,124 @@ def test_coalesced_collective_is_completed_by_a_wait_per_result(world1):
     compiled = coil.compile_graph(gm, [x, y], options=opts.replace(sanitize=True))
     for got, want in zip(compiled(x, y), fn(x, y)):
         torch.testing.assert_close(got, want)
+
+
+# ---- the overlap stage -----------------------------------------------------------------------
+
+
+def _back_to_back(group: str):
+    """Two all_reduces, each waited at once, with compute the waits could hide behind."""
+
+    def fn(x, w):
+        a1 = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", group))
+        b = a1.cos()
+        a2 = c10d.wait_tensor(c10d.all_reduce(w * 3, "sum", group))
+        return b + 1, a2 + 1
+
+    return fn
+
+
+def _early_input(group: str):
+    """The collective's input is ready long before the program issues it."""
+
+    def fn(x, w):
+        y = x * 2
+        z = w.sin() @ w.t()
+        a = c10d.wait_tensor(c10d.all_reduce(y, "sum", group))
+        u = z.cos()
+        return a + 1, u
+
+    return fn
+
+
+def _stage(fn, stage, **options):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(fn)(x, w)
+    opts = coil.Options(**{"target": "cpp", "graph_cache": False, "verify": True, **options})
+    return coil.default_pipeline().run(gm, [x, w], until=stage, options=opts), gm, (x, w), opts
+
+
+def _steps(s) -> list[str]:
+    from coil.ir.printer_back import step_label
+
+    return [step_label(st) for st in s.steps]
+
+
+def test_overlap_issues_early_and_waits_late(world1):
+    fused, *_ = _stage(_early_input(world1), "fuse")
+    s, gm, inputs, opts = _stage(_early_input(world1), "overlap")
+    assert _steps(fused) == [
+        "cpp_fused_mul_0 pointwise group=(64, 1) nodes=[buf0]", "cpp_fused_sin_1 pointwise group=(64, 1) nodes=[buf1]",
+        "nop buf2", "extern buf3", "extern buf4", "extern buf5", "cpp_fused_cos_2 pointwise group=(64, 1) nodes=[buf6]",
+        "cpp_fused_add_3 pointwise group=(64, 1) nodes=[buf7]"]
+    # the all_reduce (buf4) goes right after its input, before the sin and the mm; its
+    # wait (buf5) after the cos, right before its reader
+    assert _steps(s) == [
+        "cpp_fused_mul_0 pointwise group=(64, 1) nodes=[buf0]", "extern buf4",
+        "cpp_fused_sin_1 pointwise group=(64, 1) nodes=[buf1]", "nop buf2", "extern buf3",
+        "cpp_fused_cos_2 pointwise group=(64, 1) nodes=[buf6]", "extern buf5",
+        "cpp_fused_add_3 pointwise group=(64, 1) nodes=[buf7]"]
+    assert [d.show() for d in s.overlap_log] == [
+        "issue buf4: step 4 -> 1 (bound: its input buf0) in_flight_bytes=512",
+        "wait buf5: step 5 -> 6 (bound: its first reader buf7) in_flight_bytes=512",
+    ]
+    compiled = coil.compile_graph(gm, list(inputs), options=opts.replace(sanitize=True))
+    for got, want in zip(compiled(*inputs), _early_input(world1)(*inputs)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("limit, moved_to, bound, most", [
+    (1 << 30, 4, "its first reader buf6", 1024),  # both all_reduces in flight at once
+    (1, 3, "bytes in flight over 512", 512),  # held to one at a time (512: fuse's order already had it)
+])
+def test_overlap_holds_bytes_in_flight_under_the_limit(world1, limit, moved_to, bound, most):
+    from coil.passes.overlap import most_in_flight
+
+    s, gm, inputs, opts = _stage(_back_to_back(world1), "overlap", overlap_bytes_limit=limit)
+    first_wait = next(d for d in s.overlap_log if d.node == "buf2")
+    assert (first_wait.before, first_wait.after, first_wait.bound) == (2, moved_to, bound)
+    assert most_in_flight(s.graph.graph, s.steps) == most
+    compiled = coil.compile_graph(gm, list(inputs), options=opts.replace(sanitize=True))
+    for got, want in zip(compiled(*inputs), _back_to_back(world1)(*inputs)):
+        torch.testing.assert_close(got, want)
+
+
+def test_overlap_is_pure_and_verified(world1):
+    fused, _, _, opts = _stage(_early_input(world1), "fuse")
+    from coil.passes.overlap import overlap
+
+    assert overlap(fused, opts) == overlap(fused, opts) and fused.overlap_log == ()
+    moved = overlap(fused, opts)
+    assert overlap(fused, opts.replace(overlap_bytes_limit=0)) is fused
+    verify(moved, "overlap")
+    s, *_ = _stage(_two_in_flight(world1), "overlap")
+    first = next(st for st in s.steps if st.nodes == ("buf1",))
+    steps = [st for st in s.steps if st is not first]
+    steps.insert(next(k for k, st in enumerate(steps) if st.nodes == ("buf3",)) + 1, first)
+    # all_reduce (buf1) issued after all_gather (buf3): still topological (F1), out of program order (F2)
+    with pytest.raises(VerifyError, match=r"buf3: F2 collective buf3 is issued at step 2, before buf1 \(step 3\)"):
+        verify(attrs.evolve(s, steps=tuple(steps)), "overlap")
+
+
+def test_explain_shows_the_overlap_log(world1, tmp_path, capsys):
+    from coil.__main__ import main
+
+    src = tmp_path / "prog.py"
+    src.write_text(
+        "import torch\n"
+        "c = torch.ops._c10d_functional\n"
+        "def fn(x, w):\n"
+        "    y = x * 2\n"
+        "    z = w.sin() @ w.t()\n"
+        f"    a = c.wait_tensor(c.all_reduce(y, 'sum', {world1!r}))\n"
+        "    u = z.cos()\n"
+        "    return a + 1, u\n"
+        "example_inputs = (torch.randn(8, 8), torch.randn(8, 8))\n")
+    assert main(["explain", f"{src}:fn", "--target", "cpp", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("communication overlap (overlap)"):]
+    rows = [ln.split() for ln in section.splitlines()[1:6] if ln.startswith("buf")]
+    assert rows == [["buf4", "issue", "4", "1", "its", "input", "buf0", "512"],
+                    ["buf5", "wait", "5", "6", "its", "first", "reader", "buf7", "512"]], section

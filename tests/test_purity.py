@@ -57,7 +57,7 @@ def test_ir_nodes_are_frozen():
 
 def test_pipeline_replace_and_insert_after_return_new_pipelines():
     p = coil.default_pipeline()
-    assert p.stages == ("lower", "realize", "extract_deps", "fuse", "plan_memory", "schedule_kernels", "wrap",
+    assert p.stages == ("lower", "realize", "extract_deps", "fuse", "overlap", "plan_memory", "schedule_kernels", "wrap",
                         "kernel_gen")
     seen = []
 

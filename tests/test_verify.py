@@ -139,7 +139,8 @@ def test_every_language_of_the_chain_has_a_printer_and_a_verifier():
     from coil.ir.registry import LANGUAGES, PRINTERS, VERIFIERS
     from coil.passes.pipeline import stage_languages
 
-    assert [lang.cls for lang in LANGUAGES] == list(stage_languages()[1].values())
+    # a stage may keep its language (overlap: FusedSchedule -> FusedSchedule)
+    assert [lang.cls for lang in LANGUAGES] == list(dict.fromkeys(stage_languages()[1].values()))
     assert set(PRINTERS) == set(VERIFIERS) == {lang.cls for lang in LANGUAGES}
 
 
