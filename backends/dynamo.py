@@ -14,6 +14,8 @@ runtime wrappers, which have nothing to do for it (about 2 µs a call)."""
 
 from __future__ import annotations
 
+import copy
+
 import functools
 import logging
 from typing import Any, Callable, Mapping, Sequence
@@ -90,6 +92,9 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
     def compile_one(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from coil import compile_graph, graph_cache
 
+        opaque = [k for k, x in enumerate(example_inputs) if _is_opaque(x)]
+        if opaque:
+            return _around_opaque(gm, example_inputs, opaque, compile_one)
         opts = options
         if not _static(example_inputs):
             from coil.passes.pipeline import resolve_target
@@ -139,6 +144,53 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         return _boxed(compiled, call)
 
     return compile_one
+
+
+def _is_opaque(x: Any) -> bool:
+    """A script object among a graph's inputs (DTensor's, through AOTAutograd's
+    subclass flattening in this torch): no tensor, no size, read by no op."""
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    return isinstance(x, (torch.ScriptObject, FakeScriptObject))
+
+
+def _around_opaque(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opaque: Sequence[int],
+                   compile_one: Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+                   ) -> Callable[..., Any]:
+    """A graph whose opaque inputs only pass through to its outputs (a DTensor
+    forward hands them on to its backward) compiles without them: `call` takes the
+    other inputs, and the opaque ones are put back at their output positions.  One
+    that an op reads runs eagerly (coil lowers no op on a script object)."""
+    graph = copy.deepcopy(gm.graph)
+    holders = [n for n in graph.nodes if n.op == "placeholder"]
+    out = next(n for n in graph.nodes if n.op == "output")
+    drop = [holders[k] for k in opaque]
+    if any(set(n.users) - {out} for n in drop) or not isinstance(out.args[0], (tuple, list)):
+        log.warning("coil: a graph reads an opaque input (a script object); running it eagerly")
+        _count("eager")
+        return gm.forward
+    which = {n: i for i, n in enumerate(drop)}
+    flat = list(out.args[0])
+    put_back = [(pos, which[a]) for pos, a in enumerate(flat) if a in which]
+    out.args = (tuple(a for a in flat if a not in which),)
+    for n in drop:
+        graph.erase_node(n)
+    inner = compile_one(torch.fx.GraphModule(gm, graph), [x for k, x in enumerate(example_inputs) if k not in set(opaque)])
+    boxed = getattr(inner, "_boxed_call", False)
+    keep = [k for k in range(len(example_inputs)) if k not in set(opaque)]
+
+    def run(args: list[Any]) -> Any:
+        held = [args[k] for k in opaque]
+        rest = [args[k] for k in keep]
+        args.clear()
+        outs = list(inner(rest) if boxed else inner(*rest))
+        for pos, i in put_back:  # ascending positions: each lands where the graph returned it
+            outs.insert(pos, held[i])
+        return outs
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    run.compiled = getattr(inner, "compiled", None)  # type: ignore[attr-defined]
+    return run
 
 
 def _has_convolution(gm: torch.fx.GraphModule) -> bool:

@@ -126,6 +126,43 @@ def _ddp_case(rank: int) -> dict[str, Any]:
     }
 
 
+def _tp_train(compiled: bool, rank: int, debug_dir: str, steps: int = 3) -> list[torch.Tensor]:
+    """A tensor-parallel MLP (DTensor): the first Linear split by columns, the second
+    by rows, whose partial sums an all_reduce in the forward graph adds up."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    parallelize_module(model, init_device_mesh("cpu", (2,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    run = torch.compile(model, backend="coil", options={"target": "cpp", "graph_cache": False, "sanitize": True,
+                                                       "verify": True, "debug_dir": debug_dir}) if compiled else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        loss = run(torch.randn(8, 16, generator=gen)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+
+def _tp_case(rank: int, debug_dir: str) -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = _tp_train(False, rank, debug_dir)
+    got = _tp_train(True, rank, debug_dir)
+    return {
+        "max_err": max(float((a - b).abs().max()) for a, b in zip(got, eager)),
+        "eager": counters["coil"].get("eager", 0),
+        "compiled": counters["coil"].get("compiled", 0),
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "collectives_in_wrapper": _collectives_in(debug_dir),
+    }
+
+
 def worker(rank: int, world: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
@@ -139,6 +176,7 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
         cases[f"api_{target}"] = lambda t=target: _compiled_case(_api_fn, [x], t, os.path.join(out, f"dbg_api_{t}_{rank}"))
         cases[f"ops_{target}"] = lambda t=target: _compiled_case(_ops_fn, [x, w], t, os.path.join(out, f"dbg_ops_{t}_{rank}"))
     cases["ddp"] = lambda: _ddp_case(rank)
+    cases["tp"] = lambda: _tp_case(rank, os.path.join(out, f"dbg_tp_{rank}"))
     results: dict[str, Any] = {}
     for name, case in cases.items():
         try:
