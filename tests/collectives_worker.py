@@ -147,6 +147,47 @@ def _tp_train(compiled: bool, rank: int, debug_dir: str, steps: int = 3) -> list
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
+def _fsdp2_train(compiled: bool, rank: int, steps: int = 3) -> list[torch.Tensor]:
+    """FSDP2 as torchtitan applies it: each layer compiled, then sharded.  In this
+    torch FSDP2's hooks are never traced (torch._dynamo.disable), so its all-gathers
+    and reduce-scatters run eagerly between the compiled layers."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    mesh = init_device_mesh("cpu", (2,))
+    for i in (0, 2):
+        if compiled:
+            model[i] = torch.compile(model[i], backend="coil", options={"target": "cpp", "graph_cache": False,
+                                                                        "sanitize": True, "verify": True})
+        fully_shard(model[i], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        loss = model(torch.randn(8, 16, generator=gen)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+
+def _fsdp2_case(rank: int) -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = _fsdp2_train(False, rank)
+    got = _fsdp2_train(True, rank)
+    return {
+        "max_err": max(float((a - b).abs().max()) for a, b in zip(got, eager)),
+        "eager": counters["coil"].get("eager", 0),
+        "compiled": counters["coil"].get("compiled", 0),
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
+
+
 def _tp_case(rank: int, debug_dir: str) -> dict[str, Any]:
     from torch._dynamo.utils import counters
 
@@ -176,6 +217,7 @@ def worker(rank: int, world: int, store: str, out: str) -> None:
         cases[f"api_{target}"] = lambda t=target: _compiled_case(_api_fn, [x], t, os.path.join(out, f"dbg_api_{t}_{rank}"))
         cases[f"ops_{target}"] = lambda t=target: _compiled_case(_ops_fn, [x, w], t, os.path.join(out, f"dbg_ops_{t}_{rank}"))
     cases["ddp"] = lambda: _ddp_case(rank)
+    cases["fsdp2"] = lambda: _fsdp2_case(rank)
     cases["tp"] = lambda: _tp_case(rank, os.path.join(out, f"dbg_tp_{rank}"))
     results: dict[str, Any] = {}
     for name, case in cases.items():
