@@ -285,6 +285,33 @@ def test_fsdp2_per_layer_compile_matches_eager_fsdp2(two_ranks):
         assert r["eager"] == 0 and r["compiled"] == 4 and r["graph_breaks"] == 0, (rank, r)  # 2 layers, fwd + bwd
 
 
+@pytest.mark.parametrize("target", ["cpp", "reference"])
+def test_invariants_hold_on_drawn_graphs_with_collectives(world1, target):
+    """Drawn graphs with collectives added (coil.properties.collectives): the
+    pipeline's verifiers (B7, F2, M3, M4 among them) pass, the wrapper keeps the
+    back half's invariants, and the sanitized compile matches eager."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from coil.properties import assert_matches_eager, check_all, graphs
+    from coil.properties.collectives import with_collectives
+
+    @settings(max_examples=15, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(st.data())
+    def check(data):
+        drawn = data.draw(with_collectives(graphs(max_nodes=6, dtypes=(torch.float32,)), world1))
+        opts = coil.Options(target=target, verify=True, graph_cache=False, sanitize=True)
+        program = coil.default_pipeline().run(drawn.gm, drawn.inputs, until="wrap", options=opts)
+        check_all(program)
+        waits = sum(1 for n in drawn.gm.graph.nodes if n.target is c10d.wait_tensor.default)
+        assert waits == sum(1 for b in program.buffer_graph.buffers
+                            if isinstance(b, ExternBuffer) and b.collective is not None and b.collective.role == "wait")
+        compiled = coil.compile_graph(drawn.gm, list(drawn.inputs), opts)
+        assert_matches_eager(drawn, compiled(*drawn.fresh_inputs()))
+
+    check()
+
+
 # ---- the overlap stage -----------------------------------------------------------------------
 
 
