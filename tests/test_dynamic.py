@@ -118,12 +118,7 @@ def test_transformer_block_forward_and_backward(where: tuple[str, str]) -> None:
     assert counters["coil"]["compiled"] == 2 and counters["coil"]["eager"] == 0
 
 
-GPT2_CUDA = pytest.mark.xfail(strict=True, reason=(
-    "on the H200 the attention mask coil hands CUDA's memory-efficient attention is not aligned as it asks "
-    "(attn_bias.stride(1) = 9, should be a multiple of 4): the padded mask's symbolic layout is not kept"))
-
-
-@pytest.mark.parametrize("where", [("cpp", "cpu"), pytest.param(("triton", "cuda"), marks=[*CUDA, GPT2_CUDA])])
+@pytest.mark.parametrize("where", [("cpp", "cpu"), pytest.param(("triton", "cuda"), marks=CUDA)])
 def test_hf_gpt2_from_config(where: tuple[str, str]) -> None:
     """GPT-2 (random weights from a config) in inference: one graph for three
     batch sizes and three sequence lengths."""
