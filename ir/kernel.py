@@ -282,7 +282,7 @@ class StagedRead:
 
     buffer: str
     offset: sympy.Expr
-    stride: int
+    stride: Any  # Size: an int, or an expression of the size symbols (s1)
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ K8 a launch has a positive grid and sizes (for every size the ranges admit),
    (none: nothing to compute, or left to the target's renderer)
 K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
    its r loops', if any, to rnumel) and has the kernel's nodes in order; a tile pairs an outer x loop with the
-   innermost, both at least the tile's side, in a nest without r loops; a space's
+   innermost, both at least the tile's side (at the hints), in a nest without r loops; a space's
    lanes need a nest and at most fill its innermost x loop; an even split needs a
    nest, at most as many parts as the outer r loop's steps, and its chunk is the
    most any part reduces; parallel loops exist and their chunks are positive and
@@ -296,7 +296,7 @@ def _verify_nest(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         fail(p, stage, k.name, f"K9 loop nest's nodes {[nn.name for nn in nest.nodes]} are not the kernel's")
     t = nest.tile
     if t is not None and (nest.rsizes or not 0 <= t.u < t.v == len(nest.xsizes) - 1
-                          or min(nest.xsizes[t.u], nest.xsizes[t.v]) < t.side):
+                          or min(p.shapes.hint(nest.xsizes[t.u]), p.shapes.hint(nest.xsizes[t.v])) < t.side):
         fail(p, stage, k.name, f"K9 tiles of x loops {t.u} and {t.v}, {t.side} a side, do not fit the nest")
     if lanes and (lanes > nest.xsizes[-1] or not nest.rsizes):
         fail(p, stage, k.name, f"K9 {lanes} lanes, more than the innermost x loop's {nest.xsizes[-1]} columns")

@@ -32,7 +32,7 @@ from coil.ir.indexing import numel, simplify_index, unflatten
 from coil.ir.kernel import RINDEX, XINDEX, Param, ParamRole, Role, group_ranges
 from coil.ir.layout import Layout
 from coil.ir.schedule import ScheduleGraph, WeakDep
-from coil.ir.shapes import gt, is_size_symbol, is_static, le, same_size
+from coil.ir.shapes import EMPTY, ShapeInfo, gt, is_size_symbol, is_static, le, lower_bound, same_size
 from coil.options import ColumnTraits, SplitTraits
 
 
@@ -116,6 +116,22 @@ def offset_step(off: sympy.Expr, sym: sympy.Symbol) -> sympy.Expr:
     expression of the size symbols, which stay as they are (a stride s1: s1)."""
     zero = {s: 0 for s in off.free_symbols if not is_size_symbol(s)}
     return sympy.expand(off.xreplace({**zero, sym: 1}) - off.xreplace(zero))
+
+
+def unit_step(step: sympy.Expr | int, shapes: ShapeInfo = EMPTY) -> bool:
+    """A step of 1 for every size: 1 itself, or an expression the ranges pin to 1."""
+    return bool(step == 1) or (isinstance(step, sympy.Expr) and not step.is_number and shapes.known_eq(step, 1))
+
+
+def moving_step(step: sympy.Expr | int, shapes: ShapeInfo = EMPTY) -> bool:
+    """A step that is neither 0 nor 1 for every size (an access that strides): a
+    number other than those, or an expression proved past 1 (a stride s1: at
+    least 2 for every size, without the ranges too; a data-dependent u0 may be 0
+    or 1, and is not)."""
+    if isinstance(step, int) or step.is_number:
+        return bool(step != 1 and step != 0)
+    least = lower_bound(step)
+    return (least is not None and least > 1) or shapes.known_gt(step, 1)
 
 
 Steps = Iterable[tuple[sympy.Expr | int, sympy.Expr | int]]

@@ -147,16 +147,20 @@ def test_symbolic_cpp_matches_eager_and_invariants_hold(sym: SymbolicGraph) -> N
     check_symbolic_invariants(program)
 
 
-def tile_draws() -> st.SearchStrategy[SymbolicGraph]:
-    """Draws whose sides reach a Triton tile's at the hints (16), half their
-    inputs transposed, so that a transposed read beside another tiles; pointwise
-    only (a tile is), and rank 2 keeps the interpreter quick."""
-    return symbolic_graphs(max_nodes=4, max_rank=2, min_dim=16, max_dim=24, allow_reductions=False,
+def tile_draws(side: int = 16) -> st.SearchStrategy[SymbolicGraph]:
+    """Draws whose sides reach a tile's at the hints (Triton's 16, the C++
+    nests' 64), half their inputs transposed, so that a transposed read beside
+    another tiles; pointwise only (a tile is), and rank 2 keeps the interpreter
+    quick."""
+    return symbolic_graphs(max_nodes=4, max_rank=2, min_dim=side, max_dim=side + 8, allow_reductions=False,
                            layouts=("contiguous", "transposed"))
 
 
 def tiled_kernels(program: WrapperProgram) -> list[KernelSpec]:
-    return [k for k in program.specs if isinstance(k.space, Tiled)]
+    """The kernels that run in tiles of symbolic sizes: a Tiled space (Triton) or
+    a tiled loop nest (C++)."""
+    return [k for k in program.specs if not isinstance(k.group[0], int)
+            and (isinstance(k.space, Tiled) or (k.nest is not None and k.nest.tile is not None))]
 
 
 @examples(30)
@@ -165,7 +169,7 @@ def test_symbolic_triton_tiles_match_eager_and_invariants_hold(sym: SymbolicGrap
     """The Triton target (through the interpreter) on draws large enough to tile:
     one compile, three sizes (the others may be below a tile's side), eager's
     values, the invariants; a tiled kernel's rows x cols is its range for every
-    size and its grid an expression of the sizes."""
+    size and its launch takes the tile's sizes."""
     program = run_at_every_point(sym, "triton")
     check_symbolic_invariants(program)
     tiled = tiled_kernels(program)
@@ -177,20 +181,22 @@ def test_symbolic_triton_tiles_match_eager_and_invariants_hold(sym: SymbolicGrap
         assert launch.sizes == (k.space.ynumel, k.space.xnumel)
 
 
-def test_symbolic_draws_reach_the_tiled_path() -> None:
+@pytest.mark.parametrize("target, side", [("triton", 16), ("cpp", 64)])
+def test_symbolic_draws_reach_the_tiled_path(target: str, side: int) -> None:
     """Some draw tiles: a symbolic graph with a transposed read, found among the
-    draws, runs tiled on Triton at its three sizes as eager does."""
+    draws, runs tiled at its three sizes as eager does, the invariants holding."""
 
     def tiles(sym: SymbolicGraph) -> bool:
-        p = coil.default_pipeline().run(sym.gm, list(sym.example_inputs), until="schedule_kernels",
-                                        options=coil.Options(target="triton"))
-        return any(isinstance(k.space, Tiled) and not isinstance(k.space.rows * k.space.cols, int) for k in p.specs)
+        p = coil.default_pipeline().run(sym.gm, list(sym.example_inputs), until="wrap",
+                                        options=coil.Options(target=target))
+        assert isinstance(p, WrapperProgram)
+        return bool(tiled_kernels(p))
 
     # the first such draw, not shrunk (shrinking symbolic draws takes minutes)
-    sym = find(tile_draws(), tiles,
+    sym = find(tile_draws(side), tiles,
                settings=settings(max_examples=300, derandomize=True, database=None, deadline=None,
                                  phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
-    program = run_at_every_point(sym, "triton")
+    program = run_at_every_point(sym, target)
     check_symbolic_invariants(program)
     assert tiled_kernels(program)
 

@@ -297,3 +297,46 @@ def test_lerp_of_a_transposed_operand_lowers_with_symbolic_sizes() -> None:
     for c in (19, 5, 33):
         a, b = torch.randn(c, 18).t(), torch.randn(18, c)
         torch.testing.assert_close(compiled(c, a, b)[0], fn(a, b))
+
+
+# ---- the C++ target's nests ---------------------------------------------------------------------------
+
+
+def _cpp_compiled(fn: Callable[..., Any], tmp_path: Path, **kw: Any) -> Callable[..., Any]:
+    torch._dynamo.reset()
+    counters.clear()
+    options = {"target": "cpp", "eager_fallback": False, "graph_cache": False, "dump_sources": str(tmp_path)}
+    return torch.compile(fn, backend="coil", options=options, **kw)
+
+
+def test_cpp_nest_tiles_a_symbolic_transposed_read() -> None:
+    gm, example = capture_aot(lambda x, y: x + y.t(), (torch.randn(64, 96), torch.randn(96, 64)))
+    p = coil.default_pipeline().run(gm, example, until="schedule_kernels", options=coil.Options(target="cpp"))
+    text = show(p)
+    assert "nest: x loops [s1, s0]" in text
+    assert "x loops 0 and 1 in 64x64 tiles, staging arg2_1 at ix0 + ix1*s1 (stride s1)" in text
+    (k,) = p.specs
+    assert k.nest is not None and k.nest.tile is not None and k.nest.tile.staged[0].stride == size_symbol(1)
+    source = coil.default_pipeline().run(gm, example, options=coil.Options(target="cpp")).source
+    assert "coil_transpose_tile<64>(in_ptr0 + (64*ix0_t + 64*ix1_t*s1), s1, st0);" in source
+    assert "if (ix0_t * 64 + 64 <= xnumel / (s0) && ix1_t * 64 + 64 <= s0) {" in source
+
+
+@pytest.mark.parametrize("case", ["x + y.t()", "y.t() + x", "one static"])
+def test_cpp_symbolic_tiles_match_eager(case: str, tmp_path: Path) -> None:
+    """From one compiled graph, at sizes with whole tiles, ragged edges and none
+    whole (5 x 3); the first (the hints, 256 x 160) shares its tiles among threads."""
+    fn = (lambda x, y: y.t() + x) if case == "y.t() + x" else (lambda x, y: x + y.t())
+    f = _cpp_compiled(fn, tmp_path, **({} if case == "one static" else {"dynamic": True}))
+    for r, c in [(256, 160), (37, 129), (130, 64), (5, 3)]:
+        c = 160 if case == "one static" else c
+        x, y = torch.randn(r, c), torch.randn(c, r)
+        if case == "one static":
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(y, 1)
+        got, want = f(x, y), fn(x, y)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+    _check_one_graph()
+    source = _source(tmp_path)
+    assert "coil_transpose_tile<64>(" in source and "omp parallel for collapse(2)" in source

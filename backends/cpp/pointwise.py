@@ -26,6 +26,7 @@ from coil.backends.cpp.plan import (
     LoopCheck,
     Stream,
     checked_loop,
+    cpp_size,
     dim_bound,
     emit_node,
     parallel_pragma,
@@ -86,7 +87,8 @@ def tiled_body(plan: KernelPlan, ctx: KernelContext, options: Options, t: NestTi
         name, e, stride = read.buffer, read.offset, read.stride
         tile = f"st{k}"
         staging += [f"alignas(64) {prelude.storage_type(plan.layouts[name].dtype)} {tile}[{side * side}];",
-                    f"coil_transpose_tile<{side}>({ctx.ptrs[name]} + {cpp_index(e.xreplace(origin))}, {stride}, {tile});"]
+                    f"coil_transpose_tile<{side}>({ctx.ptrs[name]} + {cpp_index(e.xreplace(origin))}, "
+                    f"{cpp_size(stride)}, {tile});"]
         element = f"{tile}[({names[t.u]} - {tu} * {side}) * {side} + ({names[t.v]} - {tv} * {side})]"
         ctx.staged[(name, cpp_index(e))] = element
     # full tiles of a streamed output go to a local tile too, then out by streaming stores, row by row

@@ -31,7 +31,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, rsyms, substitute_symbols, walk, xsyms
 from coil.ir.indexing import FloorDiv, ModularIndexing, contiguous_strides, simplify_index, unflatten
 from coil.ir.layout import Layout
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_static, le, norm
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_size_symbol, is_static, le, norm
 from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map
 
 
@@ -234,6 +234,29 @@ def affine_coeffs(e: sympy.Expr, syms: Sequence[sympy.Symbol]) -> dict[sympy.Sym
         if len(present) != 1 or rest not in wanted or not c.is_Integer:
             return None
         out[rest] += int(c)
+    return out
+
+
+def size_coeffs(e: sympy.Expr, syms: Sequence[sympy.Symbol]) -> dict[sympy.Symbol, Size] | None:
+    """affine_coeffs where a coefficient may be a product of size symbols (a
+    stride s1: `ix1*s1`): each an int or an expression of the sizes."""
+    out: dict[sympy.Symbol, Size] = {s: 0 for s in syms}
+    wanted = set(syms)
+    for term in sympy.Add.make_args(sympy.expand(e)):
+        present = term.free_symbols & wanted
+        if not present:
+            continue
+        if len(present) != 1:
+            return None
+        sym = next(iter(present))
+        factors = sympy.Mul.make_args(term)
+        if factors.count(sym) != 1:
+            return None
+        c = sympy.Mul(*[f for f in factors if f != sym])
+        if not (c.is_Integer or (c.free_symbols and all(is_size_symbol(x) for x in c.free_symbols)
+                                 and c.is_polynomial(*c.free_symbols))):
+            return None
+        out[sym] = norm(out[sym] + c)
     return out
 
 

@@ -24,9 +24,10 @@ reads from memory in its loop variables, and becomes a value of the spec:
   the outer r loop dealt out in `split_parts` parts);
 - a pointwise kernel that reads some input along an outer loop while its
   innermost loop strides it (x + y.t()) runs those two loops in `tile` x `tile`
-  tiles, the transposed reads staged (NestTile); else its innermost loop is cut
-  into blocks of `block` when the loops outside it are too few to share (fewer
-  than `block_below` iterations);
+  tiles, the transposed reads staged (NestTile; with symbolic sizes too, the
+  strides proved for every size, the loops' lengths judged at the hints); else
+  its innermost loop is cut into blocks of `block` when the loops outside it are
+  too few to share (fewer than `block_below` iterations);
 - the outer loops run in parallel (Parallel) when the kernel does at least
   `parallel_min_work` element-iterations, in about `parallel_chunks` dynamic
   chunks.
@@ -46,8 +47,8 @@ from coil.ir.kernel import KernelSpec, LoopNest, NestNode, NestTile, Parallel, R
 from coil.ir.layout import Layout
 from coil.ir.shapes import EMPTY, ShapeInfo, is_static
 from coil.options import ColumnTraits, NestTraits
-from coil.passes.kernel_model import down_columns
-from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, kernel_nest, loop_index
+from coil.passes.kernel_model import down_columns, moving_step, unit_step
+from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, kernel_nest, loop_index, size_coeffs
 
 
 def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[str, Layout],
@@ -63,9 +64,16 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     in_loops = tuple(NestNode(nd.buf.name, nd.body, nd.store if nd.buf.name in stored else None) for nd in nodes)
     par: Parallel | None
     if not is_static((*xsizes, *rsizes)):
-        # symbolic sizes: loops to run-time bounds, no tiles, blocks, lanes or splits
-        # (each right for every size); threads share the outer loops where the work
-        # at the hints is enough
+        # symbolic sizes: loops to run-time bounds, no blocks, lanes or splits (each
+        # right for every size); a pointwise kernel's transposed read in tiles (their
+        # ragged edges run plain loops, whatever the sizes); threads share the outer
+        # loops where the work at the hints is enough
+        tile = None
+        if not nest.rdims:
+            tile = transposed_tile(nest, outside_loads(nodes, layouts, nest.ranges), traits, shapes)
+        if tile is not None:
+            return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, 0, tile, tiled_parallel(nest, tile, traits, shapes),
+                                                    in_loops))
         return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, parallel=_symbolic_parallel(nest, shapes, traits),
                                                 nodes=in_loops))
     reads = outside_loads(nodes, layouts, nest.ranges)
@@ -170,23 +178,25 @@ def row_parallel(nest: Nest, lanes: int, traits: NestTraits) -> Parallel | None:
 # ---- pointwise kernels --------------------------------------------------------------------------
 
 
-def transposed_tile(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], traits: NestTraits) -> NestTile | None:
+def transposed_tile(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], traits: NestTraits,
+                    shapes: ShapeInfo = EMPTY) -> NestTile | None:
     """Tiles when a read's innermost index is strided while one of the outer
     loops walks it contiguously (x + y.t()): the outer loop that most such reads
-    walk, by the innermost one."""
+    walk, by the innermost one.  Symbolic sizes: the strides proved for every
+    size (a stride s1 moves), the loops' lengths judged at the hints."""
     dims = nest.xdims
     side = traits.tile
-    if len(dims) < 2 or dims[-1].size < side:
+    if len(dims) < 2 or shapes.hint(dims[-1].size) < side:
         return None
     syms = [d.sym for d in dims]
     v = len(dims) - 1
     found: dict[int, list[StagedRead]] = {}
     for name, e in reads:
-        c = affine_coeffs(e, syms)
-        if c is None or c[syms[v]] in (0, 1):
+        c = size_coeffs(e, syms) if shapes else affine_coeffs(e, syms)
+        if c is None or not moving_step(c[syms[v]], shapes):
             continue
         for u in reversed(range(v)):
-            if c[syms[u]] == 1 and dims[u].size >= side:
+            if unit_step(c[syms[u]], shapes) and shapes.hint(dims[u].size) >= side:
                 found.setdefault(u, []).append(StagedRead(name, e, c[syms[v]]))
                 break
     if not found:
@@ -215,10 +225,11 @@ def pointwise_parallel(nest: Nest, block: int, traits: NestTraits) -> Parallel |
     return parallel(loops, iterations, traits)
 
 
-def tiled_parallel(nest: Nest, tile: NestTile, traits: NestTraits) -> Parallel | None:
-    """The loops outside the tiles and the two tile loops, collapsed."""
-    dims = nest.xdims
-    if math.prod(d.size for d in dims) < traits.parallel_min_work:
+def tiled_parallel(nest: Nest, tile: NestTile, traits: NestTraits, shapes: ShapeInfo = EMPTY) -> Parallel | None:
+    """The loops outside the tiles and the two tile loops, collapsed (symbolic
+    sizes: their work and chunks at the hints)."""
+    sizes = [shapes.hint(d.size) for d in nest.xdims]
+    if math.prod(sizes) < traits.parallel_min_work:
         return None
-    tiles = math.prod(-(-d.size // tile.side) if i in (tile.u, tile.v) else d.size for i, d in enumerate(dims))
-    return parallel(len(dims), tiles, traits)
+    tiles = math.prod(-(-n // tile.side) if i in (tile.u, tile.v) else n for i, n in enumerate(sizes))
+    return parallel(len(sizes), tiles, traits)

@@ -24,9 +24,9 @@ from coil.ir.expr import Load, indirect_loads, loads, xsyms
 from coil.ir.indexing import simplify_index, unflatten
 from coil.ir.kernel import XINDEX, YINDEX, KernelNode, Tiled
 from coil.ir.layout import Layout
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, lower_bound, norm
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, norm
 from coil.options import TileTraits
-from coil.passes.kernel_model import offset_step
+from coil.passes.kernel_model import moving_step, offset_step, unit_step
 
 
 def tiled_map(b: ComputedBuffer, tile: Tiled, shapes: ShapeInfo = EMPTY) -> dict[sympy.Symbol, sympy.Expr]:
@@ -55,22 +55,8 @@ def steps(off: sympy.Expr, shapes: ShapeInfo = EMPTY) -> tuple[sympy.Expr, sympy
     return out[0], out[1]
 
 
-def _is_one(step: sympy.Expr, shapes: ShapeInfo) -> bool:
-    """A step of 1 for every size: 1 itself, or an expression the ranges pin to 1."""
-    return bool(step == 1) or (not step.is_number and shapes.known_eq(step, 1))
-
-
-def _moves(step: sympy.Expr, shapes: ShapeInfo) -> bool:
-    """A step that is neither 0 nor 1 for every size: a number other than those,
-    or an expression proved past 1 (a stride s1: at least 2 for every size)."""
-    if step.is_number:
-        return bool(step != 1 and step != 0)
-    least = lower_bound(step)
-    return (least is not None and least > 1) or shapes.known_gt(step, 1)
-
-
 def _down_columns(dy: sympy.Expr, dx: sympy.Expr, shapes: ShapeInfo = EMPTY) -> bool:
-    return _is_one(dy, shapes) and _moves(dx, shapes)
+    return unit_step(dy, shapes) and moving_step(dx, shapes)
 
 
 def contiguous_axis(off: sympy.Expr, shapes: ShapeInfo = EMPTY) -> str | None:
@@ -80,7 +66,7 @@ def contiguous_axis(off: sympy.Expr, shapes: ShapeInfo = EMPTY) -> str | None:
     symbolic strides, for every size (without `shapes`: where the size symbols'
     least values prove it)."""
     dy, dx = steps(off, shapes)
-    if _is_one(dx, shapes):
+    if unit_step(dx, shapes):
         return "x"
     return "y" if _down_columns(dy, dx, shapes) else None
 
@@ -163,7 +149,7 @@ def tiling(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout], store
                 store_steps.append(steps(store_offset(b, tile, m, shapes), shapes))
         every = read_steps + store_steps
         transposed = any(_down_columns(dy, dx, shapes) for dy, dx in every)
-        along = any(_is_one(dx, shapes) for _, dx in every)
+        along = any(unit_step(dx, shapes) for _, dx in every)
         if transposed and along:
             down = bool(store_steps) and _down_columns(*store_steps[0], shapes)
             turned = tall or (down and not wide)
