@@ -24,7 +24,8 @@ K7 the space fits the group and the kind: flat for pointwise (tiled: rows x cols
    nodes only in a tiled space
 K8 a launch has a positive grid and sizes (for every size the ranges admit),
    power-of-two blocks and warps; a split launches twice, anything else once
-   (none: nothing to compute, or left to the target's renderer)
+   (none: nothing to compute, or left to the target's renderer); a persistent
+   launch's RBLOCK holds every row (the longest the ranges admit)
 K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
    its r loops', if any, to rnumel) and has the kernel's nodes in order; a tile pairs an outer x loop with the
    innermost, both at least the tile's side (at the hints), in a nest without r loops; a space's
@@ -266,7 +267,11 @@ def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         fail(p, stage, k.name, f"K8 {len(k.launches)} launches for its space")
     if len(k.launches) > 1 and not all(ln.fixed for ln in k.launches):
         fail(p, stage, k.name, f"K15 {len(k.launches)} launches, not all of them fixed")
+    persistent = isinstance(k.space, Rows) and not k.space.looped
     for ln in k.launches:
+        if persistent and not p.shapes.known_le(k.group[1], ln.config.rblock):
+            fail(p, stage, k.name, f"K8 persistent launch of {ln.function}: RBLOCK={ln.config.rblock} does not hold "
+                                   f"every row of {k.group[1]}")
         c = ln.config
         blocks = [c.xblock, c.num_warps] + [b for b in (c.rblock, c.yblock) if b]
         # a symbolic grid or size is positive when its least value is (ir/shapes.lower_bound, or over

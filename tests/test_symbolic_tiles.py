@@ -342,18 +342,35 @@ def test_cpp_symbolic_tiles_match_eager(case: str, tmp_path: Path) -> None:
     assert "coil_transpose_tile<64>(" in source and "omp parallel for collapse(2)" in source
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="persistent reductions of symbolic rows take RBLOCK from the hint, not the bound "
-                          "(passes/schedule/launch.py, the reduction path: another branch's)")
-def test_a_persistent_reduction_holds_its_longest_row(tmp_path: Path) -> None:
+def test_a_persistent_reduction_shorter_than_its_rows_is_refused() -> None:
     """Found by the tile draws (the diagonal of (17, s0), summed: min(17, s0)
     elements), the same with a plain bound: rows of s0 in [2, 64] reduce
-    persistently, RBLOCK 16 from the hint 16, and at s0 = 40 the elements past
-    16 are dropped.  Once the launch takes RBLOCK from the bound this passes and
-    the strict xfail fails: then drop the mark."""
+    persistently with RBLOCK 16 from the hint 16, which would drop the elements
+    past 16 at s0 = 40.  The kernel verifier refuses such a launch (K8), so the
+    graph runs eagerly instead of wrongly; compiling it right (RBLOCK from the
+    bound) belongs to the reduction path, another branch's: see the strict xfail
+    below."""
+    fn = lambda x: x.sum(-1)  # noqa: E731
+    torch._dynamo.reset()
+    counters.clear()
+    f = torch.compile(fn, backend="coil", options={"target": "triton", "eager_fallback": True, "graph_cache": False})
+    for c in (16, 40, 64):
+        x = torch.randn(8, c)
+        torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
+        torch.testing.assert_close(f(x), fn(x))
+    assert counters["coil"]["eager"] == 1 and counters["coil"]["compiled"] == 0
+
+
+@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.BackendCompilerFailed,
+                   reason="persistent reductions of symbolic rows take RBLOCK from the hint, not the bound "
+                          "(passes/schedule/launch.py, the reduction path: another branch's); K8 refuses them")
+def test_a_persistent_reduction_holds_its_longest_row(tmp_path: Path) -> None:
+    """Rows of s0 in [2, 64], compiled: once the launch takes RBLOCK from the
+    bound this passes and the strict xfail fails: then drop the mark."""
     fn = lambda x: x.sum(-1)  # noqa: E731
     f = _compiled(fn, tmp_path)
     for c in (16, 40, 64):
         x = torch.randn(8, c)
         torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
         torch.testing.assert_close(f(x), fn(x))
+    _check_one_graph()
