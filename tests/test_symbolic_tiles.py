@@ -342,31 +342,43 @@ def test_cpp_symbolic_tiles_match_eager(case: str, tmp_path: Path) -> None:
     assert "coil_transpose_tile<64>(" in source and "omp parallel for collapse(2)" in source
 
 
-def test_a_persistent_reduction_shorter_than_its_rows_is_refused() -> None:
+def test_a_persistent_reduction_shorter_than_its_rows_is_refused(tmp_path: Path) -> None:
     """Found by the tile draws (the diagonal of (17, s0), summed: min(17, s0)
-    elements), the same with a plain bound: rows of s0 in [2, 64] reduce
-    persistently with RBLOCK 16 from the hint 16, which would drop the elements
-    past 16 at s0 = 40.  The kernel verifier refuses such a launch (K8), so the
-    graph runs eagerly instead of wrongly; compiling it right (RBLOCK from the
-    bound) belongs to the reduction path, another branch's: see the strict xfail
-    below."""
-    fn = lambda x: x.sum(-1)  # noqa: E731
+    elements), the same with a plain bound: rows of s0 in [2, 64] reduced
+    persistently.  A launch whose RBLOCK is the hint's (16) would drop the
+    elements past 16 at s0 = 40: the kernel verifier refuses it (K8)."""
+    import attrs
+
+    from coil.errors import CoilError
+    from coil.ir.verify_kernel import verify_kernel_program
+
+    seen: list[Any] = []
+
+    def keep(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        seen.append((gm, example))
+        return gm.forward
+
+    from torch._dynamo.backends.common import aot_autograd
+
     torch._dynamo.reset()
-    counters.clear()
-    f = torch.compile(fn, backend="coil", options={"target": "triton", "eager_fallback": True, "graph_cache": False})
-    for c in (16, 40, 64):
-        x = torch.randn(8, c)
-        torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
-        torch.testing.assert_close(f(x), fn(x))
-    assert counters["coil"]["eager"] == 1 and counters["coil"]["compiled"] == 0
+    x = torch.randn(8, 16)
+    torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
+    torch.compile(lambda t: t.sum(-1), backend=aot_autograd(fw_compiler=keep, inference_compiler=keep))(x)
+    gm, example = seen[0]
+    kp = coil.default_pipeline().run(gm, example, until="schedule_kernels",
+                                     options=coil.Options(target="triton"))
+    (k,) = kp.specs
+    (ln,) = k.launches
+    assert str(k.kind) == "persistent" and ln.config.rblock == 64, ln  # the bound's, not the hint's 16
+    short = attrs.evolve(k, launches=(attrs.evolve(ln, config=attrs.evolve(ln.config, rblock=16)),))
+    with pytest.raises(CoilError, match="K8 persistent launch"):
+        verify_kernel_program(attrs.evolve(kp, specs=(short,)), "schedule_kernels")
 
 
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.BackendCompilerFailed,
-                   reason="persistent reductions of symbolic rows take RBLOCK from the hint, not the bound "
-                          "(passes/schedule/launch.py, the reduction path: another branch's); K8 refuses them")
 def test_a_persistent_reduction_holds_its_longest_row(tmp_path: Path) -> None:
-    """Rows of s0 in [2, 64], compiled: once the launch takes RBLOCK from the
-    bound this passes and the strict xfail fails: then drop the mark."""
+    """Rows of s0 in [2, 64], compiled once: the persistent launch takes RBLOCK
+    from the bound (64), not the hint (16), and rows of 40 and 64 sum whole
+    (launch.config_hints; kernel verifier K8 refused the hint's RBLOCK)."""
     fn = lambda x: x.sum(-1)  # noqa: E731
     f = _compiled(fn, tmp_path)
     for c in (16, 40, 64):

@@ -172,6 +172,8 @@ def tails(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, reduction
 
 def config_hints(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, shapes: ShapeInfo) -> tuple[int, int]:
     """The sizes a symbolic kernel's config is chosen at: its hints, except that a
+    persistent reduction is configured for the longest row its range admits (it
+    holds a whole row in one block: a row past the hint's block was cut short), and a
     looped reduction of a fixed few rows (a full reduction: cross_entropy's mean
     over the batch) whose length may pass the hint is configured for rows of
     `few_rows_block` (or its range's bound): its one or few programs do all the
@@ -179,6 +181,8 @@ def config_hints(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, sh
     the batch (64 steps of 256 at 64 times the hint).  Not where the rows are
     symbolic too: a few rows at the hint may be many at run time."""
     xh, rh = shapes.hint(xnumel), shapes.hint(rnumel)
+    if kind == "persistent" and not isinstance(rnumel, int) and (up := shapes.upper(rnumel)) is not None:
+        return xh, max(rh, up)  # its RBLOCK holds the longest row the range admits (kernel verifier K8)
     if kind == "reduction" and isinstance(xnumel, int) and not isinstance(rnumel, int) and xh <= traits.few_rows:
         up = shapes.upper(rnumel)
         rh = max(rh, traits.few_rows_block if up is None else min(up, traits.few_rows_block))
