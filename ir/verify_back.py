@@ -30,7 +30,7 @@ def verify_fused(s: FusedSchedule, stage: str) -> None:
     except InvariantError as e:
         fail(s, stage, s.steps[0].nodes[0] if s.steps else "?", f"F1 {e}")
     at = {n: i for i, st in enumerate(s.steps) for n in st.nodes}
-    issued = [c.name for c in collectives(s.graph.graph)]
+    issued = [c.name for c in collectives(s.buffer_graph)]
     for a, b in zip(issued, issued[1:]):
         if at[a] > at[b]:
             fail(s, stage, b, f"F2 collective {b} is issued at step {at[b]}, before {a} (step {at[a]}), "
@@ -52,7 +52,7 @@ def verify_plan(p: MemoryPlan, stage: str) -> None:
 
 def _verify_in_flight(p: MemoryPlan, stage: str) -> None:
     bg = p.buffer_graph
-    real = p.schedule.graph.mutation_names()
+    real = p.schedule_graph.mutation_names()
     spans = collective_spans(bg, [ps.step.nodes for ps in p.steps])
     for sp in spans:
         names = set(sp.buffers) | {real.get(n, n) for n in sp.buffers}

@@ -129,10 +129,11 @@ def _verify_choice(p: KernelProgram, stage: str, k: KernelSpec, names: set[str])
                                "of its own name whose one launch holds such rows whole")
     if (v.group, v.device, v.params, v.nodes, v.symbols) != (k.group, k.device, k.params, k.nodes, k.symbols):
         fail(p, stage, v.name, f"K16 computes other nodes, parameters or sizes than {k.name}, its looped variant")
-    _verify_spec(p, stage, v)
+    _verify_spec(p, stage, v, rows_up_to=c.rblock)
 
 
-def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec, rows_up_to: int | None = None) -> None:
+    """rows_up_to: a choice's persistent variant runs only on rows that short (K16)."""
     where: dict[str, int] = {}
     known = {n.name for n in k.nodes}
     for i, st in enumerate(k.stages):
@@ -169,7 +170,7 @@ def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         if n.store is not None and n.name not in writes:
             fail(p, stage, n.name, f"K5 stored, but not a parameter {k.name} writes")
     _verify_space(p, stage, k)
-    _verify_launches(p, stage, k)
+    _verify_launches(p, stage, k, rows_up_to)
     _verify_nest(p, stage, k)
     _verify_row_work(p, stage, k)
     _verify_asserts(p, stage, k)
@@ -258,7 +259,7 @@ def _launchable(v: Size, shapes: ShapeInfo, empty: bool) -> bool:
     return empty and lb is not None and lb >= 0
 
 
-def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec, rows_up_to: int | None = None) -> None:
     if not k.launches:
         return
     if k.group[0] == 0:
@@ -269,7 +270,8 @@ def _verify_launches(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         fail(p, stage, k.name, f"K15 {len(k.launches)} launches, not all of them fixed")
     persistent = isinstance(k.space, Rows) and not k.space.looped
     for ln in k.launches:
-        if persistent and not p.shapes.known_le(k.group[1], ln.config.rblock):
+        held = rows_up_to is not None and rows_up_to <= ln.config.rblock
+        if persistent and not held and not p.shapes.known_le(k.group[1], ln.config.rblock):
             fail(p, stage, k.name, f"K8 persistent launch of {ln.function}: RBLOCK={ln.config.rblock} does not hold "
                                    f"every row of {k.group[1]}")
         c = ln.config

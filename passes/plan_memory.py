@@ -445,7 +445,7 @@ def plan_memory(s: FusedSchedule, options: Options) -> MemoryPlan:
     removed = removed_buffers(s)
     candidates: list[tuple[Order, Sequence[Step]]] = [(Order.ORIGINAL, s.steps)]
     # the overlap stage orders a graph with collectives: DFS would put each wait right after its issue
-    owned_by_overlap = options.overlap_bytes_limit > 0 and bool(collectives(s.graph.graph))
+    owned_by_overlap = options.overlap_bytes_limit > 0 and bool(collectives(s.buffer_graph))
     if options.reorder_for_peak_memory and len(s.steps) > 2 and not owned_by_overlap:
         candidates += [
             (Order.LPMF, _lpmf(s.steps, s, removed)),

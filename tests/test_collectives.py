@@ -388,7 +388,7 @@ def test_overlap_holds_bytes_in_flight_under_the_limit(world1, limit, moved_to, 
     s, gm, inputs, opts = _stage(_back_to_back(world1), "overlap", overlap_bytes_limit=limit)
     first_wait = next(d for d in s.overlap_log if d.node == "buf2")
     assert (first_wait.before, first_wait.after, first_wait.bound) == (2, moved_to, bound)
-    assert most_in_flight(s.graph.graph, s.steps) == most
+    assert most_in_flight(s.buffer_graph, s.steps) == most
     compiled = coil.compile_graph(gm, list(inputs), options=opts.replace(sanitize=True))
     for got, want in zip(compiled(*inputs), _back_to_back(world1)(*inputs)):
         torch.testing.assert_close(got, want)
