@@ -492,6 +492,12 @@ class KernelSpec:
         return {p.name: p.arg for p in self.params}
 
     @property
+    def variants(self) -> tuple["KernelSpec", ...]:
+        """The kernel and, where it has a choice, its persistent variant: every
+        kernel this spec compiles to."""
+        return (self,) if self.choice is None else (self, self.choice.persistent)
+
+    @property
     def config_kind(self) -> str:
         """The kind the launch heuristics (and autotuning) pick this kernel's configs by:
         pointwise | tiled | persistent | reduction | columns."""

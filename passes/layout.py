@@ -64,6 +64,7 @@ from coil.ir.layout import Layout
 from coil.ir.lowered import Extern, Input, LNode, LoweredGraph, MultiOutput, Pointwise, Reduction, TensorRef, View
 from coil.ir.lowered import resolve_kernel
 from coil.options import Options
+from coil.passes.realize import view_layout
 
 log = logging.getLogger("coil.trace")
 
@@ -361,15 +362,13 @@ class _Planned:
     """The strides each node of a lowered graph will have once realized, as far
     as they are known here: an input's, an extern's or a multi-output's own, a
     computed node's contiguous ones (or those of the order it was rewritten in),
-    a view's as realize aliases it (`_strided` of its index into its base), or
+    a view's as realize aliases it (`view_layout` of its index into its base), or
     contiguous where realize copies it."""
 
     def __init__(self) -> None:
         self.layouts: dict[str, Layout] = {}
 
     def add(self, n: LNode) -> None:
-        from coil.passes.realize import _strided
-
         match n:
             case Input() | MultiOutput():
                 self.layouts[n.name] = n.layout
@@ -379,7 +378,7 @@ class _Planned:
                 self.layouts[n.name] = Layout.contiguous(n.size, n.dtype, n.device)
             case View():
                 base = self.layouts.get(n.base)
-                lay = _strided(n.index, n.size, base) if base is not None else None
+                lay = view_layout(n.index, n.size, base) if base is not None else None
                 self.layouts[n.name] = lay if lay is not None else Layout.contiguous(n.size, n.dtype, n.device)
 
 

@@ -146,7 +146,7 @@ def _effective_readers(g: LoweredGraph) -> dict[str, list[str]]:
     return {n.name: eff(n.name) for n in g.nodes}
 
 
-def _strided(index: tuple[sympy.Expr, ...], size: tuple[Size, ...], base: Layout,
+def view_layout(index: tuple[sympy.Expr, ...], size: tuple[Size, ...], base: Layout,
              shapes: ShapeInfo = EMPTY) -> Layout | None:
     """The layout of a view when its storage offset is affine in the view's index.
     With symbolic sizes a stride or offset may be an expression of the size
@@ -463,7 +463,7 @@ class _Realizer:
         if isinstance(body, Load) and body.mask is None and body.name in self.layouts:
             rng = ranges_of(xsyms(len(entry.ranges)), entry.ranges)
             idx = tuple(simplify_index(i, rng) for i in body.index)
-            layout = _strided(idx, entry.ranges, self.layouts[body.name], self.shapes)
+            layout = view_layout(idx, entry.ranges, self.layouts[body.name], self.shapes)
             if layout == self.layouts[body.name]:
                 return body.name  # an identity view (alias, detach): the tensor itself
             if layout is not None:

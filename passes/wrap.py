@@ -135,8 +135,7 @@ def _symbols_used_by(ln: Line, program: KernelProgram) -> set[sympy.Symbol]:
             return set(free_size_symbols((*lay.size, *lay.stride, lay.offset)))
         case KernelCall():
             spec = program.spec(ln.kernel)
-            variants = (spec, *((spec.choice.persistent,) if spec.choice is not None else ()))
-            grids = [v for k in variants for launch in k.launches for v in (*launch.grid, *launch.sizes)]
+            grids = [v for k in spec.variants for launch in k.launches for v in (*launch.grid, *launch.sizes)]
             named = {s for s in program.buffer_graph.sizes.shapes.symbols if s.name in ln.sizes}
             return set(free_size_symbols((*spec.group, *grids))) | named
         case ExternCall():

@@ -224,7 +224,7 @@ class TritonBackend:
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
         """One source per spec, and after a kernel with a persistent variant the variant's."""
-        specs = [v for k in program.specs for v in (k, *((k.choice.persistent,) if k.choice else ()))]
+        specs = [v for k in program.specs for v in k.variants]
         return tuple(split_source(k) if isinstance(k.space, Split) else kernel_source(k) for k in specs)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
@@ -254,7 +254,7 @@ class TritonBackend:
             # (a choice's persistent variant too)
             guard = self.guard_device(program)
             named = [ln.function for k in program.specs if k.device == guard
-                     for v in (k, *((k.choice.persistent,) if k.choice else ())) for ln in v.launches]
+                     for v in k.variants for ln in v.launches]
             out += ["", *(f"{name} = fast_launch({name})" for name in dict.fromkeys(named))]
         if options.autotune and not symbolic:
             # the launch lines stay as they are; on CUDA the wrapper times a few
