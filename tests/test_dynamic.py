@@ -235,27 +235,64 @@ def test_wrapper_binds_symbols_and_passes_them_to_kernels() -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_symbolic_cuda_launches_skip_tritons_binding() -> None:
-    """On CUDA a symbolic graph's kernels launch through fast_launch: Triton's
+    """On CUDA a symbolic graph's kernels launch through SizedLaunchers: Triton's
     binding runs once a specialization (rows a multiple of 16, or not), and
-    every other size launches the compiled kernel; each matches eager."""
+    every other size is one call of the bound launcher; each matches eager.  A
+    misaligned input goes through the keyed path and is right too."""
     from coil.backends.runtime import load_module
-    from coil.backends.triton.runtime import fast_launch
+    from coil.backends.triton.runtime import SizedLauncher
     from tests_helpers import capture_aot
 
     fn = lambda x: torch.softmax(x, -1) * x.sum(-1, keepdim=True)  # noqa: E731
     module = coil.default_pipeline().run(*capture_aot(fn, (torch.randn(32, 48, device="cuda"),)),
                                          options=Options(target="triton"))
     compiled = load_module(module)
-    launchers = [v for v in compiled.namespace.values() if isinstance(v, fast_launch)]
-    assert launchers and all(f.enabled for f in launchers), module.source
-    for rows, cols in [(32, 48), (64, 48), (48, 96), (33, 48), (35, 50), (160, 48)]:
+    launchers = [v for v in compiled.namespace.values() if isinstance(v, SizedLauncher)]
+    assert launchers and all(f.keyed.enabled for f in launchers), module.source
+    for rows, cols in [(32, 48), (64, 48), (48, 96), (33, 48), (35, 50), (160, 48), (64, 48)]:
         x = torch.randn(rows, cols, device="cuda")
         (got,) = compiled(rows, cols, x)
         torch.testing.assert_close(got, fn(x), atol=1e-4, rtol=1e-4)
+    shifted = torch.randn(33 * 48 + 1, device="cuda")[1:].view(33, 48)
+    torch.testing.assert_close(compiled(33, 48, shifted)[0], fn(shifted), atol=1e-4, rtol=1e-4)
     # (multiple of 16, not) for rows and columns as launched: (32|64|48|160 rows, 48|96 cols), (33|35, 48|50)
     # (a kernel with a persistent variant launches one of the two at each size)
-    assert all(len(f.compiled) <= 3 for f in launchers) and any(f.compiled for f in launchers), \
-        [list(f.compiled) for f in launchers]
+    assert all(len(f.bound) <= 3 for f in launchers) and any(f.bound for f in launchers), \
+        [(list(f.bound), f.rule) for f in launchers]
+    assert all(f.rule.startswith("bound") for f in launchers if f.bound), [f.rule for f in launchers]
+
+
+def _fake_symbolic_cuda(fn: Callable[..., Any], *sizes: int) -> str:
+    """output_code.py of fn on a fake CUDA tensor of symbolic sizes (nothing runs)."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    env = ShapeEnv()
+    syms = [env.create_symintnode(env.create_symbol(h, ConstantSource(f"d{i}"), dynamic_dim=DimDynamic.DYNAMIC),
+                                  hint=h) for i, h in enumerate(sizes)]
+    with FakeTensorMode(shape_env=env):
+        x = torch.empty(*syms, device="cuda")
+    gm = make_fx(lambda *a: fn(a[-1]), tracing_mode="fake")(*syms, x)
+    out = coil.default_pipeline().run(gm, [*syms, x], until="kernel_gen",
+                                      options=Options(target="triton", graph_cache=False))
+    return str(out.source)
+
+
+def test_symbolic_cuda_source_launches_through_sized_launchers() -> None:
+    """Generated for a fake CUDA tensor of symbolic sizes: every launch is a
+    SizedLauncher's, given the stream (None when the input is not 16-byte
+    aligned), the grid and the sizes this call computes; both kernels of a
+    persistent-or-looped choice have one."""
+    text = _fake_symbolic_cuda(lambda x: (torch.softmax(x, -1) * x.sum(-1, keepdim=True),), 32, 48)
+    assert "stream0 = None if (" in text and "& 15 else raw_stream(0)" in text, text
+    defs = [ln for ln in text.splitlines() if " = SizedLauncher(" in ln]
+    assert len(defs) == 2 and any("triton_per_" in d for d in defs) and any("triton_red_" in d for d in defs), text
+    calls = [ln.strip() for ln in text.split("def call", 1)[1].splitlines() if ln.strip().startswith("launch_triton_")]
+    assert len(calls) == 2 and all(c.split("(", 1)[1].startswith("stream0, grid(s0, ") for c in calls), calls
+    assert all("(s0, s1, s0, s1), " in c for c in calls), calls
+    assert not any(ln.endswith(")") and "= fast_launch(" in ln for ln in text.splitlines()), text
 
 
 def _padded_slice_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

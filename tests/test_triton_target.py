@@ -1318,6 +1318,64 @@ def test_fast_launch_keys_symbolic_sizes_not_grids(monkeypatch: pytest.MonkeyPat
     assert all(r[4] == 7 and r[5:7] == ("fn", "md") for r in runs)
 
 
+def test_sized_launcher_binds_once_a_specialization(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A symbolic launch's SizedLauncher (here against a launcher of Triton 3.6's
+    shape): the first call of each specialization of the sizes (int_key) goes
+    through Triton, later ones call the bound launcher with this call's grid and
+    sizes; a stream of None (an input not aligned) goes the keyed way and binds
+    nothing; a launcher that refuses the bound arguments is unbound and the
+    launch goes through Triton's path."""
+    from coil.backends.triton import runtime
+
+    monkeypatch.setattr(runtime, "_current_stream", lambda: (lambda: 7))
+    triton_calls: list[tuple[Any, ...]] = []
+    bound: list[tuple[Any, ...]] = []
+
+    class Run36:  # Triton 3.6's CudaLauncher: grid, stream, function, *args
+        launch_cooperative_grid, launch_pdl = False, False
+        refuse = False
+
+        def __call__(self, gridX: int, gridY: int, gridZ: int, stream: int, function: Any, *args: Any) -> None:
+            raise AssertionError("the bound path calls launch, not the launcher object")
+
+        @staticmethod
+        def launch(*args: Any) -> None:
+            if Run36.refuse:
+                raise TypeError("function takes 17 positional arguments")
+            bound.append(args)
+
+    class Compiled:
+        function, packed_metadata = "fn", "md"
+        run = Run36()
+
+    class Kernel:
+        arg_names = ("in_ptr0", "out_ptr0", "xnumel", "s0", "XBLOCK")
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **meta: Any) -> Compiled:
+                triton_calls.append((grid, args, meta))
+                return Compiled()
+            return launch
+
+    sl = runtime.SizedLauncher(Kernel(), {"XBLOCK": 16, "num_warps": 1})
+    x, y = torch.empty(64), torch.empty(64)
+    for n in (32, 48, 64, 17, 33, 1, 32):
+        sl(5, runtime.grid(n, 16), (n, n), x, y)
+    # 32 binds (Triton's path), 48 and 64 reuse it; 17 binds, 33 reuses; 1 binds; 32 reuses
+    assert [c[1][2] for c in triton_calls] == [32, 17, 1] and len(sl.bound) == 3, sl.rule
+    assert sl.rule.startswith("bound")
+    assert [b[:4] for b in bound] == [(3, 1, 1, 5), (4, 1, 1, 5), (3, 1, 1, 5), (2, 1, 1, 5)]
+    head = ("fn", False, False, None, None, "md", None, None, None)
+    assert all(b[4:13] == head for b in bound)
+    assert [b[13:] for b in bound] == [(x, y, n, n, 16) for n in (48, 64, 33, 32)]
+    sl(None, runtime.grid(40, 16), (40, 40), x, y)  # misaligned: Triton's path, nothing bound
+    assert len(triton_calls) == 4 and len(bound) == 4
+    Run36.refuse = True
+    sl(5, runtime.grid(48, 16), (48, 48), x, y)
+    assert not sl.bound and not sl.bind and sl.rule.startswith("not bound: this Triton's launcher refused")
+    assert len(triton_calls) == 5 and triton_calls[-1][1][2] == 48
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pow_small_integer_exponents_are_products(dtype: torch.dtype) -> None:
     """x ** n for a constant integer |n| <= 4 is lowered as products (GELU's x ** 3),

@@ -218,7 +218,7 @@ class TritonBackend:
             "import triton",
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
-            "from coil.backends.triton.runtime import Launcher, autotuned, fast_launch, grid, grid2, interpreted, precompile, raw_stream",
+            "from coil.backends.triton.runtime import Launcher, SizedLauncher, autotuned, fast_launch, grid, grid2, interpreted, precompile, raw_stream",
             "from coil.backends.triton.codegen import interpreter_checks",
         ]
 
@@ -249,13 +249,18 @@ class TritonBackend:
             if specs:  # compiled now, several at a time, instead of one by one at their first launch
                 out += ["", "precompile([", *specs, "])"]
         if cuda and not options.autotune and symbolic:
-            # sizes change by call: each launch line computes its grid and passes the sizes, and
-            # fast_launch keys on how Triton specializes them instead of running its binding
-            # (a choice's persistent variant too)
+            # sizes change by call: each launch line computes its grid and passes the sizes to
+            # its SizedLauncher, bound once for each specialization of the sizes (a choice's
+            # persistent variant too); a kernel on another device keeps Triton's own launch
             guard = self.guard_device(program)
-            named = [ln.function for k in program.specs if k.device == guard
-                     for v in k.variants for ln in v.launches]
-            out += ["", *(f"{name} = fast_launch({name})" for name in dict.fromkeys(named))]
+            _, unknown = aligned_by_allocation(program)
+            out.append("")
+            for ln in program.lines:
+                if not isinstance(ln, KernelCall) or program.spec(ln.kernel).device != guard:
+                    continue
+                for v in program.spec(ln.kernel).variants:
+                    if (planned := spec_launches(v, ln)) is not None:
+                        out += [launch.sized_definition(not unknown.intersection(ln.args)) for launch in planned[1]]
         if options.autotune and not symbolic:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
@@ -282,8 +287,10 @@ class TritonBackend:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
         before, out, after = planned
         if k.device.startswith("cuda"):
-            if options.autotune or program.shapes:
+            if options.autotune or (program.shapes and k.device != self.guard_device(program)):
                 return [*before, *(ln.line() for ln in out), *after]
+            if program.shapes:
+                return [*before, *(ln.sized_line("stream0") for ln in out), *after]
             return [*before, *(ln.bound_line("stream0") for ln in out), *after]
         body = [ln.line() for ln in out]
         if k.asserts:
@@ -296,7 +303,7 @@ class TritonBackend:
         they launch on is not 16-byte aligned (then they launch through Triton's
         path, which specializes on alignment)."""
         guard = self.guard_device(program)
-        if guard is None or program.shapes:  # symbolic sizes launch through Triton's own path: no stream
+        if guard is None:
             return []
         graph = program.buffer_graph
         inputs, _ = aligned_by_allocation(program)

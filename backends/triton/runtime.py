@@ -83,6 +83,17 @@ class Launch:
         line would read."""
         return f"{self.launcher}({stream}, {', '.join(self.tensors)})  # {self.line()}"
 
+    def sized_definition(self, bind: bool) -> str:
+        """output_code.py's module-level SizedLauncher of this launch (symbolic
+        sizes: the grid and sizes come with each call)."""
+        meta = ", ".join(f"{k!r}: {v}" for k, v in self.meta)
+        return f"{self.launcher} = SizedLauncher({self.kernel}, {{{meta}}}{'' if bind else ', bind=False'})"
+
+    def sized_line(self, stream: str) -> str:
+        """The call of its SizedLauncher with the grid and sizes this call computes."""
+        sizes = ", ".join(map(str, self.sizes)) + ("," if len(self.sizes) == 1 else "")
+        return f"{self.launcher}({stream}, {self.grid_text}, ({sizes}), {', '.join(self.tensors)})"
+
 
 def launch(kernel: Any, kind: str, xnumel: int, rnumel: int, cfg: LaunchConfig, args: tuple[Any, ...]) -> None:
     if kind == "tiled":  # (rows, columns)
@@ -344,38 +355,104 @@ class Launcher:
             self._bind(ck, len(args))
 
     def _bind(self, ck: Any, given: int) -> None:
-        """Bind Triton's launcher of ck for later calls, where this Triton's
-        launcher is one of the two shapes read here (3.6 and 3.9) and the kernel
-        needs nothing allocated per launch (no global or profile scratch, no
-        sanitizer) and no launch hook is registered; else stay on the keyed path."""
-        run: Any = getattr(ck, "run", None)
-        launch = getattr(run, "launch", None)
-        rest = self.keyed.names[given:]
-        if launch is None or not all(n in self.meta for n in rest):
-            self.rule = "not bound: this Triton's launcher is not one coil knows"
+        """Bind Triton's launcher of ck for later calls (`bound_launch`); else stay
+        on the keyed path, with the reason in `rule`."""
+        bound, why = bound_launch(ck, self.keyed, self.meta, given)
+        if bound is None:
+            self.rule = why
             return
-        if any(getattr(run, a, 0) for a in ("global_scratch_size", "profile_scratch_size", "gsan_enabled")):
-            self.rule = "not bound: the kernel needs scratch memory allocated per launch"
+        self.run, self.head, self.packed, consts = bound
+        self.tail = (*self.sizes, *consts)
+        self.rule = why
+
+
+def bound_launch(ck: Any, keyed: "fast_launch", meta: dict[str, Any],
+                 given: int) -> tuple[tuple[Any, tuple[Any, ...], bool, tuple[Any, ...]] | None, str]:
+    """Triton's compiled launcher of ck with what does not change between calls:
+    (launch function, the arguments before the kernel's (function handle, launch
+    flags, packed metadata), whether it takes the kernel's arguments as one tuple
+    (3.9) or spread (3.6), the constexprs after the `given` arguments), and why;
+    None where this Triton's launcher is not one of the two shapes read here, the
+    kernel needs something allocated per launch (global or profile scratch, a
+    sanitizer), or a launch hook is registered (a profiler's)."""
+    run: Any = getattr(ck, "run", None)
+    launch = getattr(run, "launch", None)
+    rest = keyed.names[given:]
+    if launch is None or not all(n in meta for n in rest):
+        return None, "not bound: this Triton's launcher is not one coil knows"
+    if any(getattr(run, a, 0) for a in ("global_scratch_size", "profile_scratch_size", "gsan_enabled")):
+        return None, "not bound: the kernel needs scratch memory allocated per launch"
+    knobs = keyed.knobs
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
+        return None, "not bound: a launch hook is registered (a profiler's); launches go through Triton"
+    params = list(inspect.signature(type(run).__call__).parameters)
+    flags = (run.launch_cooperative_grid, run.launch_pdl)
+    if params[-1] == "args" and "kernel_metadata" in params and hasattr(run, "arg_annotations"):  # 3.9
+        head: tuple[Any, ...] = (ck.function, *flags, ck.packed_metadata, None, None, None, None, None,
+                                 run.arg_annotations, run.kernel_signature)
+        packed = True
+    elif params[-2:] == ["function", "args"]:  # 3.6: scratch pointers, then metadata and hooks
+        head, packed = (ck.function, *flags, None, None, ck.packed_metadata, None, None, None), False
+    else:
+        return None, "not bound: this Triton's launcher is not one coil knows"
+    why = "bound: Triton's compiled launcher, called with arguments prepared at the first call"
+    return (launch, head, packed, tuple(meta[n] for n in rest)), why
+
+
+class SizedLauncher:
+    """One kernel launch of a symbolic graph's output_code.py on CUDA: its grid and
+    size arguments change by call, the wrapper passes them,
+    `launch_k(stream0, grid(s0*s1, 1024), (s0*s1, s0, s1), buf0, buf1)`.
+
+    Triton compiles a kernel per specialization of its integer arguments
+    (`int_key`: equal to 1, a multiple of 16, fitting int32); the first call of
+    each goes through Triton's JITFunction, and its compiled launcher is bound as
+    Launcher binds a static launch (`bound_launch`), keyed on the sizes' int_keys:
+    a later call with sizes of that key is one call of it, the grid and sizes
+    spread in.  stream None (a graph input not 16-byte aligned) and `bind` False
+    (an alias an extern returned) go through fast_launch's path, keyed on each
+    tensor's alignment too.  `rule` says how the last bind went."""
+
+    __slots__ = ("kernel", "meta", "bind", "keyed", "bound", "rule")
+
+    def __init__(self, kernel: Any, meta: dict[str, Any], bind: bool = True) -> None:
+        self.kernel, self.meta, self.bind = kernel, meta, bind
+        self.keyed = fast_launch(kernel)
+        self.bound: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...], bool, tuple[Any, ...]]] = {}
+        self.rule = ("not bound: it reads an alias an extern returned (its alignment is known only at run time)"
+                     if not bind else "not bound yet: each specialization's first call goes through Triton")
+
+    def __call__(self, stream: Any, launch_grid: tuple[int, ...], sizes: tuple[int, ...], *tensors: Any) -> None:
+        hit = self.bound.get(tuple(map(int_key, sizes))) if stream is not None else None
+        if hit is None:
+            self._slow(stream, launch_grid, sizes, tensors)
             return
-        knobs = self.keyed.knobs
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
-            self.rule = "not bound: a launch hook is registered (a profiler's); launches go through Triton"
+        run, head, packed, tail = hit
+        g = (*launch_grid, 1, 1)
+        try:
+            if packed:  # Triton 3.9's launcher takes the kernel's arguments as one tuple
+                run(g[0], g[1], g[2], stream, *head, (*tensors, *sizes, *tail))
+            else:
+                run(g[0], g[1], g[2], stream, *head, *tensors, *sizes, *tail)
+        except TypeError as e:  # the launcher parses its arguments before launching: nothing ran
+            self.bound.clear()
+            self.bind = False
+            self.rule = f"not bound: this Triton's launcher refused the bound arguments ({e})"
+            self._slow(stream, launch_grid, sizes, tensors)
+
+    def _slow(self, stream: Any, launch_grid: tuple[int, ...], sizes: tuple[int, ...],
+              tensors: tuple[Any, ...]) -> None:
+        args = (*tensors, *sizes)
+        if stream is None or not self.bind or not self.keyed.enabled:
+            self.keyed[launch_grid](*args, **self.meta)
             return
-        params = list(inspect.signature(type(run).__call__).parameters)
-        flags = (run.launch_cooperative_grid, run.launch_pdl)
-        if params[-1] == "args" and "kernel_metadata" in params and hasattr(run, "arg_annotations"):  # 3.9
-            self.head = (ck.function, *flags, ck.packed_metadata, None, None, None, None, None,
-                         run.arg_annotations, run.kernel_signature)
-            self.packed = True
-        elif params[-2:] == ["function", "args"]:  # 3.6: scratch pointers, then metadata and hooks
-            self.head = (ck.function, *flags, None, None, ck.packed_metadata, None, None, None)
-        else:
-            self.rule = "not bound: this Triton's launcher is not one coil knows"
+        ck = self.kernel[launch_grid](*args, **self.meta)
+        if ck is None:
             return
-        self.tail = (*self.sizes, *(self.meta[n] for n in rest))
-        self.run = launch
-        self.rule = "bound: Triton's compiled launcher, called with arguments prepared at the first call"
+        bound, self.rule = bound_launch(ck, self.keyed, self.meta, len(args))
+        if bound is not None:
+            self.bound[tuple(map(int_key, sizes))] = bound
 
 
 # the current CUDA stream of a device, by index: torch's C function where torch was built with CUDA
