@@ -15,7 +15,10 @@ Grammar::
                     nodes: KernelNode*, stages: Stage*, wide_index,
                     tails: Tails | None, launches: KernelLaunch*, nest: LoopNest | None,
                     streams: Streams | None, scratch: ScratchArray*, hoisted: Hoisted*,
-                    asserts: CheckKind*, reads: Read*, symbols, choice: Choice | None)
+                    asserts: CheckKind*, reads: Read*, symbols, choice: Choice | None,
+                    wide: WideIndex | None)
+    WideIndex ::= (offsets: Size*)           int32 where every offset < 2**31, else the
+                                             int64 twin (KernelSpec.wide_twin)
     Choice ::= (persistent: KernelSpec, rnumel, rblock, why)
                                              a looped kernel's persistent variant, which
                                              a call launches instead where rnumel <= rblock
@@ -102,7 +105,10 @@ does not, a persistent variant of the same nodes, parameters and size arguments
 masked on rindex < rnumel, its launch the persistent rule's at the hints; the
 wrapper launches it where the row fits, `rnumel <= rblock`, and the looped kernel
 otherwise, once a call (Inductor's multi-kernel, decided by the bound instead of
-by timing both).
+by timing both).  On such a target a symbolic kernel whose offsets fit int32 at
+the hints but may pass it in the ranges has int32 index math and an int64 twin
+(`wide`, KernelSpec.wide_twin): the wrapper launches the twin where an offset
+reaches 2**31, as Inductor's 32-bit indexing guards would recompile.
 """
 
 from __future__ import annotations
@@ -473,6 +479,7 @@ class KernelSpec:
     reads: tuple[Read, ...] = ()  # its bodies' loads from memory, each once, in first-read order
     symbols: tuple[str, ...] = ()  # the size symbols it takes as arguments after its pointers (symbolic sizes)
     choice: Choice | None = None  # a persistent variant a call launches instead where its row fits
+    wide: WideIndex | None = None  # int32 index math where its offsets fit, else its int64 twin
 
     def node(self, name: str) -> KernelNode:
         for n in self.nodes:
@@ -493,9 +500,17 @@ class KernelSpec:
 
     @property
     def variants(self) -> tuple["KernelSpec", ...]:
-        """The kernel and, where it has a choice, its persistent variant: every
-        kernel this spec compiles to."""
-        return (self,) if self.choice is None else (self, self.choice.persistent)
+        """The kernel and, where it has a choice, its persistent variant; where its
+        index width is chosen by call, then its int64 twin's: every kernel this
+        spec compiles to."""
+        own = (self,) if self.choice is None else (self, self.choice.persistent)
+        return own if self.wide is None else (*own, *self.wide_twin().variants)
+
+    def wide_twin(self) -> "KernelSpec":
+        """The same kernel (and persistent variant) with int64 index math, named
+        with WIDE_SUFFIX: what a call launches where the offsets pass int32."""
+        assert self.wide is not None, f"{self.name} has no int64 twin"
+        return _wide(self)
 
     @property
     def config_kind(self) -> str:
@@ -529,6 +544,34 @@ class Choice:
     def test(self) -> str:
         """The condition as the wrapper spells it, over the symbols `call` bound."""
         return f"{py_size(self.rnumel)} <= {self.rblock}"
+
+
+# the name of a kernel's int64 twin: its own name and this
+WIDE_SUFFIX = "_i64"
+
+
+@attrs.frozen
+class WideIndex:
+    """A symbolic kernel whose offsets fit int32 at the hints, but whose ranges
+    let them pass it: its index math is int32 where every one of `offsets` (the
+    largest offset of each parameter's storage and of its iteration space, those
+    its ranges do not bound below 2**31) is below 2**31, and a call launches its
+    int64 twin (KernelSpec.wide_twin) where one is not."""
+
+    offsets: tuple[Size, ...]
+
+    def test(self) -> str:
+        """The condition for the int32 kernel, over the symbols `call` bound."""
+        return " and ".join(f"{py_size(e)} < {2**31}" for e in self.offsets)
+
+    def show(self) -> str:
+        return " and ".join(f"{e} < 2**31" for e in self.offsets)
+
+
+def _wide(k: KernelSpec) -> KernelSpec:
+    launches = tuple(attrs.evolve(ln, function=ln.function + WIDE_SUFFIX) for ln in k.launches)
+    choice = None if k.choice is None else attrs.evolve(k.choice, persistent=_wide(k.choice.persistent))
+    return attrs.evolve(k, name=k.name + WIDE_SUFFIX, wide_index=True, wide=None, launches=launches, choice=choice)
 
 
 @attrs.frozen

@@ -83,11 +83,16 @@ def show_wrapper(w: WrapperProgram) -> str:
                 out.append(f"  {ln.symbol} = {ln.text()}")
             case KernelCall():
                 args = ", ".join(ln.args + ln.sizes)
-                choice = w.spec(ln.kernel).choice
+                spec = w.spec(ln.kernel)
+                choice = spec.choice
                 if choice is None:
-                    out.append(f"  {ln.kernel}({args})")
+                    calls = [f"  {ln.kernel}({args})"]
                 else:  # the persistent variant where the row fits it (KernelSpec.choice)
-                    out += [f"  if {choice.test()}: {choice.persistent.name}({args})", f"  else: {ln.kernel}({args})"]
+                    calls = [f"  if {choice.test()}: {choice.persistent.name}({args})", f"  else: {ln.kernel}({args})"]
+                if spec.wide is not None:  # int32 where the offsets fit (KernelSpec.wide), else the int64 twin
+                    calls = [f"  if {spec.wide.test()}:", *("  " + c for c in calls),
+                             f"  else: {spec.wide_twin().name}{' (or its persistent variant)' if choice else ''}({args})"]
+                out += calls
             case ExternCall():
                 args = ", ".join([fmt_arg(a) for a in ln.args] + [f"{k}={fmt_arg(v)}" for k, v in ln.kwargs])
                 out.append(f"  {ln.name} = {ln.kernel}({args})")

@@ -33,6 +33,7 @@ from coil.ir.kernel import (
     Split,
     Stage,
     Tiled,
+    WIDE_SUFFIX,
 )
 from coil.ir.printer import body_lines
 
@@ -185,7 +186,10 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     out.append("    params: " + (", ".join(f"{p.arg}={p.name}" for p in k.params) or "none"))
     tails = "" if k.tails is None else (f"; tails: outer {'yes' if k.tails.outer else 'no'}, "
                                          f"inner {'yes' if k.tails.inner else 'no'}")
-    out.append(f"    index: {'int64' if k.wide_index else 'int32'}{tails}")
+    width = "int64" if k.wide_index else "int32"
+    if k.wide is not None:
+        width += f" where {k.wide.show()}, else int64 ({k.name}{WIDE_SUFFIX})"
+    out.append(f"    index: {width}{tails}")
     if k.asserts:
         out.append(f"    asserts: {', '.join(k.asserts)} (device asserts: the launch compiles them in)")
     if k.reads:

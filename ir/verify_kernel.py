@@ -64,6 +64,9 @@ K16 a choice belongs to a launched looped kernel along rows (not down columns) o
    the choice's bound, no choice of its own, and the looped kernel's group,
    device, parameters, nodes (bodies and stores) and size arguments; it keeps
    every rule above
+K17 an int64 twin (`wide`) belongs to a symbolic kernel with int32 index math and
+   tests offsets that depend on sizes; the twin and its variants are int64 and
+   named apart from every kernel; a choice's persistent variant has no twin of its own
 """
 
 from __future__ import annotations
@@ -112,6 +115,24 @@ def verify_kernel_program(p: KernelProgram, stage: str) -> None:
             fail(p, stage, spec.name, "K1 nodes, group or kind differ from the fused kernel's")
         _verify_spec(p, stage, spec)
         _verify_choice(p, stage, spec, {s.name for s in p.specs})
+        _verify_wide(p, stage, spec, {s.name for s in p.specs})
+
+
+def _verify_wide(p: KernelProgram, stage: str, k: KernelSpec, names: set[str]) -> None:
+    """K17: an int64 twin belongs to a symbolic kernel with int32 index math, tests
+    offsets that depend on sizes, and is named apart from every kernel; a
+    persistent variant of a choice has no twin of its own (the kernel's covers it)."""
+    if k.choice is not None and k.choice.persistent.wide is not None:
+        fail(p, stage, k.choice.persistent.name, "K17 a persistent variant with an int64 twin of its own")
+    w = k.wide
+    if w is None:
+        return
+    if k.wide_index or not k.symbols or not w.offsets or any(isinstance(e, int) for e in w.offsets):
+        fail(p, stage, k.name, f"K17 an int64 twin of a kernel that is not symbolic with int32 index math "
+                               f"testing {w.show() or 'nothing'}")
+    twins = {v.name for v in k.wide_twin().variants}
+    if twins & names or any(not v.wide_index for v in k.wide_twin().variants):
+        fail(p, stage, k.name, f"K17 its int64 twin {sorted(twins)} shares a kernel's name or is not int64")
 
 
 def _verify_choice(p: KernelProgram, stage: str, k: KernelSpec, names: set[str]) -> None:

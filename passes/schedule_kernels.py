@@ -13,7 +13,9 @@ one policy, from the target's frozen traits (coil/options.py: TargetTraits):
   accumulators, online softmax included (loops.py);
 - where the traits ask for a run-time choice (multi_kernel), a looped kernel over
   a symbolic row whose hint fits one tile but whose range does not also gets its
-  persistent variant, which a call launches where the row fits (KernelSpec.choice);
+  persistent variant, which a call launches where the row fits (KernelSpec.choice),
+  and a symbolic kernel whose offsets fit int32 only at the hints gets int32 index
+  math and an int64 twin for the calls where they do not (KernelSpec.wide);
 - the launches, their configs and tails, and the rule that chose each (launch.py);
   the kinds of run-time check a kernel asserts on the device, which its launch
   compiles in (launch.py: device_asserts, where the traits have device asserts);
@@ -59,6 +61,7 @@ from coil.ir.kernel import (
     Stage,
     Tails,
     Tiled,
+    WideIndex,
 )
 from coil.ir.layout import Layout
 from coil.ir.memory import MemoryPlan
@@ -94,6 +97,8 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
         if traits.multi_kernel and _may_hold_rows(k, spec, options.persistent_limit(), plan.shapes):
             variant = _scheduled(attrs.evolve(k, name=persistent_name(k.name, traits), kind=KernelKind.PERSISTENT),
                                  bufs, params, layouts, traits, drop, plan)
+            # the variant shares the looped kernel's index width (and int64 twin: KernelSpec.wide_twin)
+            variant = attrs.evolve(variant, wide_index=spec.wide_index, wide=None)
             spec = attrs.evolve(spec, choice=_choice(spec, variant, options.persistent_limit(), plan.shapes))
         specs.append(spec)
     return KernelProgram(plan, tuple(specs))
@@ -190,9 +195,9 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
     """The spec with its launches and tails, where the target plans them (none for
     a kernel with nothing to compute)."""
     device = layouts[k.nodes[0]].device
-    spec = KernelSpec(k.name, k.kind, k.group, device, space, params, nodes, stages,
-                      _largest(k, params, layouts, shapes) >= INT32_LIMIT, None, (),
-                      asserts=launch.device_asserts(nodes, device) if traits.device_asserts else ())
+    wide, by_call = _index_width(k, params, layouts, shapes, traits.multi_kernel)
+    spec = KernelSpec(k.name, k.kind, k.group, device, space, params, nodes, stages, wide, None, (),
+                      asserts=launch.device_asserts(nodes, device) if traits.device_asserts else (), wide=by_call)
     lt = traits.launch
     n, r = k.group
     if lt is None or n == 0:
@@ -213,17 +218,46 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
     return attrs.evolve(spec, tails=tails, launches=launches)
 
 
-def _largest(k: FusedKernel, params: tuple[Param, ...], layouts: Mapping[str, Layout],
-             shapes: ShapeInfo = EMPTY) -> int:
-    """The largest offset a kernel computes: its parameters' storage or its space;
-    with symbolic sizes the largest their ranges allow (INT32_LIMIT, wide indices,
-    where a range is unbounded)."""
+def _index_width(k: FusedKernel, params: tuple[Param, ...], layouts: Mapping[str, Layout], shapes: ShapeInfo,
+                 by_call: bool) -> tuple[bool, WideIndex | None]:
+    """Whether a kernel's index math is int64, and where it is chosen by call.
+    The offsets it computes reach at most its parameters' storage sizes and its
+    space; int64 where one may reach 2**31 (INT32_LIMIT): statically, or in the
+    symbols' ranges.  Where only the ranges let them (an unbounded batch) and
+    every one fits at the hints, a target that chooses kernels by call (`by_call`:
+    multi_kernel) gets int32 math and an int64 twin for the calls whose offsets
+    do not fit (WideIndex: the offsets to test), as Inductor's int32 indexing
+    does behind a guard; other targets keep int64."""
     sizes = [layouts[p.name].storage_size() for p in params]
     space = k.group[0] * (k.group[1] if not isinstance(k.group[1], int) else max(k.group[1], 1))
-    if is_static([*sizes, space]):
-        return max([*sizes, space])  # type: ignore[type-var]
-    uppers = [shapes.upper(v) for v in (*sizes, space)]
-    return INT32_LIMIT if any(u is None for u in uppers) else max(u for u in uppers if u is not None)
+    values = [*sizes, space]
+    if is_static(values):
+        return max(values) >= INT32_LIMIT, None  # type: ignore[type-var, operator]
+    uppers = [v if isinstance(v, int) else shapes.upper(v) for v in values]
+    if all(u is not None and u < INT32_LIMIT for u in uppers):
+        return False, None
+    if not by_call or any(isinstance(v, int) for v, u in zip(values, uppers) if u is not None and u >= INT32_LIMIT):
+        return True, None
+    if any(shapes.hint(v) >= INT32_LIMIT for v in values):
+        return True, None
+    open_ = list(dict.fromkeys(v for v, u in zip(values, uppers) if u is None or u >= INT32_LIMIT))
+    # an offset no larger than another of them for every size needs no test of its own
+    tested = [v for i, v in enumerate(open_)
+              if not any(j != i and _at_most(v, w, shapes) and not (_at_most(w, v, shapes) and j > i)
+                         for j, w in enumerate(open_))]
+    return False, WideIndex(tuple(tested))
+
+
+def _at_most(a: Size, b: Size, shapes: ShapeInfo) -> bool:
+    """Whether the size a <= b for every size in the ranges: by their difference,
+    or where b is a times a factor of at least 1 (s0 <= s0*s1)."""
+    if shapes.known_le(a, b):
+        return True
+    q = sympy.cancel(sympy.sympify(b) / sympy.sympify(a))
+    if not q.is_polynomial(*q.free_symbols):
+        return False
+    lo = shapes.lower(q)
+    return lo is not None and lo >= 1
 
 
 def _symbols_used(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[str, ...]:

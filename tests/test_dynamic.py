@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import attrs
 import pytest
 import sympy
 import torch
@@ -284,15 +285,57 @@ def test_symbolic_cuda_source_launches_through_sized_launchers() -> None:
     """Generated for a fake CUDA tensor of symbolic sizes: every launch is a
     SizedLauncher's, given the stream (None when the input is not 16-byte
     aligned), the grid and the sizes this call computes; both kernels of a
-    persistent-or-looped choice have one."""
+    persistent-or-looped choice have one, and so do their int64 twins."""
     text = _fake_symbolic_cuda(lambda x: (torch.softmax(x, -1) * x.sum(-1, keepdim=True),), 32, 48)
     assert "stream0 = None if (" in text and "& 15 else raw_stream(0)" in text, text
-    defs = [ln for ln in text.splitlines() if " = SizedLauncher(" in ln]
-    assert len(defs) == 2 and any("triton_per_" in d for d in defs) and any("triton_red_" in d for d in defs), text
+    defs = [ln.split(" = ")[0] for ln in text.splitlines() if " = SizedLauncher(" in ln]
+    kernels = ["triton_per_fused_amax_div_exp_mul_sub_sum_0", "triton_red_fused_amax_div_exp_mul_sub_sum_0"]
+    assert sorted(defs) == sorted(f"launch_{k}{w}" for k in kernels for w in ("", "_i64")), text
     calls = [ln.strip() for ln in text.split("def call", 1)[1].splitlines() if ln.strip().startswith("launch_triton_")]
-    assert len(calls) == 2 and all(c.split("(", 1)[1].startswith("stream0, grid(s0, ") for c in calls), calls
+    assert len(calls) == 4 and all(c.split("(", 1)[1].startswith("stream0, grid(s0, ") for c in calls), calls
+    assert "        if s0*s1 < 2147483648:\n            if s1 <= 64:\n" in text, text
     assert all("(s0, s1, s0, s1), " in c for c in calls), calls
     assert not any(ln.endswith(")") and "= fast_launch(" in ln for ln in text.splitlines()), text
+
+
+def test_int64_twins_where_offsets_pass_int32() -> None:
+    """A symbolic Triton kernel whose offsets fit int32 at the hints but not in
+    its ranges computes in int32 and has an int64 twin (KernelSpec.wide), printed
+    with its test; the call launches the twin where an offset reaches 2**31.
+    Here the test is made false in the source (2**31 elements will not fit a CPU
+    test): the twins run every kernel and match eager.  Bounded sizes get no twin."""
+    from coil.backends.runtime import load_module
+    from tests_helpers import capture_aot
+
+    fn = lambda x, w: (torch.softmax(x, -1) * w, (x * w).sum(-1))  # noqa: E731
+    gm, example = capture_aot(fn, (torch.randn(8, 48), torch.randn(48)))
+    module = coil.default_pipeline().run(gm, example, options=Options(target="triton", graph_cache=False))
+    specs = module.program.specs
+    assert specs and all(k.wide is not None and not k.wide_index for k in specs), [k.wide for k in specs]
+    assert all(v.wide_index for k in specs for v in k.wide_twin().variants)
+    assert module.source.count(" < 2147483648:") == len(specs)
+    twins = load_module(attrs.evolve(module, source=module.source.replace(" < 2147483648:", " < 0:")))
+    for rows, cols in [(8, 48), (13, 48), (5, 100)]:
+        x, w = torch.randn(rows, cols), torch.randn(cols)
+        for got, want in zip(twins(rows, cols, x, w), fn(x, w)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    launched = [ln.split("[")[0].strip() for ln in module.source.split("def call", 1)[1].splitlines() if "](" in ln]
+    assert any(name.endswith("_i64") for name in launched) and any(not n.endswith("_i64") for n in launched)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_a_batch_past_int32_offsets_launches_the_int64_twin() -> None:
+    """Compiled at a small batch, called with one whose tensor has more than 2**31
+    elements (4 GiB of bfloat16): the int64 twin runs and matches eager."""
+    f = compiled_counted(lambda x: (x.float() * 2).sum(-1), "triton", dynamic=True)
+    for rows in (64, 96):
+        x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(f(x), (x.float() * 2).sum(-1), atol=1e-2, rtol=1e-4)
+    big = torch.ones(2**31 // 4096 + 16, 4096, device="cuda", dtype=torch.bfloat16)
+    got = f(big)
+    assert got.shape == (big.shape[0],) and bool((got == 8192.0).all()), got[-4:]
+    assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
 
 
 def _padded_slice_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -101,22 +101,32 @@ def test_wrapper_and_output_code_choose_once_a_call() -> None:
     k = _only(w.kernel_program)
     assert k.choice is not None
     per, red = k.choice.persistent.name, k.name
-    assert [ln for ln in show(w).splitlines() if "fused" in ln] == [
-        f"  if s1 <= 16: {per}(arg2_1, buf3, s0, s1)", f"  else: {red}(arg2_1, buf3, s0, s1)"]
+    assert [ln for ln in show(w).splitlines() if "fused" in ln or "2147483648" in ln] == [
+        "  if s0*s1 < 2147483648:",
+        f"    if s1 <= 16: {per}(arg2_1, buf3, s0, s1)", f"    else: {red}(arg2_1, buf3, s0, s1)",
+        f"  else: {red}_i64 (or its persistent variant)(arg2_1, buf3, s0, s1)"]
     fn, make = CASES["softmax"]
     gm, example = capture_aot(fn, make(8, HINT))
     source = coil.compile_graph(gm, example, Options(target="triton")).source
-    launch = source.index("        if s1 <= 16:\n")
-    assert source[launch:].splitlines()[:4] == [
-        "        if s1 <= 16:",
-        f"            {per}[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=16, num_warps=1)",
+    launch = source.index("        if s0*s1 < 2147483648:\n")
+    assert source[launch:].splitlines()[:10] == [
+        "        if s0*s1 < 2147483648:",
+        "            if s1 <= 16:",
+        f"                {per}[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=16, num_warps=1)",
+        "            else:",
+        f"                {red}[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
         "        else:",
-        f"            {red}[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
+        "            if s1 <= 16:",
+        f"                {per}_i64[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=16, num_warps=1)",
+        "            else:",
+        f"                {red}_i64[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
     ]
     kernel = source[source.index(f"def {per}("):]
-    assert "    rindex = tl.arange(0, RBLOCK)[None, :].to(tl.int64)\n    rmask = rindex < rnumel\n" in kernel
+    assert "    rindex = tl.arange(0, RBLOCK)[None, :]\n    rmask = rindex < rnumel\n" in kernel
     assert "for roffset in range" not in kernel.split("\n\n\n")[0]  # the variant holds its row in one tile
-    assert source.count("@triton.jit\ndef triton_") == 2
+    wide = source[source.index(f"def {per}_i64("):]
+    assert "    rindex = tl.arange(0, RBLOCK)[None, :].to(tl.int64)\n    rmask = rindex < rnumel\n" in wide
+    assert source.count("@triton.jit\ndef triton_") == 4
 
 
 # ---- both branches in one compiled graph, against eager ---------------------------------------------

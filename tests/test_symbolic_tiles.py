@@ -52,8 +52,11 @@ def _source(tmp_path: Path) -> str:
 
 
 def _launch_line(source: str) -> str:
-    (line,) = [ln.strip() for ln in source.splitlines() if "](" in ln and ln.strip().startswith("triton_")]
-    return line
+    """The kernel's launch line (its int32 kernel's, where it has an int64 twin too)."""
+    lines = [ln.strip() for ln in source.splitlines() if "](" in ln and ln.strip().startswith("triton_")]
+    narrow = [ln for ln in lines if "_i64[" not in ln]
+    assert len(narrow) == 1 and len(lines) <= 2, lines
+    return narrow[0]
 
 
 def _check_one_graph() -> None:
@@ -70,7 +73,7 @@ def test_printed_program_shows_the_symbolic_tile_and_its_grid() -> None:
     (k,) = p.specs
     text = show(p)
     assert "space: tiled s1 rows x s0 cols (yindex s1 x xindex s0); programs on grid axis 0 alone" in text
-    assert "index: int64; tails: outer yes, inner yes" in text
+    assert "index: int32 where s0*s1 < 2**31, else int64 (triton_poi_fused_add_t_0_i64); tails: outer yes, inner yes" in text
     assert "buf0: tiled pointwise float32 store=s0*yindex + xindex" in text
     assert "reads: arg3_1 at s0*yindex + xindex (yx), arg2_1 at s1*xindex + yindex (yx)" in text
     assert ("triton_poi_fused_add_t_0[(FloorDiv(s0 + 63, 64)*FloorDiv(s1 + 31, 32), 1, 1)] sizes=[s1, s0] "
@@ -104,7 +107,7 @@ def test_bounded_rows_stay_on_two_grid_axes() -> None:
     assert isinstance(k.space, Tiled) and not k.space.one_axis and k.space.cols == 64
     (ln,) = k.launches
     assert ln.grid == (1, sympy.sympify("FloorDiv(s0 + 31, 32)", locals=_floordiv()), 1)
-    assert not k.wide_index
+    assert not k.wide_index and k.wide is None  # bounded: int32 for every size, no int64 twin
 
 
 def _capture_marked(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...],

@@ -207,6 +207,10 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
             for launch in v.launches:
                 out.append((launch.function, v.config_kind, f"{grid_text(v, launch)} {launch.config.as_kwargs()}",
                             f"where {test}, instead of {k.name}: {launch.why}"))
+        if k.wide is not None:
+            twins = ", ".join(v.name for v in k.wide_twin().variants)
+            out.append((twins, k.config_kind, "as above, int64 index math",
+                        f"where not ({k.wide.test()}), instead of {k.name}: an offset passes int32"))
     return out
 
 
@@ -223,7 +227,8 @@ class TritonBackend:
         ]
 
     def kernels(self, program: WrapperProgram, options: Options) -> tuple[KernelSource, ...]:
-        """One source per spec, and after a kernel with a persistent variant the variant's."""
+        """One source per spec, and after it its variants (KernelSpec.variants: a persistent
+        variant, an int64 twin)."""
         specs = [v for k in program.specs for v in k.variants]
         return tuple(split_source(k) if isinstance(k.space, Split) else kernel_source(k) for k in specs)
 
@@ -275,6 +280,14 @@ class TritonBackend:
         """The launch lines of a kernel call; a kernel with a persistent variant
         (KernelSpec.choice) launches that one where the row fits it, else itself."""
         k = program.spec(line.kernel)
+        narrow = self._chosen(k, line, program, options)
+        if k.wide is None:
+            return narrow
+        # int32 index math where every offset fits, else the int64 twin (KernelSpec.wide)
+        wide = self._chosen(k.wide_twin(), line, program, options)
+        return [f"if {k.wide.test()}:", *("    " + ln for ln in narrow), "else:", *("    " + ln for ln in wide)]
+
+    def _chosen(self, k: KernelSpec, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
         looped = self._call(k, line, program, options)
         if k.choice is None:
             return looped
