@@ -65,7 +65,7 @@ from coil.ir.kernel import (
 )
 from coil.ir.layout import Layout
 from coil.ir.memory import MemoryPlan
-from coil.ir.shapes import EMPTY, ShapeInfo, is_size_symbol, is_static, is_unbacked_symbol, symbol_key
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, is_size_symbol, is_static, is_unbacked_symbol, symbol_key
 from coil.options import Options, TargetTraits
 from coil.passes.kernel_model import (
     kernel_buffers,
