@@ -278,7 +278,9 @@ class TritonBackend:
 
     def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
         """The launch lines of a kernel call; a kernel with a persistent variant
-        (KernelSpec.choice) launches that one where the row fits it, else itself."""
+        (KernelSpec.choice) launches that one where the row fits it, else itself;
+        one with an int64 twin (KernelSpec.wide) launches the twin (and its own
+        choice) where an offset passes int32."""
         k = program.spec(line.kernel)
         narrow = self._chosen(k, line, program, options)
         if k.wide is None:
