@@ -130,8 +130,9 @@ def _verify_wide(p: KernelProgram, stage: str, k: KernelSpec, names: set[str]) -
     if k.wide_index or not k.symbols or not w.offsets or any(isinstance(e, int) for e in w.offsets):
         fail(p, stage, k.name, f"K17 an int64 twin of a kernel that is not symbolic with int32 index math "
                                f"testing {w.show() or 'nothing'}")
-    twins = {v.name for v in k.wide_twin().variants}
-    if twins & names or any(not v.wide_index for v in k.wide_twin().variants):
+    variants = k.wide_twin().variants
+    twins = {v.name for v in variants}
+    if twins & names or any(not v.wide_index for v in variants):
         fail(p, stage, k.name, f"K17 its int64 twin {sorted(twins)} shares a kernel's name or is not int64")
 
 

@@ -195,9 +195,9 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
     """The spec with its launches and tails, where the target plans them (none for
     a kernel with nothing to compute)."""
     device = layouts[k.nodes[0]].device
-    wide, by_call = _index_width(k, params, layouts, shapes, traits.multi_kernel)
-    spec = KernelSpec(k.name, k.kind, k.group, device, space, params, nodes, stages, wide, None, (),
-                      asserts=launch.device_asserts(nodes, device) if traits.device_asserts else (), wide=by_call)
+    wide_index, twin = _index_width(k, params, layouts, shapes, traits.multi_kernel)
+    spec = KernelSpec(k.name, k.kind, k.group, device, space, params, nodes, stages, wide_index, None, (),
+                      asserts=launch.device_asserts(nodes, device) if traits.device_asserts else (), wide=twin)
     lt = traits.launch
     n, r = k.group
     if lt is None or n == 0:

@@ -60,24 +60,36 @@ def _collectives_in(debug_dir: str) -> int:
     return n
 
 
-def _compiled_case(fn: Callable[..., Any], inputs: list[torch.Tensor], target: str, debug_dir: str) -> dict[str, Any]:
+def _fresh_dynamo() -> None:
+    """A fresh Dynamo with coil's and Dynamo's counters cleared, before a case."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
+
+
+def _outcome(got: Any, want: Any) -> dict[str, Any]:
+    """A case's largest difference from eager and what Dynamo and coil counted."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "max_err": max(float((a - b).abs().max()) for a, b in zip(got, want)),
+        "eager": counters["coil"].get("eager", 0),
+        "compiled": counters["coil"].get("compiled", 0),
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graphs": counters["stats"].get("unique_graphs", 0),
+    }
+
+
+def _compiled_case(fn: Callable[..., Any], inputs: list[torch.Tensor], target: str, debug_dir: str) -> dict[str, Any]:
+    _fresh_dynamo()
     want = fn(*inputs)
     # sanitize: every free poisons its storage, so a buffer freed while a collective or
     # a reader of its wait still needs it gives a wrong result
     cf = torch.compile(fn, backend="coil", options={"target": target, "graph_cache": False, "debug_dir": debug_dir,
                                                     "sanitize": True, "verify": True})
     got = cf(*inputs)
-    return {
-        "max_err": max(float((a - b).abs().max()) for a, b in zip(got, want)),
-        "eager": counters["coil"].get("eager", 0),
-        "compiled": counters["coil"].get("compiled", 0),
-        "graph_breaks": sum(counters["graph_break"].values()),
-        "collectives_in_wrapper": _collectives_in(debug_dir),
-    }
+    return {**_outcome(got, want), "collectives_in_wrapper": _collectives_in(debug_dir)}
 
 
 def _mlp() -> torch.nn.Module:
@@ -111,18 +123,12 @@ def _ddp_train(compiled: bool, rank: int, steps: int = 3) -> list[torch.Tensor]:
 
 
 def _ddp_case(rank: int) -> dict[str, Any]:
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
+    _fresh_dynamo()
     eager = _ddp_train(False, rank)
     got = _ddp_train(True, rank)
     return {
-        "max_err": max(float((a - b).abs().max()) for a, b in zip(got, eager)),
+        **_outcome(got, eager),
         "moved": max(float((a - b).abs().max()) for a, b in zip(eager, [p.detach() for p in _mlp().parameters()])),
-        "eager": counters["coil"].get("eager", 0),
-        "compiled": counters["coil"].get("compiled", 0),
-        "graphs": counters["stats"].get("unique_graphs", 0),
     }
 
 
@@ -174,34 +180,17 @@ def _fsdp2_train(compiled: bool, rank: int, steps: int = 3) -> list[torch.Tensor
 
 
 def _fsdp2_case(rank: int) -> dict[str, Any]:
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
+    _fresh_dynamo()
     eager = _fsdp2_train(False, rank)
     got = _fsdp2_train(True, rank)
-    return {
-        "max_err": max(float((a - b).abs().max()) for a, b in zip(got, eager)),
-        "eager": counters["coil"].get("eager", 0),
-        "compiled": counters["coil"].get("compiled", 0),
-        "graph_breaks": sum(counters["graph_break"].values()),
-    }
+    return _outcome(got, eager)
 
 
 def _tp_case(rank: int, debug_dir: str) -> dict[str, Any]:
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
+    _fresh_dynamo()
     eager = _tp_train(False, rank, debug_dir)
     got = _tp_train(True, rank, debug_dir)
-    return {
-        "max_err": max(float((a - b).abs().max()) for a, b in zip(got, eager)),
-        "eager": counters["coil"].get("eager", 0),
-        "compiled": counters["coil"].get("compiled", 0),
-        "graph_breaks": sum(counters["graph_break"].values()),
-        "collectives_in_wrapper": _collectives_in(debug_dir),
-    }
+    return {**_outcome(got, eager), "collectives_in_wrapper": _collectives_in(debug_dir)}
 
 
 def worker(rank: int, world: int, store: str, out: str) -> None:

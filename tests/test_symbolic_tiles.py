@@ -150,28 +150,27 @@ def test_both_sizes_symbolic(tmp_path: Path) -> None:
     assert "grid2(s1, s0, 32, 64, one_axis=True)" in _launch_line(_source(tmp_path))
 
 
-def test_one_size_static(tmp_path: Path) -> None:
-    """Rows symbolic (s0), columns static (64): the static side stays a literal."""
+def _rows_marked_dynamic(tmp_path: Path, **bounds: int) -> None:
+    """x + y.t() for x of (r, 64), its rows (and y's columns) marked dynamic with
+    `bounds` (mark_dynamic's min and max), compiled once and matching eager."""
     fn = lambda x, y: x + y.t()  # noqa: E731
     f = _compiled(fn, tmp_path)
     for r in (32, 37, 130, 5):
         x, y = torch.randn(r, 64), torch.randn(64, r)
-        torch._dynamo.mark_dynamic(x, 0)
-        torch._dynamo.mark_dynamic(y, 1)
+        torch._dynamo.mark_dynamic(x, 0, **bounds)
+        torch._dynamo.mark_dynamic(y, 1, **bounds)
         torch.testing.assert_close(f(x, y), fn(x, y))
     _check_one_graph()
+
+
+def test_one_size_static(tmp_path: Path) -> None:
+    """Rows symbolic (s0), columns static (64): the static side stays a literal."""
+    _rows_marked_dynamic(tmp_path)
     assert "grid2(s0, 64, 32, 64, one_axis=True)" in _launch_line(_source(tmp_path))
 
 
 def test_bounded_rows_run_on_two_axes(tmp_path: Path) -> None:
-    fn = lambda x, y: x + y.t()  # noqa: E731
-    f = _compiled(fn, tmp_path)
-    for r in (32, 37, 130, 5):
-        x, y = torch.randn(r, 64), torch.randn(64, r)
-        torch._dynamo.mark_dynamic(x, 0, min=2, max=4096)
-        torch._dynamo.mark_dynamic(y, 1, min=2, max=4096)
-        torch.testing.assert_close(f(x, y), fn(x, y))
-    _check_one_graph()
+    _rows_marked_dynamic(tmp_path, min=2, max=4096)
     source = _source(tmp_path)
     assert "grid2(s0, 64, 32, 64)" in _launch_line(source)
     assert "yoffset = tl.program_id(1) * YBLOCK" in source

@@ -222,7 +222,7 @@ class TritonBackend:
             "import triton",
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
-            "from coil.backends.triton.runtime import Launcher, SizedLauncher, autotuned, fast_launch, grid, grid2, interpreted, precompile, raw_stream",
+            "from coil.backends.triton.runtime import Launcher, SizedLauncher, autotuned, grid, grid2, interpreted, precompile, raw_stream",
             "from coil.backends.triton.codegen import interpreter_checks",
         ]
 
