@@ -101,11 +101,11 @@ passes/schedule/rows.py).  Their expressions are subtrees of the nest's bodies.
 A target whose traits ask for a run-time choice (multi_kernel: Triton) gets, on
 a looped reduction over a symbolic row whose hint fits one tile but whose range
 does not, a persistent variant of the same nodes, parameters and size arguments
-(`choice`): its RBLOCK is the hint's row rounded up to a power of two, its tail
-masked on rindex < rnumel, its launch the persistent rule's at the hints; the
-wrapper launches it where the row fits, `rnumel <= rblock`, and the looped kernel
-otherwise, once a call (Inductor's multi-kernel, decided by the bound instead of
-by timing both).  On such a target a symbolic kernel whose offsets fit int32 at
+(`choice`): its tail masked on rindex < rnumel, its launch the persistent rule's
+at the hints (RBLOCK the hint's row rounded up to a power of two) and, as tiers,
+at rows of twice that RBLOCK and more, up to the persistent limit; the wrapper
+launches the first that fits the row, and the looped kernel past the last, once a
+call (Inductor's multi-kernel, decided by the bounds instead of by timing both).  On such a target a symbolic kernel whose offsets fit int32 at
 the hints but may pass it in the ranges has int32 index math and an int64 twin
 (`wide`, KernelSpec.wide_twin): the wrapper launches the twin where an offset
 reaches 2**31, as Inductor's 32-bit indexing guards would recompile.
@@ -531,15 +531,32 @@ class KernelSpec:
 @attrs.frozen
 class Choice:
     """A looped kernel's persistent variant and when a call launches it instead:
-    where the row, `rnumel` (the kernel's, a size of its symbols), fits the
-    variant's tile, rnumel <= `rblock` (its launch's RBLOCK); the looped kernel
-    where it does not.  Both compute the same nodes into the same parameters
-    from the same size arguments."""
+    where the row, `rnumel` (the kernel's, a size of its symbols), fits one of
+    the variant's launches, rnumel <= `rblock` (the last one's bound); the looped
+    kernel where it does not.  The variant's own launch is configured at the
+    hint's row; `tiers` are further launches of the same kernel at longer rows
+    (RBLOCK doubled up to the persistent limit), each taken where the row passes
+    the launches before it and fits its RBLOCK.  All compute the same nodes into
+    the same parameters from the same size arguments."""
 
     persistent: KernelSpec
     rnumel: Size
     rblock: int
     why: str
+    tiers: tuple[KernelLaunch, ...] = ()
+
+    @property
+    def launches(self) -> tuple[KernelLaunch, ...]:
+        """The persistent variant's launches, by rising RBLOCK: its own, then the tiers."""
+        return (*self.persistent.launches, *self.tiers)
+
+    def bounds(self) -> tuple[int, ...]:
+        """The longest row each launch takes: its RBLOCK, the last one's `rblock`."""
+        return (*(ln.config.rblock for ln in self.launches[:-1]), self.rblock)
+
+    def tests(self) -> tuple[str, ...]:
+        """Each launch's condition as the wrapper spells it (after the ones before)."""
+        return tuple(f"{py_size(self.rnumel)} <= {b}" for b in self.bounds())
 
     def test(self) -> str:
         """The condition as the wrapper spells it, over the symbols `call` bound."""
@@ -570,7 +587,9 @@ class WideIndex:
 
 def _wide(k: KernelSpec) -> KernelSpec:
     launches = tuple(attrs.evolve(ln, function=ln.function + WIDE_SUFFIX) for ln in k.launches)
-    choice = None if k.choice is None else attrs.evolve(k.choice, persistent=_wide(k.choice.persistent))
+    c = k.choice
+    choice = None if c is None else attrs.evolve(c, persistent=_wide(c.persistent), tiers=tuple(
+        attrs.evolve(ln, function=ln.function + WIDE_SUFFIX) for ln in c.tiers))
     return attrs.evolve(k, name=k.name + WIDE_SUFFIX, wide_index=True, wide=None, launches=launches, choice=choice)
 
 

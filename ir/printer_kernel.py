@@ -212,6 +212,9 @@ def show_spec(k: KernelSpec, bodies: bool = True) -> list[str]:
     if k.choice is not None:
         c = k.choice
         out.append(f"    choice: {c.persistent.name} where {c.rnumel} <= {c.rblock}, else {k.name}: {c.why}")
+        if c.tiers:
+            out.append("    tiers:")
+            out += [show_launch(ln, "      ") for ln in c.tiers]
         # the variant's nodes are the looped kernel's: one line each
         out += ["    " + ln for ln in show_spec(c.persistent, bodies=False)]
     return out

@@ -60,8 +60,9 @@ K15 a kernel of several launches (a split) fixes each of them (autotuning and
    compiling ahead take a kernel's one launch)
 K16 a choice belongs to a launched looped kernel along rows (not down columns) of a
    symbolic row, and tests that row; its persistent variant has another name than
-   every kernel's, the persistent kind, rows held whole, one launch whose RBLOCK is
-   the choice's bound, no choice of its own, and the looped kernel's group,
+   every kernel's, the persistent kind, rows held whole, one launch and tiers of
+   it (launches of that kernel) whose bounds rise, each no longer than its RBLOCK,
+   the last the choice's bound, no choice of its own, and the looped kernel's group,
    device, parameters, nodes (bodies and stores) and size arguments; it keeps
    every rule above
 K17 an int64 twin (`wide`) belongs to a symbolic kernel with int32 index math and
@@ -73,6 +74,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import sympy
 
 from coil.ir.expr import Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
@@ -145,13 +147,19 @@ def _verify_choice(p: KernelProgram, stage: str, k: KernelSpec, names: set[str])
     if not rows or not k.launches or isinstance(k.group[1], int) or not same_size(c.rnumel, k.group[1]):
         fail(p, stage, k.name, f"K16 a choice on a {k.kind} kernel of group {k.group} testing rows of {c.rnumel}")
     held = isinstance(v.space, Rows) and not v.space.looped
+    bounds = c.bounds()
     if (v.name in names or v.kind is not KernelKind.PERSISTENT or not held or len(v.launches) != 1
-            or v.launches[0].config.rblock != c.rblock or v.choice is not None):
+            or v.choice is not None or any(ln.function != v.name for ln in c.tiers)
+            or any(b > ln.config.rblock for b, ln in zip(bounds, c.launches))
+            or list(bounds) != sorted(set(bounds))):
         fail(p, stage, v.name, f"K16 the persistent variant of {k.name} for rows up to {c.rblock}: not a kernel "
-                               "of its own name whose one launch holds such rows whole")
+                               f"of its own name whose launches (RBLOCK {[ln.config.rblock for ln in c.launches]}) "
+                               f"hold rows up to their rising bounds {list(bounds)} whole")
+    for ln in c.tiers:  # each tier keeps the launch rules, for the rows it takes
+        _verify_launches(p, stage, attrs.evolve(v, launches=(ln,)), rows_up_to=ln.config.rblock)
     if (v.group, v.device, v.params, v.nodes, v.symbols) != (k.group, k.device, k.params, k.nodes, k.symbols):
         fail(p, stage, v.name, f"K16 computes other nodes, parameters or sizes than {k.name}, its looped variant")
-    _verify_spec(p, stage, v, rows_up_to=c.rblock)
+    _verify_spec(p, stage, v, rows_up_to=bounds[0])
 
 
 def _verify_spec(p: KernelProgram, stage: str, k: KernelSpec, rows_up_to: int | None = None) -> None:

@@ -99,7 +99,7 @@ def schedule_kernels(plan: MemoryPlan, options: Options) -> KernelProgram:
                                  bufs, params, layouts, traits, drop, plan)
             # the variant shares the looped kernel's index width (and int64 twin: KernelSpec.wide_twin)
             variant = attrs.evolve(variant, wide_index=spec.wide_index, wide=None)
-            spec = attrs.evolve(spec, choice=_choice(spec, variant, options.persistent_limit(), plan.shapes))
+            spec = attrs.evolve(spec, choice=_choice(spec, variant, traits, options.persistent_limit(), plan.shapes))
         specs.append(spec)
     return KernelProgram(plan, tuple(specs))
 
@@ -135,15 +135,25 @@ def _may_hold_rows(k: FusedKernel, spec: KernelSpec, limit: int, shapes: ShapeIn
     return shapes.hint(r) <= limit and not shapes.known_le(r, limit)
 
 
-def _choice(looped: KernelSpec, persistent: KernelSpec, limit: int, shapes: ShapeInfo) -> Choice:
-    """The persistent variant, launched where the row fits its launch's RBLOCK."""
-    r = looped.group[1]
-    rblock = persistent.launches[0].config.rblock
+def _choice(looped: KernelSpec, persistent: KernelSpec, traits: TargetTraits, limit: int,
+            shapes: ShapeInfo) -> Choice:
+    """The persistent variant, launched where the row fits one of its launches: its
+    own at the hint's RBLOCK and its tiers, RBLOCK doubled up to the persistent
+    limit (launch.persistent_tiers); its tails cover them all."""
+    n, r = looped.group
+    assert traits.launch is not None
+    first = persistent.launches[0]
+    tiers = launch.persistent_tiers(traits.launch, first, n, r, persistent.reductions, limit, shapes)
+    configs = [ln.config for ln in (first, *tiers)]
+    persistent = attrs.evolve(persistent, tails=launch.tails(traits.launch, "persistent", n, r, persistent.reductions,
+                                                             shapes, configs))
+    rblock = min(configs[-1].rblock, limit) if tiers else first.config.rblock
     lo, hi = shapes.bounds(r)
     span = f"[{lo if lo is not None else '?'}, {hi if hi is not None else 'oo'}]"
+    held = ", ".join(str(c.rblock) for c in configs)
     why = (f"rows of {r} in {span}, hint {shapes.hint(r)}: the range exceeds the persistent limit {limit}, "
-           f"the hint fits one tile; held whole where {r} <= {rblock}, looped above")
-    return Choice(persistent, r, rblock, why)
+           f"the hint fits one tile; held whole where {r} <= {rblock} (RBLOCK {held}), looped above")
+    return Choice(persistent, r, rblock, why, tiers)
 
 
 def persistent_name(name: str, traits: TargetTraits) -> str:
@@ -210,11 +220,11 @@ def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tu
             tails = Tails(n % space.xblock != 0, True)
         case Tiled():
             launches = (launch.tiled_launch(lt, k.name, space, shapes),)
-            tails = launch.tails(lt, "tiled", space.ynumel, space.xnumel, 1, shapes)
+            tails = launch.tails(lt, "tiled", space.ynumel, space.xnumel, 1, shapes, (launches[0].config,))
         case _:
             kind = spec.config_kind
             launches = (launch.launch(lt, k.name, kind, n, r, spec.reductions, None, shapes),)
-            tails = launch.tails(lt, kind, n, r, spec.reductions, shapes)
+            tails = launch.tails(lt, kind, n, r, spec.reductions, shapes, (launches[0].config,))
     return attrs.evolve(spec, tails=tails, launches=launches)
 
 

@@ -290,9 +290,13 @@ def test_symbolic_cuda_source_launches_through_sized_launchers() -> None:
     assert "stream0 = None if (" in text and "& 15 else raw_stream(0)" in text, text
     defs = [ln.split(" = ")[0] for ln in text.splitlines() if " = SizedLauncher(" in ln]
     kernels = ["triton_per_fused_amax_div_exp_mul_sub_sum_0", "triton_red_fused_amax_div_exp_mul_sub_sum_0"]
-    assert sorted(defs) == sorted(f"launch_{k}{w}" for k in kernels for w in ("", "_i64")), text
+    tiers = [f"launch_{kernels[0]}{w}_r{rb}" for w in ("", "_i64") for rb in (128, 256, 512, 1024, 2048, 4096, 8192)]
+    assert sorted(defs) == sorted([f"launch_{k}{w}" for k in kernels for w in ("", "_i64")] + tiers), text
     calls = [ln.strip() for ln in text.split("def call", 1)[1].splitlines() if ln.strip().startswith("launch_triton_")]
-    assert len(calls) == 4 and all(c.split("(", 1)[1].startswith("stream0, grid(s0, ") for c in calls), calls
+    assert len(calls) == 18 and all(c.split("(", 1)[1].startswith("stream0, grid(s0, ") for c in calls), calls
+    # a tier's launcher: the persistent kernel at a longer row's RBLOCK
+    assert (f"launch_{kernels[0]}_r1024 = SizedLauncher({kernels[0]}, {{'XBLOCK': 4, 'RBLOCK': 1024, "
+            "'num_warps': 4})") in text, text
     assert "        if s0*s1 < 2147483648:\n            if s1 <= 64:\n" in text, text
     assert all("(s0, s1, s0, s1), " in c for c in calls), calls
     assert not any(ln.endswith(")") and "= fast_launch(" in ln for ln in text.splitlines()), text

@@ -1,8 +1,10 @@
 """A run-time choice between a persistent and a looped kernel (issue 17): on a
 target whose traits ask for it (Triton's multi_kernel), a looped reduction over a
 symbolic row whose hint fits one tile but whose range does not also gets a
-persistent variant (KernelSpec.choice), and each call launches the variant whose
-bound its row meets: `if s1 <= 16:` the persistent kernel, else the looped one.
+persistent variant (KernelSpec.choice) with launches at the hint's RBLOCK and, as
+tiers, at each power of two up to the persistent limit, and each call launches
+the first whose bound its row meets: `if s1 <= 16:` the persistent kernel at
+RBLOCK 16, `elif s1 <= 32:` at 32, ... up to 8192, else the looped one.
 
 Golden text pins the printed programs of a symbolic softmax and layer_norm; the
 numeric tests compile once (torch.compile, dynamic=True, at a hint of 16) and
@@ -30,8 +32,16 @@ from golden_util import assert_golden
 from tests_helpers import capture_aot, compiled_counted, trace
 
 HINT = 16  # the row length every symbolic graph here is compiled at: RBLOCK 16
-# (rows, row length) of the calls: rows up to HINT launch the persistent variant, the others loop
-CALLS = [(8, HINT), (4, 5000), (6, 10), (3, 17), (5, 2)]
+LIMIT = 8192  # Triton's persistent limit: the last tier's RBLOCK
+TIERS = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+# (rows, row length) of the calls: rows up to LIMIT launch the persistent variant at the
+# least RBLOCK that holds them (HINT's or a tier's), the others loop
+CALLS = [(8, HINT), (4, 5000), (6, 10), (3, 17), (5, 2), (2, LIMIT + 7)]
+
+
+def _rblock(s: int) -> int:
+    """The RBLOCK of the persistent launch a row of s takes (0: the looped kernel)."""
+    return 0 if s > LIMIT else max(HINT, 1 << (s - 1).bit_length())
 
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
@@ -87,11 +97,18 @@ def test_golden_symbolic_program_has_both_variants(case: str) -> None:
     assert k.name.startswith("triton_red_fused_") and v.name == "triton_per_fused_" + k.name[len("triton_red_fused_"):]
     assert isinstance(v.space, Rows) and not v.space.looped and v.nodes == k.nodes and v.params == k.params
     (ln,) = v.launches
-    assert (c.rnumel, c.rblock, ln.config.rblock, ln.rule) == (k.group[1], HINT, HINT, LaunchRule.PERSISTENT)
-    assert v.tails is not None and v.tails.inner  # masked on rindex < rnumel: rows shorter than RBLOCK
+    assert (c.rnumel, c.rblock, ln.config.rblock, ln.rule) == (k.group[1], LIMIT, HINT, LaunchRule.PERSISTENT)
+    assert [t.config.rblock for t in c.tiers] == TIERS and c.bounds() == (HINT, *TIERS)
+    assert all(t.function == v.name and t.rule is LaunchRule.PERSISTENT for t in c.tiers)
+    # the tiers are configured as static rows of their RBLOCK are: fewer rows a program as rows grow
+    assert [t.config.xblock for t in c.tiers] == [8, 8, 8, 8, 8, 4, 2, 1, 1]
+    assert v.tails is not None and v.tails.inner and v.tails.outer  # rindex < rnumel; XBLOCK 8 of s0 rows
+    assert k.tails is not None and not k.tails.outer  # the looped kernel's one row a program: no partial block
     text = show(kp)
-    assert (f"    choice: {v.name} where s1 <= 16, else {k.name}: rows of s1 in [2, oo], hint 16: the range exceeds "
-            "the persistent limit 8192, the hint fits one tile; held whole where s1 <= 16, looped above") in text
+    assert (f"    choice: {v.name} where s1 <= 8192, else {k.name}: rows of s1 in [2, oo], hint 16: the range "
+            "exceeds the persistent limit 8192, the hint fits one tile; held whole where s1 <= 8192 "
+            "(RBLOCK 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192), looped above") in text
+    assert "    tiers:\n" in text
     assert f"      {v.name}: persistent group=(s0, s1) cpu" in text
     assert "        space: rows s0 x s1, persistent" in text
 
@@ -103,21 +120,29 @@ def test_wrapper_and_output_code_choose_once_a_call() -> None:
     per, red = k.choice.persistent.name, k.name
     assert [ln for ln in show(w).splitlines() if "fused" in ln or "2147483648" in ln] == [
         "  if s0*s1 < 2147483648:",
-        f"    if s1 <= 16: {per}(arg2_1, buf3, s0, s1)", f"    else: {red}(arg2_1, buf3, s0, s1)",
+        f"    if s1 <= 8192: {per}(arg2_1, buf3, s0, s1)", f"    else: {red}(arg2_1, buf3, s0, s1)",
         f"  else: {red}_i64 (or its persistent variant)(arg2_1, buf3, s0, s1)"]
     fn, make = CASES["softmax"]
     gm, example = capture_aot(fn, make(8, HINT))
     source = coil.compile_graph(gm, example, Options(target="triton")).source
     launch = source.index("        if s0*s1 < 2147483648:\n")
-    assert source[launch:].splitlines()[:10] == [
+    lines = source[launch:].splitlines()[:46]
+    assert lines[:5] == [
         "        if s0*s1 < 2147483648:",
         "            if s1 <= 16:",
         f"                {per}[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=16, num_warps=1)",
+        "            elif s1 <= 32:",
+        f"                {per}[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=32, num_warps=1)",
+    ]
+    assert lines[19:25] == [
+        "            elif s1 <= 8192:",
+        f"                {per}[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=8192, num_warps=8)",
         "            else:",
         f"                {red}[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
         "        else:",
         "            if s1 <= 16:",
-        f"                {per}_i64[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=16, num_warps=1)",
+    ]
+    assert lines[-2:] == [
         "            else:",
         f"                {red}_i64[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
     ]
@@ -133,25 +158,25 @@ def test_wrapper_and_output_code_choose_once_a_call() -> None:
 
 
 class _Counted:
-    """A Triton kernel whose launches (`kernel[grid](...)`) are counted by name."""
+    """A Triton kernel whose launches (`kernel[grid](...)`) are counted by name and RBLOCK."""
 
-    def __init__(self, kernel: Any, name: str, count: collections.Counter[str]) -> None:
+    def __init__(self, kernel: Any, name: str, count: collections.Counter[tuple[str, int]]) -> None:
         self.kernel, self.name, self.count = kernel, name, count
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
-            self.count[self.name] += 1
+            self.count[self.name, kwargs["RBLOCK"]] += 1
             return self.kernel[grid](*args, **kwargs)
 
         return launch
 
 
 @pytest.fixture
-def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
+def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[tuple[str, int]]]:
     """Counts the launches of every kernel of the modules coil loads meanwhile."""
     from coil.backends import runtime
 
-    count: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[tuple[str, int]] = collections.Counter()
     load = runtime.load_module
 
     def counting(module: Any, directory: str | None = None) -> Any:
@@ -165,7 +190,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[st
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_one_graph_runs_both_variants_as_eager(case: str, launches: collections.Counter[str]) -> None:
+def test_one_graph_runs_both_variants_as_eager(case: str, launches: collections.Counter[tuple[str, int]]) -> None:
     fn, make = CASES[case]
     f = compiled_counted(fn, "triton", dynamic=True)
     for b, s in CALLS:
@@ -175,25 +200,30 @@ def test_one_graph_runs_both_variants_as_eager(case: str, launches: collections.
     assert counters["coil"]["eager"] == 0
     k = _only(_symbolic(case))
     assert k.choice is not None
-    held = sum(1 for _, s in CALLS if s <= HINT)
-    assert launches == {k.choice.persistent.name: held, k.name: len(CALLS) - held}
+    rblock = k.launches[0].config.rblock
+    want = collections.Counter((k.choice.persistent.name, _rblock(s)) if _rblock(s) else (k.name, rblock)
+                               for _, s in CALLS)
+    assert launches == want and len(want) == 4  # the hint's RBLOCK, two tiers, the looped kernel
 
 
 def test_a_graph_called_directly_runs_the_variant_its_row_fits() -> None:
-    """coil.compile_graph's callable at rows of the bound and one past it."""
+    """coil.compile_graph's callable at rows of each bound and one past it: the
+    hint's RBLOCK, the next tier's, the last tier's and the looped kernel."""
     fn, make = CASES["layer_norm"]
     gm, example = capture_aot(fn, make(8, HINT))
     compiled = coil.compile_graph(gm, example, Options(target="triton"))
-    count: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[tuple[str, int]] = collections.Counter()
     for k in compiled.module.kernels:
         compiled.namespace[k.name] = _Counted(compiled.namespace[k.name], k.name, count)
     spec = _only(compiled.module.kernel_program)
     assert spec.choice is not None
-    for s, ran in ((HINT, spec.choice.persistent.name), (HINT + 1, spec.name)):
+    per = spec.choice.persistent.name
+    runs = ((HINT, (per, HINT)), (HINT + 1, (per, 2 * HINT)), (LIMIT, (per, LIMIT)), (LIMIT + 1, (spec.name, HINT)))
+    for s, ran in runs:
         args = make(3, s)
         torch.testing.assert_close(compiled(3, s, *args)[0], fn(*args))
-        assert count[ran] == 1
-    assert sum(count.values()) == 2
+        assert count[ran] == 1, (s, count)
+    assert sum(count.values()) == len(runs)
 
 
 # ---- where there is no choice ------------------------------------------------------------------
@@ -216,7 +246,8 @@ def test_static_graphs_are_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(TARGET_TRAITS, "triton", attrs.evolve(TARGET_TRAITS["triton"], multi_kernel=False))
     off = [_source(gm, inputs) for gm, inputs in graphs]
     assert on[:-1] == off[:-1]
-    assert "if s1 <= 16:" in on[-1] and "if s1 <= 16:" not in off[-1] and "triton_per" not in off[-1]
+    assert "if s1 <= 16:" in on[-1] and "elif s1 <= 8192:" in on[-1]
+    assert "if s1 <= 16:" not in off[-1] and "triton_per" not in off[-1]
 
 
 @pytest.mark.parametrize("target", ["cpp", "reference"])
@@ -256,6 +287,14 @@ def test_the_verifier_rejects_a_corrupted_choice() -> None:
     _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, persistent=attrs.evolve(v, nodes=v.nodes[:-1]))),
             rf"{v.name}: K16 computes other nodes, parameters or sizes than {k.name}")
     _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, rnumel=k.group[0])), rf"{k.name}: K16 a choice on a reduction")
+    _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, tiers=c.tiers[::-1])),
+            rf"{v.name}: K16 the persistent variant of {k.name} for rows up to {LIMIT}")
+    other = attrs.evolve(c.tiers[0], function=k.name)  # a tier launching the looped kernel
+    _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, tiers=(other, *c.tiers[1:]))),
+            rf"{v.name}: K16 the persistent variant of {k.name}")
+    short = attrs.evolve(c.tiers[-1], config=attrs.evolve(c.tiers[-1].config, rblock=4096))
+    _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, tiers=(*c.tiers[:-1], short))),
+            rf"{v.name}: K16 .* hold rows up to their rising bounds")
     broken = attrs.evolve(v, stages=v.stages + v.stages)  # every node in two stages: the variant keeps K2 too
     _reject(kp, attrs.evolve(k, choice=attrs.evolve(c, persistent=broken)), rf"K2 sits in stages 0 and 1 of {v.name}")
     static = _static_softmax()

@@ -25,6 +25,8 @@ import re
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+import attrs
+
 import torch
 
 from coil.backends.triton.helpers import helpers_for
@@ -136,6 +138,20 @@ def spec_launches(k: KernelSpec, line: KernelCall) -> tuple[list[str], list[Laun
     return before, out, after
 
 
+def tier_launches(k: KernelSpec, line: KernelCall) -> list[tuple[KernelLaunch, list[Launch]]]:
+    """The launches of the tiers of k's choice (Choice.tiers) on the line's
+    arguments: the persistent variant at a longer row's RBLOCK, each through a
+    launcher of its own (`launch_<variant>_r1024`)."""
+    assert k.choice is not None
+    v = k.choice.persistent
+    out = []
+    for tier in k.choice.tiers:
+        planned = spec_launches(attrs.evolve(v, launches=(tier,)), line)
+        assert planned is not None
+        out.append((tier, [attrs.evolve(ln, tag=f"_r{tier.config.rblock}") for ln in planned[1]]))
+    return out
+
+
 def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], frozenset[str]]:
     """(inputs, unknown): the graph inputs whose storage the kernels launch on
     (directly or through views), whose 16-byte alignment the call checks; and the
@@ -203,8 +219,8 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
             kind = launch.rule.value if isinstance(k.space, Split) else k.config_kind
             out.append((launch.function, kind, f"{grid_text(k, launch)} {launch.config.as_kwargs()}", launch.why))
         if k.choice is not None:
-            v, test = k.choice.persistent, k.choice.test()
-            for launch in v.launches:
+            v = k.choice.persistent
+            for launch, test in zip(k.choice.launches, k.choice.tests()):
                 out.append((launch.function, v.config_kind, f"{grid_text(v, launch)} {launch.config.as_kwargs()}",
                             f"where {test}, instead of {k.name}: {launch.why}"))
         if k.wide is not None:
@@ -263,9 +279,14 @@ class TritonBackend:
             for ln in program.lines:
                 if not isinstance(ln, KernelCall) or program.spec(ln.kernel).device != guard:
                     continue
+                bind = not unknown.intersection(ln.args)
+                chosen = {v.choice.persistent.name: v for v in program.spec(ln.kernel).variants if v.choice}
                 for v in program.spec(ln.kernel).variants:
                     if (planned := spec_launches(v, ln)) is not None:
-                        out += [launch.sized_definition(not unknown.intersection(ln.args)) for launch in planned[1]]
+                        out += [launch.sized_definition(bind) for launch in planned[1]]
+                    if v.name in chosen:  # a persistent variant's tiers after its own launch
+                        out += [launch.sized_definition(bind) for _, tier in tier_launches(chosen[v.name], ln)
+                                for launch in tier]
         if options.autotune and not symbolic:
             # the launch lines stay as they are; on CUDA the wrapper times a few
             # configs at the first call and launches the winner instead
@@ -291,16 +312,25 @@ class TritonBackend:
 
     def _chosen(self, k: KernelSpec, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
         looped = self._call(k, line, program, options)
-        if k.choice is None:
+        c = k.choice
+        if c is None:
             return looped
-        held = self._call(k.choice.persistent, line, program, options)
-        return [f"if {k.choice.test()}:", *("    " + ln for ln in held), "else:", *("    " + ln for ln in looped)]
+        tests = c.tests()
+        out = [f"if {tests[0]}:", *("    " + ln for ln in self._call(c.persistent, line, program, options))]
+        for test, (_, tier) in zip(tests[1:], tier_launches(k, line)):
+            out += [f"elif {test}:", *("    " + ln for ln in self._call(c.persistent, line, program, options, tier))]
+        return [*out, "else:", *("    " + ln for ln in looped)]
 
-    def _call(self, k: KernelSpec, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
+    def _call(self, k: KernelSpec, line: KernelCall, program: WrapperProgram, options: Options,
+              launched: list[Launch] | None = None) -> list[str]:
+        """The launch lines of `k` on the line's arguments (`launched`: these
+        launches of it instead of its own, a choice's tier)."""
         planned = spec_launches(k, line)
         if planned is None:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
         before, out, after = planned
+        if launched is not None:
+            out = launched
         if k.device.startswith("cuda"):
             if options.autotune or (program.shapes and k.device != self.guard_device(program)):
                 return [*before, *(ln.line() for ln in out), *after]

@@ -58,6 +58,7 @@ class Launch:
     tensors: tuple[str, ...]
     sizes: tuple[int, ...]
     meta: tuple[tuple[str, Any], ...]
+    tag: str = ""  # after the kernel's name in its launcher's: a choice's tier, `_r1024`
 
     def with_meta(self, extra: dict[str, Any]) -> "Launch":
         return attrs.evolve(self, meta=(*self.meta, *extra.items()))
@@ -69,7 +70,7 @@ class Launch:
 
     @property
     def launcher(self) -> str:
-        return f"launch_{self.kernel}"
+        return f"launch_{self.kernel}{self.tag}"
 
     def definition(self, bind: bool) -> str:
         """output_code.py's module-level Launcher of this launch."""

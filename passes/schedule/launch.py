@@ -149,20 +149,22 @@ def candidate_configs(traits: LaunchTraits, kind: str, xnumel: int, rnumel: int,
 
 
 def tails(traits: LaunchTraits, kind: str, xnumel: Size, rnumel: Size, reductions: int,
-          shapes: ShapeInfo = EMPTY) -> Tails:
-    """Whether any config a launch may use (the heuristic's, or one autotuning
-    tries) leaves a partial block of xnumel (outer) or rnumel (inner): where none
-    does, that mask is a constant True and Triton drops the masking.  Tiled
-    kernels: xnumel is ynumel (YBLOCK), rnumel the tile's xnumel (XBLOCK).  A
-    symbolic size leaves no partial block only where it is a multiple of every
-    block for every size (4*s0 of blocks up to 4), else it is masked."""
+          shapes: ShapeInfo = EMPTY, launched: Sequence[LaunchConfig] = ()) -> Tails:
+    """Whether any config a launch may use leaves a partial block of xnumel (outer)
+    or rnumel (inner): where none does, that mask is a constant True and Triton
+    drops the masking.  Static sizes: the heuristic's config or one autotuning
+    tries.  Symbolic sizes: the configs it launches with (`launched`: its launch's,
+    and a choice's tiers), as no symbolic kernel is autotuned (its sizes change by
+    call); a symbolic size leaves no partial block only where it is a multiple of
+    every block for every size (4*s0 of blocks up to 4; s0 rows of XBLOCK 1).
+    Tiled kernels: xnumel is ynumel (YBLOCK), rnumel the tile's xnumel (XBLOCK)."""
     if not is_static((xnumel, rnumel)):
-        cfgs = candidate_configs(traits, kind, *config_hints(traits, kind, xnumel, rnumel, shapes), reductions)
+        assert launched, f"symbolic sizes {xnumel}, {rnumel}: tails of the configs launched"
         if kind == "tiled":
-            return Tails(not all(shapes.known_multiple(xnumel, c.yblock) for c in cfgs),
-                         not all(shapes.known_multiple(rnumel, c.xblock) for c in cfgs))
-        inner = kind == "pointwise" or not all(shapes.known_multiple(rnumel, c.rblock) for c in cfgs)
-        return Tails(not all(shapes.known_multiple(xnumel, c.xblock) for c in cfgs), inner)
+            return Tails(not all(shapes.known_multiple(xnumel, c.yblock) for c in launched),
+                         not all(shapes.known_multiple(rnumel, c.xblock) for c in launched))
+        inner = kind == "pointwise" or not all(shapes.known_multiple(rnumel, c.rblock) for c in launched)
+        return Tails(not all(shapes.known_multiple(xnumel, c.xblock) for c in launched), inner)
     cfgs = candidate_configs(traits, kind, xnumel, rnumel, reductions)
     if kind == "tiled":
         return Tails(not all(xnumel % c.yblock == 0 for c in cfgs), not all(rnumel % c.xblock == 0 for c in cfgs))
@@ -219,6 +221,26 @@ def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Siz
         why = f"rows of {rnumel} looped in steps of {cfg.rblock}, {cfg.xblock} row(s) a program"
     sizes = (xnumel,) if kind == "pointwise" else (xnumel, rnumel)
     return KernelLaunch(name, (cdiv(xnumel, cfg.xblock), 1, 1), sizes, cfg, rule, why)
+
+
+def persistent_tiers(traits: LaunchTraits, first: KernelLaunch, xnumel: Size, rnumel: Size, reductions: int,
+                     limit: int, shapes: ShapeInfo) -> tuple[KernelLaunch, ...]:
+    """The launches of a choice's persistent variant past its first (`first`, at the
+    hint's row): RBLOCK doubled from the first's up to the persistent limit's, each
+    configured as the heuristic configures a static row that long (at the rows'
+    hint), so a call whose row fits one of them runs the kernel a static graph of
+    its sizes would, from the one source: Triton compiles each RBLOCK at its
+    first call."""
+    out = []
+    xh = shapes.hint(xnumel)
+    rblock = first.config.rblock * 2
+    while rblock < 2 * limit:
+        at = launch(traits, first.function, "persistent", xh, rblock, reductions, None)
+        out.append(attrs.evolve(at, grid=(ceil_div(xnumel, at.config.xblock), 1, 1), sizes=(xnumel, rnumel),
+                                why=f"rows of {rnumel} up to {min(rblock, limit)} held whole, "
+                                    f"{at.config.xblock} row(s) a program"))
+        rblock *= 2
+    return tuple(out)
 
 
 def tiled_launch(traits: LaunchTraits, name: str, tile: Tiled, shapes: ShapeInfo = EMPTY) -> KernelLaunch:
