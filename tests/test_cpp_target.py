@@ -138,6 +138,31 @@ def test_gelu_tanh_over_its_whole_range() -> None:
     check(lambda a: F.gelu(a, approximate="tanh"), x)
 
 
+@pytest.mark.skipif(not build.has_libmvec(), reason="no glibc libmvec: sin and cos stay scalar")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sin_and_cos_of_one_value_stay_vector_calls(dtype: torch.dtype) -> None:
+    """A rotary embedding's x * cos(t) + rotate(x) * sin(t): GCC would merge the
+    builtin sin and cos of t into one sincos call, which libmvec has no vector
+    variant of, and leave the loop scalar.  The prelude's names keep them two
+    vector calls: the library links libmvec's sin and cos and no sincos."""
+    import subprocess
+
+    def rotary(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * t.cos() + rotated * t.sin()
+
+    x, t = torch.randn(2, 4, 64, 32, dtype=dtype), torch.randn(64, 32, dtype=dtype) * 10
+    compiled = check(rotary, x, t)
+    so = compiled.namespace["_cpp_lib"]._name
+    listed = subprocess.run(["nm", "-D", "--undefined-only", so], capture_output=True, text=True, check=True).stdout
+    symbols = [ln.split()[-1].split("@")[0] for ln in listed.splitlines() if ln.strip()]
+    suffix = "f" if dtype == torch.float32 else ""
+    assert any(s.startswith("_ZGV") and s.endswith(f"_sin{suffix}") for s in symbols), symbols
+    assert any(s.startswith("_ZGV") and s.endswith(f"_cos{suffix}") for s in symbols), symbols
+    assert not any("sincos" in s for s in symbols), symbols
+
+
 def kernel_text(source: str) -> str:
     """The C++ kernels of an output_code.py, without the #include and the wrapper."""
     return source[source.index("// cpp_fused"):source.index("\'\'\'\n")]

@@ -84,10 +84,21 @@ static inline float coil_log1p(float a) { return log1pf(a); }
 static inline double coil_log1p(double a) { return log1p(a); }
 static inline float coil_log2(float a) { return log2f(a); }
 static inline double coil_log2(double a) { return log2(a); }
-static inline float coil_sin(float a) { return sinf(a); }
-static inline double coil_sin(double a) { return sin(a); }
-static inline float coil_cos(float a) { return cosf(a); }
-static inline double coil_cos(double a) { return cos(a); }
+// sin and cos: through names GCC does not take for its builtins.  Where a loop
+// computes both of one value (a rotary embedding's cos(x) and sin(x)), GCC merges
+// the builtins into one sincosf call, which has no vector variant, and the whole
+// loop stays scalar: Llama's rotary kernel at the CPU models size took 206 us
+// (bench/probes/cpu_kernels.py).  Under these names the two stay vector calls.
+extern "C" {
+__attribute__((const)) COIL_SIMD float coil_libm_sinf(float) noexcept __asm__("sinf");
+__attribute__((const)) COIL_SIMD double coil_libm_sin(double) noexcept __asm__("sin");
+__attribute__((const)) COIL_SIMD float coil_libm_cosf(float) noexcept __asm__("cosf");
+__attribute__((const)) COIL_SIMD double coil_libm_cos(double) noexcept __asm__("cos");
+}
+static inline float coil_sin(float a) { return coil_libm_sinf(a); }
+static inline double coil_sin(double a) { return coil_libm_sin(a); }
+static inline float coil_cos(float a) { return coil_libm_cosf(a); }
+static inline double coil_cos(double a) { return coil_libm_cos(a); }
 static inline float coil_tan(float a) { return tanf(a); }
 static inline double coil_tan(double a) { return tan(a); }
 static inline float coil_tanh(float a) { return tanhf(a); }
