@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from bench import check, timing
+from bench import check, counting, timing
 from bench import workloads as w
 from bench.harness import DEFAULT_OUT, device_file_name, resolve_target, torch_threads
 from bench.report import _atomic
@@ -402,6 +402,7 @@ def measure_batches(name: str, variant: str, cfg: Config, device: torch.device, 
                 bad = check.compare(out, want, wl.rtol, wl.atol)
                 del out
                 med, least = steady(lambda: f(*inst.inputs), device, size.time_s)
+                gpu = counting.cuda_profile(lambda: f(*inst.inputs), GPU_REPS) if device.type == "cuda" else None
                 late = check.compare(f(*inst.inputs), want, wl.rtol, wl.atol)
         except Exception as e:  # noqa: BLE001 - recorded, never fatal
             rec.update(status="error", error=f"{variant} on {name} at batch {batch}: {_error(e)}")
@@ -411,6 +412,8 @@ def measure_batches(name: str, variant: str, cfg: Config, device: torch.device, 
                    first_call_ms=first * 1e3, compile_s=None if variant == "eager" else max(0.0, first - med))
         if least is not None:
             rec["ms_min"] = least * 1e3
+        if gpu is not None:  # the kernels alone: what the host's speed does not change
+            rec.update(gpu_ms=gpu.kernel_s * 1e3, kernels=gpu.launches)
         if device.type == "cpu":
             rec["load_average"] = os.getloadavg()[0]
         if bad or late:
@@ -585,6 +588,8 @@ class Writer:
             out.update(self.summary_extra.get((workload, variant), {}))
         else:
             out["ms"] = geomean([r["ms"] for r in done])
+            gpu = [r["gpu_ms"] for r in done if r.get("gpu_ms")]
+            out["gpu_ms"] = geomean(gpu) if gpu and len(gpu) == len(done) else None
         errors = [r.get("error") or r.get("mismatch") for r in bad if r.get("error") or r.get("mismatch")]
         if errors:
             out["problem"] = errors[0]
@@ -599,8 +604,8 @@ class Writer:
                 return float(sa["compile_s"]) / float(sb["compile_s"])
             return None
         key = "step" if workload == DECODER else "size"
-        ra = {r[key]: r["ms"] for r in self.shapes(workload, a) if r["status"] in OK and r.get("ms")}
-        rb = {r[key]: r["ms"] for r in self.shapes(workload, b) if r["status"] in OK and r.get("ms")}
+        ra = {r[key]: r[field] for r in self.shapes(workload, a) if r["status"] in OK and r.get(field)}
+        rb = {r[key]: r[field] for r in self.shapes(workload, b) if r["status"] in OK and r.get(field)}
         common = sorted(set(ra) & set(rb))
         if not common:
             return None
@@ -629,6 +634,8 @@ class Writer:
                 if v == "coil-dynamic":
                     s["dynamic_over_static"] = self.ratio(wl, "coil-dynamic", "coil-static")
                     s["dynamic_over_inductor"] = self.ratio(wl, "coil-dynamic", "inductor-dynamic")
+                    s["gpu_dynamic_over_static"] = self.ratio(wl, "coil-dynamic", "coil-static", "gpu_ms")
+                    s["gpu_dynamic_over_inductor"] = self.ratio(wl, "coil-dynamic", "inductor-dynamic", "gpu_ms")
                     s["compile_s_dynamic_over_static"] = self.ratio(wl, "coil-dynamic", "coil-static", "compile_s")
                     s["compile_s_dynamic_over_inductor"] = self.ratio(wl, "coil-dynamic", "inductor-dynamic",
                                                                       "compile_s")
@@ -682,14 +689,20 @@ class Writer:
                          "" if v == "eager" else _num(s["dynamo_compile_s"], ".2f"), _ms(s["ms"]),
                          _num(s["x_eager"], ".2f")]
                 lines.append("| " + " | ".join(cells) + " |")
+        gpu = any(r.get("gpu_ms") for r in self.records)
         lines += ["", "## Dynamic coil against static coil and dynamic Inductor", "",
                   "| workload | time dyn coil / static coil | time dyn coil / dyn Inductor | compile s dyn coil / "
-                  "static coil | compile s dyn coil / dyn Inductor |", "|---|--:|--:|--:|--:|"]
+                  "static coil | compile s dyn coil / dyn Inductor |"
+                  + (" GPU kernels dyn coil / static coil | GPU kernels dyn coil / dyn Inductor |" if gpu else ""),
+                  "|---|--:|--:|--:|--:|" + ("--:|--:|" if gpu else "")]
         per: dict[str, list[float]] = {}
         for wl in self.workloads():
             row = [self.ratio(wl, "coil-dynamic", "coil-static"), self.ratio(wl, "coil-dynamic", "inductor-dynamic"),
                    self.ratio(wl, "coil-dynamic", "coil-static", "compile_s"),
                    self.ratio(wl, "coil-dynamic", "inductor-dynamic", "compile_s")]
+            if gpu:
+                row += [self.ratio(wl, "coil-dynamic", "coil-static", "gpu_ms"),
+                        self.ratio(wl, "coil-dynamic", "inductor-dynamic", "gpu_ms")]
             for j, x in enumerate(row):
                 if x is not None and wl != DECODER:
                     per.setdefault(str(j), []).append(x)
@@ -697,7 +710,7 @@ class Writer:
         if per:
             lines.append("| geomean, batch workloads | " + " | ".join(
                 _num(geomean(per.get(str(j), [])), ".2f") + (f" ({len(per[str(j)])})" if per.get(str(j)) else "")
-                for j in range(4)) + " |")
+                for j in range(len(row))) + " |")
         lines += self._per_shape()
         if self.descriptions:
             lines += ["", "Workloads:", ""] + [f"- **{k}**: {d}" for k, d in self.descriptions.items()]
@@ -765,6 +778,8 @@ def _versions() -> dict[str, str]:
     return versions()
 
 
+GPU_REPS = 10  # calls under torch.profiler for a shape's GPU kernel time (CUDA)
+
 NOTES = [
     "Each variant runs from a fresh Dynamo (torch._dynamo.reset(), counters cleared) with its own empty Inductor, "
     "Triton and coil cache folders; the first use of each folder is warmed by compiling an unrelated function at two "
@@ -782,6 +797,10 @@ NOTES = [
     "shapes of the variant's time / eager's. Ratios count only shapes where both sides matched eager (each call "
     "is checked against eager's output at its shape, after the first call and after the timing; the decoder: each "
     "step's last logits and the generated tokens).",
+    "GPU kernels (CUDA, batch workloads): the summed duration of the device's events (kernels, memsets, copies) "
+    f"a call, from torch.profiler over {GPU_REPS} calls after the timing (bench/counting.py); their ratios are the "
+    "geomean over shapes, as the times'. Where a call's host work outlasts its kernels (small batches), its time "
+    "follows the host and moves with the machine's load; the GPU kernels do not.",
 ]
 
 

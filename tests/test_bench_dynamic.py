@@ -71,3 +71,27 @@ def test_the_options_choose_sizes_and_variants() -> None:
     assert cfg.variants == ("eager", "coil-static")  # eager always runs: it is the reference
     with pytest.raises(SystemExit):
         parse_args(["--suite", "dynamic", "--only", "nonesuch"])
+
+
+def test_gpu_kernel_ratios_are_the_geomean_over_shapes(tmp_path: Path) -> None:
+    """CUDA records carry the GPU kernel time a call (gpu_ms); the summary and the
+    comparison table give dynamic / static coil and dynamic coil / Inductor by it,
+    the geomean over the shapes both passed, beside the wall-time ratios."""
+    from bench.dynamic import Writer
+
+    info = {"device": "cuda", "device_name": "GPU", "size_preset": "gpu", "torch": "t", "transformers": "-",
+            "python": "3", "coil_target": "triton", "threads": 1, "started": "now", "command": "c"}
+    wr = Writer(tmp_path, "x", info, [])
+    gpu = {"coil-dynamic": (2.0, 9.0), "coil-static": (1.0, 4.5), "inductor-dynamic": (4.0, 36.0)}
+    for variant, per in {"eager": (10.0, 10.0), **gpu}.items():
+        for batch, g in zip((1, 8), per):
+            wr.new(workload="softmax", variant=variant, size=batch, status="ref" if variant == "eager" else "ok",
+                   ms=50.0, gpu_ms=g)
+    (dyn,) = [s for s in wr.summaries() if s["variant"] == "coil-dynamic"]
+    assert dyn["dynamic_over_static"] == 1.0  # the wall times: all 50 ms
+    assert dyn["gpu_dynamic_over_static"] == pytest.approx(2.0)
+    assert dyn["gpu_dynamic_over_inductor"] == pytest.approx((0.5 * 0.25) ** 0.5)
+    md = wr.markdown()
+    assert "GPU kernels dyn coil / static coil | GPU kernels dyn coil / dyn Inductor |" in md
+    assert "| **softmax** | 1.00 | 1.00 |" in md and md.split("| **softmax** | 1.00 | 1.00 |")[1].split("\n")[0].endswith(
+        "| 2.00 | 0.35 |")
