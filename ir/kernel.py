@@ -451,8 +451,9 @@ class KernelLaunch:
 
 @attrs.frozen
 class Tails:
-    """Whether some launch config (the heuristic's or one autotuning tries) may
-    leave a partial block: where not, that mask is a constant True."""
+    """Whether some launch config (the heuristic's or one autotuning tries; of a
+    symbolic kernel, those it launches with) may leave a partial block: where
+    not, that mask is a constant True."""
 
     outer: bool  # xnumel (tiled: ynumel; split: the rows a program)
     inner: bool  # rnumel (tiled: xnumel)

@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import attrs
-
 import torch
 
 from coil.backends.triton.helpers import helpers_for
