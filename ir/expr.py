@@ -493,18 +493,23 @@ def _compact(name: str, index: tuple[sympy.Expr, ...], dtype: torch.dtype, value
     return IndirectLoad(name, tuple(i.xreplace(ren) for i in index), dtype, tuple(values[k] for k in used), mask)
 
 
-def under_mask(expr: Expr, mask: Expr) -> Expr:
+def under_mask(expr: Expr, mask: Expr, inside: Callable[[Load], bool] = lambda _: False) -> Expr:
     """`expr` (an inlined body) evaluated only where `mask` holds: every load in
     it reads only there (its own mask and `mask`), and every run-time Check sees
     a harmless argument elsewhere (position 0, divisor 1), so the positions
     the mask excludes neither touch memory nor raise.  Its value where the mask
     is false is unspecified: a reader that needs the masked load's 0 wraps it
-    in where(mask, ., 0) (`masked_value`)."""
+    in where(mask, ., 0) (`masked_value`).  A load of no mask of its own that
+    reads inside its buffer wherever it runs (`inside`: a per-channel value
+    under a pad's mask) keeps no mask: reading there is harmless, and a mask
+    of another shape than the load's keeps GCC from vectorising the loop."""
 
     def both(own: Expr | None) -> Expr:
         return mask if own is None or own == mask else Op("logical_and", (mask, own), torch.bool)
 
     def fn(node: Expr) -> Expr | None:
+        if isinstance(node, Load) and node.mask is None and inside(node):
+            return node
         if isinstance(node, (Load, IndirectLoad)):
             return attrs.evolve(node, mask=both(node.mask))
         if isinstance(node, Check) and node.kind == "divisor":

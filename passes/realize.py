@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any, Union
+from typing import Any, Mapping, Union
 
 import attrs
 import sympy
@@ -63,7 +63,7 @@ from coil.ir.expr import (
     walk,
     xsyms,
 )
-from coil.ir.bounds import prove_checks
+from coil.ir.bounds import index_range, prove_checks
 from coil.ir.indexing import numel, ranges_of, simplify_index
 from coil.ir.layout import Layout
 from coil.ir.lowered import (
@@ -248,10 +248,14 @@ class _Realizer:
 
     # ---- resolution of loads ------------------------------------------------------------
 
-    def resolve(self, body: Expr, consumer: str) -> tuple[Expr, frozenset[str], tuple[str, ...]]:
-        """Replace each load of an unrealized node by its body; collect origins."""
+    def resolve(self, body: Expr, consumer: str, ranges: tuple[Size, ...] = (),
+                red: tuple[Size, ...] = ()) -> tuple[Expr, frozenset[str], tuple[str, ...]]:
+        """Replace each load of an unrealized node by its body; collect origins.
+        `ranges`, `red`: the consumer's, for the loads an inlined body may read
+        unmasked (`_inside`)."""
         origins: set[str] = set()
         ops: list[str] = []
+        loops = {**ranges_of(xsyms(len(ranges)), ranges), **ranges_of(rsyms(len(red)), red)}
 
         def fn(e: Expr) -> Expr | None:
             if isinstance(e, Op):
@@ -272,10 +276,26 @@ class _Realizer:
             inlined = substitute_symbols(entry.body, dict(zip(xsyms(len(entry.ranges)), e.index)), bound)
             # a masked read inlines under its mask: the body's loads and checks
             # act only where it holds, and the value is 0 elsewhere, as the load's
-            return inlined if e.mask is None else masked_value(under_mask(inlined, e.mask), e.mask)
+            if e.mask is None:
+                return inlined
+            return masked_value(under_mask(inlined, e.mask, lambda ld: self._inside(ld, loops)), e.mask)
 
         out = rewrite(body, fn)
         return out, frozenset(origins), tuple(ops)
+
+    def _inside(self, ld: Load, loops: Mapping[sympy.Symbol, Size]) -> bool:
+        """Whether `ld` reads inside its buffer for every value of the consumer's
+        loops (static sizes): each index within [0, size) of its dim."""
+        lay = self.layouts.get(ld.name)
+        if lay is None or not loops or len(ld.index) != len(lay.size):
+            return False
+        for e, n in zip(ld.index, lay.size):
+            r = index_range(sympy.sympify(e), loops)
+            if r is None or not isinstance(n, int) or not all(isinstance(v, int) for v in r):
+                return False
+            if r[0] < 0 or r[1] >= n:  # type: ignore[operator]
+                return False
+        return True
 
     # ---- registration ---------------------------------------------------------------------
 
@@ -366,7 +386,7 @@ class _Realizer:
                 self.env[n.name] = _Realized(n.name)
                 self.rows[n.name] = RealizeRow(n.name, "Input", True, n.name, Rule.GRAPH_INPUT)
             case Pointwise():
-                body, origins, ops = self.resolve(n.body, n.name)
+                body, origins, ops = self.resolve(n.body, n.name, n.ranges)
                 if not self.readers.get(n.name) and n.name not in self.outputs:
                     self.rows[n.name] = RealizeRow(n.origin, "Pointwise", False, None, Rule.DEAD)
                     return
@@ -377,7 +397,7 @@ class _Realizer:
                 else:
                     self.computed(n.name, n.origin, "Pointwise", body, n.ranges, (), None, n.dtype, n.device, rule, origins, ops)
             case Reduction():
-                body, origins, ops = self.resolve(n.body, n.name)
+                body, origins, ops = self.resolve(n.body, n.name, n.ranges, n.reduction_ranges)
                 if not self.readers.get(n.name) and n.name not in self.outputs:
                     self.rows[n.name] = RealizeRow(n.origin, "Reduction", False, None, Rule.DEAD)
                     return
@@ -389,7 +409,7 @@ class _Realizer:
                     # a dead view makes its base dead too (readers look through views): skip it
                     self.rows[n.name] = RealizeRow(n.origin, "View", False, None, Rule.DEAD)
                     return
-                body, origins, ops = self.resolve(Load(n.base, n.index, n.dtype), n.name)
+                body, origins, ops = self.resolve(Load(n.base, n.index, n.dtype), n.name, n.ranges)
                 self.env[n.name] = _Inline(body, n.ranges, origins | {n.origin}, (*ops, n.op))
                 self.rows[n.name] = RealizeRow(n.origin, "View", False, None, Rule.INDEX_REMAP)
             case Extern():
