@@ -335,16 +335,19 @@ def checked_regions(w: torch.Tensor, idx: torch.Tensor, y: torch.Tensor, n: torc
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_checks_inlined_under_a_mask_run_only_where_it_holds(target: str) -> None:
-    """Where the mask is false, the masked loads give 0: the checks that read them
-    see position 0 and divisor 1 there, so they neither raise nor read, while
-    an index out of range where the mask holds raises eager's error."""
+    """Where the mask is false, the checks see position 0 and divisor 1, so they
+    neither raise nor read, while an index out of range where the mask holds
+    raises eager's error.  The embedding's index tensor lies inside its buffer
+    wherever the cat's loops run: it is read unmasked, and its check reads it
+    through where(mask, ., 0)."""
     if not target_available(target):
         pytest.skip(f"{target} backend not available")
     inputs = [torch.randn(10, 6), torch.randint(0, 10, (4, 3)), torch.randn(4, 3, 5),
               torch.randint(-50, 50, (3, 8)), torch.randint(1, 5, (3, 8))]
     gm = make_fx(checked_regions)(*inputs)
     bg = coil.default_pipeline().run(gm, inputs, until="realize", options=coil.Options(target=target))
-    assert "load idx_1[x0, x1] if t1" in show(bg), show(bg)
+    assert ("t2: int64 = load idx_1[x0, x1]\n    t3: int64 = where(t1, t2, 0)\n"
+            "    t4: int64 = check(t3 in [0, 10), embedding dim 0)") in show(bg), show(bg)
     size = {i.name: i.layout.size for i in bg.inputs}
     for b in bg.buffers:
         ranges = dict(zip(xsyms(len(b.ranges)), b.ranges))
