@@ -696,13 +696,11 @@ class Writer:
                   + (" GPU kernels dyn coil / static coil | GPU kernels dyn coil / dyn Inductor |" if gpu else ""),
                   "|---|--:|--:|--:|--:|" + ("--:|--:|" if gpu else "")]
         per: dict[str, list[float]] = {}
+        # (the variant dynamic coil is compared with, the field) of each column
+        columns = [(b, f) for f in ("ms", "compile_s", *(("gpu_ms",) if gpu else ()))
+                   for b in ("coil-static", "inductor-dynamic")]
         for wl in self.workloads():
-            row = [self.ratio(wl, "coil-dynamic", "coil-static"), self.ratio(wl, "coil-dynamic", "inductor-dynamic"),
-                   self.ratio(wl, "coil-dynamic", "coil-static", "compile_s"),
-                   self.ratio(wl, "coil-dynamic", "inductor-dynamic", "compile_s")]
-            if gpu:
-                row += [self.ratio(wl, "coil-dynamic", "coil-static", "gpu_ms"),
-                        self.ratio(wl, "coil-dynamic", "inductor-dynamic", "gpu_ms")]
+            row = [self.ratio(wl, "coil-dynamic", b, f) for b, f in columns]
             for j, x in enumerate(row):
                 if x is not None and wl != DECODER:
                     per.setdefault(str(j), []).append(x)
@@ -710,7 +708,7 @@ class Writer:
         if per:
             lines.append("| geomean, batch workloads | " + " | ".join(
                 _num(geomean(per.get(str(j), [])), ".2f") + (f" ({len(per[str(j)])})" if per.get(str(j)) else "")
-                for j in range(len(row))) + " |")
+                for j in range(len(columns))) + " |")
         lines += self._per_shape()
         if self.descriptions:
             lines += ["", "Workloads:", ""] + [f"- **{k}**: {d}" for k, d in self.descriptions.items()]

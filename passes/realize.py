@@ -63,7 +63,7 @@ from coil.ir.expr import (
     walk,
     xsyms,
 )
-from coil.ir.bounds import index_range, prove_checks
+from coil.ir.bounds import load_in_bounds, prove_checks
 from coil.ir.indexing import numel, ranges_of, simplify_index
 from coil.ir.layout import Layout
 from coil.ir.lowered import (
@@ -78,7 +78,7 @@ from coil.ir.lowered import (
     View,
     extern_tensor_names,
 )
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, free_size_symbols, is_size_symbol, is_unbacked_symbol, norm
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, free_size_symbols, is_size_symbol, is_static, is_unbacked_symbol, norm
 from coil.options import Options
 from coil.passes.collectives import pair_collectives
 
@@ -285,17 +285,10 @@ class _Realizer:
 
     def _inside(self, ld: Load, loops: Mapping[sympy.Symbol, Size]) -> bool:
         """Whether `ld` reads inside its buffer for every value of the consumer's
-        loops (static sizes): each index within [0, size) of its dim."""
+        loops (bounds.load_in_bounds; static sizes only)."""
         lay = self.layouts.get(ld.name)
-        if lay is None or not loops or len(ld.index) != len(lay.size):
-            return False
-        for e, n in zip(ld.index, lay.size):
-            r = index_range(sympy.sympify(e), loops)
-            if r is None or not isinstance(n, int) or not all(isinstance(v, int) for v in r):
-                return False
-            if r[0] < 0 or r[1] >= n:  # type: ignore[operator]
-                return False
-        return True
+        return (lay is not None and bool(loops) and is_static(lay.size) and is_static(tuple(loops.values()))
+                and load_in_bounds(ld, lay.size, loops))
 
     # ---- registration ---------------------------------------------------------------------
 
