@@ -265,9 +265,10 @@ class _FakeGraph:
 
     def replay(self) -> None:
         self.replays += 1
-        for fn, inputs, outputs in self.runs:
-            for o, n in zip(outputs, fn(list(inputs), capturing=False)):
-                o.copy_(n)
+        with torch.no_grad():  # a replay writes memory, as kernels do; autograd sees none of it
+            for fn, inputs, outputs in self.runs:
+                for o, n in zip(outputs, fn(list(inputs), capturing=False)):
+                    o.copy_(n)
 
 
 _RECORDED: dict[Any, torch.Tensor] = {}
@@ -399,6 +400,35 @@ def test_a_backward_records_into_its_forwards_pool_and_guards_its_outputs(fake_c
     fw([x, w])
     assert len(fw.recordings) == 2
     torch.testing.assert_close(held, w.detach())
+
+
+def test_a_backward_reads_views_of_parameters_in_place(fake_cuda: None) -> None:
+    """A forward that saves a view of a weight (its transpose, for the backward's
+    matmul) hands it out as a plain tensor over the parameter's storage: the backward
+    reads it where it is (it is an output of the forward's recording), and copies
+    in only the incoming gradient."""
+    pools = cudagraphs.PoolSet()
+    w = torch.nn.Parameter(torch.randn(2, 3))
+    fw = cudagraphs.CudaGraphed(_traced(lambda x, p: ((x @ p).sum(), p.t(), p.detach())), "forward",
+                                frozenset({1}), pools, None)
+    bw = cudagraphs.CudaGraphed(_traced(lambda wt, wd, g: (wt * g, wd * 2 * g)), "backward",
+                                frozenset({0, 1}), pools, None)
+    for _ in range(4):
+        x = torch.randn(4, 2)
+        loss, wt, wd = fw([x, w])
+        assert not isinstance(wt, torch.nn.Parameter) and wt.untyped_storage().data_ptr() == w.data_ptr()
+        g_wt, g_wd = bw([wt, wd, torch.full((), 3.0)])
+        torch.testing.assert_close(loss, (x @ w).sum())
+        torch.testing.assert_close(g_wt, w.detach().t() * 3)
+        torch.testing.assert_close(g_wd, w.detach() * 6)
+        del loss, wt, wd, g_wt, g_wd
+    assert bw.static == frozenset({0, 1}) and len(bw.recordings) == 1
+    assert bw.decisions == ["recording 1: 2 inputs read in place, 1 copied in; pool 0 (recording 2 in it)"]
+    with torch.no_grad():  # the weight's values change in place (an optimizer step): read, not copied
+        w.mul_(2)
+    _, wt, wd = fw([torch.randn(4, 2), w])
+    g_wt, _ = bw([wt, wd, torch.ones(())])
+    torch.testing.assert_close(g_wt, w.detach().t())
 
 
 def test_an_output_that_is_a_copied_in_input_comes_from_the_callers_tensor(fake_cuda: None) -> None:
