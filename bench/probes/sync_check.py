@@ -5,7 +5,7 @@ queued before it, and the step's wall time becomes host + GPU instead of the lar
 of them.  For each model named on the command line (bench/hf_models.py names;
 default t5 vit), at the models suite's `small` size in bf16 and in $MODE (train,
 the default, or infer), Inductor's and coil's steps run three times warm and then
-twice under `torch.cuda.set_sync_debug_mode("warn")`; the probe prints how many
+twice under `torch.cuda.set_sync_debug_mode("warn")` (compiled in $COMPILE_MODE: default, or reduce-overhead for both); the probe prints how many
 synchronizing calls each step made and, for each distinct one, the Python line that
 made it.  Run from the repository root on a CUDA
 machine: `MODE=train python3 bench/probes/sync_check.py t5 vit`."""
@@ -46,16 +46,17 @@ def syncs(call, steps: int = 2) -> collections.Counter[str]:
 def main() -> None:
     names = sys.argv[1:] or ["t5", "vit"]
     mode = os.environ.get("MODE", "train")
+    compile_mode = os.environ.get("COMPILE_MODE", "default")
     for name in names:
         for v in ("inductor", "coil"):
             torch._dynamo.reset()
             model, inputs = make_case(name, mode, "cuda", size=SIZES["small"], dtype=torch.bfloat16)
-            f = compile_model(v, "default", model, "triton", None)
-            call = step_call(f, model, inputs, mode, False)
+            f = compile_model(v, compile_mode, model, "triton", None)
+            call = step_call(f, model, inputs, mode, compile_mode != "default")
             for _ in range(3):
                 call()
             found = syncs(call)
-            print(f"== {name} {mode} {v}: {sum(found.values()) / 2:g} synchronizing calls a step", flush=True)
+            print(f"== {name} {mode} {compile_mode} {v}: {sum(found.values()) / 2:g} synchronizing calls a step", flush=True)
             for where, n in found.most_common(8):
                 print(f"   {n / 2:g} a step: {where}", flush=True)
 
