@@ -350,7 +350,7 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
             calls[key], checks[key] = prepared.call, prepared.check
         while calls:
             try:
-                times = timed_rounds(calls, device, False, cfg.rounds, deadline)
+                times = timed_rounds(calls, device, False, cfg.rounds, deadline, wall=True)
                 break
             except VariantFailed as e:
                 _status(recs[keys[e.variant]], "error", f"{e.variant} while timed: {_error(e.error)}")
@@ -362,6 +362,10 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
             ms = [t.median_s * 1e3 for t in times[key]]
             rec["ms"] = round(statistics.median(ms), 4)
             rec["ms_rounds"] = [round(x, 4) for x in ms]
+            walls = [t.wall_s * 1e3 for t in times[key] if t.wall_s is not None]
+            if walls:  # CUDA: steps back to back, the loop's steady state (timing.back_to_back_s)
+                rec["wall_ms"] = round(statistics.median(walls), 4)
+                rec["wall_ms_rounds"] = [round(x, 4) for x in walls]
             mins = [t.min_s for t in times[key] if t.min_s is not None]
             if mins:
                 rec["ms_min"] = round(min(mins) * 1e3, 4)

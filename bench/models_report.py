@@ -51,28 +51,36 @@ class Table:
                 self.rows.setdefault((rec["model"], rec["mode"]), {})[rec["variant"]] = rec
         self.rows = {k: v for k, v in self.rows.items() if set(v) - {"eager"}}
 
-    def ratio(self, row: dict[str, dict[str, Any]], a: str, b: str) -> float | None:
+    def ratio(self, row: dict[str, dict[str, Any]], a: str, b: str, field: str = "ms") -> float | None:
         ra, rb = row.get(a, {}), row.get(b, {})
-        if ra.get("status") in OK and rb.get("status") in OK and ra.get("ms") and rb.get("ms"):
-            return float(ra["ms"]) / float(rb["ms"])
+        if ra.get("status") in OK and rb.get("status") in OK and ra.get(field) and rb.get(field):
+            return float(ra[field]) / float(rb[field])
         return None
 
+    @property
+    def has_wall(self) -> bool:
+        """Whether any record has the back-to-back wall time (CUDA runs since it was added)."""
+        return any(rec.get("wall_ms") is not None for row in self.rows.values() for rec in row.values())
+
     def geomeans(self) -> dict[str, dict[str, Any]]:
-        """Per step: coil/inductor and eager/inductor geomeans and their counts."""
+        """Per step: coil/inductor and eager/inductor geomeans and their counts, by
+        the median time (`ms`) and, where measured, by the back-to-back wall time
+        (`coil/inductor wall`)."""
         out: dict[str, dict[str, Any]] = {}
         for mode in MODES:
             for a in ("coil", "eager"):
-                rs = [r for (_, m), row in self.rows.items() if m == mode
-                      if (r := self.ratio(row, a, "inductor")) is not None]
-                if rs:
-                    out.setdefault(mode, {})[f"{a}/inductor"] = {"geomean": geomean(rs), "n": len(rs)}
+                for field, suffix in (("ms", ""), ("wall_ms", " wall")):
+                    rs = [r for (_, m), row in self.rows.items() if m == mode
+                          if (r := self.ratio(row, a, "inductor", field)) is not None]
+                    if rs:
+                        out.setdefault(mode, {})[f"{a}/inductor{suffix}"] = {"geomean": geomean(rs), "n": len(rs)}
         return out
 
 
-def _ms(rec: dict[str, Any] | None) -> str:
-    if not rec or rec.get("ms") is None:
+def _ms(rec: dict[str, Any] | None, field: str = "ms") -> str:
+    if not rec or rec.get(field) is None:
         return ""
-    ms = float(rec["ms"])
+    ms = float(rec[field])
     return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
 
 
@@ -105,15 +113,22 @@ def _check(row: dict[str, dict[str, Any]], notes: list[str]) -> str:
 
 
 def table_markdown(t: Table, cuda: bool, notes: list[str]) -> list[str]:
-    head = ["model", "step", "eager ms", "Inductor ms", "coil ms", "coil/Ind", "eager/Ind", "kernels e / I / c"]
+    wall = cuda and t.has_wall
+    head = ["model", "step", "eager ms", "Inductor ms", "coil ms", "coil/Ind", "eager/Ind"]
+    if wall:
+        head += ["wall ms e / I / c", "wall coil/Ind"]
+    head += ["kernels e / I / c"]
     if cuda:
         head += ["GPU kernel ms e / I / c", "CUDA graphs I / c"]
     head += ["peak MiB e / I / c", "first call s I / c", "check"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "--:|" * (len(head) - 3) + "---|"]
     for (model, mode), row in t.rows.items():
         cells = [f"**{model}**", mode, _ms(row.get("eager")), _ms(row.get("inductor")), _ms(row.get("coil")),
-                 _num(t.ratio(row, "coil", "inductor"), ".2f"), _num(t.ratio(row, "eager", "inductor"), ".2f"),
-                 _triple(row, "kernels", "g")]
+                 _num(t.ratio(row, "coil", "inductor"), ".2f"), _num(t.ratio(row, "eager", "inductor"), ".2f")]
+        if wall:
+            cells += [" / ".join(_ms(row.get(v), "wall_ms") or "-" for v in VARIANT_ORDER),
+                      _num(t.ratio(row, "coil", "inductor", "wall_ms"), ".2f")]
+        cells += [_triple(row, "kernels", "g")]
         if cuda:
             cells += [_triple(row, "gpu_kernel_ms", ".3g"),
                       " / ".join(_num(row.get(v, {}).get("cuda_graph_launches"), "g") for v in ("inductor", "coil"))]
@@ -125,7 +140,11 @@ def table_markdown(t: Table, cuda: bool, notes: list[str]) -> list[str]:
     for mode, g in t.geomeans().items():
         c, e = g.get("coil/inductor"), g.get("eager/inductor")
         cells = [f"**geomean {mode}**", f"({c['n'] if c else 0})", "", "", "", _num(c and c["geomean"], ".2f"),
-                 _num(e and e["geomean"], ".2f")] + [""] * (width - 7)
+                 _num(e and e["geomean"], ".2f")]
+        if wall:
+            w = g.get("coil/inductor wall")
+            cells += ["", _num(w and w["geomean"], ".2f")]
+        cells += [""] * (width - len(cells))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -191,7 +210,9 @@ class Writer:
         lines += [f"- {n}" for n in notes] + [""]
         lines += ["Times are the median over the rounds of each round's median (interleaved); ratios and "
                   "geomeans count only rows where both sides passed the check. Columns e / I / c: eager, Inductor, "
-                  "coil. See bench/README.md for how kernels, GPU kernel time and peak memory are measured.", ""]
+                  "coil. See bench/README.md for how kernels, GPU kernel time and peak memory are measured."
+                  + (" On CUDA `ms` is do_bench's (L2 flushed, CUDA events around each call); `wall ms` is steps "
+                     "run back to back with one sync, a training loop's steady state." if cuda else ""), ""]
         footnotes: list[str] = []
         summary: list[str] = []
         for size in SIZES:
@@ -206,10 +227,11 @@ class Writer:
                           f"sequence {shape['seq']}; compile mode {cmode}", ""]
                 lines += table_markdown(t, cuda, footnotes) + [""]
                 for mode, g in t.geomeans().items():
-                    c = g.get("coil/inductor")
+                    c, w = g.get("coil/inductor"), g.get("coil/inductor wall")
                     if c:
                         summary.append(f"- {size}, {cmode}, {mode}: coil/Inductor {c['geomean']:.2f} "
-                                       f"over {c['n']} models")
+                                       f"over {c['n']} models" + (f"; by back-to-back wall time {w['geomean']:.2f} "
+                                                                  f"over {w['n']}" if w else ""))
         if summary:
             lines += ["Geomeans of coil/Inductor:", "", *summary, ""]
         if footnotes:

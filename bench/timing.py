@@ -42,11 +42,32 @@ def _cuda_events_median_s(fn: Callable[[], Any], warmup: int, reps: int) -> floa
     return float(statistics.median(times))
 
 
+def back_to_back_s(fn: Callable[[], Any], device: torch.device, target_s: float = 0.05) -> float:
+    """Wall time per call of calls made back to back, synchronised once at the end:
+    a training loop's steady state, where a call's host work overlaps the GPU work
+    of the call before it.  do_bench (cuda_median_s) times each call between CUDA
+    events after flushing L2, which for a step bound by the host measures neither
+    the host's time nor the GPU's alone.  n calls, n chosen from one synchronised
+    call so the loop lasts about `target_s`."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    n = max(3, min(1000, int(target_s / max(time.perf_counter() - t0, 1e-6))))
+    fn()  # the loop starts from a call in flight, as a loop's steady state does
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / n
+
+
 @dataclass(frozen=True)
 class Timing:
     median_s: float
     min_s: float | None = None  # CPU only: the least-disturbed sample
     load: float | None = None  # CPU only: the load average when it was timed
+    wall_s: float | None = None  # CUDA, where asked for: back_to_back_s
 
 
 def cpu_timing(fn: Callable[[], Any], sample_s: float = 0.02, total_s: float = 1.0,
@@ -69,9 +90,11 @@ def cpu_timing(fn: Callable[[], Any], sample_s: float = 0.02, total_s: float = 1
     return Timing(float(statistics.median(times)), min(times))
 
 
-def measure(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> Timing:
+def measure(fn: Callable[[], Any], device: torch.device, quick: bool = False, wall: bool = False) -> Timing:
+    """The median time per call; with `wall` on CUDA, the back-to-back wall time
+    too (on the CPU the median is wall time already)."""
     if device.type == "cuda":
-        return Timing(cuda_median_s(fn))
+        return Timing(cuda_median_s(fn), wall_s=back_to_back_s(fn, device) if wall else None)
     return cpu_timing(fn, total_s=0.2 if quick else 1.0)
 
 

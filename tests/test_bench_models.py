@@ -68,6 +68,50 @@ def test_merge_keeps_what_a_run_does_not_measure_again(tmp_path: Path) -> None:
     assert "from 2 runs" in md and "| **geomean infer** | (2) |  |  |  | 1.00 | 2.00 |" in md
 
 
+def test_cuda_tables_show_the_back_to_back_wall_time_beside_do_bench(tmp_path: Path) -> None:
+    """A CUDA run's records carry `wall_ms` (steps back to back, one sync) beside
+    do_bench's `ms`: the table shows both ratios and the geomeans of both, each
+    over the rows where both sides have it."""
+    from bench.models_report import Writer
+
+    info = {"device": "cuda", "device_name": "x", "torch": "t", "triton": "t", "transformers": "t", "python": "p",
+            "coil_target": "triton", "dtype": "bfloat16", "rounds": 1, "started": "a"}
+    w = Writer(tmp_path, "g", info, [], ("reduce-overhead",))
+    for model, times in (("gpt2", {"eager": (9.0, 9.0), "inductor": (2.2, 1.9), "coil": (2.6, 1.8)}),
+                         ("bert", {"eager": (9.0, None), "inductor": (2.0, None), "coil": (2.0, None)})):
+        for variant, (ms, wall) in times.items():
+            r = w.new_record(model=model, size="small", mode="train", variant=variant, batch=8, seq=256, hidden=512,
+                             layers=4, compile_mode="default" if variant == "eager" else "reduce-overhead")
+            r.update(status="ref" if variant == "eager" else "ok", ms=ms, kernels=3)
+            if wall is not None:
+                r["wall_ms"] = wall
+    w.write()
+    md = (tmp_path / "g.md").read_text()
+    assert "| wall ms e / I / c | wall coil/Ind |" in md
+    assert "| **gpt2** | train | 9 | 2.2 | 2.6 | 1.18 | 4.09 | 9 / 1.9 / 1.8 | 0.95 |" in md
+    assert "| **bert** | train | 9 | 2 | 2 | 1.00 | 4.50 | - / - / - | - |" in md
+    assert "| **geomean train** | (2) |  |  |  | 1.09 | 4.29 |  | 0.95 |" in md
+    assert "coil/Inductor 1.09 over 2 models; by back-to-back wall time 0.95 over 1" in md
+
+
+def test_back_to_back_time_is_the_wall_time_of_a_loop() -> None:
+    import time
+
+    import torch
+
+    from bench.timing import back_to_back_s, measure
+
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+        time.sleep(0.002)
+
+    s = back_to_back_s(step, torch.device("cpu"), target_s=0.03)
+    assert 0.002 <= s < 0.004 and len(calls) >= 5
+    assert measure(step, torch.device("cpu"), quick=True, wall=True).wall_s is None  # the CPU's median is wall time
+
+
 def test_resume_runs_only_what_is_missing(tmp_path: Path) -> None:
     """Eager alone compiles nothing, so this is quick: a first run measures
     inference; a resumed run with both steps measures training only."""
