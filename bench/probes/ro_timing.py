@@ -6,15 +6,16 @@ coil/Inductor 1.21 twice (2026-12-02 and 12-03) while `model_host.py`'s
 back-to-back loop gave coil the faster step (1811 against 1944 µs) and coil's
 GPU kernels take less time (1.40 against 1.50 ms).  For each model named on the
 command line (default gpt2), at the suite's small size in bf16, this prints per
-step: do_bench (the suite's number), the back-to-back wall time (100 steps, one
-sync), the host's enqueue time, and one step alone (synchronised before, CUDA
-events around it: host and GPU in series); then coil's CUDA-graph decisions.  Run from the
-repository root on a CUDA machine: `python3 bench/probes/ro_timing.py gpt2`."""
+step: do_bench (the suite's `ms`), the back-to-back wall time (the suite's
+`wall_ms`: steps back to back, one sync), the host's enqueue time, and one step
+alone (synchronised before, CUDA events around it: host and GPU in series); then
+coil's CUDA-graph decisions.  Run from the repository root on a CUDA machine:
+`python3 bench/probes/ro_timing.py gpt2`."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
-import time
 
 sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
@@ -22,26 +23,8 @@ import triton.testing  # noqa: E402
 
 from bench.hf_models import SIZES, make_case  # noqa: E402
 from bench.models import compile_model, step_call  # noqa: E402
-
-
-def back_to_back_us(fn, n: int = 100) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
-
-
-def host_us(fn, n: int = 50) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
+from bench.probes.common import host_us  # noqa: E402
+from bench.timing import back_to_back_s  # noqa: E402
 
 
 def synced_events_us(fn, n: int = 30) -> float:
@@ -60,6 +43,7 @@ def synced_events_us(fn, n: int = 30) -> float:
 
 def main() -> None:
     names = sys.argv[1:] or ["gpt2"]
+    cuda = torch.device("cuda")
     for name in names:
         calls = {}
         for v in ("inductor", "coil"):
@@ -69,8 +53,6 @@ def main() -> None:
             for _ in range(5):
                 call()
             calls[v] = call
-        import gc
-
         from coil.backends.cudagraphs import CudaGraphed
 
         coil_graphed = [o for o in gc.get_objects() if isinstance(o, CudaGraphed)]
@@ -78,8 +60,8 @@ def main() -> None:
         for rnd in range(2):
             for v, c in calls.items():
                 flush = triton.testing.do_bench(c, warmup=25, rep=100, return_mode="median") * 1e3
-                print(f"  {v:9s} do_bench {flush:8.1f}  back-to-back {back_to_back_us(c):8.1f}  "
-                      f"host {host_us(c):8.1f}  one step alone {synced_events_us(c):8.1f}", flush=True)
+                print(f"  {v:9s} do_bench {flush:8.1f}  back-to-back {back_to_back_s(c, cuda, 0.2) * 1e6:8.1f}  "
+                      f"host {host_us(c, 50):8.1f}  one step alone {synced_events_us(c):8.1f}", flush=True)
         for g in coil_graphed:
             print(f"  coil {g.kind}: {len(g.recordings)} recordings, off: {g.off}; {g.decisions}", flush=True)
 
