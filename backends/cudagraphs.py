@@ -107,8 +107,15 @@ class _Recording:
         # and hands out a few hundred outputs: Python-level loops cost more than the checks)
         self._cdatas = tuple(s._cdata for s, _ in self._storages)
         self._bases = tuple(base for _, base in self._storages)
-        self._all_tensors = all(isinstance(o, torch.Tensor) for o in outputs)
-        self._placeholder_pairs = tuple(placeholders.items())
+        # what a replay does, prepared once: the copies into the placeholders as one
+        # _foreach_copy_, the outputs of the pool detached in one C loop and put in their
+        # places among the others (None, numbers) and the views of the caller's inputs
+        self._ph_dst = list(placeholders.values())
+        self._ph_src_at = tuple(placeholders)
+        self._alias_items = tuple(aliases.items())
+        self._tensor_at = tuple(k for k, o in enumerate(outputs) if isinstance(o, torch.Tensor) and k not in aliases)
+        self._tensors = tuple(outputs[k] for k in self._tensor_at)
+        self._dense = len(self._tensor_at) == len(outputs)  # the detached tensors are the outputs
 
     def outputs_free(self) -> bool:
         """Whether nothing outside this recording refers to its outputs' memory."""
@@ -123,22 +130,36 @@ class _Recording:
         return all(r.outputs_free() for r in recs[recs.index(self):])
 
     def run(self, args: list[Any]) -> tuple[Any, ...]:
-        for i, ph in self._placeholder_pairs:
-            ph.copy_(args[i])
-        aliased = {k: _view_of(args, v) for k, v in self.aliases.items()} if self.aliases else None
+        if self._ph_dst:
+            if len(self._ph_dst) == 1:
+                self._ph_dst[0].copy_(args[self._ph_src_at[0]])
+            else:
+                _copy_all(self._ph_dst, [args[i] for i in self._ph_src_at])
+        aliased = [(k, _view_of(args, how)) for k, how in self._alias_items]
         args.clear()
         self.graph.replay()
-        if self._all_tensors:
-            out = tuple(map(_detach, self.outputs))
-        else:
-            out = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs)
-        if aliased:
-            out = tuple(aliased.get(k, o) for k, o in enumerate(out))
-        return out
+        detached = map(_detach, self._tensors)
+        if self._dense:
+            return tuple(detached)
+        out = list(self.outputs)
+        for k, t in zip(self._tensor_at, detached):
+            out[k] = t
+        for k, t in aliased:
+            out[k] = t
+        return tuple(out)
 
 
 _use_count = torch._C._storage_Use_Count
 _detach = torch.Tensor.detach
+
+
+def _copy_each(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    for d, s in zip(dst, src):
+        d.copy_(s)
+
+
+# several placeholders filled in one call (what Inductor's CUDA graph trees call), where torch has it
+_copy_all = getattr(torch, "_foreach_copy_", None) or _copy_each
 
 
 def _input_of(how: Any) -> int:

@@ -268,7 +268,8 @@ class _FakeGraph:
         with torch.no_grad():  # a replay writes memory, as kernels do; autograd sees none of it
             for fn, inputs, outputs in self.runs:
                 for o, n in zip(outputs, fn(list(inputs), capturing=False)):
-                    o.copy_(n)
+                    if isinstance(o, torch.Tensor):
+                        o.copy_(n)
 
 
 _RECORDED: dict[Any, torch.Tensor] = {}
@@ -332,6 +333,23 @@ def test_record_once_then_replay_with_new_inputs(fake_cuda: None) -> None:
     assert len(g.recordings) == 1 and call.calls["eager"] == 1  # the warm-up only
     assert g.recordings[0].graph.replays == 4  # the recording call replays too
     assert g.decisions == ["recording 1: 1 inputs read in place, 1 copied in; pool 0 (recording 1 in it)"]
+
+
+def test_every_copied_input_is_refreshed_and_outputs_keep_their_places(fake_cuda: None) -> None:
+    """Several copied-in inputs (filled by one _foreach_copy_), outputs that are not
+    tensors (None, a number) between tensor ones, and an output that is the
+    caller's own input: each replay gives this call's values in the traced order."""
+    w = torch.nn.Parameter(torch.randn(3), requires_grad=False)
+    call = _traced(lambda a, b, p, c: (a * p, None, b + c, 7, c))
+    g = cudagraphs.CudaGraphed(call, "forward", frozenset({2}), cudagraphs.PoolSet(), None)
+    for _ in range(4):
+        a, b, c = torch.randn(3), torch.randn(3), torch.randn(3)
+        out = g([a, b, w, c])
+        assert out[1] is None and out[3] == 7 and out[4] is c
+        torch.testing.assert_close(out[0], a * w)
+        torch.testing.assert_close(out[2], b + c)
+        del out
+    assert len(g.recordings) == 1 and len(g.recordings[0].placeholders) == 3
 
 
 def test_held_outputs_make_another_recording(fake_cuda: None) -> None:
