@@ -42,24 +42,27 @@ def _cuda_events_median_s(fn: Callable[[], Any], warmup: int, reps: int) -> floa
     return float(statistics.median(times))
 
 
-def back_to_back_s(fn: Callable[[], Any], device: torch.device, target_s: float = 0.05) -> float:
+def back_to_back_s(fn: Callable[[], Any], device: torch.device, target_s: float = 0.15) -> float:
     """Wall time per call of calls made back to back, synchronised once at the end:
     a training loop's steady state, where a call's host work overlaps the GPU work
     of the call before it.  do_bench (cuda_median_s) times each call between CUDA
     events after flushing L2, which for a step bound by the host measures neither
-    the host's time nor the GPU's alone.  n calls, n chosen from one synchronised
-    call so the loop lasts about `target_s`."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    n = max(3, min(1000, int(target_s / max(time.perf_counter() - t0, 1e-6))))
-    fn()  # the loop starts from a call in flight, as a loop's steady state does
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    sync(device)
-    return (time.perf_counter() - t0) / n
+    the host's time nor the GPU's alone.  Two loops, of n and 2n calls, each
+    started on an idle device and synchronised at its end: their difference over n
+    leaves out what both have once (the first call's start, the last one's tail).
+    n is chosen from one synchronised call so the two loops last about `target_s`."""
+    def loop(n: int) -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync(device)
+        return time.perf_counter() - t0
+
+    one = loop(1)
+    n = max(3, min(1000, int(target_s / 3 / max(one, 1e-6))))
+    short, long = loop(n), loop(2 * n)
+    return max(long - short, 0.0) / n if long > short else long / (2 * n)
 
 
 @dataclass(frozen=True)
