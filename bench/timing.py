@@ -62,7 +62,7 @@ def back_to_back_s(fn: Callable[[], Any], device: torch.device, target_s: float 
     one = loop(1)
     n = max(3, min(1000, int(target_s / 3 / max(one, 1e-6))))
     short, long = loop(n), loop(2 * n)
-    return max(long - short, 0.0) / n if long > short else long / (2 * n)
+    return (long - short) / n if long > short else long / (2 * n)
 
 
 @dataclass(frozen=True)
