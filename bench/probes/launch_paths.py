@@ -152,7 +152,7 @@ def main() -> None:
                                     if isinstance(obj, (rt.Launcher, rt.SizedLauncher)))
         for rule, n in rules.most_common(5):
             print(f"   launchers {n:4d}: {rule}", flush=True)
-        for rnd in range(2):
+        for _ in range(2):
             print("   host us a step: " + ", ".join(f"{v} {host_us(c, 50):.0f}" for v, c in calls.items()), flush=True)
         for v, c in calls.items():
             print(f"   cProfile of {v}, own time a step (us, profiled):", flush=True)

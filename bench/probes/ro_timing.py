@@ -57,7 +57,7 @@ def main() -> None:
 
         coil_graphed = [o for o in gc.get_objects() if isinstance(o, CudaGraphed)]
         print(f"== {name} train reduce-overhead (us a step)", flush=True)
-        for rnd in range(2):
+        for _ in range(2):
             for v, c in calls.items():
                 flush = triton.testing.do_bench(c, warmup=25, rep=100, return_mode="median") * 1e3
                 print(f"  {v:9s} do_bench {flush:8.1f}  back-to-back {back_to_back_s(c, cuda, 0.2) * 1e6:8.1f}  "
