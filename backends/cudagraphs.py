@@ -93,9 +93,6 @@ class _Recording:
                  outputs: tuple[Any, ...], watched: tuple[int, ...],
                  aliases: dict[int, tuple[int, tuple[int, ...], tuple[int, ...], int] | None]) -> None:
         self.graph, self.pool = graph, pool
-        # outputs that are views of a copied-in input: (input, size, stride, offset from the
-        # input's own), or None for the input itself; handed out as views of the caller's tensor
-        self.aliases = aliases
         self.static_ptrs = static_ptrs  # by input index: the address of each static input, None for the others
         self.placeholders = placeholders
         self.outputs = outputs
@@ -112,6 +109,8 @@ class _Recording:
         # places among the others (None, numbers) and the views of the caller's inputs
         self._ph_dst = list(placeholders.values())
         self._ph_src_at = tuple(placeholders)
+        # outputs that are a copied-in input (its index) or a view of one (input, size, stride,
+        # offset from the input's own): handed out as the caller's tensor or a view of it
         self._alias_items = tuple(aliases.items())
         self._tensor_at = tuple(k for k, o in enumerate(outputs) if isinstance(o, torch.Tensor) and k not in aliases)
         self._tensors = tuple(outputs[k] for k in self._tensor_at)

@@ -255,7 +255,9 @@ class _Realizer:
         unmasked (`_inside`)."""
         origins: set[str] = set()
         ops: list[str] = []
+        # the consumer's loops where all are static (else None: no load is proven inside)
         loops = {**ranges_of(xsyms(len(ranges)), ranges), **ranges_of(rsyms(len(red)), red)}
+        static_loops = loops if loops and is_static(tuple(loops.values())) else None
 
         def fn(e: Expr) -> Expr | None:
             if isinstance(e, Op):
@@ -278,17 +280,16 @@ class _Realizer:
             # act only where it holds, and the value is 0 elsewhere, as the load's
             if e.mask is None:
                 return inlined
-            return masked_value(under_mask(inlined, e.mask, lambda ld: self._inside(ld, loops)), e.mask)
+            return masked_value(under_mask(inlined, e.mask, lambda ld: self._inside(ld, static_loops)), e.mask)
 
         out = rewrite(body, fn)
         return out, frozenset(origins), tuple(ops)
 
-    def _inside(self, ld: Load, loops: Mapping[sympy.Symbol, Size]) -> bool:
+    def _inside(self, ld: Load, loops: Mapping[sympy.Symbol, Size] | None) -> bool:
         """Whether `ld` reads inside its buffer for every value of the consumer's
-        loops (bounds.load_in_bounds; static sizes only)."""
+        static loops (bounds.load_in_bounds; static sizes only)."""
         lay = self.layouts.get(ld.name)
-        return (lay is not None and bool(loops) and is_static(lay.size) and is_static(tuple(loops.values()))
-                and load_in_bounds(ld, lay.size, loops))
+        return loops is not None and lay is not None and is_static(lay.size) and load_in_bounds(ld, lay.size, loops)
 
     # ---- registration ---------------------------------------------------------------------
 

@@ -102,7 +102,9 @@ def launch_paths(call) -> dict[str, collections.Counter[str]]:
 def unaligned_inputs(graphs, seen: list[list[int]]) -> list[str]:
     out = []
     for n, (g, ptrs) in enumerate(zip(graphs, seen)):
-        bad = [g.input_names[i] for i, p in enumerate(ptrs) if p is not None and p % 16]
+        # the call's arguments are the inputs, then the graph's tensor constants
+        bad = [g.input_names[i] if i < len(g.input_names) else f"constant {i - len(g.input_names)}"
+               for i, p in enumerate(ptrs) if p is not None and p % 16]
         if bad:
             out.append(f"graph {n}: {len(bad)} of {len(ptrs)} inputs not 16-byte aligned: {bad[:8]}")
     return out
