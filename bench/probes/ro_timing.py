@@ -41,13 +41,26 @@ def synced_events_us(fn, n: int = 30) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def graphed_wrappers() -> list:
+    """coil's live CUDA-graph wrappers.  isinstance on a dead weak proxy among the
+    heap's objects raises ReferenceError: such objects are skipped."""
+    from coil.backends.cudagraphs import CudaGraphed
+
+    found = []
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, CudaGraphed):
+                found.append(o)
+        except ReferenceError:
+            continue
+    return found
+
+
 def main() -> None:
     names = sys.argv[1:] or ["gpt2"]
     cuda = torch.device("cuda")
     for name in names:
-        from coil.backends.cudagraphs import CudaGraphed
-
-        before = {id(o) for o in gc.get_objects() if isinstance(o, CudaGraphed)}  # an earlier model's
+        before = {id(o) for o in graphed_wrappers()}  # an earlier model's
         calls = {}
         for v in ("inductor", "coil"):
             model, inputs = make_case(name, "train", "cuda", size=SIZES["small"], dtype=torch.bfloat16)
@@ -56,7 +69,7 @@ def main() -> None:
             for _ in range(5):
                 call()
             calls[v] = call
-        coil_graphed = [o for o in gc.get_objects() if isinstance(o, CudaGraphed) and id(o) not in before]
+        coil_graphed = [o for o in graphed_wrappers() if id(o) not in before]
         print(f"== {name} train reduce-overhead (us a step)", flush=True)
         for _ in range(2):
             for v, c in calls.items():
