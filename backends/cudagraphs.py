@@ -24,10 +24,13 @@ decides, and where a person can see it (each decision is logged, and
   are never handed to a later recording), and a recording is replayed only when
   nothing still refers to the outputs that the replay would overwrite: its own
   from the last replay, and those of every recording made after it in its pool
-  (they may lie in its freed temporaries).  Otherwise another recording is made,
-  up to `MAX_RECORDINGS` a graph; past that the graph runs without CUDA graphs.
-  So outputs never change under the caller's hands, unlike Inductor's, which
-  a later step may overwrite.
+  (they may lie in its freed temporaries).  Otherwise another recording is made
+  in a pool of its own, up to `MAX_RECORDINGS` for one set of static addresses
+  (a training loop holds the last step's loss while the next forward runs: the
+  forward then alternates between two recordings) and `MAX_POINTER_SETS` sets (a
+  graph called for each layer of a model); past that the graph runs without CUDA
+  graphs.  So outputs never change under the caller's hands, unlike Inductor's,
+  which a later step may overwrite.
 - **Outputs** are handed out as fresh tensors over the recording's memory
   (`detach()`), so whether anyone still holds one is the count of references to
   its storage.
@@ -43,8 +46,13 @@ import torch
 
 log = logging.getLogger("coil")
 
-# recordings of one compiled graph, for new pointer sets and for outputs still held
+# recordings of one compiled graph with one set of static input addresses (another is made
+# when the outputs of every earlier one are still held: a training loop holds the last loss)
 MAX_RECORDINGS = 4
+# sets of static input addresses recorded for one compiled graph: a graph Dynamo compiled
+# once and calls for each of a model's layers (a graph break inside the layer) reads each
+# layer's parameters, one set a layer
+MAX_POINTER_SETS = 32
 # the device whose graphs are recorded (the tests simulate the bookkeeping on the CPU)
 DEVICE_TYPE = "cuda"
 
@@ -99,6 +107,9 @@ class _Recording:
         # (storage, references when only this recording holds it) of each output in the pool;
         # the counts are taken once every storage object here exists (outputs may share one)
         storages = [outputs[i].untyped_storage() for i in watched]
+        # the addresses of the memory this recording owns in its pool (an output that is a view
+        # of a parameter, or a copied-in input, is not the pool's)
+        self.owned = frozenset(s.data_ptr() for s in storages)
         self._storages = [(s, torch._C._storage_Use_Count(s._cdata)) for s in storages]
         # the same, as two tuples walked by C loops on every call (a training step checks
         # and hands out a few hundred outputs: Python-level loops cost more than the checks)
@@ -180,20 +191,30 @@ class PoolSet:
 
     def __init__(self) -> None:
         self.pools: list[_Pool] = []
+        self.latest: _Pool | None = None  # the pool of the last recording made
 
     def managed(self) -> set[int]:
-        """The storages of every recording's outputs."""
+        """The storages of every recording's outputs: memory that stays put
+        between calls (a pool's, or a parameter's that an output is a view of)."""
         return {o.untyped_storage().data_ptr() for pool in self.pools for rec in pool.recordings
                 for o in rec.outputs if isinstance(o, torch.Tensor)}
 
-    def pool_for(self, static: Sequence[torch.Tensor]) -> _Pool:
-        """The pool holding one of these inputs (a forward's output a backward
-        reads), else a new pool."""
+    def pool_for(self, static: Sequence[torch.Tensor], backward: bool) -> _Pool:
+        """The pool whose memory holds one of these inputs (a forward's output a
+        backward reads); else, for a backward, the pool of the latest recording
+        (its forward's, which ran last); else a new pool.  Only memory a
+        recording owns counts: a forward that hands out a view of a parameter (a
+        transposed weight saved for the backward) does not draw the next forward
+        reading that parameter into its pool, where the two could never replay in
+        turn (a training loop holds the last step's loss while the next forward
+        runs, so the forward alternates between two recordings)."""
         ptrs = {t.untyped_storage().data_ptr() for t in static}
         for pool in self.pools:
             for rec in pool.recordings:
-                if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in ptrs for o in rec.outputs):
+                if not rec.owned.isdisjoint(ptrs):
                     return pool
+        if backward and self.latest is not None:
+            return self.latest
         pool = _Pool()
         self.pools.append(pool)
         return pool
@@ -228,17 +249,26 @@ class CudaGraphed:
     def __call__(self, args: list[Any]) -> tuple[Any, ...]:
         if self.off is not None:
             return self.call(args)
+        same = 0  # recordings made with the static inputs where they are now
         for rec in self.recordings:
-            if self._static_match(rec, args) and rec.replayable():
-                return rec.run(args)
+            if self._static_match(rec, args):
+                if rec.replayable():
+                    return rec.run(args)
+                same += 1
         if not self.warmed:  # the first call compiles kernels and sets up libraries: not recorded
             self.warmed = True
             return self.call(args)
-        if len(self.recordings) >= MAX_RECORDINGS:
-            self._turn_off(f"{MAX_RECORDINGS} recordings, and a call that none can replay (new addresses of "
-                           "parameters, or outputs of every recording still held)")
+        if same >= MAX_RECORDINGS:
+            self._turn_off(f"{MAX_RECORDINGS} recordings with these parameters, and a call that none can replay "
+                           "(the outputs of every one still held)")
+            return self.call(args)
+        if not same and len(self._pointer_sets()) >= MAX_POINTER_SETS:
+            self._turn_off(f"{MAX_POINTER_SETS} sets of parameter addresses recorded, and a call with another")
             return self.call(args)
         return self._record(args)
+
+    def _pointer_sets(self) -> set[tuple[int | None, ...]]:
+        return {tuple(r.static_ptrs) for r in self.recordings}
 
     def _static_match(self, rec: _Recording, args: list[Any]) -> bool:
         """Whether the static inputs are where they were when rec was recorded:
@@ -265,7 +295,7 @@ class CudaGraphed:
             self._set_static(frozenset(i for i in self.static if isinstance(args[i], torch.nn.Parameter)
                                        or args[i].untyped_storage().data_ptr() in managed))
         static_inputs = [args[i] for i in self._static_idx]
-        pool = self.pools.pool_for(static_inputs)
+        pool = self.pools.pool_for(static_inputs, self.kind == "backward")
         placeholders: dict[int, torch.Tensor] = {}
         inputs = list(args)
         for i, x in enumerate(args):
@@ -299,6 +329,7 @@ class CudaGraphed:
                         if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in outside)
         rec = _Recording(graph, pool, static_ptrs, placeholders, outputs, watched, aliases)
         pool.recordings.append(rec)
+        self.pools.latest = pool
         self.recordings.append(rec)
         n = len(self.recordings)
         self.decisions.append(f"recording {n}: {len(self._static_idx)} inputs read in place, {len(placeholders)} "

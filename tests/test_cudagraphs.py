@@ -376,21 +376,47 @@ def test_held_outputs_make_another_recording(fake_cuda: None) -> None:
 
 def test_new_parameter_addresses_record_again_and_the_limit_turns_graphs_off(
         fake_cuda: None, caplog: pytest.LogCaptureFixture) -> None:
+    """One graph called for each of a model's layers reads each layer's
+    parameters: a recording a set, each replayed when its layer comes again; past
+    MAX_POINTER_SETS sets the graph runs as compiled."""
     call = _traced(lambda x, p: (x + p,))
     g = cudagraphs.CudaGraphed(call, "forward", frozenset({1}), cudagraphs.PoolSet(), None)
     x = torch.randn(4)
     g([x, torch.nn.Parameter(torch.randn(4))])  # warm-up
-    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(cudagraphs.MAX_RECORDINGS + 1)]
+    layers = [torch.nn.Parameter(torch.randn(4)) for _ in range(6)]
+    for _ in range(3):  # three steps through six layers
+        for p in layers:
+            (out,) = g([x, p])
+            torch.testing.assert_close(out, x + p)
+            del out
+    assert len(g.recordings) == 6 and g.off is None
+    assert [r.graph.replays for r in g.recordings] == [3] * 6
+    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(cudagraphs.MAX_POINTER_SETS - 6 + 1)]
     with caplog.at_level(logging.INFO, logger="coil"):
         for p in params:
             (out,) = g([x, p])
             torch.testing.assert_close(out, x + p)
             del out
-    assert len(g.recordings) == cudagraphs.MAX_RECORDINGS
-    assert g.off is not None and "4 recordings" in g.off
+    assert len(g.recordings) == cudagraphs.MAX_POINTER_SETS
+    assert g.off is not None and f"{cudagraphs.MAX_POINTER_SETS} sets of parameter addresses" in g.off
     assert "forward graph runs without CUDA graphs" in caplog.text
     (out,) = g([x, params[0]])  # off: runs as compiled, still right
     torch.testing.assert_close(out, x + params[0])
+
+
+def test_outputs_held_from_every_recording_turn_graphs_off(fake_cuda: None) -> None:
+    """A caller that keeps every output (a list of results) leaves no recording to
+    replay: MAX_RECORDINGS are made for the one set of parameters, then the graph
+    runs as compiled, and nothing kept is overwritten."""
+    call = _traced(lambda x, p: (x * p,))
+    g = cudagraphs.CudaGraphed(call, "forward", frozenset({1}), cudagraphs.PoolSet(), None)
+    w = torch.nn.Parameter(torch.randn(4))
+    xs = [torch.randn(4) for _ in range(cudagraphs.MAX_RECORDINGS + 3)]
+    kept = [g([x, w])[0] for x in xs]
+    assert len(g.recordings) == cudagraphs.MAX_RECORDINGS
+    assert g.off is not None and f"{cudagraphs.MAX_RECORDINGS} recordings with these parameters" in g.off
+    for x, k in zip(xs, kept):
+        torch.testing.assert_close(k, x * w)
 
 
 def test_a_backward_records_into_its_forwards_pool_and_guards_its_outputs(fake_cuda: None) -> None:
@@ -447,6 +473,39 @@ def test_a_backward_reads_views_of_parameters_in_place(fake_cuda: None) -> None:
     _, wt, wd = fw([torch.randn(4, 2), w])
     g_wt, _ = bw([wt, wd, torch.ones(())])
     torch.testing.assert_close(g_wt, w.detach().t())
+
+
+def test_a_loop_holding_its_last_loss_alternates_two_recordings(fake_cuda: None) -> None:
+    """A training loop keeps the last step's loss while the next forward runs
+    (`loss = step(x)`): the forward's recording is held, so a second one is made
+    in a pool of its own, and the two then replay in turn, each with its backward.
+    A forward that hands out a view of its weight (BART's tied embedding, saved
+    transposed for the backward) must not draw the second recording into the
+    first's pool, where neither could replay while the other's loss is held
+    (BART's training step on the H200 ran without CUDA graphs after 4 recordings)."""
+    pools = cudagraphs.PoolSet()
+    w = torch.nn.Parameter(torch.randn(2, 3))
+    fw = cudagraphs.CudaGraphed(_traced(lambda x, p: ((x @ p).sum(), p.t(), x @ p)), "forward",
+                                frozenset({1}), pools, None)
+    bw = cudagraphs.CudaGraphed(_traced(lambda wt, act, g: (act * g, wt * g)), "backward",
+                                frozenset({0, 1}), pools, None)
+    loss = None
+    for _ in range(8):
+        x = torch.randn(4, 2)
+        new_loss, wt, act = fw([x, w])
+        g_act, g_wt = bw([wt, act, torch.full((), 2.0)])
+        torch.testing.assert_close(new_loss, (x @ w).sum())
+        torch.testing.assert_close(g_act, (x @ w) * 2)
+        torch.testing.assert_close(g_wt, w.detach().t() * 2)
+        if loss is not None:  # the last step's loss was never overwritten
+            torch.testing.assert_close(loss, last)
+        loss, last = new_loss, new_loss.clone()
+        del new_loss, wt, act, g_act, g_wt
+    assert fw.off is None and bw.off is None
+    assert len(fw.recordings) == 2 and len(bw.recordings) == 2
+    assert fw.recordings[0].pool is not fw.recordings[1].pool
+    assert [r.pool for r in bw.recordings] == [r.pool for r in fw.recordings]  # each backward in its forward's pool
+    assert [r.graph.replays for r in fw.recordings] == [4, 3]  # 7 calls after the warm-up, in turn
 
 
 def test_an_output_that_is_a_copied_in_input_comes_from_the_callers_tensor(fake_cuda: None) -> None:
