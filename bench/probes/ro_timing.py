@@ -10,7 +10,9 @@ step: do_bench (the suite's `ms`), the back-to-back wall time (the suite's
 `wall_ms`: steps back to back, one sync), the host's enqueue time, and one step
 alone (synchronised before, CUDA events around it: host and GPU in series); then
 coil's CUDA-graph decisions.  Run from the repository root on a CUDA machine:
-`python3 bench/probes/ro_timing.py gpt2`."""
+`python3 bench/probes/ro_timing.py gpt2` (with BREAKS=1 first the graph breaks
+of each model's step and why; after the timings, six steps holding the last loss
+as a training loop does, and coil's CUDA-graph decisions)."""
 from __future__ import annotations
 
 import gc
@@ -76,9 +78,32 @@ def main() -> None:
                 flush = triton.testing.do_bench(c, warmup=25, rep=100, return_mode="median") * 1e3
                 print(f"  {v:9s} do_bench {flush:8.1f}  back-to-back {back_to_back_s(c, cuda, 0.2) * 1e6:8.1f}  "
                       f"host {host_us(c, 50):8.1f}  one step alone {synced_events_us(c):8.1f}", flush=True)
+        held = None
+        for _ in range(6):  # a training loop keeps the last step's loss while the next one runs
+            held = calls["coil"]()
+        del held
         for g in coil_graphed:
             print(f"  coil {g.kind}: {len(g.recordings)} recordings, off: {g.off}; {g.decisions}", flush=True)
 
 
+def break_reasons(name: str) -> None:
+    """Where Dynamo breaks the model's training step into several graphs, and why."""
+    import torch._dynamo as dynamo
+
+    from bench.models import model_loss
+
+    model, inputs = make_case(name, "train", "cuda", size=SIZES["small"], dtype=torch.bfloat16)
+    dynamo.reset()
+    expl = dynamo.explain(lambda **kw: model_loss(model(**kw)))(**inputs)
+    print(f"== {name}: {expl.graph_count} graphs, {expl.graph_break_count} breaks", flush=True)
+    for b in expl.break_reasons[:8]:
+        where = str(b.user_stack[-1]).strip().splitlines()[0][:160] if b.user_stack else "?"
+        print(f"  {b.reason.strip().splitlines()[0][:200]}  at {where}", flush=True)
+    dynamo.reset()
+
+
 if __name__ == "__main__":
+    if os.environ.get("BREAKS"):
+        for n in sys.argv[1:]:
+            break_reasons(n)
     main()
