@@ -57,6 +57,11 @@ MAX_POINTER_SETS = 32
 DEVICE_TYPE = "cuda"
 
 
+# how an output is made from the caller's inputs: input i itself, or (i, size, stride,
+# storage offset from input i's own, whether input i is detached first)
+Alias = int | tuple[int, tuple[int, ...], tuple[int, ...], int, bool]
+
+
 def capture_verdict(example_inputs: Sequence[Any], copied: frozenset[int], mutated: frozenset[int],
                     syncs: Sequence[str]) -> str | None:
     """None when a graph may be recorded, else why not.  `copied`: the inputs
@@ -99,11 +104,16 @@ class _Recording:
 
     def __init__(self, graph: Any, pool: _Pool, static_ptrs: list[int | None], placeholders: dict[int, torch.Tensor],
                  outputs: tuple[Any, ...], watched: tuple[int, ...],
-                 aliases: dict[int, tuple[int, tuple[int, ...], tuple[int, ...], int] | None]) -> None:
+                 aliases: dict[int, Alias]) -> None:
         self.graph, self.pool = graph, pool
         self.static_ptrs = static_ptrs  # by input index: the address of each static input, None for the others
         self.placeholders = placeholders
-        self.outputs = outputs
+        # the storages of every output (ints: no reference held), the aliases' too
+        self.storage_ptrs = frozenset(o.untyped_storage().data_ptr() for o in outputs if isinstance(o, torch.Tensor))
+        # an alias is made from the caller's tensor at each replay and not kept here: a
+        # reference kept to a backward's output that lies in its forward's memory (a saved
+        # tensor's buffer reused for a gradient) would hold the forward's recording forever
+        self.outputs = tuple(None if k in aliases else o for k, o in enumerate(outputs))
         # (storage, references when only this recording holds it) of each output in the pool;
         # the counts are taken once every storage object here exists (outputs may share one)
         storages = [outputs[i].untyped_storage() for i in watched]
@@ -120,8 +130,9 @@ class _Recording:
         # places among the others (None, numbers) and the views of the caller's inputs
         self._ph_dst = list(placeholders.values())
         self._ph_src_at = tuple(placeholders)
-        # outputs that are a copied-in input (its index) or a view of one (input, size, stride,
-        # offset from the input's own): handed out as the caller's tensor or a view of it
+        # outputs that are a copied-in input (its index), or a view of one or of a static input
+        # (input, size, stride, offset from the input's own, whether detached first): handed
+        # out as the caller's tensor or a view of it
         self._alias_items = tuple(aliases.items())
         self._tensor_at = tuple(k for k, o in enumerate(outputs) if isinstance(o, torch.Tensor) and k not in aliases)
         self._tensors = tuple(outputs[k] for k in self._tensor_at)
@@ -176,12 +187,11 @@ def _input_of(how: Any) -> int:
     return how if isinstance(how, int) else how[0]
 
 
-def _view_of(args: list[Any], how: tuple[int, tuple[int, ...], tuple[int, ...], int] | None | int) -> Any:
+def _view_of(args: list[Any], how: Alias) -> Any:
     if isinstance(how, int):
         return args[how]
-    assert how is not None
-    i, size, stride, delta = how
-    x = args[i]
+    i, size, stride, delta, detached = how
+    x = args[i].detach() if detached else args[i]
     return x.as_strided(size, stride, x.storage_offset() + delta)
 
 
@@ -196,8 +206,7 @@ class PoolSet:
     def managed(self) -> set[int]:
         """The storages of every recording's outputs: memory that stays put
         between calls (a pool's, or a parameter's that an output is a view of)."""
-        return {o.untyped_storage().data_ptr() for pool in self.pools for rec in pool.recordings
-                for o in rec.outputs if isinstance(o, torch.Tensor)}
+        return {p for pool in self.pools for rec in pool.recordings for p in rec.storage_ptrs}
 
     def pool_for(self, static: Sequence[torch.Tensor], backward: bool) -> _Pool:
         """The pool whose memory holds one of these inputs (a forward's output a
@@ -324,6 +333,11 @@ class CudaGraphed:
         if odd:  # a view in another dtype: as_strided of the caller's tensor cannot make it
             self._turn_off(f"output {odd[0]} is a view of a copied-in input in another dtype")
             return self.call(args)
+        # a view of a static input in its dtype (a weight's transpose, a saved tensor's buffer
+        # a backward reused): made from the caller's input, which a replay finds in place
+        statics = {i: args[i] for i in self._static_idx}
+        aliases.update((k, how) for k, how in self._aliases(outputs, statics, detached=True).items()
+                       if outputs[k].dtype == statics[_input_of(how)].dtype)
         outside = {x.untyped_storage().data_ptr() for x in (*static_inputs, *placeholders.values())}
         watched = tuple(i for i, o in enumerate(outputs)
                         if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in outside)
@@ -345,18 +359,21 @@ class CudaGraphed:
         return None
 
     @staticmethod
-    def _aliases(outputs: tuple[Any, ...], placeholders: dict[int, torch.Tensor]
-                 ) -> dict[int, Any]:
-        """Outputs that are a copied-in input or a view of one (a forward saves
-        its input for the backward): how to make each from the caller's input."""
-        by_storage = {ph.untyped_storage().data_ptr(): (i, ph) for i, ph in placeholders.items()}
-        out: dict[int, Any] = {}
+    def _aliases(outputs: tuple[Any, ...], inputs: dict[int, torch.Tensor], detached: bool = False
+                 ) -> dict[int, Alias]:
+        """Outputs that are one of these inputs or a view of one (a forward saves
+        its input for the backward): how to make each from the caller's input.
+        `detached`: a view of the input's detached self (a parameter's view
+        must not join its autograd graph), never the input itself."""
+        by_storage = {x.untyped_storage().data_ptr(): (i, x) for i, x in inputs.items()}
+        out: dict[int, Alias] = {}
         for k, o in enumerate(outputs):
             if not isinstance(o, torch.Tensor) or (hit := by_storage.get(o.untyped_storage().data_ptr())) is None:
                 continue
-            i, ph = hit
-            same = o.size() == ph.size() and o.stride() == ph.stride() and o.storage_offset() == ph.storage_offset()
-            out[k] = i if same else (i, tuple(o.size()), tuple(o.stride()), o.storage_offset() - ph.storage_offset())
+            i, x = hit
+            same = o.size() == x.size() and o.stride() == x.stride() and o.storage_offset() == x.storage_offset()
+            out[k] = i if same and not detached else (i, tuple(o.size()), tuple(o.stride()),
+                                                       o.storage_offset() - x.storage_offset(), detached)
         return out
 
 

@@ -311,8 +311,13 @@ def _traced(fn: Any) -> Any:
             # recording's output is kept as that output itself (no new reference)
             kept = [_RECORDED.get((x.data_ptr(), x.shape, x.stride()), x) if isinstance(x, torch.Tensor) else x
                     for x in inputs]
-            _Capturing.current.runs.append((call, kept, out))
-            _RECORDED.update({(o.data_ptr(), o.shape, o.stride()): o for o in out if isinstance(o, torch.Tensor)})
+            # an output in an input's memory is rewritten there by the replay's own run: not kept
+            # (a CUDA graph holds no reference to it either)
+            read = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
+            own = tuple(None if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in read else o
+                        for o in out)
+            _Capturing.current.runs.append((call, kept, own))
+            _RECORDED.update({(o.data_ptr(), o.shape, o.stride()): o for o in own if isinstance(o, torch.Tensor)})
         elif capturing:
             calls["eager"] += 1
         return out
@@ -506,6 +511,39 @@ def test_a_loop_holding_its_last_loss_alternates_two_recordings(fake_cuda: None)
     assert fw.recordings[0].pool is not fw.recordings[1].pool
     assert [r.pool for r in bw.recordings] == [r.pool for r in fw.recordings]  # each backward in its forward's pool
     assert [r.graph.replays for r in fw.recordings] == [4, 3]  # 7 calls after the warm-up, in turn
+
+
+def test_a_gradient_in_a_saved_tensors_buffer_does_not_hold_the_forward(fake_cuda: None) -> None:
+    """coil's backward may write a gradient into the buffer of a saved tensor it
+    read for the last time (MobileNetV2's BatchNorm gradients, (48,) over a saved
+    (2, 24, 1, 1)): that output lies in the forward recording's memory.  While
+    the caller holds the gradient, the forward records again; once it lets go,
+    the forward replays: the backward's recording keeps no reference of its own
+    (before, it kept one forever, and every step recorded anew until the limit)."""
+    pools = cudagraphs.PoolSet()
+    w = torch.nn.Parameter(torch.randn(2, 3))
+
+    def backward(saved: torch.Tensor, p: torch.Tensor, g: torch.Tensor) -> tuple[Any, ...]:
+        grad_p = saved.view(-1)[: p.numel()].view(p.shape)  # the saved buffer, reused
+        torch.mul(p.detach(), g, out=grad_p)
+        return (grad_p,)
+
+    fw = cudagraphs.CudaGraphed(_traced(lambda x, p: ((x * p.detach()).sum(), torch.cat([x * p.detach(), x]))), "forward",
+                                frozenset({1}), pools, None)
+    bw = cudagraphs.CudaGraphed(_traced(backward), "backward", frozenset({0, 1}), pools, None)
+    for step in range(6):
+        x = torch.randn(2, 3)
+        loss, saved = fw([x, w])
+        (grad,) = bw([saved, w, torch.full((), 2.0)])
+        assert grad.untyped_storage().data_ptr() == saved.untyped_storage().data_ptr()
+        torch.testing.assert_close(loss, (x * w).sum())
+        torch.testing.assert_close(grad, w.detach() * 2)
+        if step == 3:  # held into the next step: the forward must not overwrite it
+            kept, kept_value = grad, grad.clone()
+        del loss, saved, grad
+    torch.testing.assert_close(kept, kept_value)
+    assert len(fw.recordings) == 2 and len(bw.recordings) == 2 and fw.off is None
+    assert [r.graph.replays for r in fw.recordings] == [3, 2]  # steps 1-3, then 4-5 while step 3's is kept
 
 
 def test_an_output_that_is_a_copied_in_input_comes_from_the_callers_tensor(fake_cuda: None) -> None:
