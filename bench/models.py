@@ -202,7 +202,19 @@ def check_call(f: Callable[..., Any], inputs: dict[str, torch.Tensor], mode: str
 
 
 def _error(e: BaseException) -> str:
-    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
+    """The error on one line; where it wraps another (Dynamo's TorchRuntimeError
+    around the op's own error, whose message comes after a long list of fake
+    tensors), the start of it and the innermost cause."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    got = text.find("): got ")  # Dynamo's fake-tensor failure: the op's own error follows its arguments
+    if got > 240:
+        return text[:240] + " ... " + text[got + 3:got + 403]
+    root = e
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    if root is not e:
+        return text[:240] + " ... caused by " + " ".join(f"{type(root).__name__}: {root}".split())[:400]
+    return text[:500]
 
 
 def _mib(b: float | None) -> float | None:

@@ -124,3 +124,23 @@ def test_resume_runs_only_what_is_missing(tmp_path: Path) -> None:
     records = json.loads((tmp_path / "r.json").read_text())
     assert [(r["mode"], r["status"]) for r in records] == [("infer", "ref"), ("train", "ref")]
     assert records[0] == first
+
+
+def test_errors_keep_the_ops_own_message() -> None:
+    """A failed case's error names what failed: Dynamo's fake-tensor failure puts the
+    op's own error after a long list of its arguments, and a wrapped error's cause
+    is the part that says why."""
+    from bench.models import _error
+
+    args = ", ".join(f"FakeTensor(..., device='cuda:0', size=(8, 8, 256, 64), dtype=torch.bfloat16)" for _ in range(6))
+    e = RuntimeError(f"Dynamo failed to run FX node with fake tensors: call_function sdpa(*({args}), **{{}}): "
+                     "got RuntimeError('Expected attn_mask dtype to be bool or float or to match query dtype')")
+    text = _error(e)
+    assert text.startswith("RuntimeError: Dynamo failed") and "Expected attn_mask dtype" in text
+    try:
+        try:
+            raise ValueError("the real reason")
+        except ValueError as inner:
+            raise RuntimeError("x" * 600) from inner
+    except RuntimeError as outer:
+        assert _error(outer).endswith("caused by ValueError: the real reason")

@@ -208,3 +208,32 @@ def test_training_saves_inputs_and_recomputes_pointwise(monkeypatch):
     ours = saved(graphs["forward"])
     assert len(ours) < len(saved(default_fw[0])), ([a.name for a in ours], [a.name for a in saved(default_fw[0])])
     assert not any(a.target in (torch.ops.aten.sin.default, torch.ops.aten.cos.default) for a in ours)
+
+
+def test_a_cpu_graph_under_target_triton_compiles_for_cpp_without_the_interpreter(monkeypatch, caplog, tmp_path):
+    """A GPU model's step may hold a graph whose tensors are all on the CPU
+    (Wav2Vec2's training step draws its masks with numpy): with target 'triton'
+    and Triton's interpreter off, its kernels could not run, so that graph is
+    compiled for cpp, and a log line says so (the H200's models suite failed there:
+    "target 'triton' on CPU tensors runs kernels in the Triton interpreter")."""
+    import logging
+
+    from coil.backends.triton import runtime as triton_runtime
+    from coil.passes.pipeline import resolve_target
+
+    monkeypatch.setattr(triton_runtime, "interpreter_on", lambda: False)
+    monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path))
+    x = torch.randn(8, 16)
+    opts = coil.Options(target="triton")
+    assert resolve_target(opts, [x]).target == "cpp"
+    assert resolve_target(opts, [1, 2]).target == "triton"  # no tensor: nothing says where it runs
+
+    fn = lambda a: (a.sin() * 2 + 1).sum(-1)  # noqa: E731
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="coil"):
+        out = torch.compile(fn, backend="coil", options={"target": "triton"})(x)
+    torch.testing.assert_close(out, fn(x))
+    assert "compiled for target 'cpp'" in caplog.text
+
+    monkeypatch.setattr(triton_runtime, "interpreter_on", lambda: True)  # the interpreter on: triton it is
+    assert resolve_target(opts, [x]).target == "triton"
