@@ -48,6 +48,26 @@ def _static(inputs: Sequence[Any]) -> bool:
     return True
 
 
+def _target_for_device(opts: Options, example_inputs: Sequence[Any]) -> Options:
+    """An explicit `target="triton"` for a graph whose tensors are all on the CPU,
+    where Triton's interpreter is off (its kernels could not run there): the cpp
+    target, with a log line.  A GPU model's step may hold a graph on the CPU
+    (Wav2Vec2's training step draws its masks with numpy), which Inductor too
+    compiles for the CPU."""
+    if opts.target != "triton":
+        return opts
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if not tensors or any(x.device.type != "cpu" for x in tensors):
+        return opts
+    from coil.backends.triton.runtime import interpreter_on
+
+    if interpreter_on():
+        return opts
+    log.warning("coil: a graph on the CPU with target 'triton', whose kernels run on the CPU only in Triton's "
+                "interpreter (TRITON_INTERPRET=1, off): compiled for target 'cpp'")
+    return opts.replace(target="cpp")
+
+
 def _count(what: str) -> None:
     """torch._dynamo.utils.counters["coil"]: graphs compiled, and graphs left to run
     eagerly; benchmarks and tests read them as they read Dynamo's own counters."""
@@ -95,7 +115,7 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         opaque = [k for k, x in enumerate(example_inputs) if _is_opaque(x)]
         if opaque:
             return _around_opaque(gm, example_inputs, opaque, compile_one)
-        opts = options
+        opts = _target_for_device(options, example_inputs)
         if not _static(example_inputs):
             from coil.passes.pipeline import resolve_target
 

@@ -67,23 +67,11 @@ Observer = Callable[[Run], "StageHook | None"]  # per run: its stage hook, or No
 
 
 def resolve_target(options: Options, example_inputs: Sequence[Any]) -> Options:
-    """`target="auto"`: triton for CUDA tensors, cpp for CPU tensors.  An explicit
-    `target="triton"` for a graph whose tensors are all on the CPU, where Triton's
-    interpreter is off (so its kernels cannot run there), compiles for cpp, with a
-    log line: a GPU model's training step may hold a graph on the CPU (Wav2Vec2
-    draws its masks with numpy), which Inductor too compiles for the CPU."""
-    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    cuda = any(t.is_cuda for t in tensors)
-    if options.target == "auto":
-        return options.replace(target="triton" if cuda else "cpp")
-    if options.target == "triton" and tensors and not cuda and all(t.device.type == "cpu" for t in tensors):
-        from coil.backends.triton.runtime import interpreter_on
-
-        if not interpreter_on():
-            logging.getLogger("coil").warning("coil: a graph on the CPU with target 'triton', whose kernels run on the CPU only in "
-                        "Triton's interpreter (TRITON_INTERPRET=1, off): compiled for target 'cpp'")
-            return options.replace(target="cpp")
-    return options
+    """`target="auto"`: triton for CUDA tensors, cpp for CPU tensors."""
+    if options.target != "auto":
+        return options
+    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    return options.replace(target="triton" if cuda else "cpp")
 
 
 def enable_trace() -> None:

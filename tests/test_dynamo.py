@@ -218,15 +218,16 @@ def test_a_cpu_graph_under_target_triton_compiles_for_cpp_without_the_interprete
     "target 'triton' on CPU tensors runs kernels in the Triton interpreter")."""
     import logging
 
+    from coil.backends.dynamo import _target_for_device
     from coil.backends.triton import runtime as triton_runtime
-    from coil.passes.pipeline import resolve_target
 
     monkeypatch.setattr(triton_runtime, "interpreter_on", lambda: False)
     monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path))
     x = torch.randn(8, 16)
     opts = coil.Options(target="triton")
-    assert resolve_target(opts, [x]).target == "cpp"
-    assert resolve_target(opts, [1, 2]).target == "triton"  # no tensor: nothing says where it runs
+    assert _target_for_device(opts, [x]).target == "cpp"
+    assert _target_for_device(opts, [1, 2]).target == "triton"  # no tensor: nothing says where it runs
+    assert _target_for_device(coil.Options(target="reference"), [x]).target == "reference"
 
     fn = lambda a: (a.sin() * 2 + 1).sum(-1)  # noqa: E731
     torch._dynamo.reset()
@@ -236,4 +237,4 @@ def test_a_cpu_graph_under_target_triton_compiles_for_cpp_without_the_interprete
     assert "compiled for target 'cpp'" in caplog.text
 
     monkeypatch.setattr(triton_runtime, "interpreter_on", lambda: True)  # the interpreter on: triton it is
-    assert resolve_target(opts, [x]).target == "triton"
+    assert _target_for_device(opts, [x]).target == "triton"
