@@ -394,6 +394,9 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
                                            through, pools),
         decompositions=aot_decompositions(),
         partition_fn=_partition_fn(),
+        # writes into the graph's inputs (BatchNorm's buffers) stay in the graph, as Inductor asks:
+        # coil runs them, inside a CUDA graph's recording too
+        keep_inference_input_mutations=True,
     )
     wrapped = backend(gm, example_inputs)
     return _direct(*through[0]) if through else wrapped

@@ -238,3 +238,27 @@ def test_a_cpu_graph_under_target_triton_compiles_for_cpp_without_the_interprete
 
     monkeypatch.setattr(triton_runtime, "interpreter_on", lambda: True)  # the interpreter on: triton it is
     assert _target_for_device(opts, [x]).target == "triton"
+
+
+def test_buffer_updates_are_written_by_the_graph(tmp_path):
+    """AOTAutograd keeps a graph's writes into its buffers in the graph
+    (keep_inference_input_mutations, as Inductor asks for): BatchNorm's running
+    statistics and step count are updated by the compiled forward itself, not
+    copied in after it by AOTAutograd's wrapper (under CUDA graphs those copies
+    would run outside the recording, each a launch from the host), and they
+    match eager's after every step."""
+    import copy
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).train()
+    ref = copy.deepcopy(m)
+    torch._dynamo.reset()
+    f = torch.compile(m, backend="coil", options={"target": "cpp", "debug_dir": str(tmp_path)})
+    for _ in range(3):
+        x = torch.randn(2, 3, 8, 8)
+        f(x).sum().backward()
+        ref(x).sum().backward()
+        for (name, b), (_, rb) in zip(m.named_buffers(), ref.named_buffers()):
+            torch.testing.assert_close(b, rb, msg=name)
+    forward = next(tmp_path.glob("*forward*/output_code.py")).read_text()
+    assert forward.count("aten_copy__default(primals_") == 3, forward  # mean, var, num_batches_tracked
