@@ -647,3 +647,27 @@ def test_a_real_training_loop_keeps_replaying(name: str, fake_cuda_models: list[
     assert used and all(g.off is None for g in fake_cuda_models), [g.off for g in fake_cuda_models]
     assert max(len(g.recordings) for g in used) <= 2, [g.decisions for g in used]
     assert all(r.graph.replays >= 2 for g in used for r in g.recordings)
+
+
+def test_buffer_updates_run_inside_the_recording(fake_cuda_models: list[cudagraphs.CudaGraphed]) -> None:
+    """BatchNorm's running statistics are written by the compiled forward itself
+    (AOTAutograd keeps the writes into buffers in the graph: test_dynamo's
+    test_buffer_updates_are_written_by_the_graph), so the recording writes into
+    the buffers, which it reads in place: after every step they match eager's,
+    with one recording replayed."""
+    import copy
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).train()
+    ref = copy.deepcopy(m)
+    torch._dynamo.reset()
+    f = torch.compile(m, backend="coil", mode="reduce-overhead")
+    for step in range(5):
+        x = torch.randn(2, 3, 8, 8)
+        f(x).sum().backward()
+        ref(x).sum().backward()
+        for (name, b), (_, rb) in zip(m.named_buffers(), ref.named_buffers()):
+            torch.testing.assert_close(b, rb, msg=f"step {step}: {name}")
+    forward = [g for g in fake_cuda_models if g.kind == "forward"]
+    assert len(forward) == 1 and forward[0].off is None
+    assert [r.graph.replays for r in forward[0].recordings] == [4]  # steps 2-5
