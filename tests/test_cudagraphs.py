@@ -343,10 +343,7 @@ def _traced(fn: Any) -> Any:
 
 def _traced_boxed(call: Any) -> Any:
     """_traced for a compiled graph's boxed call (it takes a list and clears it)."""
-    def run(args: list[Any], capturing: bool = True) -> tuple[Any, ...]:
-        return tuple(call(list(args)))
-
-    return _traced(lambda *inputs: run(list(inputs)))
+    return _traced(lambda *inputs: tuple(call(list(inputs))))
 
 
 def test_record_once_then_replay_with_new_inputs(fake_cuda: None) -> None:
@@ -551,8 +548,11 @@ def test_a_gradient_in_a_saved_tensors_buffer_does_not_hold_the_forward(fake_cud
         torch.mul(p.detach(), g, out=grad_p)
         return (grad_p,)
 
-    fw = cudagraphs.CudaGraphed(_traced(lambda x, p: ((x * p.detach()).sum(), torch.cat([x * p.detach(), x]))), "forward",
-                                frozenset({1}), pools, None)
+    def forward(x: torch.Tensor, p: torch.Tensor) -> tuple[Any, ...]:
+        xp = x * p.detach()
+        return xp.sum(), torch.cat([xp, x])  # the second: saved for the backward
+
+    fw = cudagraphs.CudaGraphed(_traced(forward), "forward", frozenset({1}), pools, None)
     bw = cudagraphs.CudaGraphed(_traced(backward), "backward", frozenset({0, 1}), pools, None)
     for step in range(6):
         x = torch.randn(2, 3)
