@@ -48,16 +48,15 @@ def _static(inputs: Sequence[Any]) -> bool:
     return True
 
 
-def _target_for_device(opts: Options, example_inputs: Sequence[Any]) -> Options:
+def _target_for_device(opts: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Options:
     """An explicit `target="triton"` for a graph whose tensors are all on the CPU,
     where Triton's interpreter is off (its kernels could not run there): the cpp
     target, with a log line.  A GPU model's step may hold a graph on the CPU
     (Wav2Vec2's training step draws its masks with numpy), which Inductor too
     compiles for the CPU."""
-    if opts.target != "triton":
-        return opts
-    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    if not tensors or any(x.device.type != "cpu" for x in tensors):
+    from coil.passes.lower import compute_device
+
+    if opts.target != "triton" or compute_device(gm, example_inputs) != "cpu":
         return opts
     from coil.backends.triton.runtime import interpreter_on
 
@@ -115,11 +114,11 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         opaque = [k for k, x in enumerate(example_inputs) if _is_opaque(x)]
         if opaque:
             return _around_opaque(gm, example_inputs, opaque, compile_one)
-        opts = _target_for_device(options, example_inputs)
+        opts = _target_for_device(options, gm, example_inputs)
         if not _static(example_inputs):
             from coil.passes.pipeline import resolve_target
 
-            target = resolve_target(opts, example_inputs)
+            target = resolve_target(opts, example_inputs, gm)
             if not opts.dynamic or not target.traits().symbolic_sizes:
                 why = "Options.dynamic is off" if not opts.dynamic else \
                     f"the {target.target} target does not compile symbolic sizes yet"
@@ -130,7 +129,7 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         if kind == "forward" and _has_convolution(gm):
             from coil.passes.pipeline import resolve_target
 
-            resolved = resolve_target(opts, example_inputs)
+            resolved = resolve_target(opts, example_inputs, gm)
             if resolved.prefers_channels_last() and resolved.traits().channels_last_training:
                 opts = opts.replace(free_output_strides=_saved_outputs(gm))
         if kind == "backward" and (donated := _donated_inputs()):

@@ -55,10 +55,24 @@ class FxGraph:
     example_inputs: tuple[Any, ...]
 
     def device(self) -> str:
-        for t in self.example_inputs:
-            if isinstance(t, torch.Tensor):
-                return str(t.device)
-        return "cpu"
+        return compute_device(self.gm, self.example_inputs)
+
+
+def compute_device(gm: torch.fx.GraphModule | None, example_inputs: Sequence[Any]) -> str:
+    """The device a graph computes on: the first one other than the CPU among its
+    tensor inputs, else among the values its nodes make (Dynamo's `val`s), else the
+    CPU.  A graph may take no tensor at all and build CUDA tensors from sizes
+    (transformers' attention masks), or take a CPU scalar first."""
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    if gm is not None:
+        for n in gm.graph.nodes:
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor) and n.op != "placeholder":
+                tensors.append(v)
+    for t in tensors:
+        if t.device.type not in ("cpu", "meta"):
+            return str(t.device)
+    return "cpu"
 
 
 def _short(target: Any) -> str:
@@ -494,6 +508,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
             size_outputs = tuple((i, o) for i, o in enumerate(flat)
                                  if isinstance(o, (int, sympy.Expr)) and not isinstance(o, bool) and sm.shapes)
             fx_flat = torch.utils._pytree.tree_leaves(n.args[0])
+            _check_output_devices(flat, fx_flat, vals)
             output_strides = tuple(_meta_stride(f, vals, sm) for f in fx_flat)
         else:
             raise CoilError(f"unsupported FX op {n.op}", stage="lower", node=n.name)
@@ -505,6 +520,22 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     sizes = NO_SIZES if not sm.shapes else GraphSizes(sm.shapes, tuple(size_inputs), tuple(order), size_outputs)
     g = prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides, sizes), options)
     return attention_input_strides(g, options)
+
+
+def _check_output_devices(flat: Sequence[Any], fx_flat: Sequence[Any], vals: dict[str, Any]) -> None:
+    """Every output on the device eager gives it.  coil computes a graph's ops on its
+    one device (`compute_device`), moving CPU inputs there, which is right for what
+    flows into that device's ops; an output eager leaves on another device would
+    come back on the wrong one, so such a graph is refused (the Dynamo backend runs
+    it eagerly, with a log line)."""
+    for i, (o, f) in enumerate(zip(flat, fx_flat)):
+        v = vals.get(f.name) if isinstance(f, torch.fx.Node) else None
+        if not isinstance(o, TensorValue) or not isinstance(v, torch.Tensor) or v.device.type == "meta":
+            continue
+        if torch.device(o.device).type != v.device.type:
+            raise CoilError(f"output {i} ({f.name}) is on {v.device} in eager, computed on {o.device}: "
+                            "a graph mixing devices whose output stays on another device", stage="lower",
+                            node=f.name)
 
 
 def _constant(ctx: LowerCtx, fx: FxGraph, n: torch.fx.Node, device: str) -> Any:

@@ -66,11 +66,16 @@ StageHook = Callable[[int, str, Any], None]  # after each stage: (its index, its
 Observer = Callable[[Run], "StageHook | None"]  # per run: its stage hook, or None when it has nothing to do
 
 
-def resolve_target(options: Options, example_inputs: Sequence[Any]) -> Options:
-    """`target="auto"`: triton for CUDA tensors, cpp for CPU tensors."""
+def resolve_target(options: Options, example_inputs: Sequence[Any], gm: torch.fx.GraphModule | None = None
+                   ) -> Options:
+    """`target="auto"`: triton for a graph on CUDA, cpp for one on the CPU; the
+    graph's device is its inputs' or, with `gm`, that of the tensors it makes
+    (`lower.compute_device`)."""
     if options.target != "auto":
         return options
-    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    from coil.passes.lower import compute_device
+
+    cuda = compute_device(gm, example_inputs).startswith("cuda")
     return options.replace(target="triton" if cuda else "cpp")
 
 
@@ -119,7 +124,7 @@ class Pipeline:
         graph's folder `<debug_dir>/<n>_<kind>` by it."""
         from coil.passes.lower import FxGraph
 
-        options = resolve_target(options or Options.from_env(), example_inputs)
+        options = resolve_target(options or Options.from_env(), example_inputs, gm)
         if until is not None:
             self._index(until)
         if options.trace:

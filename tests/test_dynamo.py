@@ -211,12 +211,14 @@ def test_training_saves_inputs_and_recomputes_pointwise(monkeypatch):
 
 
 def test_a_cpu_graph_under_target_triton_compiles_for_cpp_without_the_interpreter(monkeypatch, caplog, tmp_path):
-    """A GPU model's step may hold a graph whose tensors are all on the CPU
-    (Wav2Vec2's training step draws its masks with numpy): with target 'triton'
-    and Triton's interpreter off, its kernels could not run, so that graph is
-    compiled for cpp, and a log line says so (the H200's models suite failed there:
-    "target 'triton' on CPU tensors runs kernels in the Triton interpreter")."""
+    """A GPU model's step may hold a graph whose tensors are all on the CPU: with
+    target 'triton' and Triton's interpreter off its kernels could not run, so that
+    graph is compiled for cpp, and a log line says so.  Where the graph is decided
+    by the tensors it makes, not only those it takes: a graph that takes no tensor
+    and builds one on CUDA (transformers' attention masks) stays on triton."""
     import logging
+
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     from coil.backends.dynamo import _target_for_device
     from coil.backends.triton import runtime as triton_runtime
@@ -224,10 +226,14 @@ def test_a_cpu_graph_under_target_triton_compiles_for_cpp_without_the_interprete
     monkeypatch.setattr(triton_runtime, "interpreter_on", lambda: False)
     monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path))
     x = torch.randn(8, 16)
+    sin = torch.fx.symbolic_trace(lambda a: a.sin())
     opts = coil.Options(target="triton")
-    assert _target_for_device(opts, [x]).target == "cpp"
-    assert _target_for_device(opts, [1, 2]).target == "triton"  # no tensor: nothing says where it runs
-    assert _target_for_device(coil.Options(target="reference"), [x]).target == "reference"
+    assert _target_for_device(opts, sin, [x]).target == "cpp"
+    assert _target_for_device(coil.Options(target="reference"), sin, [x]).target == "reference"
+    on_cuda = make_fx(lambda: torch.arange(8, device="cuda") * 2, tracing_mode="fake")()
+    on_cpu = make_fx(lambda: torch.arange(8) * 2, tracing_mode="fake")()
+    assert _target_for_device(opts, on_cuda, []).target == "triton"
+    assert _target_for_device(opts, on_cpu, []).target == "cpp"
 
     fn = lambda a: (a.sin() * 2 + 1).sum(-1)  # noqa: E731
     torch._dynamo.reset()
@@ -237,7 +243,7 @@ def test_a_cpu_graph_under_target_triton_compiles_for_cpp_without_the_interprete
     assert "compiled for target 'cpp'" in caplog.text
 
     monkeypatch.setattr(triton_runtime, "interpreter_on", lambda: True)  # the interpreter on: triton it is
-    assert _target_for_device(opts, [x]).target == "triton"
+    assert _target_for_device(opts, sin, [x]).target == "triton"
 
 
 def test_buffer_updates_are_written_by_the_graph(tmp_path):

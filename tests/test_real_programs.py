@@ -185,6 +185,80 @@ def test_a_cpu_scalar_tensor_is_taken_for_a_cuda_one():
     torch.testing.assert_close(c(x, torch.tensor(2.0))[0], x * 2)
 
 
+def _causal_mask(device):
+    """What transformers' mask functions make from sizes alone: no tensor comes in."""
+    i = torch.arange(64, device=device)
+    return (i.unsqueeze(0) <= i.unsqueeze(1)).expand(4, 1, 64, 64)
+
+
+def _devices(ir) -> set[str]:
+    import re
+
+    return set(re.findall(r"device='([^']*)'", repr(ir)))
+
+
+def test_a_graph_that_takes_no_tensor_computes_where_its_tensors_are_made():
+    """Wav2Vec2's training step on the H200: the graph building its attention mask
+    takes no tensor, so coil took it for a CPU graph, put every buffer on the CPU
+    and handed the mask back there (reduce-overhead: SDPA then met a CPU mask and
+    a CUDA query; target triton: "runs kernels in the Triton interpreter").  The
+    device is now read from the values the graph makes.  Traced with fake CUDA
+    tensors, so that this machine without CUDA lowers it."""
+    from coil.passes.lower import compute_device
+    from coil.passes.pipeline import resolve_target
+
+    gm = make_fx(lambda: _causal_mask("cuda"), tracing_mode="fake")()
+    assert compute_device(gm, []) == "cuda:0"
+    assert resolve_target(coil.Options(target="auto"), [], gm).target == "triton"
+    program = coil.default_pipeline().run(gm, [], until="wrap", options=coil.Options(target="auto"))
+    assert _devices(program) == {"cuda:0"}
+    assert {k.device for k in program.kernel_program.specs} == {"cuda:0"}
+    # a CPU scalar first among the inputs does not make a CUDA graph a CPU one
+    assert compute_device(None, [torch.tensor(2.0), torch.empty(2, device="meta")]) == "cpu"
+    assert compute_device(gm, [torch.tensor(2.0)]) == "cuda:0"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_mask_made_from_sizes_alone_on_the_cpu(target):
+    out = compiled(lambda: _causal_mask("cpu"), target)()
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, _causal_mask("cpu"))
+
+
+def test_a_graph_mixing_devices_never_moves_an_output():
+    """A graph on CUDA computes its ops there, moving CPU tensors over, which is
+    right where they flow into CUDA ops (a CPU arange moved to CUDA: one CUDA
+    kernel); an output eager leaves on the CPU would come back on CUDA, so such a
+    graph is refused when lowered (the Dynamo backend runs it eagerly)."""
+    from coil.errors import CoilError
+
+    x = torch.randn(8)
+    gm = make_fx(lambda a: (a * 2, torch.arange(8, device="cuda") + 1), tracing_mode="fake")(x)
+    with pytest.raises(CoilError, match=r"output 0 \(mul\) is on cpu in eager, computed on cuda:0"):
+        coil.default_pipeline().run(gm, [x], until="lower", options=coil.Options(target="triton"))
+    gm = make_fx(lambda: (torch.arange(8.) * 2).cumsum(0).to(device=torch.device("cuda", 0)) + 1,
+                 tracing_mode="fake")()
+    program = coil.default_pipeline().run(gm, [], until="wrap", options=coil.Options(target="auto"))
+    assert [k.device for k in program.kernel_program.specs] == ["cuda:0"]
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_cuda_mask_made_from_sizes_alone(mode):
+    """The end to end form of the Wav2Vec2 failure: the mask comes back on CUDA, as
+    eager's does, and SDPA takes it."""
+    q = torch.randn(4, 2, 64, 16, device="cuda")
+    torch._dynamo.reset()
+    mask = torch.compile(lambda: _causal_mask("cuda"), backend="coil", mode=mode)
+    for _ in range(3):
+        m = mask()
+        assert m.device.type == "cuda"
+        torch.testing.assert_close(m, _causal_mask("cuda"))
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q, attn_mask=m),
+                                   F.scaled_dot_product_attention(q, q, q, attn_mask=_causal_mask("cuda")))
+
+
 # ---- 3. the backward of nn.MultiheadAttention and nn.TransformerEncoderLayer -------
 
 class SelfAttention(torch.nn.Module):
