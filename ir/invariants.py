@@ -134,15 +134,18 @@ def check_reuse(w: WrapperProgram) -> None:
     """The old owner's last use is before the Reuse line and it is never used after;
     in place, its last use is the kernel call right after, which writes the new one,
     and its name is dropped (a Free of kind NAME), never its storage.  A graph input
-    is taken only in place, and only where its caller donated it."""
+    is taken only in place, and only where its caller donated it or where the plan
+    writes a buffer back into it (an elided copy_ into the input)."""
     bg = w.buffer_graph
+    backs = set(w.plan.write_backs)
     for k, ln in enumerate(w.lines):
         if not isinstance(ln, Reuse):
             continue
         old, new = bg.layout(ln.old), bg.layout(ln.new)
         if (old.nbytes, old.dtype, old.device) != (new.nbytes, new.dtype, new.device):
             raise InvariantError(f"line {k}: {ln.new} reuses {ln.old} of another size, dtype or device")
-        if ln.old in {i.name for i in bg.inputs if not (ln.inplace and i.donated)}:
+        if ln.old in {i.name for i in bg.inputs
+                      if not (ln.inplace and (i.donated or (ln.new, i.name) in backs))}:
             raise InvariantError(f"line {k}: {ln.new} reuses graph input {ln.old}"
                                  + ("" if ln.inplace else " (only a donated input may be taken, and only in place)"))
         later = list(enumerate(w.lines[k + 1 :], k + 1))

@@ -10,12 +10,15 @@ Grammar::
     MemoryPlan ::= (steps: PlannedStep*, schedule: FusedSchedule, removed: name set,
                     peak_bytes, strategy: Order, candidates: (Order, peak_bytes)*)
     PlannedStep ::= (step, last_usage: name set, allocs: name*, reuses: (new, old)*,
-                     frees: name*, live_bytes: int, inplace: name*, in_flight: name*)
+                     frees: name*, live_bytes: int, inplace: name*, in_flight: name*,
+                     elided: bool)
                      inplace: the new buffers of `reuses` that take a storage dying
                      at this very step (the kernel reads it while writing over it)
                      in_flight: the buffers of collectives issued at or before this
                      step and waited after it (`collective_spans`): none is freed
                      after this step, nor reused or taken in place by it
+                     elided: an extern copy_ whose source a kernel already wrote
+                     into the input it copies to (plan_memory's write-back)
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ class PlannedStep:
     # dies at this step, which reads it through the new one (plan_memory.inplace_source)
     inplace: tuple[str, ...] = ()
     in_flight: tuple[str, ...] = ()  # collectives' buffers still in flight after this step
+    # an extern copy_ into a graph input whose source an earlier kernel wrote into
+    # that input in place (plan_memory's write-back): the wrapper makes no call
+    elided: bool = False
 
     @property
     def inplace_pairs(self) -> tuple[tuple[str, str], ...]:
@@ -100,3 +106,17 @@ class MemoryPlan(PlanKernels, GraphInputs):  # PlanKernels extends FusedSchedule
     peak_bytes: int
     strategy: Order = attrs.field(default=Order.ORIGINAL, converter=Order)
     candidates: tuple[tuple[Order, int], ...] = attrs.field(default=(), converter=_candidates)
+
+    @property
+    def write_backs(self) -> tuple[tuple[str, str], ...]:
+        """(source, input) of each elided copy_(input, source): the source's kernel
+        wrote it into the input's storage in place."""
+        from coil.ir.lowered import TensorRef
+
+        out = []
+        for ps in self.steps:
+            b = self.buffer_graph.get(ps.step.nodes[0]) if ps.elided else None
+            refs = [a.name for a in getattr(b, "args", ()) if isinstance(a, TensorRef)]
+            if len(refs) == 2:
+                out.append((refs[1], refs[0]))
+        return tuple(out)

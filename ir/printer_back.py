@@ -55,7 +55,8 @@ def show_plan(p: MemoryPlan) -> str:
     out = [f"MemoryPlan order={p.strategy} peak_bytes={p.peak_bytes}" + (f" (candidates: {cands})" if cands else "")]
     out.append(f"  removed (kept in registers): {_names(p.removed)}")
     for i, ps in enumerate(p.steps):
-        out.append(f"  step {i}: {step_label(ps.step)}")
+        out.append(f"  step {i}: {step_label(ps.step)}" + ("  (elided: its source was written into the input in place)"
+                                                        if ps.elided else ""))
         if ps.allocs:
             out.append(f"    alloc {', '.join(ps.allocs)}")
         for new, old in ps.reuses:

@@ -8,16 +8,17 @@ MemoryPlan      M1 removed buffers are never allocated or freed; M2 no name free
                 M3 a collective's buffers (what it reads, writes and mutates) are not
                 freed from its issue until its last wait, nor reused or taken in place
                 from its issue through that wait; M4 each step's in_flight is what the
-                collectives' spans say
+                collectives' spans say; M5 an elided step is a copy_ into an input whose
+                source an earlier kernel wrote there in place, its result unnamed
 WrapperProgram  all invariants (lifetimes, reuse, peak replay, kernel parameters)
 CompiledModule  C1 the source is valid Python
 """
 
 from __future__ import annotations
 
-from coil.ir.buffers import collectives
+from coil.ir.buffers import ExternBuffer, collectives
 from coil.ir.fused import FusedSchedule
-from coil.ir.memory import MemoryPlan, collective_spans, in_flight_at
+from coil.ir.memory import MemoryPlan, PlannedStep, collective_spans, in_flight_at
 from coil.ir.module import CompiledModule
 from coil.ir.verify import fail
 from coil.ir.wrapper import WrapperProgram
@@ -39,7 +40,11 @@ def verify_fused(s: FusedSchedule, stage: str) -> None:
 
 def verify_plan(p: MemoryPlan, stage: str) -> None:
     freed: set[str] = set()
+    written: set[tuple[str, str]] = set()  # (new, old) taken in place so far
     for ps in p.steps:
+        if ps.elided:
+            _verify_elided(p, ps, written, stage)
+        written |= set(ps.inplace_pairs)
         for n in (*ps.allocs, *ps.frees):
             if n in p.removed:
                 fail(p, stage, n, "M1 a buffer kept in registers is allocated or freed")
@@ -48,6 +53,21 @@ def verify_plan(p: MemoryPlan, stage: str) -> None:
                 fail(p, stage, n, "M2 freed twice")
             freed.add(n)
     _verify_in_flight(p, stage)
+
+
+def _verify_elided(p: MemoryPlan, ps: PlannedStep, written: set[tuple[str, str]], stage: str) -> None:
+    """M5 an elided step is an extern copy_(input, src) whose src an earlier kernel
+    wrote into that input in place, and nothing names its own result."""
+    from coil.ir.lowered import TensorRef
+
+    b = p.buffer_graph.get(ps.step.nodes[0]) if len(ps.step.nodes) == 1 else None
+    refs = [a.name for a in b.args if isinstance(a, TensorRef)] if isinstance(b, ExternBuffer) else []
+    if not isinstance(b, ExternBuffer) or b.kernel != "aten.copy_.default" or len(refs) != 2:
+        fail(p, stage, ps.step.nodes[0] if ps.step.nodes else "?", "M5 an elided step that is not an extern copy_")
+    elif (refs[1], refs[0]) not in written:
+        fail(p, stage, b.name, f"M5 {b.name} elided, but no earlier kernel wrote {refs[1]} into {refs[0]} in place")
+    elif b.name in p.buffer_graph.outputs or any(b.name in q.frees for q in p.steps):
+        fail(p, stage, b.name, "M5 the result of an elided copy_ is named (an output, or freed)")
 
 
 def _verify_in_flight(p: MemoryPlan, stage: str) -> None:

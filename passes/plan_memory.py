@@ -15,7 +15,14 @@
    input its caller donated), when every read of that input in the kernel comes
    before the output is written and hits the element it writes (`inplace_source`),
    as Inductor's in-place buffers do; no storage is allocated for it.
-5. peak: a step-by-step replay of every allocation and free.
+5. write-back: an extern `copy_` into a graph input (what AOTAutograd leaves for a
+   graph's writes into its inputs: BatchNorm's running statistics) from a buffer
+   of coil's that holds exactly the input's layout: the kernel computing that
+   buffer writes it straight into the input's storage, in place (`write_backs`),
+   and the copy step is elided, as Inductor's kernels store into mutated inputs.
+   Only where the input is read by nothing after that kernel, and inside it only
+   by the buffer itself at the element it writes.
+6. peak: a step-by-step replay of every allocation and free.
 With `reorder_for_peak_memory`, the same plan is made for several topological
 orders (original, least-peak-memory-first, BFS, DFS) and the lowest peak is kept.
 """
@@ -32,6 +39,7 @@ import sympy
 from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer,
                              collectives)
 from coil.ir.expr import IndirectLoad, Load, read_names, walk
+from coil.ir.lowered import TensorRef
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
 from coil.ir.memory import MemoryPlan, Order, PlannedStep, collective_spans, in_flight_at
@@ -186,6 +194,74 @@ def _views(g: BufferGraph, name: str, base: str) -> bool:
     return False
 
 
+COPY_KERNEL = "aten.copy_.default"
+
+
+def write_backs(g: ScheduleGraph, removed: frozenset[str]) -> dict[str, tuple[str, str]]:
+    """Candidates for writing in place, by source buffer: src -> (input, copy
+    extern), for each extern `copy_(input, src)` whose input is a graph input with
+    no view, src a pointwise buffer of coil's with the input's layout (offset 0),
+    neither of them an output, and whose own result nothing reads."""
+    bg = g.graph
+    outputs = {o for o in bg.outputs if o is not None} | _alias_bases(bg, list(bg.outputs))
+    readers: dict[str, set[str]] = {}
+    for n in g.nodes:
+        for d in n.read_writes.reads:
+            if not isinstance(d, WeakDep):
+                readers.setdefault(d.name, set()).add(n.name)
+    viewed = {b.base for b in bg.buffers if isinstance(b, AliasBuffer)}
+    inputs = {i.name for i in bg.inputs}
+    out: dict[str, tuple[str, str]] = {}
+    for b in bg.buffers:
+        if not isinstance(b, ExternBuffer) or b.kernel != COPY_KERNEL or b.kwargs or len(b.args) != 2:
+            continue
+        dst, src = (a.name if isinstance(a, TensorRef) else "" for a in b.args)
+        sb = bg.get(src) if src else None
+        if (dst not in inputs or dst in viewed or dst in outputs or b.mutated != (dst,) or b.name in readers
+                or b.name in outputs or not isinstance(sb, ComputedBuffer) or sb.is_reduction or src in removed
+                or src in outputs or src in viewed or src in out):
+            continue
+        if sb.layout == bg.layout(dst) and sb.layout.offset == 0:
+            out[src] = (dst, b.name)
+    return out
+
+
+def _writes_back(kernel: FusedKernel, src: str, dst: str, g: BufferGraph) -> bool:
+    """Whether the kernel may store `src` straight into `dst`'s storage: no other
+    node of the kernel reads dst, and src reads it only directly, at the element it
+    writes (so each element is read before it is written, by the same program)."""
+    b = g.get(src)
+    assert isinstance(b, ComputedBuffer)
+    for n in kernel.nodes:
+        nb = g.get(n)
+        if n != src and isinstance(nb, ComputedBuffer) and dst in read_names(nb.body):
+            return False
+    loads = [e for e in walk(b.body) if isinstance(e, (Load, IndirectLoad)) and e.name == dst]
+    return _reads_only_at(b, loads, g.layout(dst), store_position(b, kernel.group), kernel.group)
+
+
+def _write_back_at(order: Sequence[Step], g: ScheduleGraph, candidates: Mapping[str, tuple[str, str]]
+                   ) -> dict[int, list[tuple[str, str]]]:
+    """For one order: step index -> the (src, input) pairs its kernel writes back,
+    those whose input no step after the kernel reads (but the elided copy)."""
+    if not candidates:
+        return {}
+    at = {n: i for i, st in enumerate(order) for n in st.nodes}
+    readers: dict[str, list[int]] = {}
+    for n in g.nodes:
+        for d in n.read_writes.reads:
+            if not isinstance(d, WeakDep):
+                readers.setdefault(d.name, []).append(at[n.name])
+    out: dict[int, list[tuple[str, str]]] = {}
+    for src, (dst, copy) in candidates.items():
+        i = at[src]
+        step = order[i]
+        if (isinstance(step, FusedKernel) and all(j <= i or order[j].nodes == (copy,) for j in readers.get(dst, []))
+                and _writes_back(step, src, dst, g.graph)):
+            out.setdefault(i, []).append((src, dst))
+    return out
+
+
 def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
                inplace: bool = False) -> tuple[tuple[PlannedStep, ...], int]:
     g = s.graph
@@ -211,13 +287,27 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
     input_names = {i.name for i in bg.inputs}
     planned: list[_Planned] = []
     reused: set[str] = set()
-    for step, lu in zip(order, last_usage):
+    candidates = write_backs(g, removed) if inplace else {}
+    back = _write_back_at(order, g, candidates)
+    into_inputs = {src for pairs in back.values() for src, _ in pairs}  # their storage is an input's
+    elided = {candidates[src][1] for src in into_inputs}
+    for i, pairs in back.items():  # the input dies at the kernel writing it (its copy is elided)
+        last_usage[i] |= {dst for _, dst in pairs}
+        for j in range(i + 1, len(order)):
+            last_usage[j] -= {dst for _, dst in pairs}
+    for i, (step, lu) in enumerate(zip(order, last_usage)):
         allocs: list[str] = []
         reuses: list[tuple[str, str]] = []
         in_place: list[str] = []
+        writing = dict(back.get(i, []))
         if isinstance(step, FusedKernel):
             for n in step.nodes:
                 if n in removed:
+                    continue
+                if n in writing:
+                    reuses.append((n, writing[n]))
+                    reused.add(writing[n])
+                    in_place.append(n)
                     continue
                 src = inplace_source(step, n, lu, bg, reused) if inplace else None
                 if src is not None:
@@ -233,23 +323,25 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
                     reused.add(old)
                 else:
                     allocs.append(n)
-        frees = sorted(lu, key=lambda x: (x not in input_names, len(x), x))
+        # an elided copy's own result is never made
+        frees = sorted(lu - elided, key=lambda x: (x not in input_names, len(x), x))
         taken = {old for n, old in reuses if n in in_place}
         for f in frees:
-            if f not in input_names and f not in taken and _owns_storage(bg, f):
+            if f not in input_names and f not in taken and f not in into_inputs and _owns_storage(bg, f):
                 lay = bg.layout(f)
                 pool.setdefault((lay.nbytes, str(lay.dtype), lay.device), []).append(f)
-        planned.append((step, lu, allocs, reuses, frees, in_place))
+        planned.append((step, lu, allocs, reuses, frees, in_place, step.nodes[0] in elided
+                        and isinstance(step, ExternStep)))
 
     _release_holds_at_peak(planned, bg, reused)
     lives = _replay(planned, bg, reused)
     result = tuple(PlannedStep(step, lu, tuple(allocs), tuple(reuses), tuple(frees), live, tuple(in_place),
-                               in_flight_at(spans, i))
-                   for i, ((step, lu, allocs, reuses, frees, in_place), live) in enumerate(zip(planned, lives)))
+                               in_flight_at(spans, i), skip)
+                   for i, ((step, lu, allocs, reuses, frees, in_place, skip), live) in enumerate(zip(planned, lives)))
     return result, max([sum(bg.sizes.shapes.hint(i.layout.nbytes) for i in bg.inputs), *lives])
 
 
-_Planned = tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str], list[str]]
+_Planned = tuple[Step, frozenset[str], list[str], list[tuple[str, str]], list[str], list[str], bool]
 
 
 def peak_expression(plan: MemoryPlan) -> Size:
@@ -282,10 +374,10 @@ def _replay(planned: Sequence[_Planned], bg: BufferGraph, reused: set[str]) -> l
     """Bytes alive while each step runs."""
     live = sum(bg.sizes.shapes.hint(i.layout.nbytes) for i in bg.inputs)
     out = []
-    for step, _, allocs, _, frees, _ in planned:
+    for step, _, allocs, _, frees, _, elided in planned:
         for n in allocs:
             live += _storage_bytes(bg, n)
-        if isinstance(step, ExternStep):
+        if isinstance(step, ExternStep) and not elided:
             live += _storage_bytes(bg, step.name)
         for n in step.nodes:
             if isinstance(bg.get(n), MultiOutputBuffer):

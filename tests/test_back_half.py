@@ -445,3 +445,77 @@ def test_a_large_dead_buffer_is_not_held_long_for_a_later_reuse(monkeypatch):
     (ps,) = [ps for ps in held.plan.steps if any(old == "buf0" for _, old in ps.reuses)]
     assert held.plan.steps.index(ps) > long_hold and held.plan.peak_bytes == w.plan.peak_bytes
     torch.testing.assert_close(compile_ref(_long_hold, inputs)(*inputs)[0], _long_hold(*inputs)[0])
+
+
+def _running_mean(rm, x):
+    """What AOTAutograd leaves of BatchNorm's running-statistics update once the
+    graph keeps its writes into its inputs: a copy_ into the buffer at the end."""
+    rm.copy_(rm * 0.9 + x.mean(0) * 0.1)
+    return (x * 2,)
+
+
+def _running_mean_read_after(rm, x):
+    new = rm * 0.9 + x.mean(0) * 0.1
+    out = (x * 2).sum(0) + rm.roll(1)  # the old statistics, read at other elements
+    rm.copy_(new)
+    return (out,)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+def test_a_copy_into_an_input_is_written_by_the_kernel_that_computes_it(target):
+    """plan_memory's write-back: the kernel computing the new statistics stores them
+    straight into the input's storage and the extern copy_ is elided (Inductor's
+    kernels store into mutated inputs; ResNet's training step made 60 copy_
+    launches).  The plan, the wrapper and the source say so, the invariants hold,
+    and the input holds eager's values afterwards."""
+    if not target_available(target):
+        pytest.skip(f"target {target} not available here")
+    rm, x = torch.randn(16), torch.randn(8, 16)
+    w = run_until(_running_mean, [rm.clone(), x], "wrap", target=target)
+    assert w.plan.write_backs == (("buf1", "rm_1"),)
+    text = show(w.plan)
+    assert "reuse buf1 = rm_1 in place" in text and "extern buf2  (elided" in text
+    assert "buf1 = rm_1  # in place" in show(w) and "aten.copy_" not in show(w)
+    check_all(w)
+    compiled = coil.compile_graph(trace(_running_mean, rm.clone(), x), [rm, x],
+                                  coil.Options(target=target, graph_cache=False))
+    assert "copy_" not in compiled.source
+    got, want = rm.clone(), rm.clone()
+    for _ in range(3):
+        out = compiled(got, x)[0]
+        torch.testing.assert_close(out, _running_mean(want, x)[0])
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("fn,why", [
+    (_running_mean_read_after, "read_later"),
+    (lambda rm, x: (rm.copy_(rm.flip(0) * 2), x + 1)[1:], "other_element"),
+    (lambda rm, x: (rm.copy_(x.sum(0)), rm.view(4, 4) + 1)[1:], "viewed"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_no_write_back_where_the_old_input_is_still_read(fn, why):
+    """The copy stays where the old values are read after the kernel, or by it at
+    another element than it writes, or through a view: the values are eager's."""
+    rm, x = torch.randn(16), torch.randn(8, 16)
+    w = run_until(fn, [rm.clone(), x], "wrap", target="cpp")
+    assert w.plan.write_backs == () and "aten.copy_" in show(w), why
+    check_all(w)
+    compiled = coil.compile_graph(trace(fn, rm.clone(), x), [rm, x], coil.Options(target="cpp", graph_cache=False))
+    got, want = rm.clone(), rm.clone()
+    torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0])
+    torch.testing.assert_close(got, want)
+
+
+def test_a_wrong_elision_is_caught():
+    """M5: a copy_ marked elided whose source no kernel wrote into its input."""
+    from coil.errors import CoilError
+    from coil.ir.verify_back import verify_plan
+
+    rm, x = torch.randn(16), torch.randn(8, 16)
+    p = run_until(_running_mean, [rm.clone(), x], "plan_memory", target="cpp", inplace_buffers=False)
+    assert not any(ps.elided for ps in p.steps)
+    k = next(i for i, ps in enumerate(p.steps) if ps.step.nodes == ("buf2",))
+    steps = list(p.steps)
+    steps[k] = attrs.evolve(steps[k], elided=True)
+    with pytest.raises(CoilError, match="M5 buf2 elided, but no earlier kernel wrote buf1 into rm_1 in place"):
+        verify_plan(attrs.evolve(p, steps=tuple(steps)), "plan_memory")
+
