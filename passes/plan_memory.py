@@ -211,13 +211,17 @@ def write_backs(g: ScheduleGraph, removed: frozenset[str]) -> dict[str, tuple[st
                 readers.setdefault(d.name, set()).add(n.name)
     viewed = {b.base for b in bg.buffers if isinstance(b, AliasBuffer)}
     inputs = {i.name for i in bg.inputs}
+    mutations: dict[str, int] = {}
+    for b in bg.buffers:
+        for m in getattr(b, "mutated", ()):
+            mutations[m] = mutations.get(m, 0) + 1
     out: dict[str, tuple[str, str]] = {}
     for b in bg.buffers:
         if not isinstance(b, ExternBuffer) or b.kernel != COPY_KERNEL or b.kwargs or len(b.args) != 2:
             continue
         dst, src = (a.name if isinstance(a, TensorRef) else "" for a in b.args)
         sb = bg.get(src) if src else None
-        if (dst not in inputs or dst in viewed or dst in outputs or b.mutated != (dst,) or b.name in readers
+        if (dst not in inputs or mutations[dst] > 1 or dst in viewed or dst in outputs or b.mutated != (dst,) or b.name in readers
                 or b.name in outputs or not isinstance(sb, ComputedBuffer) or sb.is_reduction or src in removed
                 or src in outputs or src in viewed or src in out):
             continue
@@ -309,7 +313,8 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
                     reused.add(writing[n])
                     in_place.append(n)
                     continue
-                src = inplace_source(step, n, lu, bg, reused) if inplace else None
+                # a buffer written back lives in an input's storage: never taken again
+                src = inplace_source(step, n, lu, bg, reused | into_inputs) if inplace else None
                 if src is not None:
                     reuses.append((n, src))
                     reused.add(src)

@@ -505,6 +505,34 @@ def test_no_write_back_where_the_old_input_is_still_read(fn, why):
     torch.testing.assert_close(got, want)
 
 
+def test_a_buffer_written_back_is_never_taken_again():
+    """The buffer a kernel wrote into an input lives in the input's storage: a later
+    kernel reading it last may not write over it in place (the input would hold
+    that kernel's result), nor may a later buffer reuse it; an input mutated twice
+    keeps its copies."""
+    def read_after(rm, x):
+        new = rm * 0.9 + x.mean(0) * 0.1
+        rm.copy_(new)
+        return (new.exp(),)
+
+    def twice(rm, x):
+        rm.copy_(rm * 2)
+        rm.copy_(rm + x.sum(0))
+        return (x + 1,)
+
+    rm, x = torch.randn(16), torch.randn(8, 16)
+    for fn, backs in [(read_after, (("buf1", "rm_1"),)), (twice, ())]:
+        opts = coil.Options(target="cpp", max_fusion_size=1, graph_cache=False)
+        w = coil.default_pipeline().run(trace(fn, rm.clone(), x), [rm, x], until="wrap", options=opts)
+        assert w.plan.write_backs == backs
+        assert not any(old in {"buf1", "rm_1"} and new != "buf1" for ps in w.plan.steps for new, old in ps.reuses)
+        check_all(w)
+        compiled = coil.compile_graph(trace(fn, rm.clone(), x), [rm, x], opts)
+        got, want = rm.clone(), rm.clone()
+        torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0])
+        torch.testing.assert_close(got, want)
+
+
 def test_a_wrong_elision_is_caught():
     """M5: a copy_ marked elided whose source no kernel wrote into its input."""
     from coil.errors import CoilError
