@@ -94,7 +94,7 @@ class FusionDecision:
     node2: str
     direction: Direction = attrs.field(converter=Direction)
     verdict: Verdict = attrs.field(converter=Verdict)
-    reason: str  # which legality rule failed, "cycle", or "saves N bytes"
+    reason: str  # which legality rule failed, "cycle", "saves N bytes" or "saves a launch ..."
     score: int
 
 

@@ -152,7 +152,9 @@ def check_reuse(w: WrapperProgram) -> None:
         if ln.inplace:  # the step's other reuses and allocations may come first, then its kernel
             at = next((j for j, x in later if not isinstance(x, (Reuse, Alloc))), None)
             nxt = w.lines[at] if at is not None else None
-            if not (isinstance(nxt, KernelCall) and {ln.old, ln.new} <= set(nxt.args)):
+            # a write-back's kernel may compute its value without reading the old one
+            needs = {ln.new} if (ln.new, ln.old) in backs else {ln.old, ln.new}
+            if not (isinstance(nxt, KernelCall) and needs <= set(nxt.args)):
                 raise InvariantError(f"line {k}: {ln.new} takes {ln.old}'s storage in place, but the next call "
                                      f"is not the kernel that reads {ln.old} and writes {ln.new}")
             later = [(j, x) for j, x in later if at is not None and j > at]

@@ -7,6 +7,11 @@ readers costs a linear number of pairs).  Each pair is checked by `can_fuse`
 (legality), ranked by `score_fusion_memory` (bytes of the buffers the two share),
 and refused when `will_fusion_create_cycle`.  Rounds repeat until nothing fuses or
 `fusion_rounds` is reached.  Every pair considered goes into the fusion log.
+
+Beyond Inductor: independent tiny pointwise groups (at most TINY_NUMEL elements,
+reading nothing a node of the graph computes: BatchNorm's step counts, one per
+layer) are horizontal candidates too, neighbours among those of one size; they
+share no bytes, so they rank last, and fused they save a launch each.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from coil.passes.kernel_model import (
 )
 
 log = logging.getLogger("coil.trace")
+
+TINY_NUMEL = 64  # a pointwise group this small is worth a kernel of its own only for its launch
 
 
 @attrs.frozen
@@ -236,6 +243,21 @@ class _Fuser:
                 if key not in seen and (key[1], key[0]) not in seen:
                     seen.add(key)
                     yield key[0], key[1], Direction.HORIZONTAL
+        tiny: dict[tuple[Size, Size], list[Group]] = {}
+        for grp in sorted(self.groups.values(), key=lambda g: g.first):
+            if self._independent_tiny(grp):
+                tiny.setdefault(grp.group, []).append(grp)
+        for same in tiny.values():
+            for x, y in zip(same, same[1:]):
+                if (x.name, y.name) not in seen:
+                    seen.add((x.name, y.name))
+                    yield x.name, y.name, Direction.HORIZONTAL
+
+    def _independent_tiny(self, grp: Group) -> bool:
+        """A pointwise group of at most TINY_NUMEL elements whose nodes read nothing
+        another node computes: moved anywhere, it delays nothing and holds no memory."""
+        return (is_static(grp.group) and grp.group[1] == 1 and grp.group[0] <= TINY_NUMEL  # type: ignore[operator]
+                and not any(self.producers[n] for n in grp.nodes))
 
     def run_round(self, rnd: int, prune: bool = True) -> int:
         ranked: list[tuple[int, int, str, str, Direction]] = []
@@ -260,7 +282,8 @@ class _Fuser:
             self.merge(ga, gb)
             touched |= {a, b}
             fused += 1
-            self.log.append(FusionDecision(rnd, a, b, direction, Verdict.FUSED, f"saves {-neg} bytes", -neg))
+            saves = f"saves {-neg} bytes" if neg else "saves a launch (independent tiny kernels)"
+            self.log.append(FusionDecision(rnd, a, b, direction, Verdict.FUSED, saves, -neg))
             log.debug("fuse %s + %s (%s, score %d)", a, b, direction, -neg)
         return fused
 

@@ -67,6 +67,24 @@ def test_horizontal_fusion_of_two_reductions():
         torch.testing.assert_close(a, b)
 
 
+def test_independent_tiny_kernels_run_as_one():
+    """BatchNorm's step counts, one per layer: tiny pointwise kernels that read only
+    the graph's inputs share no bytes, yet fused they save a launch each (Inductor
+    launches one a layer).  A tiny kernel reading a computed value, or a large
+    independent one, keeps its own; the fusion log says why each pair fused."""
+    def fn(n1, n2, n3, x, y):
+        return n1 + 1, n2 + 1, (x * 2).sum(), n3 + 1, x.sum() + 1, y * 3
+
+    inputs = [torch.tensor(3), torch.tensor(5), torch.tensor(7), torch.randn(64, 64), torch.randn(64, 64)]
+    s = run_until(fn, inputs, "fuse")
+    # the three counts; both sums of x and x.sum() + 1 (it reads the sum); y * 3 (4096 elements)
+    assert [tuple(k.nodes) for k in s.kernels] == [("buf0", "buf1", "buf3"), ("buf2", "buf4", "buf5"), ("buf6",)]
+    assert sum("saves a launch (independent tiny kernels)" in d.reason for d in s.fusion_log) == 2
+    got = compile_ref(fn, inputs)(*inputs)
+    for a, b in zip(got, fn(*inputs)):
+        torch.testing.assert_close(a, b)
+
+
 def test_kernel_internal_buffer_is_never_allocated():
     def fn(x):
         return x - x.amax(-1, keepdim=True)  # amax is realized, read only by the sub
@@ -498,6 +516,23 @@ def test_no_write_back_where_the_old_input_is_still_read(fn, why):
     rm, x = torch.randn(16), torch.randn(8, 16)
     w = run_until(fn, [rm.clone(), x], "wrap", target="cpp")
     assert w.plan.write_backs == () and "aten.copy_" in show(w), why
+    check_all(w)
+    compiled = coil.compile_graph(trace(fn, rm.clone(), x), [rm, x], coil.Options(target="cpp", graph_cache=False))
+    got, want = rm.clone(), rm.clone()
+    torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0])
+    torch.testing.assert_close(got, want)
+
+
+def test_a_write_back_whose_kernel_never_reads_the_old_values():
+    """copy_(rm, x.mean(0)): the kernel writes the input without reading it (the
+    wrapper's in-place check asks only that it writes it)."""
+    def fn(rm, x):
+        rm.copy_(x.mean(0) * 2)
+        return (x + 1,)
+
+    rm, x = torch.randn(16), torch.randn(8, 16)
+    w = run_until(fn, [rm.clone(), x], "wrap", target="cpp")
+    assert w.plan.write_backs == (("buf1", "rm_1"),)
     check_all(w)
     compiled = coil.compile_graph(trace(fn, rm.clone(), x), [rm, x], coil.Options(target="cpp", graph_cache=False))
     got, want = rm.clone(), rm.clone()
