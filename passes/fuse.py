@@ -248,10 +248,10 @@ class _Fuser:
             if self._independent_tiny(grp):
                 tiny.setdefault(grp.group, []).append(grp)
         for same in tiny.values():
-            for x, y in zip(same, same[1:]):
-                if (x.name, y.name) not in seen:
-                    seen.add((x.name, y.name))
-                    yield x.name, y.name, Direction.HORIZONTAL
+            for gx, gy in zip(same, same[1:]):
+                if (gx.name, gy.name) not in seen:
+                    seen.add((gx.name, gy.name))
+                    yield gx.name, gy.name, Direction.HORIZONTAL
 
     def _independent_tiny(self, grp: Group) -> bool:
         """A pointwise group of at most TINY_NUMEL elements whose nodes read nothing
