@@ -921,6 +921,21 @@ def test_column_reductions_split_over_blocks_of_columns(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_combine_of_many_partials_runs_on_narrower_column_blocks(device: str) -> None:
+    """ResNet's BatchNorm statistics in channels-last: 64 columns down 25088 rows
+    split into 196 partials a column.  The first launch keeps its 32 columns a
+    program; the combine merges 4 columns a program (1024 partials), 16 programs
+    where a block of 32 made 2, and its values are eager's."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(25088, 64, generator=g).to(device)
+    compiled = check(lambda a: torch.var_mean(a, 0, correction=0), [x], atol=1e-3, rtol=1e-4)
+    ((first, combine),) = [k.launches for k in specs(compiled)]
+    assert first.grid == (196, 2, 1) and first.config.xblock == 32, first
+    assert combine.grid == (16, 1, 1) and (combine.config.xblock, combine.config.rblock) == (4, 256), combine
+    assert "a block of 4 columns (of the first launch's 32)" in combine.why
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_short_or_wide_column_reductions_loop_without_splitting(device: str) -> None:
     """Columns shorter than 1024 rows, or more column blocks than the split's 1024
     programs, run as one looped kernel with 32 columns a program; a second pass
@@ -973,7 +988,11 @@ def test_reads_down_columns_decides_the_kind_on_triton_only() -> None:
 def test_column_reductions_match_eager(rows: int, cols: int, op: str, scale: bool) -> None:
     """Any height (looped, split or not) and width (one column to several blocks,
     ragged): the column reduction matches eager, and reads a block of columns a
-    program (XBLOCK 32, or the next power of two of a narrower width)."""
+    program (XBLOCK 32, or the next power of two of a narrower width); a split's
+    combine merges a block of at most that many columns, narrowed to COMBINE_TILE
+    partial results a program."""
+    from coil.passes.schedule.launch import COMBINE_TILE
+
     gen = torch.Generator().manual_seed(rows * 1000 + cols)
     x = torch.randn(rows, cols, generator=gen)
 
@@ -984,7 +1003,11 @@ def test_column_reductions_match_eager(rows: int, cols: int, op: str, scale: boo
     compiled = check(fn, [x], atol=1e-4, rtol=1e-4)
     want = min(32, 1 << (cols - 1).bit_length())
     for k in specs(compiled):
-        assert all(ln.config.xblock == want for ln in k.launches), k.launches
+        for ln in k.launches:
+            if ln.rule is LaunchRule.COMBINE:
+                assert ln.config.xblock == max(1, min(want, COMBINE_TILE // ln.config.rblock)), ln
+            else:
+                assert ln.config.xblock == want, k.launches
 
 
 @pytest.mark.parametrize("device", DEVICES)
