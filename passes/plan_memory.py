@@ -221,9 +221,9 @@ def write_backs(g: ScheduleGraph, removed: frozenset[str]) -> dict[str, tuple[st
             continue
         dst, src = (a.name if isinstance(a, TensorRef) else "" for a in b.args)
         sb = bg.get(src) if src else None
-        if (dst not in inputs or mutations[dst] > 1 or dst in viewed or dst in outputs or b.mutated != (dst,) or b.name in readers
-                or b.name in outputs or not isinstance(sb, ComputedBuffer) or sb.is_reduction or src in removed
-                or src in outputs or src in viewed or src in out):
+        if (dst not in inputs or mutations[dst] > 1 or dst in viewed or dst in outputs or b.mutated != (dst,)
+                or b.name in readers or b.name in outputs or not isinstance(sb, ComputedBuffer) or sb.is_reduction
+                or src in removed or src in outputs or src in viewed or src in out):
             continue
         if sb.layout == bg.layout(dst) and sb.layout.offset == 0:
             out[src] = (dst, b.name)
@@ -233,15 +233,34 @@ def write_backs(g: ScheduleGraph, removed: frozenset[str]) -> dict[str, tuple[st
 def _writes_back(kernel: FusedKernel, src: str, dst: str, g: BufferGraph) -> bool:
     """Whether the kernel may store `src` straight into `dst`'s storage: no other
     node of the kernel reads dst, and src reads it only directly, at the element it
-    writes (so each element is read before it is written, by the same program)."""
+    writes (so each element is read before it is written, by the same program).  In
+    a kernel with reductions src must follow one of them: a node before every
+    reduction runs in each program of a split reduction's first launch (several a
+    row), one after them in its combine (one a row)."""
     b = g.get(src)
     assert isinstance(b, ComputedBuffer)
-    for n in kernel.nodes:
-        nb = g.get(n)
-        if n != src and isinstance(nb, ComputedBuffer) and dst in read_names(nb.body):
+    nodes = [(n, nb) for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer)]
+    for n, nb in nodes:
+        if n != src and dst in read_names(nb.body):
             return False
+    if any(nb.is_reduction for _, nb in nodes) and not _follows_a_reduction(src, dict(nodes)):
+        return False
     loads = [e for e in walk(b.body) if isinstance(e, (Load, IndirectLoad)) and e.name == dst]
     return _reads_only_at(b, loads, g.layout(dst), store_position(b, kernel.group), kernel.group)
+
+
+def _follows_a_reduction(name: str, inside: Mapping[str, ComputedBuffer]) -> bool:
+    """Whether `name` reads a reduction of the kernel, directly or through nodes of it."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for d in read_names(inside[todo.pop()].body):
+            if d in inside and d not in seen:
+                if inside[d].is_reduction:
+                    return True
+                seen.add(d)
+                todo.append(d)
+    return False
 
 
 def _write_back_at(order: Sequence[Step], g: ScheduleGraph, candidates: Mapping[str, tuple[str, str]]

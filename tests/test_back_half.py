@@ -568,6 +568,24 @@ def test_a_buffer_written_back_is_never_taken_again():
         torch.testing.assert_close(got, want)
 
 
+def test_no_write_back_before_a_split_reduction():
+    """n.copy_(n + x[0]) fused with x.sum() over 2^18 elements: a node before the
+    reduction runs in every program of the split's first launch, each reading and
+    writing the input; the copy stays, and n takes x[0] once."""
+    def fn(n, x):
+        n.copy_(n + x[0])
+        return (x.sum() * 2,)
+
+    n, x = torch.zeros(()), torch.randn(1 << 18)
+    w = run_until(fn, [n.clone(), x], "wrap", target="triton")
+    assert [type(k.space).__name__ for k in w.kernel_program.specs] == ["Split"]
+    assert w.plan.write_backs == ()
+    compiled = coil.compile_graph(trace(fn, n.clone(), x), [n, x], coil.Options(target="triton", graph_cache=False))
+    got, want = n.clone(), n.clone()
+    torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0], rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(got, want)
+
+
 def test_a_wrong_elision_is_caught():
     """M5: a copy_ marked elided whose source no kernel wrote into its input."""
     from coil.errors import CoilError
