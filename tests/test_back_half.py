@@ -479,6 +479,15 @@ def _running_mean_read_after(rm, x):
     return (out,)
 
 
+def _same_as_eager(fn, rm, x, opts, **tol):
+    """fn compiled with `opts` on copies of rm: its output and the input it writes
+    into equal eager's."""
+    compiled = coil.compile_graph(trace(fn, rm.clone(), x), [rm, x], opts)
+    got, want = rm.clone(), rm.clone()
+    torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0], **tol)
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
 def test_a_copy_into_an_input_is_written_by_the_kernel_that_computes_it(target):
     """plan_memory's write-back: the kernel computing the new statistics stores them
@@ -517,10 +526,7 @@ def test_no_write_back_where_the_old_input_is_still_read(fn, why):
     w = run_until(fn, [rm.clone(), x], "wrap", target="cpp")
     assert w.plan.write_backs == () and "aten.copy_" in show(w), why
     check_all(w)
-    compiled = coil.compile_graph(trace(fn, rm.clone(), x), [rm, x], coil.Options(target="cpp", graph_cache=False))
-    got, want = rm.clone(), rm.clone()
-    torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0])
-    torch.testing.assert_close(got, want)
+    _same_as_eager(fn, rm, x, coil.Options(target="cpp", graph_cache=False))
 
 
 def test_a_write_back_whose_kernel_never_reads_the_old_values():
@@ -534,10 +540,7 @@ def test_a_write_back_whose_kernel_never_reads_the_old_values():
     w = run_until(fn, [rm.clone(), x], "wrap", target="cpp")
     assert w.plan.write_backs == (("buf1", "rm_1"),)
     check_all(w)
-    compiled = coil.compile_graph(trace(fn, rm.clone(), x), [rm, x], coil.Options(target="cpp", graph_cache=False))
-    got, want = rm.clone(), rm.clone()
-    torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0])
-    torch.testing.assert_close(got, want)
+    _same_as_eager(fn, rm, x, coil.Options(target="cpp", graph_cache=False))
 
 
 def test_a_buffer_written_back_is_never_taken_again():
@@ -562,10 +565,7 @@ def test_a_buffer_written_back_is_never_taken_again():
         assert w.plan.write_backs == backs
         assert not any(old in {"buf1", "rm_1"} and new != "buf1" for ps in w.plan.steps for new, old in ps.reuses)
         check_all(w)
-        compiled = coil.compile_graph(trace(fn, rm.clone(), x), [rm, x], opts)
-        got, want = rm.clone(), rm.clone()
-        torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0])
-        torch.testing.assert_close(got, want)
+        _same_as_eager(fn, rm, x, opts)
 
 
 def test_no_write_back_before_a_split_reduction():
@@ -580,10 +580,7 @@ def test_no_write_back_before_a_split_reduction():
     w = run_until(fn, [n.clone(), x], "wrap", target="triton")
     assert [type(k.space).__name__ for k in w.kernel_program.specs] == ["Split"]
     assert w.plan.write_backs == ()
-    compiled = coil.compile_graph(trace(fn, n.clone(), x), [n, x], coil.Options(target="triton", graph_cache=False))
-    got, want = n.clone(), n.clone()
-    torch.testing.assert_close(compiled(got, x)[0], fn(want, x)[0], rtol=1e-4, atol=1e-3)
-    torch.testing.assert_close(got, want)
+    _same_as_eager(fn, n, x, coil.Options(target="triton", graph_cache=False), rtol=1e-4, atol=1e-3)
 
 
 def test_a_wrong_elision_is_caught():
