@@ -11,7 +11,8 @@ and refused when `will_fusion_create_cycle`.  Rounds repeat until nothing fuses 
 Beyond Inductor: independent tiny pointwise groups (at most TINY_NUMEL elements,
 reading nothing a node of the graph computes: BatchNorm's step counts, one per
 layer) are horizontal candidates too, neighbours among those of one size; they
-share no bytes, so they rank last, and fused they save a launch each.
+share no bytes, so they rank last, and fused they save a launch each.  Not in a
+graph with collectives, whose kernels keep their places around them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Iterable
 
 import attrs
 
-from coil.ir.buffers import ComputedBuffer
+from coil.ir.buffers import ComputedBuffer, collectives
 from coil.ir.fused import (
     Direction,
     ExternStep,
@@ -243,6 +244,8 @@ class _Fuser:
                 if key not in seen and (key[1], key[0]) not in seen:
                     seen.add(key)
                     yield key[0], key[1], Direction.HORIZONTAL
+        if collectives(self.g.graph):
+            return  # the program's order and the overlap stage place kernels around collectives
         tiny: dict[tuple[Size, Size], list[Group]] = {}
         for grp in sorted(self.groups.values(), key=lambda g: g.first):
             if self._independent_tiny(grp):
