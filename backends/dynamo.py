@@ -51,9 +51,9 @@ def _static(inputs: Sequence[Any]) -> bool:
 def _target_for_device(opts: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Options:
     """An explicit `target="triton"` for a graph whose tensors are all on the CPU,
     where Triton's interpreter is off (its kernels could not run there): the cpp
-    target, with a log line.  A GPU model's step may hold a graph on the CPU
-    (Wav2Vec2's training step draws its masks with numpy), which Inductor too
-    compiles for the CPU."""
+    target, with a log line (Inductor too compiles such a graph for the CPU).  The
+    graph's device is that of the tensors it takes and makes (`compute_device`): a
+    graph that takes no tensor may build CUDA ones (Wav2Vec2's attention mask)."""
     from coil.passes.lower import compute_device
 
     if opts.target != "triton" or compute_device(gm, example_inputs) != "cpu":

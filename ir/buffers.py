@@ -40,7 +40,7 @@ import attrs
 
 from coil.ir.expr import Expr
 from coil.ir.layout import Layout
-from coil.ir.lowered import extern_tensor_names
+from coil.ir.lowered import TensorRef, extern_tensor_names
 from coil.ir.shapes import NO_SIZES, GraphSizes, Size, sizes
 
 
@@ -244,3 +244,15 @@ def collectives(g: BufferGraph) -> tuple[ExternBuffer, ...]:
     """The graph's collective issues, in buffer order."""
     return tuple(b for b in g.buffers if isinstance(b, ExternBuffer) and b.collective is not None
                  and b.collective.role is CollectiveRole.ISSUE)
+
+
+COPY_KERNEL = "aten.copy_.default"
+
+
+def copy_operands(b: Any) -> tuple[str, str] | None:
+    """(destination, source) of an extern `copy_(dst, src)` of two buffers, as
+    AOTAutograd leaves a graph's writes into its inputs; None for anything else."""
+    if not isinstance(b, ExternBuffer) or b.kernel != COPY_KERNEL or b.kwargs or len(b.args) != 2:
+        return None
+    dst, src = b.args
+    return (dst.name, src.name) if isinstance(dst, TensorRef) and isinstance(src, TensorRef) else None

@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 import attrs
 
 from coil.ir._delegate import GraphInputs, PlanKernels
-from coil.ir.buffers import BufferGraph, collectives, in_flight_buffers
+from coil.ir.buffers import BufferGraph, collectives, copy_operands, in_flight_buffers
 from coil.ir.fused import FusedSchedule, Step
 
 
@@ -111,12 +111,5 @@ class MemoryPlan(PlanKernels, GraphInputs):  # PlanKernels extends FusedSchedule
     def write_backs(self) -> tuple[tuple[str, str], ...]:
         """(source, input) of each elided copy_(input, source): the source's kernel
         wrote it into the input's storage in place."""
-        from coil.ir.lowered import TensorRef
-
-        out = []
-        for ps in self.steps:
-            b = self.buffer_graph.get(ps.step.nodes[0]) if ps.elided else None
-            refs = [a.name for a in getattr(b, "args", ()) if isinstance(a, TensorRef)]
-            if len(refs) == 2:
-                out.append((refs[1], refs[0]))
-        return tuple(out)
+        pairs = (copy_operands(self.buffer_graph.get(ps.step.nodes[0])) for ps in self.steps if ps.elided)
+        return tuple((src, dst) for dst, src in filter(None, pairs))

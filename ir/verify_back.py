@@ -16,7 +16,7 @@ CompiledModule  C1 the source is valid Python
 
 from __future__ import annotations
 
-from coil.ir.buffers import ExternBuffer, collectives
+from coil.ir.buffers import collectives, copy_operands
 from coil.ir.fused import FusedSchedule
 from coil.ir.memory import MemoryPlan, PlannedStep, collective_spans, in_flight_at
 from coil.ir.module import CompiledModule
@@ -58,16 +58,14 @@ def verify_plan(p: MemoryPlan, stage: str) -> None:
 def _verify_elided(p: MemoryPlan, ps: PlannedStep, written: set[tuple[str, str]], stage: str) -> None:
     """M5 an elided step is an extern copy_(input, src) whose src an earlier kernel
     wrote into that input in place, and nothing names its own result."""
-    from coil.ir.lowered import TensorRef
-
-    b = p.buffer_graph.get(ps.step.nodes[0]) if len(ps.step.nodes) == 1 else None
-    refs = [a.name for a in b.args if isinstance(a, TensorRef)] if isinstance(b, ExternBuffer) else []
-    if not isinstance(b, ExternBuffer) or b.kernel != "aten.copy_.default" or len(refs) != 2:
-        fail(p, stage, ps.step.nodes[0] if ps.step.nodes else "?", "M5 an elided step that is not an extern copy_")
-    elif (refs[1], refs[0]) not in written:
-        fail(p, stage, b.name, f"M5 {b.name} elided, but no earlier kernel wrote {refs[1]} into {refs[0]} in place")
-    elif b.name in p.buffer_graph.outputs or any(b.name in q.frees for q in p.steps):
-        fail(p, stage, b.name, "M5 the result of an elided copy_ is named (an output, or freed)")
+    name = ps.step.nodes[0] if len(ps.step.nodes) == 1 else "?"
+    pair = copy_operands(p.buffer_graph.get(name)) if name != "?" else None
+    if pair is None:
+        fail(p, stage, name, "M5 an elided step that is not an extern copy_")
+    elif (pair[1], pair[0]) not in written:
+        fail(p, stage, name, f"M5 {name} elided, but no earlier kernel wrote {pair[1]} into {pair[0]} in place")
+    elif name in p.buffer_graph.outputs or any(name in q.frees for q in p.steps):
+        fail(p, stage, name, "M5 the result of an elided copy_ is named (an output, or freed)")
 
 
 def _verify_in_flight(p: MemoryPlan, stage: str) -> None:

@@ -37,9 +37,8 @@ from typing import Callable, Mapping, Sequence
 import sympy
 
 from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer,
-                             collectives)
+                             collectives, copy_operands)
 from coil.ir.expr import IndirectLoad, Load, read_names, walk
-from coil.ir.lowered import TensorRef
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
 from coil.ir.memory import MemoryPlan, Order, PlannedStep, collective_spans, in_flight_at
@@ -171,17 +170,22 @@ def _reads_only_at(b: ComputedBuffer, reads: Sequence[Load | IndirectLoad], olay
 def _last_stage(kernel: FusedKernel, new: str, nodes: Sequence[tuple[str, ComputedBuffer]]) -> bool:
     """In a kernel with reductions: `new` depends on every reduction of the kernel
     (so it runs after all of their loops) and no node of the kernel reads it."""
-    inside = {n: nb for n, nb in nodes}
     if any(new in read_names(nb.body) for n, nb in nodes if n != new):
         return False
+    seen = _deps_inside(new, dict(nodes))
+    return all(n in seen for n, nb in nodes if nb.is_reduction)
+
+
+def _deps_inside(name: str, inside: Mapping[str, ComputedBuffer]) -> set[str]:
+    """The nodes of a kernel (`inside`) that `name` reads, directly or through others of them."""
     seen: set[str] = set()
-    todo = [new]
+    todo = [name]
     while todo:
         for d in read_names(inside[todo.pop()].body):
             if d in inside and d not in seen:
                 seen.add(d)
                 todo.append(d)
-    return all(n in seen for n, nb in nodes if nb.is_reduction)
+    return seen
 
 
 def _views(g: BufferGraph, name: str, base: str) -> bool:
@@ -192,9 +196,6 @@ def _views(g: BufferGraph, name: str, base: str) -> bool:
             return True
         b = g.get(b.base)
     return False
-
-
-COPY_KERNEL = "aten.copy_.default"
 
 
 def write_backs(g: ScheduleGraph, removed: frozenset[str]) -> dict[str, tuple[str, str]]:
@@ -212,15 +213,16 @@ def write_backs(g: ScheduleGraph, removed: frozenset[str]) -> dict[str, tuple[st
     viewed = {b.base for b in bg.buffers if isinstance(b, AliasBuffer)}
     inputs = {i.name for i in bg.inputs}
     mutations: dict[str, int] = {}
-    for b in bg.buffers:
-        for m in getattr(b, "mutated", ()):
+    externs = [b for b in bg.buffers if isinstance(b, ExternBuffer)]
+    for b in externs:
+        for m in b.mutated:
             mutations[m] = mutations.get(m, 0) + 1
     out: dict[str, tuple[str, str]] = {}
-    for b in bg.buffers:
-        if not isinstance(b, ExternBuffer) or b.kernel != COPY_KERNEL or b.kwargs or len(b.args) != 2:
+    for b in externs:
+        if (pair := copy_operands(b)) is None:
             continue
-        dst, src = (a.name if isinstance(a, TensorRef) else "" for a in b.args)
-        sb = bg.get(src) if src else None
+        dst, src = pair
+        sb = bg.get(src)
         if (dst not in inputs or mutations[dst] > 1 or dst in viewed or dst in outputs or b.mutated != (dst,)
                 or b.name in readers or b.name in outputs or not isinstance(sb, ComputedBuffer) or sb.is_reduction
                 or src in removed or src in outputs or src in viewed or src in out):
@@ -243,24 +245,11 @@ def _writes_back(kernel: FusedKernel, src: str, dst: str, g: BufferGraph) -> boo
     for n, nb in nodes:
         if n != src and dst in read_names(nb.body):
             return False
-    if any(nb.is_reduction for _, nb in nodes) and not _follows_a_reduction(src, dict(nodes)):
+    inside = dict(nodes)
+    if any(nb.is_reduction for _, nb in nodes) and not any(inside[d].is_reduction for d in _deps_inside(src, inside)):
         return False
     loads = [e for e in walk(b.body) if isinstance(e, (Load, IndirectLoad)) and e.name == dst]
     return _reads_only_at(b, loads, g.layout(dst), store_position(b, kernel.group), kernel.group)
-
-
-def _follows_a_reduction(name: str, inside: Mapping[str, ComputedBuffer]) -> bool:
-    """Whether `name` reads a reduction of the kernel, directly or through nodes of it."""
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        for d in read_names(inside[todo.pop()].body):
-            if d in inside and d not in seen:
-                if inside[d].is_reduction:
-                    return True
-                seen.add(d)
-                todo.append(d)
-    return False
 
 
 def _write_back_at(order: Sequence[Step], g: ScheduleGraph, candidates: Mapping[str, tuple[str, str]]
@@ -285,8 +274,10 @@ def _write_back_at(order: Sequence[Step], g: ScheduleGraph, candidates: Mapping[
     return out
 
 
-def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
-               inplace: bool = False) -> tuple[tuple[PlannedStep, ...], int]:
+def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str], inplace: bool = False,
+               candidates: Mapping[str, tuple[str, str]] | None = None) -> tuple[tuple[PlannedStep, ...], int]:
+    """One order's plan; `candidates` are write_backs(s.graph, removed), the same for
+    every order (computed here when not given)."""
     g = s.graph
     bg = g.graph
     real = g.mutation_names()
@@ -310,7 +301,10 @@ def plan_order(order: Sequence[Step], s: FusedSchedule, removed: frozenset[str],
     input_names = {i.name for i in bg.inputs}
     planned: list[_Planned] = []
     reused: set[str] = set()
-    candidates = write_backs(g, removed) if inplace else {}
+    if not inplace:
+        candidates = {}
+    elif candidates is None:
+        candidates = write_backs(g, removed)
     back = _write_back_at(order, g, candidates)
     into_inputs = {src for pairs in back.values() for src, _ in pairs}  # their storage is an input's
     elided = {candidates[src][1] for src in into_inputs}
@@ -570,8 +564,9 @@ def plan_memory(s: FusedSchedule, options: Options) -> MemoryPlan:
         ]
     best: tuple[Order, tuple[PlannedStep, ...], int] | None = None
     peaks: list[tuple[Order, int]] = []
+    backs = write_backs(s.graph, removed) if options.inplace_buffers else {}
     for name, order in candidates:
-        steps, peak = plan_order(order, s, removed, options.inplace_buffers)
+        steps, peak = plan_order(order, s, removed, options.inplace_buffers, backs)
         peaks.append((name, peak))
         if best is None or peak < best[2]:
             best = (name, steps, peak)
