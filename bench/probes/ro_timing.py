@@ -9,7 +9,8 @@ command line (default gpt2), at the suite's small size in bf16, this prints per
 step: do_bench (the suite's `ms`), the back-to-back wall time (the suite's
 `wall_ms`: steps back to back, one sync), the host's enqueue time, and one step
 alone (synchronised before, CUDA events around it: host and GPU in series); then
-coil's CUDA-graph decisions.  Run from the repository root on a CUDA machine:
+coil's CUDA-graph decisions; with PROFILE=1 also where each one's host time goes
+(cProfile).  Run from the repository root on a CUDA machine:
 `python3 bench/probes/ro_timing.py gpt2` (with BREAKS=1 first the graph breaks
 of each model's step and why; after the timings, six steps holding the last loss
 as a training loop does, and coil's CUDA-graph decisions)."""
@@ -78,12 +79,36 @@ def main() -> None:
                 flush = triton.testing.do_bench(c, warmup=25, rep=100, return_mode="median") * 1e3
                 print(f"  {v:9s} do_bench {flush:8.1f}  back-to-back {back_to_back_s(c, cuda, 0.2) * 1e6:8.1f}  "
                       f"host {host_us(c, 50):8.1f}  one step alone {synced_events_us(c):8.1f}", flush=True)
+        if os.environ.get("PROFILE"):
+            host_profile(calls)
         held = None
         for _ in range(6):  # a training loop keeps the last step's loss while the next one runs
             held = calls["coil"]()
         del held
         for g in coil_graphed:
             print(f"  coil {g.kind}: {len(g.recordings)} recordings, off: {g.off}; {g.decisions}", flush=True)
+
+
+def host_profile(calls: dict, steps: int = 50) -> None:
+    """Where each variant's host time goes: cProfile over `steps` steps, the
+    functions with the most time of their own."""
+    import cProfile
+    import pstats
+
+    for v, c in calls.items():
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof.enable()
+        for _ in range(steps):
+            c()
+        torch.cuda.synchronize()
+        prof.disable()
+        print(f"  -- {v}: host profile over {steps} steps (tottime, per step)", flush=True)
+        st = pstats.Stats(prof)
+        rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:25]
+        for (file, line, fn), (_cc, nc, tt, ct, _callers) in rows:
+            print(f"    {tt / steps * 1e6:8.1f} us own {ct / steps * 1e6:8.1f} us total {nc // steps:5d} calls  "
+                  f"{fn} {os.path.basename(file)}:{line}", flush=True)
 
 
 def break_reasons(name: str) -> None:
