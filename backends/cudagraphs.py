@@ -33,7 +33,10 @@ decides, and where a person can see it (each decision is logged, and
   which a later step may overwrite.
 - **Outputs** are handed out as fresh tensors over the recording's memory
   (`detach()`), so whether anyone still holds one is the count of references to
-  its storage.
+  its storage.  An output that is a parameter (or a view of one: a weight saved
+  transposed for the backward) is made once, when recorded, and handed out as it
+  is; one that is a view of an input in a pool (a gradient written into a saved
+  tensor's buffer) is made from the caller's input at each replay.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ class _Recording:
 
     def __init__(self, graph: Any, pool: _Pool, static_ptrs: list[int | None], placeholders: dict[int, torch.Tensor],
                  outputs: tuple[Any, ...], watched: tuple[int, ...],
-                 aliases: dict[int, Alias]) -> None:
+                 aliases: dict[int, Alias], fixed: dict[int, torch.Tensor]) -> None:
         self.graph, self.pool = graph, pool
         self.static_ptrs = static_ptrs  # by input index: the address of each static input, None for the others
         self.placeholders = placeholders
@@ -113,7 +116,12 @@ class _Recording:
         # an alias is made from the caller's tensor at each replay and not kept here: a
         # reference kept to a backward's output that lies in its forward's memory (a saved
         # tensor's buffer reused for a gradient) would hold the forward's recording forever
-        self.outputs = tuple(None if k in aliases else o for k, o in enumerate(outputs))
+        # `fixed`: outputs that are a parameter's (or buffer's) detached self or a view of it,
+        # made once when recorded and handed out as they are at every replay (Inductor's
+        # cudagraph trees hand out such outputs so): memory outside every pool, where a
+        # replay finds the parameter, as the static addresses checked before it say.
+        # Making them anew cost MobileNetV2's training step 140 as_strided calls, 0.7 ms
+        self.outputs = tuple(fixed[k] if k in fixed else None if k in aliases else o for k, o in enumerate(outputs))
         # (storage, references when only this recording holds it) of each output in the pool;
         # the counts are taken once every storage object here exists (outputs may share one)
         storages = [outputs[i].untyped_storage() for i in watched]
@@ -134,7 +142,8 @@ class _Recording:
         # (input, size, stride, offset from the input's own, whether detached first): handed
         # out as the caller's tensor or a view of it
         self._alias_items = tuple(aliases.items())
-        self._tensor_at = tuple(k for k, o in enumerate(outputs) if isinstance(o, torch.Tensor) and k not in aliases)
+        self._tensor_at = tuple(k for k, o in enumerate(outputs)
+                                if isinstance(o, torch.Tensor) and k not in aliases and k not in fixed)
         self._tensors = tuple(outputs[k] for k in self._tensor_at)
         self._dense = len(self._tensor_at) == len(outputs)  # the detached tensors are the outputs
 
@@ -202,6 +211,10 @@ class PoolSet:
     def __init__(self) -> None:
         self.pools: list[_Pool] = []
         self.latest: _Pool | None = None  # the pool of the last recording made
+
+    def owned(self) -> set[int]:
+        """The storages the recordings own in their pools."""
+        return {p for pool in self.pools for rec in pool.recordings for p in rec.owned}
 
     def managed(self) -> set[int]:
         """The storages of every recording's outputs: memory that stays put
@@ -334,14 +347,24 @@ class CudaGraphed:
             self._turn_off(f"output {odd[0]} is a view of a copied-in input in another dtype")
             return self.call(args)
         # a view of a static input in its dtype (a weight's transpose, a saved tensor's buffer
-        # a backward reused): made from the caller's input, which a replay finds in place
+        # a backward reused): made from the caller's input, which a replay finds in place;
+        # once, now, where that input lies outside every pool (a parameter or buffer), else
+        # at each replay (an output kept here in another recording's memory would hold it)
         statics = {i: args[i] for i in self._static_idx}
-        aliases.update((k, how) for k, how in self._aliases(outputs, statics, detached=True).items()
-                       if outputs[k].dtype == statics[_input_of(how)].dtype)
+        in_pools = self.pools.owned()
+        fixed: dict[int, torch.Tensor] = {}
+        for k, how in self._aliases(outputs, statics, detached=True).items():
+            x = statics[_input_of(how)]
+            if outputs[k].dtype != x.dtype:
+                continue
+            if x.untyped_storage().data_ptr() in in_pools:
+                aliases[k] = how
+            else:
+                fixed[k] = _view_of(args, how)
         outside = {x.untyped_storage().data_ptr() for x in (*static_inputs, *placeholders.values())}
         watched = tuple(i for i, o in enumerate(outputs)
                         if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in outside)
-        rec = _Recording(graph, pool, static_ptrs, placeholders, outputs, watched, aliases)
+        rec = _Recording(graph, pool, static_ptrs, placeholders, outputs, watched, aliases, fixed)
         pool.recordings.append(rec)
         self.pools.latest = pool
         self.recordings.append(rec)
