@@ -57,7 +57,8 @@ Grammar::
                                              what r-loop `level` computes once per row
     KernelNode ::= (name, role, body, dtype, reduction_type, store, origins, deps)
     Stage ::= Body(nodes, loads: Load*)      one scope, nodes in kernel order
-            | Outer(level, nodes)            per-row nodes before loop `level`
+            | Outer(level, nodes, loads: Load*)
+                                             per-row nodes before loop `level`
                                              (after the last loop: level = loops)
             | Loop(level, nodes, computes, accumulators, loads: Load*)
     Accumulator ::= (node, reduction_type, update, partner, second_pass, dtype)
@@ -70,7 +71,9 @@ Grammar::
 A target whose traits issue loads first gets, on each Body and Loop stage, the
 loads from memory that scope issues before anything else, in that order
 (`loads`, passes/schedule/loads.py: a tiled kernel's in tiling.py's load_order;
-a loop's without those an outer stage before it computed already), and every
+a loop's without those an outer stage before it computed already; in a split
+reduction, each Outer stage after its loop: its combine issues them before it
+loads the partial results, so their latency overlaps the combine's), and every
 load from memory with its offset and tails (`reads`), which its renderer spells
 as a pointer plus that offset, masked by those tails; and, where
 its checks are device asserts, the kinds of check the kernel asserts (`asserts`,
@@ -393,6 +396,7 @@ class Body:
 class Outer:
     level: int
     nodes: tuple[str, ...]
+    loads: tuple[Load, ...] = ()  # a split's combine: loads from memory issued first, in this order
 
 
 @attrs.frozen

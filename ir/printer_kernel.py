@@ -156,7 +156,7 @@ def show_stage(st: Stage, indent: str) -> list[str]:
         case Body():
             return [f"{indent}body: {', '.join(st.nodes)}{show_loads(st.loads)}"]
         case Outer():
-            return [f"{indent}outer {st.level}: {', '.join(st.nodes)}"]
+            return [f"{indent}outer {st.level}: {', '.join(st.nodes)}{show_loads(st.loads)}"]
         case Loop():
             computes = ", ".join(st.computes) if st.computes else "nothing (recomputed where read)"
             out = [f"{indent}loop {st.level}: {', '.join(st.nodes)}; computes {computes}{show_loads(st.loads)}"]

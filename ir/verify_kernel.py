@@ -49,7 +49,8 @@ K11 the kinds of check a kernel asserts are "index" then "divisor", each named
 K12 the loads a scope issues first (a Body's, a Loop's) are loads from memory (of
    parameters, not of nodes the kernel computes), each once, of the bodies the
    scope computes (a loop's: not an online sum's), none that an outer stage before
-   it computed already; a Body that issues any issues all its bodies' loads
+   it computed already; a Body that issues any issues all its bodies' loads; an
+   Outer stage issues any only after a split's loop, and then all of them
 K13 a kernel's reads, where it has any, are its bodies' loads from memory (of
    parameters, not of nodes it computes), each once; each is masked by the tails
    of the symbols its offset uses (an indirect load's: at least those)
@@ -429,6 +430,11 @@ def _verify_loads_first(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     before: set[Expr] = set()  # what the outer stages so far computed
     for st in k.stages:
         if isinstance(st, Outer):
+            found = {ld for n in st.nodes for ld in loads(k.node(n).body) if ld.name in memory}
+            if st.loads and (not isinstance(k.space, Split) or st.level == 0 or len(set(st.loads)) != len(st.loads)
+                             or set(st.loads) != found - before):
+                fail(p, stage, k.name, f"K12 outer {st.level} issues first loads of {[ld.name for ld in st.loads]}: "
+                                       "only a split's stages after its loop do, each load from memory once")
             before.update(e for n in st.nodes for e in walk(k.node(n).body))
             continue
         if not st.loads:

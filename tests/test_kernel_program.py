@@ -459,6 +459,58 @@ def test_each_loop_loads_first_what_no_stage_before_it_loaded() -> None:
     assert all(f == [] for f in _first(_cpp_softmax().specs[0]))
 
 
+def _split_with_running_mean() -> KernelProgram:
+    """BatchNorm's statistics as a split down long columns, a running mean updated
+    after them (read per column once the partials are combined)."""
+    def stats(x: torch.Tensor, rm: torch.Tensor) -> Any:
+        var, mean = torch.var_mean(x, dim=[0, 2, 3], correction=0)
+        return rm * 0.9 + mean * 0.1, torch.rsqrt(var + 1e-5)
+
+    x = torch.randn(8, 64, 56, 56).contiguous(memory_format=torch.channels_last)
+    return program(stats, [x, torch.randn(64)])
+
+
+def test_a_split_combine_loads_what_follows_it_first() -> None:
+    """A split's Outer stage after its loop names the per-row loads its combine
+    issues first (the running mean's); the combine's source loads them, then
+    every partial result, before any arithmetic; a kernel that does not split
+    gives its Outer stages none."""
+    kp = _split_with_running_mean()
+    (k,) = kp.specs
+    assert isinstance(k.space, Split)
+    after = [st for st in k.stages if isinstance(st, Outer) and st.level > 0]
+    assert [[ld.name for ld in st.loads] for st in after] == [["rm_1"]]
+    assert "; loads first rm_1[xindex]" in show(kp)
+    from coil.backends.triton.split import split_source
+
+    src = split_source(k).source
+    combine = src[src.index("_combine("):]
+    body = combine.splitlines()
+    first_math = next(i for i, ln in enumerate(body) if "tl.sum" in ln)
+    loads_at = [i for i, ln in enumerate(body) if "tl.load(" in ln]
+    assert len(loads_at) == 5 and max(loads_at) < first_math  # rm and the four partials
+    assert "in_ptr1 + xindex" in body[loads_at[0]]
+    (plain,) = _layer_norm().specs
+    assert all(not st.loads for st in plain.stages if isinstance(st, Outer))
+
+
+def test_outer_loads_only_after_a_splits_loop() -> None:
+    kp = _split_with_running_mean()
+    (k,) = kp.specs
+    i, st = next((i, st) for i, st in enumerate(k.stages) if isinstance(st, Outer) and st.level > 0)
+    _reject(_with(kp, attrs.evolve(k, stages=(*k.stages[:i], attrs.evolve(st, loads=st.loads * 2),
+                                              *k.stages[i + 1:]))),
+            rf"{k.name}: K12 outer {st.level} issues first loads of \['rm_1', 'rm_1'\]")
+    kp = _read_before_the_loop()
+    (k,) = kp.specs
+    outer = k.stages[0]
+    assert isinstance(outer, Outer)
+    per_row = tuple(ld for n in outer.nodes for ld in loads(k.node(n).body))
+    names = ", ".join(repr(ld.name) for ld in per_row)
+    _reject(_with(kp, attrs.evolve(k, stages=(attrs.evolve(outer, loads=per_row), *k.stages[1:]))),
+            rf"{k.name}: K12 outer 0 issues first loads of \[{names}\]: only a split's stages after its loop")
+
+
 def test_device_asserts_by_device_and_target() -> None:
     """An interpreted kernel (CPU tensors) asserts its index and its divisor checks;
     a target whose checks are no device asserts (the C++ target) records none."""

@@ -176,7 +176,7 @@ def handler(ctx: KernelContext, out: Emitter, registers: Mapping[str, str]) -> T
     return TritonHandler(out, ctx.spec.ptr, ctx.reads, registers, ctx.spec.ranges, "divisor" in ctx.spec.asserts)
 
 
-def issue_loads(ctx: KernelContext, out: Emitter, st: Body | Loop, registers: Mapping[str, str],
+def issue_loads(ctx: KernelContext, out: Emitter, st: Body | Loop | Outer, registers: Mapping[str, str],
                 memo: dict[Expr, str]) -> None:
     """The loads the spec has the scope issue first, in its order."""
     h = handler(ctx, out, registers)

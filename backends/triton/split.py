@@ -6,8 +6,9 @@ as two @triton.jit functions under one KernelSource:
                   (of a block of XBLOCK columns) and stores each reduction's
                   partial results at workspace[x * PARTS + p]
     name_combine  one program a row (a block of columns): loads its PARTS partials
-                  of every reduction, combines them, then computes the per-row
-                  nodes that follow and stores the outputs
+                  of every reduction, and the per-row values read after them
+                  (Outer.loads), before any arithmetic; combines them, then
+                  computes the per-row nodes that follow and stores the outputs
 
 The wrapper allocates the small workspaces (one per partial result the spec
 lists) and launches both kernels (codegen.py).
@@ -24,6 +25,7 @@ from coil.backends.triton.kernel import (
     LoopStep,
     emit_outer,
     finish_node,
+    issue_loads,
     loop_roots,
     mask,
     reduction_type,
@@ -91,16 +93,23 @@ def _combine(ctx: KernelContext, split: Split) -> list[str]:
     out.emit("pindex = tl.arange(0, RBLOCK)[None, :]")
     out.emit(f"pmask = (pindex < {split.parts}) & xmask")
     _outer(ctx, out, 0, registers, memo)
+    for st in ctx.spec.stages:  # the per-row loads of what follows the combine, issued first
+        if isinstance(st, Outer) and st.level > 0:
+            issue_loads(ctx, out, st, registers, memo)
     i = 0
+    tiles: dict[str, list[str]] = {}  # every reduction's partial results, all loaded before any combines
+    for a in _loop(ctx).accumulators:
+        n = ctx.spec.node(a.node)
+        tiles[n.name] = []
+        for other in reductions.split_identities(reduction_type(n), n.body.dtype):
+            tiles[n.name].append(out.assign(f"tl.load(ws_ptr{i} + {split.parts} * xindex + pindex, pmask, "
+                                            f"other={other})"))
+            i += 1
     for a in _loop(ctx).accumulators:
         n = ctx.spec.node(a.node)
         rt, dt = reduction_type(n), n.body.dtype
         out.emit(f"# {n.name}: {rt} of {split.parts} partial results")
-        tiles = []
-        for other in reductions.split_identities(rt, dt):
-            tiles.append(out.assign(f"tl.load(ws_ptr{i} + {split.parts} * xindex + pindex, pmask, other={other})"))
-            i += 1
-        value = reductions.split_combine(out, rt, tiles, dt)
+        value = reductions.split_combine(out, rt, tiles[n.name], dt)
         finish_node(ctx, out, n, value, result_dtype(rt, dt), registers)
     _outer(ctx, out, 1, registers, memo)
     return out.lines

@@ -25,7 +25,7 @@ import sympy
 
 from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, walk
 from coil.ir.indexing import simplify_index
-from coil.ir.kernel import RINDEX, XINDEX, Body, KernelSpec, Loop, Outer, Read, Stage, Tiled, Update, tails_of
+from coil.ir.kernel import RINDEX, XINDEX, Body, KernelSpec, Loop, Outer, Read, Split, Stage, Tiled, Update, tails_of
 from coil.ir.layout import Layout
 from coil.passes.schedule.tiling import load_order
 
@@ -37,7 +37,8 @@ def memory_loads(bodies: Iterable[Expr], inside: set[str]) -> tuple[Load, ...]:
 
 
 def loads_first(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[Stage, ...]:
-    """The spec's stages, each Body and Loop with the loads it issues first."""
+    """The spec's stages, each Body and Loop (and a split's Outer stages after its
+    loop) with the loads it issues first."""
     inside = {n.name for n in spec.nodes}
     body = {n.name: n.body for n in spec.nodes}
     before: set[Expr] = set()  # what the outer stages so far computed
@@ -48,6 +49,11 @@ def loads_first(spec: KernelSpec, layouts: Mapping[str, Layout]) -> tuple[Stage,
                 st = attrs.evolve(st, loads=load_order(spec.nodes, layouts))
             case Body():
                 st = attrs.evolve(st, loads=memory_loads((body[n] for n in st.nodes), inside))
+            case Outer() if st.level > 0 and isinstance(spec.space, Split):
+                # the combine has no loop: it loads these with the partial results
+                found = memory_loads((body[n] for n in st.nodes), inside)
+                st = attrs.evolve(st, loads=tuple(ld for ld in found if ld not in before))
+                before.update(e for n in st.nodes for e in walk(body[n]))
             case Outer():
                 before.update(e for n in st.nodes for e in walk(body[n]))
             case Loop():
