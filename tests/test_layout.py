@@ -260,6 +260,12 @@ def test_training_step_saves_channels_last_and_the_backward_reads_it() -> None:
     view = next(line for line in call.splitlines() if line.strip().startswith(f"{grad} = reinterpret_view("))
     size, stride = (tuple(int(v) for v in t.split(",")) for t in re.findall(r"\(([\d, ]+)\)", view)[:2])
     assert stride == channels_last_strides(size), view  # the gradient comes in channels-last strides
+    # the stem's weight, saved as the channels-last copy its forward convolution read, is
+    # what the backward's convolution_backward reads (aten converted the parameter inside
+    # it each step before); the 1x1 and depthwise weights are channels-last already
+    assert (8, 3, 3, 3) in [tuple(lay.size) for lay in _channels_last_inputs(backward)]
+    forward = graphs["forward"]
+    assert "channels_last" in forward.source  # type: ignore[attr-defined]
 
 
 @pytest.mark.skipif(not target_available("cpp"), reason="no C++ compiler")
