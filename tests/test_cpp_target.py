@@ -519,6 +519,51 @@ def test_corrupted_cache_entry_is_rebuilt(tmp_path: Any) -> None:
     assert build.is_valid(build.cache_entry(source, str(tmp_path)))
 
 
+_SHIFT = ('#include <cstdint>\nextern "C" void shift(float* __restrict__ out, const float* __restrict__ a, '
+          'int64_t n, int64_t k) { for (int64_t i = 0; i < n; ++i) out[i] = a[i] + k; }\n')
+
+
+def test_the_launcher_takes_tensors_and_reads_their_pointers_in_c(tmp_path: Any) -> None:
+    """build.launcher's kernel takes the tensors themselves (a view's pointer is its
+    own element, storage offset included), checks them, and is torch's C call
+    where the helper builds here (backends/cpp/fastcall.py)."""
+    from coil.backends.cpp import fastcall
+
+    lib = build.load_library(_SHIFT, str(tmp_path))
+    k = build.launcher(lib, "shift", 2, 2, str(tmp_path))
+    assert fastcall.available(str(tmp_path)) and type(k).__name__ == "builtin_function_or_method"
+    out, a = torch.zeros(6), torch.arange(8.0)
+    k(out, a[2:], 6, 10)
+    assert out.tolist() == [12.0, 13.0, 14.0, 15.0, 16.0, 17.0]
+    with pytest.raises(TypeError, match="argument 1 is not a tensor"):
+        k(out, 3, 6, 10)
+    with pytest.raises(TypeError, match="takes 4 arguments, 3 given"):
+        k(out, a, 6)
+
+
+def test_without_the_c_launcher_kernels_go_through_ctypes(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the helper cannot be had (no Python.h, another ABI), a launcher calls
+    the ctypes function with the pointers read in Python: the same results."""
+    from coil.backends.cpp import fastcall
+
+    monkeypatch.setattr(fastcall, "_maker", lambda cache_dir: None)
+    lib = build.load_library(_SHIFT, str(tmp_path))
+    k = build.launcher(lib, "shift", 2, 2, str(tmp_path))
+    assert type(k).__name__ == "function"
+    out = torch.zeros(3)
+    k(out, torch.ones(3), 3, 2)
+    assert out.tolist() == [3.0, 3.0, 3.0]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).relu()
+
+    x = torch.randn(10, 7)
+    compiled = coil.compile_graph(make_fx(fn)(x), [x], coil.Options(target="cpp", cache_dir=str(tmp_path),
+                                                                      graph_cache=False))
+    torch.testing.assert_close(compiled(x)[0], fn(x))
+    assert ".data_ptr()" not in compiled.module.source  # the module passes tensors either way
+
+
 def test_loader_rejecting_entry_is_rebuilt(tmp_path: Any) -> None:
     """A sidecar that vouches for a bad .so (say, written by a broken tool) still
     cannot make coil crash: dlopen's OSError triggers one rebuild."""

@@ -140,14 +140,14 @@ def header_hash() -> str:
     return hashlib.sha256(prelude.header_text()).hexdigest()
 
 
-def cache_entry(source: str, cache_dir: str | None = None) -> CacheEntry:
+def cache_entry(source: str, cache_dir: str | None = None, sub: str = "cpp") -> CacheEntry:
     from coil.backends.runtime import cache_dir as checked_cache_dir
 
     cxx = compiler()
     material = "\0".join([source, header_hash(), cxx, " ".join(compile_flags() + link_flags()),
                           compiler_version(cxx), cpu_isa(cxx)])
     key = "k" + hashlib.sha256(material.encode()).hexdigest()[:40]
-    return CacheEntry(key, checked_cache_dir(cache_dir, "cpp"))
+    return CacheEntry(key, checked_cache_dir(cache_dir, sub))
 
 
 def _sha256_file(path: str) -> str:
@@ -235,23 +235,39 @@ def include_dir(source: str, entry: CacheEntry) -> str:
     return precompiled_prelude(entry.directory) if includes_prelude(source) else prelude.header_dir()
 
 
-def compile_command(entry: CacheEntry, include: str, output: str) -> list[str]:
-    return [compiler(), *compile_flags(), "-I", include, entry.cpp, "-o", output, *link_flags()]
+def compile_command(entry: CacheEntry, include: str, output: str, extra: tuple[str, ...] = ()) -> list[str]:
+    more = [a for d in extra for a in ("-I", d)]
+    return [compiler(), *compile_flags(), "-I", include, *more, entry.cpp, "-o", output, *link_flags()]
 
 
-def _compile_entry(source: str, entry: CacheEntry) -> None:
+def build_with_includes(source: str, includes: tuple[str, ...], cache_dir: str | None = None) -> str:
+    """build() for a source that also needs these include folders (the C++
+    launcher's Python.h: backends/cpp/fastcall.py), kept in `<cache dir>/cpp-launcher`;
+    the folders are part of the key, so another Python's headers never reuse
+    this binary."""
+    keyed = "".join(f"// include {d}\n" for d in includes) + source
+    entry = cache_entry(keyed, cache_dir, "cpp-launcher")
+    if not is_valid(entry):
+        try:
+            _compile_entry(keyed, entry, includes)
+        except OSError as e:
+            raise CoilError(f"cannot write {entry.so}: {e}", stage="kernel_gen") from e
+    return entry.so
+
+
+def _compile_entry(source: str, entry: CacheEntry, extra: tuple[str, ...] = ()) -> None:
     write_atomic(entry.cpp, source.encode())
     include = include_dir(source, entry)
     fd, tmp = tempfile.mkstemp(dir=entry.directory, prefix=entry.key + ".", suffix=".so.tmp")
     os.close(fd)
-    cmd = compile_command(entry, include, tmp)
+    cmd = compile_command(entry, include, tmp, extra)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 and include != prelude.header_dir():
             # GCC ignores a .gch made for other flags, but fails on a damaged one (cut
             # short by a crash): when the header's own text compiles, the .gch goes
             # (the next compile builds it again)
-            plain = subprocess.run(compile_command(entry, prelude.header_dir(), tmp), capture_output=True,
+            plain = subprocess.run(compile_command(entry, prelude.header_dir(), tmp, extra), capture_output=True,
                                    text=True, check=False)
             if plain.returncode == 0:
                 _remove(os.path.join(include, prelude.HEADER + ".gch"))
@@ -307,6 +323,14 @@ def raise_check(word: Any) -> None:
     word[0] = word[1] = word[2] = word[3] = 0
     error = list(CHECK_ERROR_CODES)[code - 1]
     raise check_error(error, value, size, dim)
+
+
+def launcher(lib: ctypes.CDLL, name: str, pointers: int, sizes: int = 2, cache_dir: str | None = None) -> Any:
+    """The kernel `name` as output_code.py calls it: its tensors themselves, then
+    xnumel, rnumel and any size symbols (backends/cpp/fastcall.py)."""
+    from coil.backends.cpp import fastcall
+
+    return fastcall.launcher(bind(lib, name, pointers, sizes), pointers, sizes, cache_dir)
 
 
 def bind(lib: ctypes.CDLL, name: str, pointers: int, sizes: int = 2) -> Any:

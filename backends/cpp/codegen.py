@@ -4,7 +4,8 @@ Every fused kernel becomes one `extern "C"` function (backends/cpp/kernel.py);
 all kernels of a graph form ONE translation unit, which includes the prelude
 header (include/coil_prelude.h, not inlined), embedded in output_code.py as a
 string, compiled (once, cached by hash) and loaded with ctypes when the module is
-imported (backends/cpp/build.py).  A launch passes `data_ptr()`s and the sizes.
+imported (backends/cpp/build.py).  A launch passes the tensors and the sizes
+to a launcher that reads their pointers in C (backends/cpp/fastcall.py).
 A kernel that makes run-time checks is followed by a look at the translation
 unit's error word (`_cpp_err`, the header's coil_error): when a check failed,
 eager's error is raised there.  Kernels without checks pay nothing.
@@ -45,17 +46,17 @@ class CppBackend:
             "",
             f"_cpp_lib = _cpp_build.load_library(_cpp_source, {options.cache_dir!r})",
         ]
-        lines += [f"{k.name} = _cpp_build.bind(_cpp_lib, {k.name!r}, {pointer_count(k.source)}"
-                  + (f", {n})" if (n := size_count(k.source)) != 2 else ")") for k in kernels]
+        lines += [f"{k.name} = _cpp_build.launcher(_cpp_lib, {k.name!r}, {pointer_count(k.source)}, "
+                  f"{size_count(k.source)}, {options.cache_dir!r})" for k in kernels]
         lines.append("_cpp_err = _cpp_build.error_word(_cpp_lib)")
         return lines
 
     def call(self, line: KernelCall, program: WrapperProgram, options: Options) -> list[str]:
-        """`kernel(buf.data_ptr(), ..., xnumel, rnumel)`; every named tensor stays
-        bound in `call` while the kernel runs."""
+        """`kernel(buf, ..., xnumel, rnumel)`, the tensors themselves (the
+        launcher reads their pointers in C); every named tensor stays bound in
+        `call` while the kernel runs."""
         k = kernels_of(program)[line.kernel]
-        ptrs = [f"{a}.data_ptr()" for a in line.args]
-        out = [f"{line.kernel}({', '.join([*ptrs, py_size(k.group[0]), py_size(k.group[1]), *line.sizes])})"]
+        out = [f"{line.kernel}({', '.join([*line.args, py_size(k.group[0]), py_size(k.group[1]), *line.sizes])})"]
         g = program.schedule_graph
         if any(runtime_checks(b.body) for b in kernel_buffers(k, g)):
             out.append("if _cpp_err[0]: _cpp_build.raise_check(_cpp_err)")
