@@ -93,6 +93,19 @@ class ScratchTraits:
 
 
 @attrs.frozen
+class LaneTableTraits:
+    """Lane tables (passes/schedule/lanes.py): a costly value of a pointwise kernel
+    on a loop nest that varies along its innermost loop alone (BatchNorm's
+    1 / sqrt(var + eps) by channel, channels innermost) is computed once per call
+    into a table as long as that loop, which every iteration of the loops outside
+    reads instead of computing it again."""
+
+    max_length: int  # the innermost loop at most this long (a table on the stack)
+    min_cost: int  # the value costs at least this much (OP_COST units) to compute
+    min_outer: int  # the loops outside run at least this many iterations
+
+
+@attrs.frozen
 class LaunchTraits:
     """The block sizes and warps the launch heuristics choose from
     (passes/schedule/launch.py).  Every block size is a power of two."""
@@ -170,6 +183,9 @@ class TargetTraits:
     streams: StreamTraits | None = None
     # on a loop nest: costly values a later r-loop needs again kept in row scratch arrays
     scratch: ScratchTraits | None = None
+    # on a loop nest: a pointwise kernel's costly values that vary along the innermost
+    # loop alone computed once per call into lane tables
+    lane_tables: LaneTableTraits | None = None
     # on a loop nest: what an r-loop reads that does not vary along the row is computed
     # once per row, before the loop (a libm call or an index check inside would keep it
     # from vectorising) ...
@@ -223,6 +239,10 @@ CPP_COLUMNS = ColumnTraits(run_min=8, stores_count=True)
 # arrays of at most 64 KiB a kernel, for values of at least one transcendental's cost
 CPP_STREAMS = StreamTraits(min_bytes=4 << 20, max_cost=7, min_run_bytes=64, chunk_bytes=256)
 CPP_SCRATCH = ScratchTraits(max_bytes=64 * 1024, min_cost=8)
+# a division or a square root a channel (MobileNetV2's BatchNorm + hardtanh + pad at
+# the CPU models size, 2 x 33 x 33 x 48 float32, one thread, AVX2: sqrt and divide
+# in the channel loop took 0.7 ns an element)
+CPP_LANE_TABLES = LaneTableTraits(max_length=4096, min_cost=4, min_outer=4)
 TRITON_TILES = TileTraits(min_side=16, max_grid_y=65535)  # CUDA's limit on grid dimension 1
 TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, persistent_rows=64,
                              persistent_elements=4096, loop_block=1024, few_rows=8, few_rows_block=8192,
@@ -242,7 +262,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
-                        scratch=CPP_SCRATCH, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True),
+                        scratch=CPP_SCRATCH, lane_tables=CPP_LANE_TABLES, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
                               channels_last=False, symbolic_sizes=True),
 }

@@ -339,6 +339,10 @@ class LoopNest:
     tile: NestTile | None = None
     parallel: Parallel | None = None  # None: one thread
     nodes: tuple[NestNode, ...] = ()
+    # a pointwise nest's lane tables (passes/schedule/lanes.py): subtrees of its nodes'
+    # bodies that read the innermost loop's variable alone, each computed once per
+    # call into a table that long and read from it
+    tables: tuple[Expr, ...] = ()
 
 
 @attrs.frozen

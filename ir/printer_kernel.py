@@ -75,6 +75,8 @@ def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
         t = nest.tile
         reads = ", ".join(f"{r.buffer} at {r.offset} (stride {r.stride})" for r in t.staged)
         out.append(f"{indent}  x loops {t.u} and {t.v} in {t.side}x{t.side} tiles, staging {reads}")
+    for k, table in enumerate(nest.tables):
+        out.append(f"{indent}  lane table {k}: " + " ".join(ln.strip() for ln in body_lines(table, "")))
     par = nest.parallel
     if par is None:
         out.append(f"{indent}  one thread")

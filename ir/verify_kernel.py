@@ -33,7 +33,10 @@ K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
    nest, at most as many parts as the outer r loop's steps, and its chunk is the
    most any part reduces; parallel loops exist and their chunks are positive and
    at most their iterations
-K10 streams, scratch arrays and hoisted values need a loop nest.  Streamed stores
+K10 streams, scratch arrays and hoisted values need a loop nest; a lane table is a
+   subtree of a node's body in a nest of static innermost x loop, no r loops and no
+   tiles, that reads the innermost loop's variable alone and nothing the kernel
+   computes, no indirect load and no check.  Streamed stores
    are a kernel's without r loops, of nodes it stores (parameters it writes), each
    named once, staged in positive chunks.  A scratch array is stored in a loop (a
    Loop stage's level) that computes a node whose body in the nest has its
@@ -346,7 +349,35 @@ def _verify_nest(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         fail(p, stage, k.name, f"K9 {par.loops} parallel loop(s) of {par.iterations} iterations in chunks of {par.chunk}")
 
 
+def _table_problem(k: KernelSpec) -> str | None:
+    """Why the nest's lane tables break K10, or None."""
+    nest = k.nest
+    if nest is None or not nest.tables:
+        return None
+    if nest.rsizes or nest.tile is not None or len(nest.xsizes) < 2 or not isinstance(nest.xsizes[-1], int):
+        return "lane tables in a nest with r loops, tiles, one loop or a symbolic innermost loop"
+    inner = f"ix{len(nest.xsizes) - 1}"
+    computed = {n.name for n in nest.nodes}
+    subtrees = {s for n in nest.nodes for s in walk(n.body)}
+    for t in nest.tables:
+        if t not in subtrees:
+            return "a lane table that is no subtree of the nest's bodies"
+        syms: set[str] = set()
+        for s in walk(t):
+            if isinstance(s, (IndirectLoad, Check)) or (isinstance(s, Load) and s.name in computed):
+                return "a lane table reading a computed value, an indirect load or a check"
+            if isinstance(s, Load):
+                syms |= {str(v) for i in s.index for v in i.free_symbols}
+            elif isinstance(s, IndexExpr):
+                syms |= {str(v) for v in s.expr.free_symbols}
+        if syms != {inner}:
+            return f"a lane table reading loop variables {sorted(syms)}, not the innermost ({inner}) alone"
+    return None
+
+
 def _verify_row_work(p: KernelProgram, stage: str, k: KernelSpec) -> None:
+    if (why := _table_problem(k)) is not None:
+        fail(p, stage, k.name, f"K10 {why}")
     nest = k.nest
     if nest is None:
         if k.streams is not None or k.scratch or k.hoisted:

@@ -41,7 +41,10 @@ from coil.ir.verify import VerifyError, verify
 from coil.options import ColumnTraits
 from coil.passes.kernel_model import down_columns
 from golden_util import assert_golden
-from tests_helpers import run_until
+from tests_helpers import run_until, target_available
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from coil.passes.schedule.nest import loop_symbol
 
 
 def program(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], target: str = "triton",
@@ -509,6 +512,66 @@ def test_outer_loads_only_after_a_splits_loop() -> None:
     names = ", ".join(repr(ld.name) for ld in per_row)
     _reject(_with(kp, attrs.evolve(k, stages=(attrs.evolve(outer, loads=per_row), *k.stages[1:]))),
             rf"{k.name}: K12 outer 0 issues first loads of \[{names}\]: only a split's stages after its loop")
+
+
+def _conv_bn_conv(x: torch.Tensor, cw: torch.Tensor, m: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                  b: torch.Tensor) -> torch.Tensor:
+    y = F.hardtanh(F.batch_norm(F.conv2d(x, cw, padding=1), m, v, w, b, training=False, eps=1e-3), 0, 6)
+    return F.conv2d(y, cw, padding=1).sum((2, 3))
+
+
+def _bn_inputs() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(2, 8, 6, 6, generator=g), torch.randn(8, 8, 3, 3, generator=g) * 0.1,
+            torch.randn(8, generator=g), torch.rand(8, generator=g) + 0.5, torch.randn(8, generator=g),
+            torch.randn(8, generator=g)]
+
+
+def test_a_channels_last_batch_norm_reads_its_scale_from_a_lane_table() -> None:
+    """Inference BatchNorm between convolutions on the C++ target: channels innermost,
+    its 1 / sqrt(var + eps) varies by channel alone and costs a square root and a
+    division, so the nest computes it once per call into a lane table (printed),
+    and the kernel's source reads it there; the mean, weight and bias are plain
+    loads (too cheap for a table).  The values are those computed in place."""
+    import coil.options as options
+
+    kp = program(_conv_bn_conv, _bn_inputs(), target="cpp")
+    (k,) = [k for k in kp.specs if k.nest is not None and k.nest.tables]
+    assert k.nest is not None and len(k.nest.tables) == 1
+    (t,) = k.nest.tables
+    assert {op.name for op in walk(t) if isinstance(op, Op)} >= {"sqrt", "reciprocal"}
+    assert [ld.name for ld in loads(t)] == ["v_1"]
+    assert "lane table 0: " in show(kp)
+    if not target_available("cpp"):
+        return
+    inputs = _bn_inputs()
+    gm = make_fx(_conv_bn_conv)(*inputs)
+    with_tables = coil.compile_graph(gm, inputs, coil.Options(target="cpp", graph_cache=False))
+    src = with_tables.module.source
+    assert "alignas(64) float lane" in src and "* lane" in src
+    traits = options.TARGET_TRAITS["cpp"]
+    try:
+        options.TARGET_TRAITS["cpp"] = attrs.evolve(traits, lane_tables=None)
+        plain = coil.compile_graph(make_fx(_conv_bn_conv)(*inputs), inputs,
+                                   coil.Options(target="cpp", graph_cache=False))
+    finally:
+        options.TARGET_TRAITS["cpp"] = traits
+    assert "lane" not in plain.module.source
+    assert torch.equal(with_tables(*inputs)[0], plain(*inputs)[0])
+    torch.testing.assert_close(with_tables(*inputs)[0], _conv_bn_conv(*inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_a_lane_table_reading_an_outer_loop_is_rejected() -> None:
+    kp = program(_conv_bn_conv, _bn_inputs(), target="cpp")
+    (k,) = [k for k in kp.specs if k.nest is not None and k.nest.tables]
+    assert k.nest is not None
+    outer = next(e for n in k.nest.nodes for e in walk(n.body)
+                 if isinstance(e, Load) and e.name not in {"v_1", "m_1", "w_1", "b_1"})
+    bad = attrs.evolve(k, nest=attrs.evolve(k.nest, tables=(outer,)))
+    _reject(_with(kp, bad), rf"{k.name}: K10 a lane table reading loop variables \['ix0', 'ix1'\]")
+    foreign = Op("sqrt", (Load("v_1", (loop_symbol("ix", 0),), torch.float32),), torch.float32)
+    _reject(_with(kp, attrs.evolve(k, nest=attrs.evolve(k.nest, tables=(foreign,)))),
+            rf"{k.name}: K10 a lane table that is no subtree")
 
 
 def test_device_asserts_by_device_and_target() -> None:

@@ -8,7 +8,9 @@ it; passes/schedule/threads.py) runs those two loops in tiles and first transpos
 each tile of the staged reads into a local buffer (`coil_transpose_tile`), so the
 compute loop reads contiguous memory; ragged edge tiles use plain loads.  The
 outputs the spec streams (KernelSpec.streams) are computed a chunk (a full tile)
-at a time into local buffers and written out by streaming stores.
+at a time into local buffers and written out by streaming stores.  The nest's lane
+tables (LoopNest.tables: values that vary along the innermost loop alone) are
+computed before the loops, one array each, and read there.
 """
 
 from __future__ import annotations
@@ -33,14 +35,16 @@ from coil.backends.cpp.plan import (
     render_loops,
     streams,
 )
+from coil.ir.expr import Expr
 from coil.ir.kernel import NestTile
 from coil.options import Options
 
 
 def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, str] | None = None,
-                    checks: list[LoopCheck] | None = None) -> list[str]:
+                    checks: list[LoopCheck] | None = None, tables: Mapping[Expr, str] | None = None) -> list[str]:
     scope: list[str] = []
     h = CppHandler(ctx, {}, {}, scope, checks)
+    h.memo.update(tables or {})  # a lane table's value is read from it
     for nd in plan.nodes:
         emit_node(plan, ctx, h, nd, streams)
     return scope
@@ -50,15 +54,37 @@ def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
     if plan.loops.tile is not None:
         return tiled_body(plan, ctx, options, plan.loops.tile)
     loops = pointwise_loops(plan, options)
+    first, tables = lane_tables(plan, ctx)
     out = streams(plan)
     if out:
-        return render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], out))
+        return first + render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], out, tables))
     checks: list[LoopCheck] = []
-    scope = pointwise_scope(plan, ctx, checks=checks)
-    return render_loops(loops[:-1], checked_loop(loops[-1], scope, checks))
+    scope = pointwise_scope(plan, ctx, checks=checks, tables=tables)
+    return first + render_loops(loops[:-1], checked_loop(loops[-1], scope, checks))
 
 
-def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, out: Sequence[Stream]) -> list[str]:
+def lane_tables(plan: KernelPlan, ctx: KernelContext) -> tuple[list[str], dict[Expr, str]]:
+    """The nest's lane tables (LoopNest.tables), each computed for every value of the
+    innermost loop before the loops, and what reads each in the loop body."""
+    nest = plan.spec.nest
+    if nest is None or not nest.tables:
+        return [], {}
+    var = str(plan.nest.xdims[-1].sym)
+    size = nest.xsizes[-1]
+    lines: list[str] = []
+    body: list[str] = []
+    h = CppHandler(ctx, {}, {}, body)
+    tables: dict[Expr, str] = {}
+    for t in nest.tables:
+        name = ctx.fresh("lane")
+        lines.append(f"alignas(64) {prelude.compute_type(t.dtype)} {name}[{size}];")
+        body.append(f"{name}[{var}] = {h.value(t)};")
+        tables[t] = f"{name}[{var}]"
+    return lines + render_loops([Loop(var, "0", str(size), "omp simd")], body), tables
+
+
+def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, out: Sequence[Stream],
+                  tables: Mapping[Expr, str] | None = None) -> list[str]:
     """The innermost loop in chunks (the spec's): each chunk is computed into
     local buffers (its streamed outputs), then streamed out; a fence after the
     last chunk, before the thread may take other work or leave the parallel loop."""
@@ -67,7 +93,8 @@ def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, out: Sequen
     n = plan.spec.streams.chunk
     end = f"{chunk}_end"
     at_chunk = {_index_symbol(var): _index_symbol(chunk)}
-    scope = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{var} - {chunk}]" for st in out})
+    scope = pointwise_scope(plan, ctx, {st.node.buf.name: f"{st.buffer}[{var} - {chunk}]" for st in out},
+                            tables=tables)
     body = [*(st.declare(n) for st in out),
             f"const int64_t {end} = coil_min_index({inner.hi}, {chunk} + {n});",
             *render_loops([Loop(var, chunk, end, inner.pragma)], scope),

@@ -1,0 +1,91 @@
+"""Lane tables: the costly values of a pointwise kernel on a loop nest that vary
+along its innermost loop alone (TargetTraits.lane_tables: the C++ target).
+
+A channels-last BatchNorm in inference computes `(x - mean[c]) * (w[c] / sqrt(var[c]
++ eps)) + b[c]` with the channels innermost: every pixel divides and takes a square
+root for every channel, though those depend on the channel alone, and the compiler
+cannot move them out of the loops around the channel loop.  Here each maximal
+subtree of the nest's bodies that
+
+- reads no loop variable but the innermost one (its loads' indices, its index
+  expressions), and reads it (a constant is folded anyway),
+- reads nothing the kernel computes, no indirect load and no run-time check,
+- costs at least `min_cost` to compute (OP_COST units: a division or a square
+  root),
+
+becomes a table: the renderer computes it for every value of the innermost loop
+once per call, before the loops, and the nodes read it there.  Only in a static
+nest without r loops or tiles, whose innermost loop is at most `max_length` long
+and whose outer loops run at least `min_outer` iterations.  A table holds the
+value's compute dtype, so the results are bit for bit those computed in place.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import sympy
+
+from coil.ir.expr import Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, children, walk
+from coil.ir.kernel import KernelSpec
+from coil.options import LaneTableTraits
+from coil.passes.schedule.nest import loop_symbol
+from coil.passes.schedule.streams import OP_COST
+
+
+def cost(e: Expr) -> int:
+    """What computing `e` costs, each distinct subtree once (OP_COST; a load 1)."""
+    return sum(OP_COST.get(s.name, 1) if isinstance(s, Op) else (1 if isinstance(s, Load) else 0)
+               for s in set(walk(e)))
+
+
+def loop_symbols(e: Expr) -> set[sympy.Symbol] | None:
+    """The loop variables `e` reads; None when it reads what no table may hold (an
+    indirect load, a run-time check)."""
+    out: set[sympy.Symbol] = set()
+    for s in walk(e):
+        if isinstance(s, (IndirectLoad, Check)):
+            return None
+        if isinstance(s, Load):
+            for i in s.index:
+                out |= i.free_symbols
+        elif isinstance(s, IndexExpr):
+            out |= s.expr.free_symbols
+    return out
+
+
+def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
+    """The spec with its nest's lane tables (module docstring)."""
+    nest = spec.nest
+    if (nest is None or nest.rsizes or nest.tile is not None or len(nest.xsizes) < 2
+            or not all(isinstance(s, int) for s in nest.xsizes)):
+        return spec
+    inner_size = nest.xsizes[-1]
+    if not 1 < inner_size <= traits.max_length or math.prod(nest.xsizes[:-1]) < traits.min_outer:
+        return spec
+    inner = loop_symbol("ix", len(nest.xsizes) - 1)
+    computed = {n.name for n in nest.nodes}
+    found: dict[Expr, None] = {}
+    verdict: dict[Expr, bool] = {}
+
+    def qualifies(e: Expr) -> bool:
+        if e not in verdict:
+            syms = loop_symbols(e)
+            verdict[e] = (not isinstance(e, (Load, Constant)) and syms == {inner}
+                          and not any(isinstance(s, Load) and s.name in computed for s in walk(e))
+                          and cost(e) >= traits.min_cost)
+        return verdict[e]
+
+    def visit(e: Expr) -> None:
+        if qualifies(e):
+            found.setdefault(e, None)
+            return
+        for c in children(e):
+            visit(c)
+
+    for n in nest.nodes:
+        visit(n.body)
+    if not found:
+        return spec
+    return attrs.evolve(spec, nest=attrs.evolve(nest, tables=tuple(found)))
