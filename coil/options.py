@@ -103,6 +103,7 @@ class LaneTableTraits:
     max_length: int  # the innermost loop at most this long (a table on the stack)
     min_cost: int  # the value costs at least this much (OP_COST units) to compute
     min_outer: int  # the loops outside run at least this many iterations
+    max_bytes: int  # a kernel's tables together, at most (in their compute dtypes)
 
 
 @attrs.frozen
@@ -242,7 +243,7 @@ CPP_SCRATCH = ScratchTraits(max_bytes=64 * 1024, min_cost=8)
 # a division or a square root a channel (MobileNetV2's BatchNorm + hardtanh + pad at
 # the CPU models size, 2 x 33 x 33 x 48 float32, one thread, AVX2: sqrt and divide
 # in the channel loop took 0.7 ns an element)
-CPP_LANE_TABLES = LaneTableTraits(max_length=4096, min_cost=4, min_outer=4)
+CPP_LANE_TABLES = LaneTableTraits(max_length=4096, min_cost=4, min_outer=4, max_bytes=64 * 1024)
 TRITON_TILES = TileTraits(min_side=16, max_grid_y=65535)  # CUDA's limit on grid dimension 1
 TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, persistent_rows=64,
                              persistent_elements=4096, loop_block=1024, few_rows=8, few_rows_block=8192,

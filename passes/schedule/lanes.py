@@ -16,8 +16,9 @@ subtree of the nest's bodies that
 becomes a table: the renderer computes it for every value of the innermost loop
 once per call, before the loops, and the nodes read it there.  Only in a static
 nest without r loops or tiles, whose innermost loop is at most `max_length` long
-and whose outer loops run at least `min_outer` iterations.  A table holds the
-value's compute dtype, so the results are bit for bit those computed in place.
+and whose outer loops run at least `min_outer` iterations; a kernel's tables
+together within `max_bytes`.  A table holds the value's compute dtype, so the
+results are bit for bit those computed in place.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import math
 
 import attrs
 import sympy
+import torch
 
 from coil.ir.expr import Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, children, walk
 from coil.ir.kernel import KernelSpec
@@ -86,6 +88,17 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
 
     for n in nest.nodes:
         visit(n.body)
-    if not found:
+    kept, used = [], 0
+    for e in found:  # in the order the bodies reach them, while they fit max_bytes
+        size = inner_size * compute_itemsize(e.dtype)
+        if used + size <= traits.max_bytes:
+            kept.append(e)
+            used += size
+    if not kept:
         return spec
-    return attrs.evolve(spec, nest=attrs.evolve(nest, tables=tuple(found)))
+    return attrs.evolve(spec, nest=attrs.evolve(nest, tables=tuple(kept)))
+
+
+def compute_itemsize(dtype: torch.dtype) -> int:
+    """Bytes of a value in the dtype a kernel computes it in (half types in float32)."""
+    return 4 if dtype in (torch.float16, torch.bfloat16) else max(1, torch.empty((), dtype=dtype).element_size())
