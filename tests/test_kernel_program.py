@@ -527,7 +527,7 @@ def _bn_inputs() -> list[torch.Tensor]:
             torch.randn(8, generator=g)]
 
 
-def test_a_channels_last_batch_norm_reads_its_scale_from_a_lane_table() -> None:
+def test_a_channels_last_batch_norm_reads_its_scale_from_a_lane_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inference BatchNorm between convolutions on the C++ target: channels innermost,
     its 1 / sqrt(var + eps) varies by channel alone and costs a square root and a
     division, so the nest computes it once per call into a lane table (printed),
@@ -549,13 +549,8 @@ def test_a_channels_last_batch_norm_reads_its_scale_from_a_lane_table() -> None:
     with_tables = coil.compile_graph(gm, inputs, coil.Options(target="cpp", graph_cache=False))
     src = with_tables.module.source
     assert "alignas(64) float lane" in src and "* lane" in src
-    traits = options.TARGET_TRAITS["cpp"]
-    try:
-        options.TARGET_TRAITS["cpp"] = attrs.evolve(traits, lane_tables=None)
-        plain = coil.compile_graph(make_fx(_conv_bn_conv)(*inputs), inputs,
-                                   coil.Options(target="cpp", graph_cache=False))
-    finally:
-        options.TARGET_TRAITS["cpp"] = traits
+    monkeypatch.setitem(options.TARGET_TRAITS, "cpp", attrs.evolve(options.TARGET_TRAITS["cpp"], lane_tables=None))
+    plain = coil.compile_graph(make_fx(_conv_bn_conv)(*inputs), inputs, coil.Options(target="cpp", graph_cache=False))
     assert "lane" not in plain.module.source
     assert torch.equal(with_tables(*inputs)[0], plain(*inputs)[0])
     torch.testing.assert_close(with_tables(*inputs)[0], _conv_bn_conv(*inputs), rtol=1e-4, atol=1e-4)

@@ -26,35 +26,19 @@ from __future__ import annotations
 import math
 
 import attrs
-import sympy
-import torch
 
-from coil.ir.expr import Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, children, walk
+from coil.ir.expr import Check, Constant, Expr, IndirectLoad, Load, children, loads, walk
 from coil.ir.kernel import KernelSpec
 from coil.options import LaneTableTraits
+from coil.passes.schedule.loads import value_symbols
 from coil.passes.schedule.nest import loop_symbol
-from coil.passes.schedule.streams import OP_COST
+from coil.passes.schedule.rows import compute_dtype
+from coil.passes.schedule.streams import compute_cost
 
 
 def cost(e: Expr) -> int:
     """What computing `e` costs, each distinct subtree once (OP_COST; a load 1)."""
-    return sum(OP_COST.get(s.name, 1) if isinstance(s, Op) else (1 if isinstance(s, Load) else 0)
-               for s in set(walk(e)))
-
-
-def loop_symbols(e: Expr) -> set[sympy.Symbol] | None:
-    """The loop variables `e` reads; None when it reads what no table may hold (an
-    indirect load, a run-time check)."""
-    out: set[sympy.Symbol] = set()
-    for s in walk(e):
-        if isinstance(s, (IndirectLoad, Check)):
-            return None
-        if isinstance(s, Load):
-            for i in s.index:
-                out |= i.free_symbols
-        elif isinstance(s, IndexExpr):
-            out |= s.expr.free_symbols
-    return out
+    return compute_cost((e,)) + len(set(loads(e)))
 
 
 def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
@@ -73,9 +57,11 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
 
     def qualifies(e: Expr) -> bool:
         if e not in verdict:
-            syms = loop_symbols(e)
-            verdict[e] = (not isinstance(e, (Load, Constant)) and syms == {inner}
-                          and not any(isinstance(s, Load) and s.name in computed for s in walk(e))
+            below = walk(e)
+            verdict[e] = (not isinstance(e, (Load, Constant))
+                          and not any(isinstance(s, (IndirectLoad, Check)) for s in below)
+                          and value_symbols((e,)) == {inner}
+                          and not any(isinstance(s, Load) and s.name in computed for s in below)
                           and cost(e) >= traits.min_cost)
         return verdict[e]
 
@@ -90,7 +76,7 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
         visit(n.body)
     kept, used = [], 0
     for e in found:  # in the order the bodies reach them, while they fit max_bytes
-        size = inner_size * compute_itemsize(e.dtype)
+        size = inner_size * compute_dtype(e.dtype).itemsize
         if used + size <= traits.max_bytes:
             kept.append(e)
             used += size
@@ -98,7 +84,3 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
         return spec
     return attrs.evolve(spec, nest=attrs.evolve(nest, tables=tuple(kept)))
 
-
-def compute_itemsize(dtype: torch.dtype) -> int:
-    """Bytes of a value in the dtype a kernel computes it in (half types in float32)."""
-    return 4 if dtype in (torch.float16, torch.bfloat16) else max(1, torch.empty((), dtype=dtype).element_size())
