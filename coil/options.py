@@ -211,6 +211,11 @@ class TargetTraits:
     # registers runs 1.3x-4.4x faster than looped at 4096 (bench/results/h200-dynamic-batches.md);
     # else such a row loops whatever its length (the C++ target's r-loops do anyway)
     multi_kernel: bool = False
+    # a convolution Extern runs without its bias, and the bias is added by a pointwise
+    # node that fuses into the convolution's reader (as Inductor does off the CPU): on
+    # CUDA, aten added it in a kernel of its own after cuDNN's (ConvNeXt's inference on
+    # the H200: 12 such launches, 44 us a call, bench/probes/model_kernels.py)
+    conv_bias_in_kernels: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -260,7 +265,8 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            channels_last=True, channels_last_training=True, splits=TRITON_SPLITS,
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
-                           device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True),
+                           device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True,
+                           conv_bias_in_kernels=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
                         scratch=CPP_SCRATCH, lane_tables=CPP_LANE_TABLES, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True),

@@ -294,6 +294,9 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
     if isinstance(target, torch._ops.OpOverload) and not kernels_take((args, kwargs), vals.get(node.name)):
         log.debug("lower %s: %s -> extern fallback (a dtype kernels do not handle)", node.name, target)
         return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
+    if target is torch.ops.aten.convolution.default and ctx.conv_bias_in_kernels and len(args) == 9 \
+            and isinstance(args[2], TensorValue):
+        return _peeled_convolution(ctx, args, vals.get(node.name))
     fn = find_lowering(target)
     if fn is not None:
         mark = len(ctx.nodes)
@@ -324,6 +327,21 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
     log.debug("lower %s: %s -> extern fallback", node.name, target)
     arg_vals = [vals.get(a.name) if isinstance(a, torch.fx.Node) else None for a in node.args]
     return lower_extern(ctx, target, args, kwargs, vals.get(node.name), arg_vals)
+
+
+def _peeled_convolution(ctx: LowerCtx, args: Sequence[Any], val: Any) -> TensorValue:
+    """aten.convolution with a bias, on a target whose kernels add it
+    (TargetTraits.conv_bias_in_kernels): the Extern convolves without it, and a
+    pointwise add of the bias viewed as (C, 1, ...) makes the result, which fuses
+    into what reads the convolution."""
+    x, weight, bias, *rest = args
+    conv = lower_extern(ctx, torch.ops.aten.convolution.default, (x, weight, None, *rest), {}, val)
+    shaped = find_lowering(torch.ops.aten.view.default)
+    add = find_lowering(torch.ops.aten.add.Tensor)
+    assert shaped is not None and add is not None
+    column = shaped(ctx, bias, [bias.size[0]] + [1] * (conv.ndim - 2))
+    log.debug("lower %s: convolution's bias peeled off into %s", ctx.origin, column.name)
+    return add(ctx, conv, column)
 
 
 def _symbolic_size_error(e: TypeError) -> bool:
@@ -456,6 +474,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     vals = ensure_meta(fx)
     device = fx.device()
     ctx = LowerCtx("", "", device)
+    ctx.conv_bias_in_kernels = options.traits().conv_bias_in_kernels
     sm = ctx.sizes = SizeMap.of(fx.example_inputs)
     size_inputs: list[tuple[str, Size]] = []
     order: list[str] = []

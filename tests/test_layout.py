@@ -16,7 +16,8 @@ from tests_helpers import target_available
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
-from coil.ir.lowered import Extern, LoweredGraph, Pointwise, View
+from coil.ir.expr import loads
+from coil.ir.lowered import Extern, Input, LoweredGraph, Pointwise, View
 from coil.ir.printer import show
 from coil.passes.layout import channels_last_strides, prefer_channels_last
 
@@ -275,3 +276,63 @@ def test_cpp_training_stays_contiguous() -> None:
     training forward saves its activations in eager's strides."""
     graphs = _trained_graphs("cpp")
     assert not _channels_last_inputs(graphs["backward"])
+
+
+def _conv_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A convolution with a bias, a GELU, then a global pool (rank-2 output)."""
+    return F.gelu(F.conv2d(x, w, b, padding=1)).mean(dim=(2, 3))
+
+
+def _conv_gelu_inputs() -> list[torch.Tensor]:
+    return [torch.randn(2, 3, 8, 8), torch.randn(8, 3, 3, 3), torch.randn(8)]
+
+
+def _lower_for(target: str, fn, inputs: list[torch.Tensor]) -> LoweredGraph:
+    gm = make_fx(fn)(*inputs)
+    out = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target=target))
+    assert isinstance(out, LoweredGraph)
+    return out
+
+
+def test_triton_peels_a_convolutions_bias_into_a_pointwise_add() -> None:
+    """TargetTraits.conv_bias_in_kernels (triton): the convolution Extern runs with
+    no bias and a pointwise node adds the bias viewed as (C, 1, 1); the C++ target
+    (mkldnn adds it in the convolution) keeps the bias in the Extern."""
+    g = _lower_for("triton", _conv_gelu, _conv_gelu_inputs())
+    conv = next(n for n in g.nodes if isinstance(n, Extern) and n.kernel == "aten.convolution.default")
+    assert conv.args[2] is None
+    bias = [n for n in g.nodes if isinstance(n, Input)][2]
+    column = next(n for n in g.nodes if isinstance(n, View) and n.base == bias.name)
+    assert column.ranges == (8, 1, 1)
+    adds = [n for n in g.nodes if isinstance(n, Pointwise) and {conv.name, column.name} <= {ld.name for ld in loads(n.body)}]
+    assert len(adds) == 1 and getattr(adds[0].body, "name", None) == "add"
+    g_cpp = _lower_for("cpp", _conv_gelu, _conv_gelu_inputs())
+    conv_cpp = next(n for n in g_cpp.nodes if isinstance(n, Extern) and n.kernel == "aten.convolution.default")
+    assert conv_cpp.args[2] is not None
+
+
+@pytest.mark.skipif(not target_available("triton"), reason="needs triton (TRITON_INTERPRET=1 on the CPU)")
+def test_peeled_bias_fuses_into_the_reader_and_matches_eager() -> None:
+    """The bias add is no kernel of its own: one Triton kernel reads the
+    convolution's result, adds the bias, takes the GELU and the mean; the result
+    and the training step's gradients equal eager's."""
+    torch.manual_seed(0)
+    x, w, b = _conv_gelu_inputs()
+    module = coil.compile_graph(make_fx(_conv_gelu)(x, w, b), [x, w, b], coil.Options(target="triton"))
+    (out,) = module(x, w, b)
+    torch.testing.assert_close(out, _conv_gelu(x, w, b))
+    # a launch is `triton_...[grid](...)` in the interpreter, `launch_triton_...(stream, ...)` on CUDA
+    launches = re.findall(r"^\s*(?:launch_)?(triton_\w+)[\[(]", module.source, re.M)
+    # the input's and the weight's channels-last copies, then one kernel for the rest
+    assert [k for k in launches if "channels_last" not in k] == launches[-1:], launches
+    assert "convolution_gelu_mean" in launches[-1]
+    assert "aten_convolution_default(buf2, buf3, None," in module.source
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    compiled = torch.compile(lambda t: F.gelu(conv(t)).sum(), backend="coil", options={"target": "triton"})
+    xs = torch.randn(2, 3, 8, 8)
+    compiled(xs).backward()
+    got = [p.grad.clone() for p in conv.parameters()]
+    conv.zero_grad()
+    F.gelu(conv(xs)).sum().backward()
+    for a, e in zip(got, [p.grad for p in conv.parameters()]):
+        torch.testing.assert_close(a, e)

@@ -88,6 +88,9 @@ class LowerCtx:
         from coil.passes.symbolic import STATIC
 
         self.sizes = STATIC
+        # a convolution's bias is added by a pointwise node, not by the Extern
+        # (TargetTraits.conv_bias_in_kernels)
+        self.conv_bias_in_kernels = False
 
     def at(self, origin: str, op: str, device: str) -> "LowerCtx":
         self.origin, self.op, self.device = origin, op, device
