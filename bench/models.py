@@ -76,6 +76,8 @@ class Config:
     name: str | None
     merge: bool
     resume: bool
+    # compile every case in this many processes at once before the timed run (warm_up)
+    warm_jobs: int = 0
 
 
 def _names(items: Sequence[str]) -> tuple[str, ...]:
@@ -109,7 +111,13 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--resume", action="store_true",
                    help="--merge, and skip the cases the existing file holds measured already (not skipped, not "
                         "left pending by a killed run): repeat one command with --budget-s until all is done")
+    p.add_argument("--warm-jobs", type=int, default=0,
+                   help="first compile every case in this many processes at once, into the run's caches, so "
+                        "that the timed run's compiles hit them (its first call is then warm; each variant's "
+                        "cold first call, taken under the warm-up's parallel load, is `cold_first_call_s`)")
     a = p.parse_args(argv)
+    if a.warm_jobs < 0:
+        p.error("--warm-jobs must be at least 0")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     size = a.size or ("both" if device == "cuda" else "cpu")
     sizes = ("small", "large") if size == "both" else (size,)
@@ -131,7 +139,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     rounds = a.rounds or (5 if device == "cuda" else 3)
     dtype = a.dtype or ("bfloat16" if device == "cuda" else "float32")
     return Config(sizes, only, modes, compile_modes, ("eager", *(v for v in variants if v != "eager")), device, dtype, a.target, rounds, a.budget_s, a.threads, a.out,
-                  a.name, a.merge or a.resume, a.resume)
+                  a.name, a.merge or a.resume, a.resume, a.warm_jobs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,6 +270,7 @@ def prepare(variant: str, compile_mode: str, case: Case, model: torch.nn.Module,
     rec["dynamo_graphs"], rec["graph_breaks"] = counts.dynamo_graphs, counts.graph_breaks
     if variant == "coil":
         rec["coil_graphs"] = counts.compiled + counts.cached
+        rec["coil_graphs_cached"] = counts.cached
         rec["eager_fallbacks"] = len(counts.eager_fallbacks)
     if variant == "eager":
         _status(rec, "ref")
@@ -325,8 +334,14 @@ def _late_check(call_check: Callable[[], dict[str, Any]], want: Expected, cfg: C
 
 
 def measure_case(case: Case, cfg: Config, device: torch.device, target: str, deadline: float,
-                 writer: Writer) -> None:
+                 writer: Writer, cold: dict[tuple[str, str, str, str, str], float | str] | None = None) -> None:
     recs = case.records
+    for (variant, cmode), rec in recs.items():  # what the warm-up's compile took (warm_up)
+        got = (cold or {}).get((case.name, case.size.name, case.mode, cmode, variant))
+        if isinstance(got, float):
+            rec["cold_first_call_s"] = got
+        elif got is not None:
+            rec["warm_up_error"] = got
     if time.monotonic() > deadline:
         for rec in recs.values():
             _status(rec, "skipped", "time budget spent")
@@ -404,6 +419,79 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
               f"{rec['status']:8s} {shown}", file=sys.stderr, flush=True)
 
 
+# ---- compiling ahead, in parallel ------------------------------------------------------
+
+
+def warm_up(cases: Sequence[Case], cfg: Config, target: str, deadline: float
+            ) -> dict[tuple[str, str, str, str, str], float | str]:
+    """With --warm-jobs N: compile every case's compiled variants in N processes at
+    once (a fresh process a case, spawned, so no Dynamo state is shared), each
+    running one checked step, into the caches the run set up (fresh_caches:
+    Inductor's FX graph and AOTAutograd caches, Triton's, coil's graph cache).  The
+    timed run then compiles the same graphs again and finds them cached, so its
+    compiles cost tracing and loading only: most of the suite's device time was
+    cold compiles, one at a time.  Returns each (model, size, mode, compile mode,
+    variant)'s first call in seconds (compile + run, under the others' load) or
+    "error: ..."; nothing is timed here."""
+    jobs = [(c.name, c.size, c.mode, tuple(k for k in c.records if k[0] != "eager")) for c in cases]
+    jobs = [j for j in jobs if j[3]]
+    out: dict[tuple[str, str, str, str, str], float | str] = {}
+    if cfg.warm_jobs < 1 or not jobs:
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    t0 = time.monotonic()
+    print(f"[models] warm-up: {len(jobs)} cases in {min(cfg.warm_jobs, len(jobs))} processes", file=sys.stderr,
+          flush=True)
+    pool = ProcessPoolExecutor(min(cfg.warm_jobs, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+                               max_tasks_per_child=1)
+    try:
+        futures = {pool.submit(_warm_case, job, cfg, target): job for job in jobs}
+        for fut in as_completed(futures):
+            name, size, mode, plans = futures[fut]
+            try:
+                got = fut.result()
+            except Exception as e:  # noqa: BLE001 - a worker that died: its case compiles cold in the run
+                got = {p: f"error: {_error(e)}" for p in plans}
+            for (variant, cmode), r in got.items():
+                out[(name, size.name, mode, cmode, variant)] = r
+            shown = ", ".join(f"{v}/{c} {r if isinstance(r, str) else f'{r:.1f} s'}"[:80] for (v, c), r in got.items())
+            print(f"[models] warm-up {size.name:5s} {name:16s} {mode:5s} {shown}", file=sys.stderr, flush=True)
+            if time.monotonic() > deadline:
+                break
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    print(f"[models] warm-up done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def _warm_case(job: tuple[str, Size, str, tuple[tuple[str, str], ...]], cfg: Config, target: str
+               ) -> dict[tuple[str, str], float | str]:
+    """In a warm-up process: build the case's model once, then compile each variant
+    on its own copy and run one checked step (the run's first call does the same)."""
+    name, size, mode, plans = job
+    device = torch.device(cfg.device)
+    out: dict[tuple[str, str], float | str] = {}
+    with torch_threads(cfg.threads), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, inputs = make_case(name, mode, str(device), size=size, dtype=DTYPES[cfg.dtype])
+        for variant, cmode in plans:
+            torch._dynamo.reset()
+            try:
+                f = compile_model(variant, cmode, copy.deepcopy(model), target, cfg.threads)
+                timing.sync(device)
+                t0 = time.perf_counter()
+                check_call(f, inputs, mode, cmode == "reduce-overhead")
+                timing.sync(device)
+                out[(variant, cmode)] = round(time.perf_counter() - t0, 3)
+            except Exception as e:  # noqa: BLE001 - recorded; the run compiles it again and reports
+                out[(variant, cmode)] = f"error: {_error(e)}"
+            f = None
+            _cleanup(device)
+    return out
+
+
 def _cleanup(device: torch.device) -> None:
     torch._dynamo.reset()
     gc.collect()
@@ -469,7 +557,8 @@ def run(cfg: Config) -> Writer:
         print(f"[models] {len(cases)} cases to run", file=sys.stderr, flush=True)
         writer.write()
         load0 = os.getloadavg()
+        cold = warm_up(cases, cfg, target, deadline)
         for case in cases:
-            measure_case(case, cfg, device, target, deadline, writer)
+            measure_case(case, cfg, device, target, deadline, writer, cold)
         writer.finish(time.monotonic() - start, load0, os.getloadavg())
     return writer

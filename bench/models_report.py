@@ -120,7 +120,9 @@ def table_markdown(t: Table, cuda: bool, notes: list[str]) -> list[str]:
     head += ["kernels e / I / c"]
     if cuda:
         head += ["GPU kernel ms e / I / c", "CUDA graphs I / c"]
-    head += ["peak MiB e / I / c", "first call s I / c", "check"]
+    # a run with a parallel warm-up (--warm-jobs): its first calls found the caches warm
+    cold = any("cold_first_call_s" in rec for row in t.rows.values() for rec in row.values())
+    head += ["peak MiB e / I / c", "first call s I / c"] + (["cold first call s I / c"] if cold else []) + ["check"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "--:|" * (len(head) - 3) + "---|"]
     for (model, mode), row in t.rows.items():
         cells = [f"**{model}**", mode, _ms(row.get("eager")), _ms(row.get("inductor")), _ms(row.get("coil")),
@@ -133,8 +135,10 @@ def table_markdown(t: Table, cuda: bool, notes: list[str]) -> list[str]:
             cells += [_triple(row, "gpu_kernel_ms", ".3g"),
                       " / ".join(_num(row.get(v, {}).get("cuda_graph_launches"), "g") for v in ("inductor", "coil"))]
         cells += [_triple(row, "peak_mib", ".1f"),
-                  " / ".join(_num(row.get(v, {}).get("first_call_s"), ".1f") for v in ("inductor", "coil")),
-                  _check(row, notes)]
+                  " / ".join(_num(row.get(v, {}).get("first_call_s"), ".1f") for v in ("inductor", "coil"))]
+        if cold:
+            cells += [" / ".join(_num(row.get(v, {}).get("cold_first_call_s"), ".1f") for v in ("inductor", "coil"))]
+        cells += [_check(row, notes)]
         lines.append("| " + " | ".join(cells) + " |")
     width = len(head)
     for mode, g in t.geomeans().items():
