@@ -425,7 +425,7 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
 def warm_up(cases: Sequence[Case], cfg: Config, target: str, deadline: float
             ) -> dict[tuple[str, str, str, str, str], float | str]:
     """With --warm-jobs N: compile every case's compiled variants in N processes at
-    once (a fresh process a case, spawned, so no Dynamo state is shared), each
+    once (a fresh process a variant, spawned, so no Dynamo state is shared), each
     running one checked step, into the caches the run set up (fresh_caches:
     Inductor's FX graph and AOTAutograd caches, Triton's, coil's graph cache).  The
     timed run then compiles the same graphs again and finds them cached, so its
@@ -433,8 +433,8 @@ def warm_up(cases: Sequence[Case], cfg: Config, target: str, deadline: float
     cold compiles, one at a time.  Returns each (model, size, mode, compile mode,
     variant)'s first call in seconds (compile + run, under the others' load) or
     "error: ..."; nothing is timed here."""
-    jobs = [(c.name, c.size, c.mode, tuple(k for k in c.records if k[0] != "eager")) for c in cases]
-    jobs = [j for j in jobs if j[3]]
+    # a job a compiled variant, so that a case's compiles run side by side too
+    jobs = [(c.name, c.size, c.mode, (k,)) for c in cases for k in c.records if k[0] != "eager"]
     out: dict[tuple[str, str, str, str, str], float | str] = {}
     if cfg.warm_jobs < 1 or not jobs:
         return out
@@ -468,8 +468,9 @@ def warm_up(cases: Sequence[Case], cfg: Config, target: str, deadline: float
 
 def _warm_case(job: tuple[str, Size, str, tuple[tuple[str, str], ...]], cfg: Config, target: str
                ) -> dict[tuple[str, str], float | str]:
-    """In a warm-up process: build the case's model once, then compile each variant
-    on its own copy and run one checked step (the run's first call does the same)."""
+    """In a warm-up process: build the case's model, then compile each variant of
+    the job on its own copy and run one checked step (the run's first call does
+    the same)."""
     name, size, mode, plans = job
     device = torch.device(cfg.device)
     out: dict[tuple[str, str], float | str] = {}
