@@ -442,7 +442,7 @@ def warm_up(cases: Sequence[Case], cfg: Config, target: str, deadline: float
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     t0 = time.monotonic()
-    print(f"[models] warm-up: {len(jobs)} cases in {min(cfg.warm_jobs, len(jobs))} processes", file=sys.stderr,
+    print(f"[models] warm-up: {len(jobs)} compiles in {min(cfg.warm_jobs, len(jobs))} processes", file=sys.stderr,
           flush=True)
     pool = ProcessPoolExecutor(min(cfg.warm_jobs, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
                                max_tasks_per_child=1)

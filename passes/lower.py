@@ -295,7 +295,7 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         log.debug("lower %s: %s -> extern fallback (a dtype kernels do not handle)", node.name, target)
         return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
     if target is torch.ops.aten.convolution.default and ctx.conv_bias_in_kernels and len(args) == 9 \
-            and isinstance(args[2], TensorValue):
+            and isinstance(args[2], TensorValue) and isinstance(args[2].size[0], int):
         return _peeled_convolution(ctx, args, vals.get(node.name))
     fn = find_lowering(target)
     if fn is not None:
