@@ -299,3 +299,35 @@ def test_cross_entropy_forward_saves_logits_and_row_statistics() -> None:
     assert ((64, vocab), torch.bfloat16) in saved, saved
     assert all(not (shape == (64, vocab) and dtype == torch.float32) for shape, dtype in saved), saved
     assert ((64, 1), torch.float32) in saved, saved
+
+
+def test_a_decomposition_is_traced_once_for_every_node_that_asks_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """passes/lower.py keeps each traced decomposition by its op, device and
+    arguments' shapes, strides and dtypes: two softmaxes of one shape and one of
+    another make two traces, and the lowered graph prints as it does with every
+    node traced afresh."""
+    import collections
+
+    import coil
+    from coil.ir.printer import show
+    from coil.passes import lower as lower_mod
+
+    def fn(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, -1) + torch.softmax(y, -1) + torch.softmax(z, -1).sum()
+
+    inputs = [torch.randn(4, 8), torch.randn(4, 8), torch.randn(2, 5)]
+    gm = make_fx(fn)(*inputs)
+    traced: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+    monkeypatch.setattr(lower_mod, "_TRACED", traced)
+    calls: list[Any] = []
+    real = lower_mod.trace_decomposition
+    monkeypatch.setattr(lower_mod, "trace_decomposition", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    opts = coil.Options(target="reference")
+    cached = coil.default_pipeline().run(gm, inputs, until="lower", options=opts)
+    assert len(calls) == 2 and len(traced) == 2
+    coil.default_pipeline().run(gm, inputs, until="lower", options=opts)
+    assert len(calls) == 2  # the second compile traced nothing
+    monkeypatch.setattr(lower_mod, "_trace_key", lambda *a: None)
+    fresh = coil.default_pipeline().run(gm, inputs, until="lower", options=opts)
+    assert len(calls) == 5
+    assert show(cached) == show(fresh)
