@@ -265,8 +265,8 @@ def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = No
 
 
 # Decompositions traced on meta tensors, by what the trace depends on (_trace_key):
-# the op, the device and its arguments with each tensor given by its shape, strides,
-# offset and dtype.  A traced graph is only read afterwards (_lower_graph_into), so
+# the op, the device, torch's deterministic and default-dtype modes, and its
+# arguments with each tensor given by its shape, strides, offset and dtype.  A traced graph is only read afterwards (_lower_graph_into), so
 # one trace serves every node that asks the same: MobileNetV2's training graphs at
 # the CPU size spent 20 of their 47 s of passes in 178 traces (make_fx), 52 of them
 # BatchNorm's backward at a handful of shapes.
@@ -292,7 +292,10 @@ def _trace_key(target: Any, args: Any, kwargs: Any, device: str | None) -> Any:
         raise TypeError(type(a).__name__)
 
     try:
-        return (target, device, part(args), part(kwargs))
+        # and the global modes a decomposition reads (embedding's backward keeps
+        # index_put under deterministic algorithms; factories take the default dtype)
+        modes = (torch.are_deterministic_algorithms_enabled(), torch.get_default_dtype())
+        return (target, device, modes, part(args), part(kwargs))
     except TypeError:
         return None
 
