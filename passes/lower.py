@@ -238,7 +238,7 @@ def _mutable(x: Any) -> Any:
     return x
 
 
-def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = None) -> torch.fx.GraphModule:
+def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = None) -> torch.fx.Graph:
     """Trace the decomposition of one node on meta tensors into a small FX graph.
     The node's lists reach it as plain lists: some decompositions write into
     theirs (`_unsafe_masked_index_put_accumulate` clamps its indices in place)."""
@@ -253,15 +253,15 @@ def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = No
             return trace_decomposition(node.target, args, kwargs, device)
     args, kwargs = torch.utils._pytree.tree_map(lambda a: _meta_arg(a, vals), (_mutable(node.args), _mutable(node.kwargs)))
     key = _trace_key(node.target, args, kwargs, device)
-    if key is not None and (gm := _TRACED.get(key)) is not None:
+    if key is not None and (graph := _TRACED.get(key)) is not None:
         _TRACED.move_to_end(key)
-        return gm
-    gm = trace_decomposition(node.target, args, kwargs, device)
+        return graph
+    graph = trace_decomposition(node.target, args, kwargs, device)
     if key is not None:
-        _TRACED[key] = gm
+        _TRACED[key] = graph
         while len(_TRACED) > _TRACED_MOST:
             _TRACED.popitem(last=False)
-    return gm
+    return graph
 
 
 # Decompositions traced on meta tensors, by what the trace depends on (_trace_key):
@@ -270,7 +270,7 @@ def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = No
 # one trace serves every node that asks the same: MobileNetV2's training graphs at
 # the CPU size spent 20 of their 47 s of passes in 178 traces (make_fx), 52 of them
 # BatchNorm's backward at a handful of shapes.
-_TRACED: "collections.OrderedDict[Any, torch.fx.GraphModule]" = collections.OrderedDict()
+_TRACED: "collections.OrderedDict[Any, torch.fx.Graph]" = collections.OrderedDict()
 _TRACED_MOST = 4096
 
 
@@ -300,13 +300,13 @@ def _trace_key(target: Any, args: Any, kwargs: Any, device: str | None) -> Any:
         return None
 
 
-def trace_decomposition(target: Any, args: Any, kwargs: Any, device: str | None = None) -> torch.fx.GraphModule:
+def trace_decomposition(target: Any, args: Any, kwargs: Any, device: str | None = None) -> torch.fx.Graph:
     """Trace `target`'s decomposition into a small FX graph, its tensor arguments
     (meta tensors in `args` and `kwargs`) as placeholders in the order they come.
     Tensors the decomposition creates (`scalar_tensor(..., device=x.device)`) would
-    land on the meta device: they are moved to `device`, the graph's."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
+    land on the meta device: they are moved to `device`, the graph's.  On meta
+    tensors with static sizes a plain recorder does it (`_record`); anything it does
+    not know (a tensor from outside the trace, a symbolic size) goes to make_fx."""
     flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
     decomp = DECOMPOSITIONS[target]
@@ -318,12 +318,116 @@ def trace_decomposition(target: Any, args: Any, kwargs: Any, device: str | None 
         a, k = torch.utils._pytree.tree_unflatten(full, spec)
         return decomp(*a, **k)
 
-    # no table: nested ops come back at aten level and go through `_lower_node` again
-    gm = make_fx(run)(*[flat[i] for i in tensor_pos])
-    for n in gm.graph.nodes:
+    tensors = [flat[i] for i in tensor_pos]
+    graph = None
+    if all(t.device.type == "meta" for t in tensors) and not any(
+            isinstance(s, torch.SymInt) for t in tensors for s in (*t.shape, *t.stride())):
+        graph = _record(run, tensors)
+    if graph is None:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        # no table: nested ops come back at aten level and go through `_lower_node` again
+        graph = make_fx(run)(*tensors).graph
+    for n in graph.nodes:
         if device is not None and n.kwargs.get("device") == torch.device("meta"):
             n.kwargs = {**n.kwargs, "device": torch.device(device)}
-    return gm
+    return graph
+
+
+class _Unrecorded(Exception):
+    """The recorder met what only make_fx knows how to trace."""
+
+
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Runs every aten op a decomposition calls on its meta tensors and writes it into
+    `graph`, each tensor argument as the node that made it.  What make_fx's proxy mode
+    does, without its fake copies of every value: MobileNetV2's BatchNorm backward
+    traces in about a tenth of make_fx's 0.1 s.  An op that returns one of its
+    arguments (an in-place op) makes that tensor this op's node from then on, as in
+    make_fx; an element of a tuple result becomes a getitem node where it is used."""
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        super().__init__()
+        self.graph = graph
+        self.node_of: dict[int, torch.fx.Node] = {}
+        self.item_of: dict[int, tuple[torch.fx.Node, int]] = {}
+        self.kept: list[Any] = []  # every value seen stays alive: ids are not reused
+
+    def bind(self, t: torch.Tensor, node: torch.fx.Node) -> None:
+        self.kept.append(t)
+        self.node_of[id(t)] = node
+        self.item_of.pop(id(t), None)
+
+    def node(self, t: torch.Tensor) -> torch.fx.Node:
+        if (n := self.node_of.get(id(t))) is not None:
+            return n
+        if (item := self.item_of.get(id(t))) is None:
+            raise _Unrecorded("a tensor from outside the trace")
+        n = self.graph.create_node("call_function", operator.getitem, item, name="getitem")
+        n.meta["val"] = t
+        self.bind(t, n)
+        return n
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if not isinstance(func, torch._ops.OpOverload) or torch.Tag.dynamic_output_shape in func.tags:
+            raise _Unrecorded(str(func))
+        if func not in _SHAPE_QUERIES and not _has_meta_kernel(func):
+            # a CompositeImplicitAutograd op autograd did not decompose (no autograd on
+            # these tensors): decomposed here, as make_fx does (sigmoid_backward's conj_physical)
+            with self:
+                r = func.decompose(*args, **kwargs)
+            if r is not NotImplemented:
+                return r
+        a, k = torch.utils._pytree.tree_map_only(torch.Tensor, self.node, (args, kwargs))
+        out = func(*args, **kwargs)
+        n = self.graph.create_node("call_function", func, tuple(a), k, name=func.overloadpacket.__name__)
+        n.meta["val"] = out
+        if isinstance(out, torch.Tensor):
+            self.bind(out, n)
+        elif isinstance(out, (tuple, list)):
+            self.kept.append(out)
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    self.kept.append(o)
+                    self.node_of.pop(id(o), None)
+                    self.item_of[id(o)] = (n, i)
+        elif out is not None and not isinstance(out, (bool, int, float)):
+            raise _Unrecorded(f"{func} returned {type(out).__name__}")
+        return out
+
+
+def _has_meta_kernel(func: torch._ops.OpOverload) -> bool:
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "Meta"))
+    except RuntimeError:  # an op only Python knows (prim::device): it runs as it is
+        return True
+
+
+_SHAPE_QUERIES = (torch.ops.aten.size.default, torch.ops.aten.stride.default, torch.ops.aten.storage_offset.default)
+
+
+def _record(run: Any, tensors: Sequence[torch.Tensor]) -> torch.fx.Graph | None:
+    """`run(*tensors)` recorded by `_Recorder` into an FX graph, or None where the
+    recorder cannot (make_fx traces it then).  No GraphModule: its code would be
+    generated and compiled (10 ms) for a graph that is only read."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    graph = torch.fx.Graph()
+    rec = _Recorder(graph)
+    for i, t in enumerate(tensors):
+        p = graph.placeholder(f"arg{i}_1")
+        p.meta["val"] = t
+        rec.bind(t, p)
+    try:
+        with enable_python_dispatcher(), rec:
+            out = run(*tensors)
+        result = torch.utils._pytree.tree_map_only(torch.Tensor, rec.node, out)
+    except _Unrecorded as e:
+        log.debug("decomposition recorder: %s; make_fx traces it", e)
+        return None
+    graph.output(result)
+    return graph
 
 
 def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals: dict[str, Any], depth: int) -> Any:
@@ -497,13 +601,13 @@ def _lower_with_effects(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: A
     return (token, *lower_extern(ctx, op, rest, kwargs, inner))
 
 
-def _lower_graph_into(ctx: LowerCtx, gm: torch.fx.GraphModule, inputs: Sequence[Any], depth: int) -> Any:
-    vals = {n.name: n.meta["val"] for n in gm.graph.nodes if "val" in n.meta}
+def _lower_graph_into(ctx: LowerCtx, graph: torch.fx.Graph, inputs: Sequence[Any], depth: int) -> Any:
+    vals = {n.name: n.meta["val"] for n in graph.nodes if "val" in n.meta}
     env: dict[torch.fx.Node, Any] = {}
     it = iter(inputs)
     origin, device = ctx.origin, ctx.device
     result: Any = None
-    for n in gm.graph.nodes:
+    for n in graph.nodes:
         if n.op == "placeholder":
             env[n] = next(it)
         elif n.op == "call_function":

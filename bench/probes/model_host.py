@@ -64,6 +64,8 @@ def main():
             torch.cuda.synchronize()
             print(f"== cProfile of {v}, 50 calls", flush=True)
             pstats.Stats(pr).sort_stats("tottime").print_stats(28)
+            print(f"== cProfile of {v}, 50 calls, by cumulative time", flush=True)
+            pstats.Stats(pr).sort_stats("cumulative").print_stats(24)
         if graphs:
             text = max((g.source for g in graphs), key=len)
             i = text.find("def call(")

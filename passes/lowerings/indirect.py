@@ -163,8 +163,8 @@ def _lower_decomposition(ctx: LowerCtx, target: Any, args: tuple[Any, ...]) -> A
 
     tensors = [a for a in args if is_tensor(a)]
     if all(isinstance(s, int) for t in tensors for s in t.size):
-        gm = trace_decomposition(target, tuple(a.meta() if is_tensor(a) else a for a in args), {}, ctx.device)
-        return _lower_graph_into(ctx, gm, tensors, 1)
+        graph = trace_decomposition(target, tuple(a.meta() if is_tensor(a) else a for a in args), {}, ctx.device)
+        return _lower_graph_into(ctx, graph, tensors, 1)
     vals = ctx.arg_vals
     if len(vals) < len(args) or any(is_tensor(a) and not isinstance(v, torch.Tensor) for a, v in zip(args, vals)):
         raise NeedsStaticSizes(f"{target} of symbolic sizes without the fake tensors of its arguments")
@@ -172,8 +172,8 @@ def _lower_decomposition(ctx: LowerCtx, target: Any, args: tuple[Any, ...]) -> A
 
     fakes = tuple(v if is_tensor(a) else a for a, v in zip(args, vals))
     with detect_fake_mode([v for v in fakes if isinstance(v, torch.Tensor)]):  # type: ignore[union-attr]
-        gm = trace_decomposition(target, fakes, {}, ctx.device)
-    return _lower_graph_into(ctx, gm, tensors, 1)
+        graph = trace_decomposition(target, fakes, {}, ctx.device)
+    return _lower_graph_into(ctx, graph, tensors, 1)
 
 
 @register_lowering(aten.scatter.value, aten.scatter.src)
