@@ -344,28 +344,21 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
     does, without its fake copies of every value: MobileNetV2's BatchNorm backward
     traces in about a tenth of make_fx's 0.1 s.  An op that returns one of its
     arguments (an in-place op) makes that tensor this op's node from then on, as in
-    make_fx; an element of a tuple result becomes a getitem node where it is used."""
+    make_fx; each tensor of a tuple result is a getitem node of it."""
 
     def __init__(self, graph: torch.fx.Graph) -> None:
         super().__init__()
         self.graph = graph
         self.node_of: dict[int, torch.fx.Node] = {}
-        self.item_of: dict[int, tuple[torch.fx.Node, int]] = {}
         self.kept: list[Any] = []  # every value seen stays alive: ids are not reused
 
     def bind(self, t: torch.Tensor, node: torch.fx.Node) -> None:
         self.kept.append(t)
         self.node_of[id(t)] = node
-        self.item_of.pop(id(t), None)
 
     def node(self, t: torch.Tensor) -> torch.fx.Node:
-        if (n := self.node_of.get(id(t))) is not None:
-            return n
-        if (item := self.item_of.get(id(t))) is None:
+        if (n := self.node_of.get(id(t))) is None:
             raise _Unrecorded("a tensor from outside the trace")
-        n = self.graph.create_node("call_function", operator.getitem, item, name="getitem")
-        n.meta["val"] = t
-        self.bind(t, n)
         return n
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -386,12 +379,11 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             self.bind(out, n)
         elif isinstance(out, (tuple, list)):
-            self.kept.append(out)
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
-                    self.kept.append(o)
-                    self.node_of.pop(id(o), None)
-                    self.item_of[id(o)] = (n, i)
+                    item = self.graph.create_node("call_function", operator.getitem, (n, i), name="getitem")
+                    item.meta["val"] = o
+                    self.bind(o, item)
         elif out is not None and not isinstance(out, (bool, int, float)):
             raise _Unrecorded(f"{func} returned {type(out).__name__}")
         return out

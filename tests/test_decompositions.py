@@ -9,6 +9,7 @@ Extern; gather is an indirect read inside a kernel."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import pytest
@@ -331,3 +332,58 @@ def test_a_decomposition_is_traced_once_for_every_node_that_asks_the_same(monkey
     fresh = coil.default_pipeline().run(gm, inputs, until="lower", options=opts)
     assert len(calls) == 5
     assert show(cached) == show(fresh)
+
+
+def _calls(graph: torch.fx.Graph) -> list[Any]:
+    return [n.target for n in graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("op", ["batch_norm_backward", "sigmoid_backward", "layer_norm_backward", "batch_norm_training"])
+def test_the_recorder_traces_a_decomposition_as_make_fx_does(op: str) -> None:
+    """passes/lower.py records a decomposition on meta tensors with a plain dispatch
+    mode: the same aten calls, in the same order, as make_fx's trace of it, with the
+    CompositeImplicitAutograd ops make_fx decomposes (sigmoid_backward's conj_physical)
+    decomposed, each call's value kept, and a tuple result's elements read through
+    getitem."""
+    from coil.passes import lower as lower_mod
+    from coil.passes.lowerings import DECOMPOSITIONS
+
+    m = functools.partial(torch.empty, device="meta")
+    cl = torch.empty_strided((2, 6, 5, 5), (150, 1, 30, 6), device="meta")
+    cases: dict[str, tuple[Any, tuple[Any, ...]]] = {
+        "batch_norm_backward": (aten.native_batch_norm_backward.default,
+                                (cl, cl, m(6), m(6), m(6), m(6), m(6), True, 1e-5, [True, True, True])),
+        "sigmoid_backward": (aten.sigmoid_backward.default, (m(4, 3), m(4, 3))),
+        "layer_norm_backward": (aten.native_layer_norm_backward.default,
+                                (m(4, 8), m(4, 8), [8], m(4, 1), m(4, 1), m(8), m(8), [True, True, True])),
+        "batch_norm_training": (aten._native_batch_norm_legit_functional.default,
+                                (cl, m(6), m(6), m(6), m(6), True, 0.1, 1e-5)),
+    }
+    target, args = cases[op]
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+
+    def run(*ts: torch.Tensor) -> Any:
+        it = iter(ts)
+        return DECOMPOSITIONS[target](*[next(it) if isinstance(a, torch.Tensor) else a for a in args])
+
+    recorded = lower_mod._record(run, tensors)
+    assert recorded is not None
+    assert _calls(recorded) == _calls(make_fx(run)(*tensors).graph)
+    assert aten.conj_physical.default not in _calls(recorded)
+    for n in recorded.nodes:
+        if n.op != "output":
+            assert "val" in n.meta, n
+
+
+def test_the_recorder_leaves_to_make_fx_what_comes_from_outside_the_trace() -> None:
+    """A tensor the trace did not make (a constant the decomposition built outside
+    any op) is make_fx's to trace: the recorder gives up, and trace_decomposition
+    still returns a graph."""
+    from coil.passes import lower as lower_mod
+
+    outside = torch.empty(3, device="meta")
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return x + outside
+
+    assert lower_mod._record(run, [torch.empty(3, device="meta")]) is None
