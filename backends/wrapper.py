@@ -80,6 +80,12 @@ def indexed_by_layout(program: WrapperProgram) -> frozenset[str]:
     return frozenset(out)
 
 
+# matmuls: aten makes their result with at::empty of its size (contiguous), on every
+# device, so a planned contiguous layout holds without a check (a microsecond a call)
+CONTIGUOUS_RESULTS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default",
+                                "aten.baddbmm.default"})
+
+
 def _ensure_layout(program: WrapperProgram, name: str, indexed: frozenset[str]) -> list[str]:
     """After an extern: hold its result to the layout coil planned for it (a no-op
     unless the aten kernel disagrees with its meta function).  Kernels and views
@@ -87,6 +93,8 @@ def _ensure_layout(program: WrapperProgram, name: str, indexed: frozenset[str]) 
     b = program.get(name)
     if b.layout is None or (isinstance(b, ExternBuffer) and b.mutated):
         return []
+    if isinstance(b, ExternBuffer) and b.kernel in CONTIGUOUS_RESULTS and b.layout.is_contiguous():
+        return []  # aten allocates these results contiguous, in the inputs' dtype: nothing to check
     dtype = b.layout.dtype
     if name not in indexed:
         return [f"    if isinstance({name}, torch.Tensor) and {name}.dtype != {dtype}: {name} = {name}.to({dtype})"]

@@ -8,6 +8,7 @@ import time
 import attrs
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
 from coil.ir.fused import FusedKernel
@@ -597,3 +598,22 @@ def test_a_wrong_elision_is_caught():
     with pytest.raises(CoilError, match="M5 buf2 elided, but no earlier kernel wrote buf1 into rm_1 in place"):
         verify_plan(attrs.evolve(p, steps=tuple(steps)), "plan_memory")
 
+
+
+def test_a_matmuls_result_is_not_checked_against_its_planned_layout():
+    """aten makes a matmul's result contiguous, so the wrapper does not check it
+    (a microsecond a call); an extern whose result may come back otherwise (a
+    convolution, channels-last or not) keeps the check, and the results match eager."""
+    def fn(a, w, x, k):
+        return torch.relu(a @ w) + 1, torch.nn.functional.conv2d(x, k) * 2
+
+    args = [torch.randn(8, 16), torch.randn(16, 4), torch.randn(1, 3, 8, 8), torch.randn(2, 3, 3, 3)]
+    gm = make_fx(fn)(*args)
+    compiled = coil.compile_graph(gm, args, coil.Options(target="reference", graph_cache=False))
+    calls = [ln.strip() for ln in compiled.source.splitlines()]
+    mm = next(ln.split(" = ")[0] for ln in calls if "aten_mm_default(" in ln)
+    conv = next(ln.split(" = ")[0] for ln in calls if "aten_convolution_default(" in ln)
+    assert not any(ln.startswith(f"if not (isinstance({mm}, torch.Tensor)") for ln in calls), compiled.source
+    assert any(ln.startswith(f"if not (isinstance({conv}, torch.Tensor)") for ln in calls), compiled.source
+    for got, want in zip(compiled(*args), fn(*args)):
+        torch.testing.assert_close(got, want)
