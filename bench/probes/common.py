@@ -164,3 +164,28 @@ def kernels_per_step(step: Callable[[], Any], steps: int = 10) -> list[tuple[str
             if e.device_type.name == "CUDA" and e.count]
     rows.sort(key=lambda r: -r[2])
     return rows
+
+
+def aot_graphs(name: str, mode: str) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
+    """The graphs AOTAutograd hands a backend for a bench/hf_models.py model at the
+    `cpu` size on the CPU (forward and backward in `train`, the inference graphs in
+    `infer`), each with its example inputs; nothing compiled (the CPU probes)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from bench.hf_models import SIZES, make_case
+
+    graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        graphs.append((gm, list(inputs)))
+        return gm.forward
+
+    model, inputs = make_case(name, mode, "cpu", size=SIZES["cpu"], dtype=torch.float32)
+    f = torch.compile(model, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    if mode == "train":
+        f(**inputs).loss.backward()
+    else:
+        with torch.no_grad():
+            f(**inputs)
+    torch._dynamo.reset()
+    return graphs

@@ -10,11 +10,10 @@ import sys
 import warnings
 
 sys.path.insert(0, os.getcwd())
-import torch  # noqa: E402
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 
 import coil  # noqa: E402
-from bench.hf_models import ALL_MODELS, SIZES, make_case  # noqa: E402
+from bench.hf_models import ALL_MODELS  # noqa: E402
+from bench.probes.common import aot_graphs  # noqa: E402
 from coil.ir.buffers import ExternBuffer  # noqa: E402
 
 # matmuls, convolutions and attention stay library calls, as they do under Inductor
@@ -22,20 +21,7 @@ LIBRARY = ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward
 
 
 def census(name: str, mode: str, target: str) -> collections.Counter[str]:
-    graphs = []
-
-    def capture(gm, inputs):
-        graphs.append((gm, list(inputs)))
-        return gm.forward
-
-    model, inputs = make_case(name, mode, "cpu", size=SIZES["cpu"], dtype=torch.float32)
-    f = torch.compile(model, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
-    if mode == "train":
-        f(**inputs).loss.backward()
-    else:
-        with torch.no_grad():
-            f(**inputs)
-    torch._dynamo.reset()
+    graphs = aot_graphs(name, mode)
     found: collections.Counter[str] = collections.Counter()
     for gm, ins in graphs:
         realized = coil.default_pipeline().run(gm, ins, until="realize", options=coil.Options(target=target))

@@ -14,29 +14,9 @@ import time
 import warnings
 
 sys.path.insert(0, os.getcwd())
-import torch  # noqa: E402
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 
 import coil  # noqa: E402
-from bench.hf_models import SIZES, make_case  # noqa: E402
-
-
-def graphs_of(name: str, mode: str) -> list:
-    graphs = []
-
-    def capture(gm, inputs):
-        graphs.append((gm, list(inputs)))
-        return gm.forward
-
-    model, inputs = make_case(name, mode, "cpu", size=SIZES["cpu"], dtype=torch.float32)
-    f = torch.compile(model, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
-    if mode == "train":
-        f(**inputs).loss.backward()
-    else:
-        with torch.no_grad():
-            f(**inputs)
-    torch._dynamo.reset()
-    return graphs
+from bench.probes.common import aot_graphs  # noqa: E402
 
 
 def main() -> None:
@@ -45,7 +25,7 @@ def main() -> None:
     options = coil.Options(target=os.environ.get("TARGET", "triton"))
     profile = cProfile.Profile() if os.environ.get("PROFILE") == "1" else None
     for name in sys.argv[1:] or ["gpt2", "t5", "wav2vec2", "mobilenet_v2"]:
-        graphs = graphs_of(name, mode)
+        graphs = aot_graphs(name, mode)
         t0 = time.perf_counter()
         if profile is not None:
             profile.enable()
