@@ -266,10 +266,11 @@ def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = No
 
 # Decompositions traced on meta tensors, by what the trace depends on (_trace_key):
 # the op, the device, torch's deterministic and default-dtype modes, and its
-# arguments with each tensor given by its shape, strides, offset and dtype.  A traced graph is only read afterwards (_lower_graph_into), so
-# one trace serves every node that asks the same: MobileNetV2's training graphs at
-# the CPU size spent 20 of their 47 s of passes in 178 traces (make_fx), 52 of them
-# BatchNorm's backward at a handful of shapes.
+# arguments with each tensor given by its shape, strides, offset and dtype.  A
+# traced graph is only read afterwards (_lower_graph_into), so one trace serves
+# every node that asks the same: MobileNetV2's training graphs at the CPU size spent
+# 20 of their 47 s of passes in 178 traces (make_fx), 52 of them BatchNorm's
+# backward at a handful of shapes.
 _TRACED: "collections.OrderedDict[Any, torch.fx.Graph]" = collections.OrderedDict()
 _TRACED_MOST = 4096
 
