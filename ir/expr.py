@@ -211,9 +211,17 @@ class Check:
         return self.wrap and (self.range is None or self.range[0] < 0)
 
 
+def _value_key(value: Union[bool, int, float]) -> object:
+    """What a Constant's value compares and hashes by: a float by its repr, so -0.0
+    is not 0.0 (Python's == says it is, and every memo keyed by expressions, such as
+    the CSE across a kernel's nodes, would hand one the other's value) and NaN is
+    itself."""
+    return ("float", repr(value)) if isinstance(value, float) else value
+
+
 @attrs.frozen(cache_hash=True)
 class Constant:
-    value: Union[bool, int, float]
+    value: Union[bool, int, float] = attrs.field(eq=_value_key)
     dtype: torch.dtype
 
 

@@ -307,3 +307,27 @@ def test_unknown_op_falls_back_to_extern(layout: str) -> None:
     assert any(isinstance(b, ComputedBuffer) for b in bg.buffers)  # the pointwise tail is still lowered
     for got, want in zip(run_buffers(bg, (x,)), fn(x)):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+def test_negative_zero_is_not_merged_with_zero_in_one_kernel(target: str) -> None:
+    """A kernel shares equal subexpressions across its nodes (evaluate's memo): -0.0
+    and 0.0 are equal to Python, but a Constant keeps them apart (its value compares
+    by repr), so where(x > 0, x, -0.0) keeps eager's sign bits next to the 0.0 of its
+    comparison, and NaN constants still merge with each other."""
+    import coil
+    from tests_helpers import target_available
+
+    if not target_available(target):
+        pytest.skip(f"{target} is not available here")
+    assert Constant(-0.0, torch.float32) != Constant(0.0, torch.float32)
+    assert Constant(float("nan"), torch.float32) == Constant(float("nan"), torch.float32)
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.where(x > 0, x, torch.full_like(x, -0.0)), torch.where(x < 0, torch.zeros_like(x), x * -0.0)
+
+    x = torch.randn(64)
+    compiled = coil.compile_graph(make_fx(fn)(x), [x], Options(target=target, graph_cache=False))
+    for got, want in zip(compiled(x), fn(x)):
+        torch.testing.assert_close(got, want)
+        assert torch.equal(torch.signbit(got), torch.signbit(want))
