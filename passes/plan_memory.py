@@ -29,7 +29,6 @@ orders (original, least-peak-memory-first, BFS, DFS) and the lowest peak is kept
 
 from __future__ import annotations
 
-import functools
 import heapq
 import logging
 from collections import deque
@@ -39,7 +38,7 @@ import sympy
 
 from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer,
                              collectives, copy_operands)
-from coil.ir.expr import Expr, IndirectLoad, Load, read_names, walk
+from coil.ir.expr import IndirectLoad, Load, read_names, walk
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
 from coil.ir.memory import MemoryPlan, Order, PlannedStep, collective_spans, in_flight_at
@@ -133,7 +132,7 @@ def inplace_source(kernel: FusedKernel, new: str, dying: frozenset[str], g: Buff
         return None
     nodes = [(n, nb) for n in kernel.nodes if isinstance(nb := g.get(n), ComputedBuffer)]
     at = [n for n, _ in nodes].index(new)
-    reads = [_memory_reads(nb.body) for _, nb in nodes]
+    reads = [[e for e in walk(nb.body) if isinstance(e, (Load, IndirectLoad))] for _, nb in nodes]
     candidates = sorted({e.name for rs in reads[:at + 1] for e in rs if isinstance(e, Load)} & dying - taken)
     if not candidates:
         return None
@@ -153,13 +152,6 @@ def inplace_source(kernel: FusedKernel, new: str, dying: frozenset[str], g: Buff
                 and not any(e.name == old for rs in reads[at + 1:] for e in rs)):
             return old
     return None
-
-
-@functools.lru_cache(maxsize=8192)
-def _memory_reads(body: Expr) -> tuple[Load | IndirectLoad, ...]:
-    """A body's reads from memory, walked once: inplace_source asks for every node of
-    a kernel once per node it places, in each order plan_memory tries."""
-    return tuple(e for e in walk(body) if isinstance(e, (Load, IndirectLoad)))
 
 
 def _reads_only_at(b: ComputedBuffer, reads: Sequence[Load | IndirectLoad], olay: Layout, at: sympy.Expr,

@@ -377,8 +377,8 @@ def test_the_recorder_traces_a_decomposition_as_make_fx_does(op: str) -> None:
 
 def test_the_recorder_leaves_to_make_fx_what_comes_from_outside_the_trace() -> None:
     """A tensor the trace did not make (a constant the decomposition built outside
-    any op) is make_fx's to trace: the recorder gives up, and trace_decomposition
-    still returns a graph."""
+    any op) is make_fx's to trace: the recorder gives up (returns None, and
+    trace_decomposition then calls make_fx)."""
     from coil.passes import lower as lower_mod
 
     outside = torch.empty(3, device="meta")
