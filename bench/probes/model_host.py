@@ -1,6 +1,6 @@
 """Device probe: where the host's time goes in a real model's call.  For each model
 named on the command line (bench/hf_models.py names; default gpt2, llama,
-mobilenet_v2), at the models suite's `small` size in bf16, in $MODE (infer, the
+mobilenet_v2), at the models suite's $SIZE (default `small`) in bf16, in $MODE (infer, the
 default, or train: the models suite's step) and $COMPILE_MODE (default, or
 reduce-overhead): host time per call (enqueue only) and wall time per call
 (synchronised) for eager, Inductor and coil; then a cProfile of coil's calls by own
@@ -39,7 +39,7 @@ def main():
     for name in names:
         calls = {}
         for v in ("eager", "inductor", "coil"):
-            model, inputs = make_case(name, mode, "cuda", size=SIZES["small"], dtype=torch.bfloat16)
+            model, inputs = make_case(name, mode, "cuda", size=SIZES[os.environ.get("SIZE", "small")], dtype=torch.bfloat16)
             f = compile_model(v, compile_mode, model, "triton", None)
             call = step_call(f, model, inputs, mode, compile_mode != "default")
             cap = Capture()
