@@ -124,6 +124,11 @@ class LaunchTraits:
     chain_reductions: int  # a persistent kernel with this many row reductions is a chain: one row a program
     unaligned_rows_min: int  # looped rows at least this long of a length not a multiple of 8 take more warps
     max_warps: int  # the most warps a heuristic gives a program
+    # persistent rows whose RBLOCK is within these bounds, where there are at least
+    # warp_rows_min of them, reduce a row a program on one warp (its reductions are
+    # warp shuffles: no shared memory, no barrier)
+    warp_row_lengths: tuple[int, int]
+    warp_rows_min: int
 
 
 @attrs.frozen
@@ -253,7 +258,14 @@ TRITON_TILES = TileTraits(min_side=16, max_grid_y=65535)  # CUDA's limit on grid
 TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, persistent_rows=64,
                              persistent_elements=4096, loop_block=1024, few_rows=8, few_rows_block=8192,
                              column_block=32, column_elements=2048, chain_reductions=8,
-                             unaligned_rows_min=4096, max_warps=16)
+                             unaligned_rows_min=4096, max_warps=16, warp_row_lengths=(256, 1024),
+                             warp_rows_min=1024)
+# warp rows: LayerNorm after a residual add and RMSNorm over 2048 rows of 512 in bf16
+# (the models suite's small size), 8 rows a program on 4 warps against one on one warp
+# (bench/probes/norm_warps.py, H200): 7.58 -> 6.91 and 7.36 -> 6.53 µs a call; over
+# ViT's 1576 rows, 7.71 -> 6.27 and 7.20 -> 6.18.  Inductor launches such rows on one
+# warp too.  Rows of 2048 gained less (11.17 -> 10.53) and a backward holds more of a
+# row a thread, so they keep the usual rule.
 
 # each target's traits: triton's limits are the GPU's (registers for 8192-wide rows;
 # a long chain runs faster at 128 nodes a kernel than at 64, bench/probes/README.md);

@@ -171,6 +171,7 @@ class LaunchRule(str, enum.Enum):
     TILED = "tiled"
     PERSISTENT = "persistent"
     CHAINED = "chained"  # a persistent kernel of many chained row reductions: one row a program
+    WARP_ROWS = "warp_rows"  # many persistent rows of a few hundred elements: one row a program on one warp
     LOOPED = "looped"
     FEW_ROWS = "few_rows"  # a few long rows: wide steps, many warps
     UNALIGNED = "unaligned"  # long rows whose starts are not 16 bytes apart: more warps issue the loads

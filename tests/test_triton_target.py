@@ -634,7 +634,15 @@ def test_reduction_heuristics() -> None:
     assert policy.heuristic_config(TRITON_LAUNCH, "reduction", 4096, 3001).num_warps == 2
     assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 32768, 4096) == LaunchConfig(1, 4096, 4)
     # a chain of row reductions: one row a program, a warp per 1024 elements
-    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 1024, 1024, reductions=2) == LaunchConfig(4, 1024, 4)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 1000, 1024, reductions=2) == LaunchConfig(4, 1024, 4)
+    # many rows of 256-1024 (a transformer's norms over batch x sequence rows): a row a
+    # program on one warp; fewer rows, or longer ones, keep the usual rule
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 1024, 1024, reductions=2) == LaunchConfig(1, 1024, 1)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 2048, 512, reductions=3) == LaunchConfig(1, 512, 1)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 4096, 200) == LaunchConfig(1, 256, 1)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 512, 512, reductions=3) == LaunchConfig(8, 512, 4)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 2048, 2048, reductions=3) == LaunchConfig(2, 2048, 4)
+    assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 4096, 128) == LaunchConfig(32, 128, 4)
     assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 1024, 1024, reductions=8) == LaunchConfig(1, 1024, 1)
     assert policy.heuristic_config(TRITON_LAUNCH, "persistent", 64, 4096, reductions=12) == LaunchConfig(1, 4096, 4)
     assert policy.chain_config(TRITON_LAUNCH, 1024) in policy.candidate_configs(TRITON_LAUNCH, "persistent", 1024, 1024)

@@ -196,6 +196,7 @@ def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
     """Nodes in kernel order with one CSE table: every value stays in registers."""
     registers: dict[str, str] = {}
     memo: dict[Expr, str] = {}
+    sums: dict[str, str] = {}  # row sums by value tile (reductions.persistent)
     (body,) = ctx.spec.stages
     assert isinstance(body, Body)
     issue_loads(ctx, out, body, registers, memo)
@@ -209,7 +210,7 @@ def emit_single_scope(ctx: KernelContext, out: Emitter) -> None:
             v = None if ctx.spec.space.rnumel == 0 else node_value(ctx, out, n, registers, memo)
             value = reductions.trivial(out, rt, v, n.body.dtype)
         else:
-            value = reductions.persistent(out, rt, node_value(ctx, out, n, registers, memo), n.body.dtype)
+            value = reductions.persistent(out, rt, node_value(ctx, out, n, registers, memo), n.body.dtype, sums)
         finish_node(ctx, out, n, value, result_dtype(rt, n.body.dtype), registers)
 
 

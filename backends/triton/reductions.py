@@ -65,11 +65,16 @@ def _first_index(out: Emitter, tile: str, m: str, positions: str, valid: str, dt
 # ---- persistent ------------------------------------------------------------------------------
 
 
-def persistent(out: Emitter, rt: str, v: str, dt: torch.dtype) -> str:
-    """Reduce the value tile `v` (dtype dt) of a whole row."""
+def persistent(out: Emitter, rt: str, v: str, dt: torch.dtype, sums: dict[str, str] | None = None) -> str:
+    """Reduce the value tile `v` (dtype dt) of a whole row.  `sums`: the row sums
+    the kernel has made so far, by value tile, so that a var_mean's sum and its
+    welford_m2 (whose mean is that sum over rnumel) reduce the row once."""
+    sums = {} if sums is None else sums
     match rt:
         case "sum":
-            return out.assign(f"tl.sum(tl.where(xrmask, {v}, 0), 1)[:, None]")
+            if v not in sums:
+                sums[v] = out.assign(f"tl.sum(tl.where(xrmask, {v}, 0), 1)[:, None]")
+            return sums[v]
         case "prod":
             return out.assign(f"tl.reduce(tl.where(xrmask, {v}, 1), 1, _coil_prod_combine)[:, None]")
         case "max" | "min" | "argmax" | "argmin":
@@ -85,7 +90,7 @@ def persistent(out: Emitter, rt: str, v: str, dt: torch.dtype) -> str:
         case "all":
             return out.assign(f"tl.min(((xrmask == 0) | {v}).to(tl.int8), 1)[:, None] > 0")
         case "welford_m2":
-            mean = out.assign(f"tl.sum(tl.where(xrmask, {v}, 0), 1)[:, None] / rnumel")
+            mean = out.assign(f"{persistent(out, 'sum', v, dt, sums)} / rnumel")
             dev = out.assign(f"tl.where(xrmask, {v} - {mean}, 0)")
             return out.assign(f"tl.sum({dev} * {dev}, 1)[:, None]")
     raise CoilError(f"triton target: no reduction {rt}")

@@ -10,7 +10,8 @@ what stays here is the shape of each rule:
                 2048 elements)
     pointwise   XBLOCK up to pointwise_block, a warp per 256 elements, at most 4
     persistent  whole rows, as many as fit persistent_elements (at most
-                persistent_rows), a warp per 1024 elements; a chain of
+                persistent_rows), a warp per 1024 elements; many rows of
+                warp_row_lengths: a row a program on one warp; a chain of
                 chain_reductions or more row reductions runs a row a program
                 (`chain_config`), so each reduction stays within a few warps
     columns     a block of column_block neighbouring columns, column_elements a step
@@ -92,6 +93,8 @@ def _heuristic(t: LaunchTraits, kind: str, xnumel: int, rnumel: int, reductions:
         if reductions >= t.chain_reductions:
             return chain_config(t, rnumel), LaunchRule.CHAINED
         rblock = next_power_of_2(rnumel)
+        if t.warp_row_lengths[0] <= rblock <= t.warp_row_lengths[1] and xnumel >= t.warp_rows_min:
+            return LaunchConfig(1, rblock, 1), LaunchRule.WARP_ROWS
         xblock = max(1, min(x, t.persistent_rows, t.persistent_elements // rblock))
         return LaunchConfig(xblock, rblock, warps(xblock * rblock // 2, t.max_warps)), LaunchRule.PERSISTENT
     if kind == "columns":  # neighbouring columns side by side: coalesced
@@ -214,6 +217,9 @@ def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Siz
                f"{cfg.num_warps} warp(s), so each reduction stays within few warps")
     elif rule is LaunchRule.PERSISTENT:
         why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
+    elif rule is LaunchRule.WARP_ROWS:
+        why = (f"{xnumel} rows of {rnumel} (>= {traits.warp_rows_min} rows of {traits.warp_row_lengths[0]}-"
+               f"{traits.warp_row_lengths[1]}): a row a program on one warp, its reductions warp shuffles alone")
     elif rule is LaunchRule.COLUMNS:
         why = (f"reduced down the columns of what it reads: {cfg.xblock} neighbouring columns a program, "
                f"{cfg.rblock} rows a step")
