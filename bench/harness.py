@@ -267,12 +267,14 @@ def prepare_variant(variant: str, wl: Workload, inst: Instance, want: list[torch
 
 
 def timed_rounds(calls: dict[str, Callable[[], Any]], device: torch.device, quick: bool, rounds: int,
-                 deadline: float, wall: bool = False) -> dict[str, list[Timing]]:
+                 deadline: float, wall: bool = False, pace: timing.Pace = timing.DEFAULT_PACE
+                 ) -> dict[str, list[Timing]]:
     """Time every variant once per round, round after round, each round starting one
     variant later than the last: drift in clocks, temperature or the machine's load
     then falls on all of them alike instead of on whichever ran last.  A round
     is not started past the deadline (the first always runs).  `wall`: on CUDA each
-    timing takes the back-to-back wall time too (timing.back_to_back_s)."""
+    timing takes the back-to-back wall time too (timing.back_to_back_s); `pace`:
+    how long each CUDA timing takes."""
     names = list(calls)
     got: dict[str, list[Timing]] = {n: [] for n in names}
     for r in range(rounds):
@@ -283,7 +285,7 @@ def timed_rounds(calls: dict[str, Callable[[], Any]], device: torch.device, quic
             if device.type == "cpu":
                 load = os.getloadavg()[0]
             try:
-                got[name].append(timing.measure(calls[name], device, quick, wall))
+                got[name].append(timing.measure(calls[name], device, quick, wall, pace))
             except Exception as e:  # noqa: BLE001 - the caller drops this variant and times the rest again
                 raise VariantFailed(name, e) from e
             if device.type == "cpu":

@@ -99,7 +99,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                    help="eager, inductor, coil (default all; eager is always run, as the reference)")
     p.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: CUDA bfloat16, CPU float32")
     p.add_argument("--target", default="auto", help="coil's target (auto: triton on CUDA, cpp on the CPU)")
-    p.add_argument("--rounds", type=int, default=None, help="timing rounds, interleaved (default: CUDA 5, CPU 3)")
+    p.add_argument("--rounds", type=int, default=None, help="timing rounds, interleaved (default: CUDA 9 short ones, CPU 3)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no new case, and no new variant's compile, after this many seconds")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every variant (as the other suites)")
@@ -136,7 +136,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         p.error("--variants takes eager, inductor, coil")
     if a.rounds is not None and a.rounds < 1:
         p.error("--rounds must be at least 1")
-    rounds = a.rounds or (5 if device == "cuda" else 3)
+    rounds = a.rounds or (9 if device == "cuda" else 3)
     dtype = a.dtype or ("bfloat16" if device == "cuda" else "float32")
     return Config(sizes, only, modes, compile_modes, ("eager", *(v for v in variants if v != "eager")), device, dtype, a.target, rounds, a.budget_s, a.threads, a.out,
                   a.name, a.merge or a.resume, a.resume, a.warm_jobs)
@@ -377,7 +377,7 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
             calls[key], checks[key] = prepared.call, prepared.check
         while calls:
             try:
-                times = timed_rounds(calls, device, False, cfg.rounds, deadline, wall=True)
+                times = timed_rounds(calls, device, False, cfg.rounds, deadline, wall=True, pace=timing.SHORT_PACE)
                 break
             except VariantFailed as e:
                 _status(recs[keys[e.variant]], "error", f"{e.variant} while timed: {_error(e.error)}")
@@ -537,6 +537,7 @@ def run(cfg: Config) -> Writer:
         run_info = {
             "device": device.type, "device_name": device_name, **_versions(), "coil_target": target,
             "dtype": cfg.dtype, "threads": torch.get_num_threads(), "rounds": cfg.rounds,
+            **({"rep_ms": timing.SHORT_PACE.rep_ms, "wall_target_s": timing.SHORT_PACE.wall_s} if device.type == "cuda" else {}),
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
         }
         writer = Writer(cfg.out, file_name, run_info, notes, compile_modes, merge=cfg.merge)

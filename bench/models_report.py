@@ -202,7 +202,9 @@ class Writer:
         lines = [f"# coil benchmarks: {info['device_name']} (models suite)", "",
                  (f"torch {info['torch']}, triton {info['triton']}, transformers {info['transformers']}, "
                   f"Python {info['python']}; coil target `{info['coil_target']}`; {info['dtype']}; "
-                  f"{info['rounds']} rounds" + (f"; threads {info['threads']}" if not cuda else "") + f"; {last}"
+                  f"{info['rounds']} rounds"
+                  + (f" ({info['rep_ms']} ms of do_bench repeats a timing)" if "rep_ms" in info else "")
+                  + (f"; threads {info['threads']}" if not cuda else "") + f"; {last}"
                   + (f"load average {info['load_average_start']:.1f} at the start, "
                      f"{info['load_average_end']:.1f} at the end, " if "load_average_end" in info and not cuda else "")
                   + f"{info['started']}" + (f", {info['elapsed_s']:.0f} s." if "elapsed_s" in info else ".")),

@@ -66,6 +66,23 @@ def back_to_back_s(fn: Callable[[], Any], device: torch.device, target_s: float 
 
 
 @dataclass(frozen=True)
+class Pace:
+    """How long one CUDA timing takes: do_bench's repeats (`rep_ms`, after 25 ms
+    of warm-up) and the back-to-back loops (`wall_s`, both loops together)."""
+
+    rep_ms: int = 100
+    wall_s: float = 0.15
+
+
+DEFAULT_PACE = Pace()
+# more, shorter rounds for the models suite on CUDA: a step of milliseconds is bound by
+# the host, and on the H200's shared host a whole round of one variant moved by up to 2x
+# (session 25: T5's Inductor rounds 3.14, 6.73, 3.23 ms); the median of many short rounds
+# leaves out more such rounds than that of a few long ones, in about the same time
+SHORT_PACE = Pace(rep_ms=30, wall_s=0.05)
+
+
+@dataclass(frozen=True)
 class Timing:
     median_s: float
     min_s: float | None = None  # CPU only: the least-disturbed sample
@@ -93,11 +110,14 @@ def cpu_timing(fn: Callable[[], Any], sample_s: float = 0.02, total_s: float = 1
     return Timing(float(statistics.median(times)), min(times))
 
 
-def measure(fn: Callable[[], Any], device: torch.device, quick: bool = False, wall: bool = False) -> Timing:
+def measure(fn: Callable[[], Any], device: torch.device, quick: bool = False, wall: bool = False,
+            pace: Pace = DEFAULT_PACE) -> Timing:
     """The median time per call; with `wall` on CUDA, the back-to-back wall time
-    too (on the CPU the median is wall time already)."""
+    too (on the CPU the median is wall time already).  `pace`: how long a CUDA
+    timing takes."""
     if device.type == "cuda":
-        return Timing(cuda_median_s(fn), wall_s=back_to_back_s(fn, device) if wall else None)
+        return Timing(cuda_median_s(fn, rep_ms=pace.rep_ms),
+                      wall_s=back_to_back_s(fn, device, pace.wall_s) if wall else None)
     return cpu_timing(fn, total_s=0.2 if quick else 1.0)
 
 
