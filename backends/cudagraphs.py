@@ -402,10 +402,13 @@ class CudaGraphed:
 
 def graph_facts(gm: torch.fx.GraphModule, kind: str) -> tuple[frozenset[int], frozenset[int], list[str]]:
     """(static inputs, mutated inputs, ops that wait for the GPU) of an FX graph
-    AOTAutograd hands over.  Static: AOTAutograd's static input indices (parameters
-    and buffers) for a forward or inference graph; for a backward graph every
-    input but the incoming gradients (`tangents_*`): saved tensors are forward
-    outputs or parameters."""
+    AOTAutograd hands over, or of a Dynamo graph (one loaded through the graph
+    cache's link, AOTAutograd skipped).  Static: AOTAutograd's static input
+    indices (parameters and buffers) for a forward or inference graph, or where
+    AOTAutograd did not run, the placeholders Dynamo marked static (its
+    `_dynamo_static_input_type`, which AOTAutograd reads too: a module's
+    parameters and buffers); for a backward graph every input but the incoming
+    gradients (`tangents_*`): saved tensors are forward outputs or parameters."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     index = {n: i for i, n in enumerate(placeholders)}
     if kind == "backward":
@@ -415,7 +418,11 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> tuple[frozenset[int], fr
 
         ctx = TracingContext.try_get()
         meta = getattr(ctx, "fw_metadata", None)
-        static = frozenset(getattr(meta, "static_input_indices", None) or ())
+        if meta is not None:
+            static = frozenset(getattr(meta, "static_input_indices", None) or ())
+        else:  # a Dynamo graph: without it a buffer (a rotary embedding's inv_freq) was copied in at every replay
+            static = frozenset(i for i, n in enumerate(placeholders)
+                               if (n.meta.get("tensor_dict") or {}).get("_dynamo_static_input_type"))
     mutated: set[int] = set()
     syncs: list[str] = []
     for n in gm.graph.nodes:

@@ -55,6 +55,53 @@ def test_graph_facts_find_writes_into_inputs_and_syncs() -> None:
     assert cudagraphs.capture_verdict([x, x], frozenset({1}), mutated, []) == "input 0 is a CPU tensor"
 
 
+def test_a_dynamo_graph_keeps_its_modules_parameters_and_buffers_in_place() -> None:
+    """A Dynamo graph loaded through the graph cache's link (AOTAutograd skipped)
+    reads a module's parameters and buffers in place as AOTAutograd's inference
+    graph does: only the caller's inputs are copied in (a rotary embedding's
+    inv_freq buffer had been copied at every replay)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._guards import TracingContext
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("scale", torch.full((4,), 2.0), persistent=False)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale + mask
+
+    m, x, mask = M(), torch.randn(2, 4), torch.randn(2, 4)
+    dynamo: list[torch.fx.GraphModule] = []
+    aot: list[frozenset[int]] = []
+
+    def keep(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        dynamo.append(gm)
+        return gm.forward
+
+    def facts(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        aot.append(cudagraphs.graph_facts(gm, "inference")[0])
+        return make_boxed_func(gm)
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torch.compile(m, backend=keep)(x, mask)
+        torch._dynamo.reset()
+        torch.compile(m, backend=aot_autograd(fw_compiler=facts, inference_compiler=facts))(x, mask)
+    torch._dynamo.reset()
+    (gm,) = dynamo
+    assert TracingContext.try_get() is None
+    static, _, _ = cudagraphs.graph_facts(gm, "inference")
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    assert sorted(names[i] for i in static) == sorted(n for n in names if "weight" in n or "bias" in n
+                                                      or "scale" in n), names
+    assert {names[i] for i in set(range(len(names))) - static} == {"l_x_", "l_mask_"}
+    (aot_static,) = aot
+    assert len(aot_static) == len(static) == 3
+
+
 def test_backward_graphs_read_saved_tensors_in_place() -> None:
     """A backward graph's inputs other than the incoming gradients are static."""
     x = torch.randn(4, 4, requires_grad=True)
