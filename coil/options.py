@@ -264,8 +264,9 @@ TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, 
 # (the models suite's small size), 8 rows a program on 4 warps against one on one warp
 # (bench/probes/norm_warps.py, H200): 7.58 -> 6.91 and 7.36 -> 6.53 µs a call; over
 # ViT's 1576 rows, 7.71 -> 6.27 and 7.20 -> 6.18.  Inductor launches such rows on one
-# warp too.  Rows of 2048 gained less (11.17 -> 10.53) and a backward holds more of a
-# row a thread, so they keep the usual rule.
+# warp too (it puts 1024 // RBLOCK rows in a program: 2 of 512 ran 7.46 µs here, so
+# coil keeps one; rows of 256 were not timed apart).  Rows of 2048 gained less
+# (11.17 -> 10.53) and a backward holds more of a row a thread: they keep the usual rule.
 
 # each target's traits: triton's limits are the GPU's (registers for 8192-wide rows;
 # a long chain runs faster at 128 nodes a kernel than at 64, bench/probes/README.md);
