@@ -759,3 +759,43 @@ def test_buffer_updates_run_inside_the_recording(fake_cuda_models: list[cudagrap
     forward = [g for g in fake_cuda_models if g.kind == "forward"]
     assert len(forward) == 1 and forward[0].off is None
     assert [r.graph.replays for r in forward[0].recordings] == [4]  # steps 2-5
+
+
+def test_a_cached_graph_reads_parameters_and_buffers_in_place(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, fake_cuda_models: list[cudagraphs.CudaGraphed]) -> None:
+    """An inference graph loaded through the graph cache's link (AOTAutograd
+    skipped: a second run of a program) copies in only what a cold compile
+    copies: the caller's input, not the module's buffer (a rotary embedding's
+    inv_freq, Gemma's embed_scale had been copied at every replay)."""
+    import torch._dynamo.backends.common as common
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("scale", torch.full((4,), 2.0), persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale
+
+    def no_aot(**_k: Any) -> Any:
+        raise AssertionError("AOTAutograd ran")
+
+    m = M()
+    options = {"target": "cpp", "cache_dir": str(tmp_path), "cuda_graphs": True}
+    decisions = []
+    for run in ("cold", "linked"):
+        if run == "linked":  # every compile from here comes through the link
+            monkeypatch.setattr(common, "aot_autograd", no_aot)
+        torch._dynamo.reset()
+        start = len(fake_cuda_models)
+        f = torch.compile(m, backend="coil", options=options)
+        with torch.no_grad():
+            for _ in range(3):
+                x = torch.randn(2, 4)
+                torch.testing.assert_close(f(x), m(x))
+        (g,) = [g for g in fake_cuda_models[start:] if g.recordings]
+        decisions.append(g.decisions)
+    torch._dynamo.reset()
+    expected = ["recording 1: 3 inputs read in place, 1 copied in; pool 0 (recording 1 in it)"]
+    assert decisions[0] == decisions[1] == expected
