@@ -649,6 +649,26 @@ def test_reduction_heuristics() -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_norm_over_many_short_rows_runs_a_row_a_warp(device: str) -> None:
+    """A residual add and LayerNorm over 1024 rows of 256 (a transformer's norm over
+    batch x sequence): one row a program on one warp, as Inductor launches it on
+    CUDA (bench/probes/norm_warps.py), and var_mean's sum and welford_m2 reduce the
+    row once between them: two row reductions in the kernel, not three."""
+    def norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x + r, (256,), w, b, 1e-5)
+
+    g = torch.Generator().manual_seed(5)
+    inputs = [torch.randn(1024, 256, generator=g).to(device) for _ in range(2)]
+    inputs += [torch.randn(256, generator=g).to(device) for _ in range(2)]
+    compiled = check(norm, inputs, atol=1e-5, rtol=1e-5)
+    ((launch,),) = [k.launches for k in specs(compiled)]
+    assert launch.rule is LaunchRule.WARP_ROWS and launch.config == LaunchConfig(1, 256, 1)
+    assert "a row a program on one warp" in launch.why
+    (src,) = kernel_sources(compiled)
+    assert src.count("tl.sum(") == 2, src
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_reduction_chain_launches_a_row_per_program(device: str) -> None:
     """graph_2000's shape: each step's max feeds the next; the kernel holding eight
     or more of them launches one row per program on one warp, and stays exact."""

@@ -218,8 +218,9 @@ def launch(traits: LaunchTraits, name: str, kind: str, xnumel: Size, rnumel: Siz
     elif rule is LaunchRule.PERSISTENT:
         why = f"rows of {rnumel} held in registers, {cfg.xblock} row(s) a program"
     elif rule is LaunchRule.WARP_ROWS:
-        why = (f"{xnumel} rows of {rnumel} (>= {traits.warp_rows_min} rows of {traits.warp_row_lengths[0]}-"
-               f"{traits.warp_row_lengths[1]}): a row a program on one warp, its reductions warp shuffles alone")
+        lo, hi = traits.warp_row_lengths
+        why = (f"{xnumel} rows of {rnumel} (>= {traits.warp_rows_min} rows, RBLOCK {lo}-{hi}): a row a program "
+               "on one warp, its reductions warp shuffles alone")
     elif rule is LaunchRule.COLUMNS:
         why = (f"reduced down the columns of what it reads: {cfg.xblock} neighbouring columns a program, "
                f"{cfg.rblock} rows a step")
