@@ -649,6 +649,42 @@ def test_reduction_heuristics() -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_kernels_of_the_same_source_are_defined_once(device: str) -> None:
+    """Two layers alike: their pointwise kernels differ in name and comments only,
+    so the module defines the first and names the second after it (Triton then
+    compiles one function), and both still compute their own layer."""
+    def layers(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = (x.relu() * 2) @ w
+        return (h.relu() * 2) @ w
+
+    g = torch.Generator().manual_seed(7)
+    inputs = [torch.randn(16, 16, generator=g).to(device) for _ in range(2)]
+    compiled = check(layers, inputs)
+    names = [k.name for k in compiled.module.kernels]
+    assert len(names) == 2 and names[0] != names[1]
+    source = compiled.module.source
+    assert f"def {names[0]}(" in source and f"def {names[1]}(" not in source
+    assert f"\n{names[1]} = {names[0]}\n" in source
+
+
+def test_shared_kernels_match_sources_function_by_function() -> None:
+    """A split reduction's source defines two functions: a repeat of it names both
+    after the earlier pair; a source that differs anywhere but in comments and
+    names stays its own."""
+    from coil.backends.triton.codegen import shared_kernels
+    from coil.ir.module import KernelSource
+
+    def split(name: str, note: str, step: int = 1) -> KernelSource:
+        text = (f"@triton.jit\ndef {name}(a):\n    # {note}\n    x = a + {step}\n\n\n"
+                f"@triton.jit\ndef {name}_combine(a):\n    y = a * 2\n")
+        return KernelSource(name, text, "triton")
+
+    kernels = [split("k_0", "buf1"), split("k_1", "buf7"), split("k_2", "buf9", step=3), split("k_3", "buf12")]
+    assert shared_kernels(kernels) == {"k_1": "k_0", "k_1_combine": "k_0_combine",
+                                       "k_3": "k_0", "k_3_combine": "k_0_combine"}
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_norm_over_many_short_rows_runs_a_row_a_warp(device: str) -> None:
     """A residual add and LayerNorm over 1024 rows of 256 (a transformer's norm over
     batch x sequence): one row a program on one warp, as Inductor launches it on

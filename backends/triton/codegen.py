@@ -183,9 +183,32 @@ def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], froz
     return frozenset(read), frozenset(unknown)
 
 
-def precompile_specs(program: WrapperProgram) -> list[str]:
+def shared_kernels(kernels: Sequence[KernelSource]) -> dict[str, str]:
+    """The kernel functions whose source repeats an earlier kernel's, comments and
+    the functions' own names aside (each layer of a model normalises, projects and
+    adds alike), each mapped to the earlier function in its place: the module
+    defines one and names the others after it, so Triton compiles it once (its
+    cache keys on a function's source, name included)."""
+    first: dict[str, tuple[str, ...]] = {}
+    out: dict[str, str] = {}
+    for k in kernels:
+        names = tuple(re.findall(r"^def (\w+)\(", k.source, re.M))
+        text = k.source
+        for i, n in enumerate(names):
+            text = re.sub(rf"\b{n}\b", f"_kernel{i}", text)
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+        earlier = first.setdefault(text, names)
+        if earlier != names:
+            out.update(zip(names, earlier))
+    return out
+
+
+def precompile_specs(program: WrapperProgram, shared: dict[str, str] | None = None) -> list[str]:
     """One `(kernel, argument dtypes and sizes, launch meta, device)` line per launch
-    the spec does not fix (KernelLaunch.fixed), for runtime.precompile."""
+    the spec does not fix (KernelLaunch.fixed), for runtime.precompile; a kernel
+    named after an earlier one (`shared`) is compiled under that one's name, once
+    for each launch that differs."""
+    shared = shared or {}
     out = []
     for ln in program.lines:
         if not isinstance(ln, KernelCall):
@@ -199,8 +222,9 @@ def precompile_specs(program: WrapperProgram) -> list[str]:
             meta = ", ".join(f"{key!r}: {v}" for key, v in (*cfg.meta().items(), ("num_warps", cfg.num_warps)))
             if k.asserts:
                 meta += "".join(f", {key!r}: {v}" for key, v in CHECKED_LAUNCH.items())
-            out.append(f"    ({launch.function}, ({', '.join(args)},), {{{meta}}}, {k.device!r}),")
-    return out
+            out.append(f"    ({shared.get(launch.function, launch.function)}, ({', '.join(args)},), {{{meta}}}, "
+                       f"{k.device!r}),")
+    return list(dict.fromkeys(out))
 
 
 def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]:
@@ -253,8 +277,13 @@ class TritonBackend:
         cuda = any(k.device.startswith("cuda") for k in program.specs)
         # the GPU's helpers (libdevice) only where kernels are compiled: the
         # interpreter (TRITON_INTERPRET=1) has no libdevice, CUDA tensors or not
-        for text in helpers_for((k.source for k in kernels), cuda and not interpreter_on()) + [k.source for k in kernels]:
+        shared = shared_kernels(kernels)
+        own = [k.source for k in kernels if k.name not in shared]
+        for text in helpers_for((k.source for k in kernels), cuda and not interpreter_on()) + own:
             out += ["", text, ""]
+        if shared:
+            out += ["# kernels whose source repeats an earlier one's (comments aside): one function, compiled once",
+                    *(f"{name} = {earlier}" for name, earlier in shared.items()), ""]
         symbolic = bool(program.shapes)  # sizes change by call: Triton's own launch path, no precompiling
         if cuda and not options.autotune and not symbolic:  # bound launches: Triton's binding runs once (runtime.Launcher)
             guard = self.guard_device(program)
@@ -265,7 +294,7 @@ class TritonBackend:
                     continue
                 bind = program.spec(ln.kernel).device == guard and not unknown.intersection(ln.args)
                 out += [launch.definition(bind) for launch in planned[1]]
-            specs = precompile_specs(program) if options.precompile else []
+            specs = precompile_specs(program, shared) if options.precompile else []
             if specs:  # compiled now, several at a time, instead of one by one at their first launch
                 out += ["", "precompile([", *specs, "])"]
         if cuda and not options.autotune and symbolic:
