@@ -3,6 +3,7 @@ language, and the KernelBackend protocol kernel_gen dispatches on."""
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Protocol, Sequence
 
 import sympy
@@ -11,6 +12,27 @@ from coil.ir.indexing import FloorDiv, ModularIndexing
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
+
+
+def repeated_kernels(kernels: Sequence[KernelSource], function: str, comment: str) -> dict[str, str]:
+    """The kernel functions whose source repeats an earlier kernel's, comment lines
+    and the functions' own names aside (each layer of a model normalises, projects
+    and adds alike), each mapped to the earlier function in its place: a module
+    defines one and names the others after it, so it is compiled once.  `function`:
+    the pattern whose one group is a function a source defines; `comment`: what
+    starts a comment line."""
+    first: dict[str, tuple[str, ...]] = {}
+    out: dict[str, str] = {}
+    for k in kernels:
+        names = tuple(re.findall(function, k.source, re.M))
+        text = k.source
+        for i, n in enumerate(names):
+            text = re.sub(rf"\b{re.escape(n)}\b", f"_kernel{i}", text)
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(comment))
+        earlier = first.setdefault(text, names)
+        if earlier != names:
+            out.update(zip(names, earlier))
+    return out
 
 
 def _one_group(text: str) -> bool:

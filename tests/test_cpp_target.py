@@ -589,3 +589,22 @@ def test_cache_hit_skips_the_compiler(tmp_path: Any, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(build, "compile_entry", no_compile)
     compiled = compile_cpp(lambda x: x * 2, x, cache_dir=str(tmp_path))
     torch.testing.assert_close(compiled(x)[0], x * 2)
+
+
+def test_kernels_of_the_same_source_are_compiled_once() -> None:
+    """Three layers alike: the second and third layers' kernels differ from each
+    other in name and comments only (the first reads the graph's input, which may
+    alias nothing: its pointers are __restrict__), so the translation unit defines
+    one of them and the module calls the other by its name; every layer still
+    computes its own values."""
+    def layers(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = (x.relu() * 2) @ w
+        return x
+
+    compiled = check(layers, torch.randn(16, 16), torch.randn(16, 16))
+    names = [k.name for k in compiled.module.kernels]
+    assert len(names) == 3
+    source = compiled.module.source
+    assert f'void {names[1]}(' in source and f'void {names[2]}(' not in source
+    assert f"\n{names[2]} = {names[1]}  # the same kernel's source\n" in source

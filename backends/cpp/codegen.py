@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from coil.backends.common import repeated_kernels
 from coil.backends.cpp.kernel import kernel_source, kernels_of, pointer_count, size_count, translation_unit
 from coil.errors import CoilError
 from coil.ir.bounds import runtime_checks
@@ -38,7 +39,8 @@ class CppBackend:
                     program: WrapperProgram) -> list[str]:
         if not kernels:
             return []
-        source = translation_unit(kernels)
+        shared = repeated_kernels(kernels, r'^extern "C" \w+ (\w+)\(', "//")  # compiled once, called by each name
+        source = translation_unit([k for k in kernels if k.name not in shared])
         if "'''" in source or "\\" in source:
             raise CoilError("C++ source cannot be embedded as a raw string", stage="kernel_gen")
         lines = [
@@ -47,7 +49,8 @@ class CppBackend:
             f"_cpp_lib = _cpp_build.load_library(_cpp_source, {options.cache_dir!r})",
         ]
         lines += [f"{k.name} = _cpp_build.launcher(_cpp_lib, {k.name!r}, {pointer_count(k.source)}, "
-                  f"{size_count(k.source)}, {options.cache_dir!r})" for k in kernels]
+                  f"{size_count(k.source)}, {options.cache_dir!r})" for k in kernels if k.name not in shared]
+        lines += [f"{name} = {earlier}  # the same kernel's source" for name, earlier in shared.items()]
         lines.append("_cpp_err = _cpp_build.error_word(_cpp_lib)")
         return lines
 

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 import attrs
 import torch
 
+from coil.backends.common import repeated_kernels
 from coil.backends.triton.helpers import helpers_for
 from coil.backends.triton.kernel import kernel_source
 from coil.backends.triton.runtime import Launch, interpreter_on
@@ -184,23 +185,10 @@ def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], froz
 
 
 def shared_kernels(kernels: Sequence[KernelSource]) -> dict[str, str]:
-    """The kernel functions whose source repeats an earlier kernel's, comments and
-    the functions' own names aside (each layer of a model normalises, projects and
-    adds alike), each mapped to the earlier function in its place: the module
-    defines one and names the others after it, so Triton compiles it once (its
-    cache keys on a function's source, name included)."""
-    first: dict[str, tuple[str, ...]] = {}
-    out: dict[str, str] = {}
-    for k in kernels:
-        names = tuple(re.findall(r"^def (\w+)\(", k.source, re.M))
-        text = k.source
-        for i, n in enumerate(names):
-            text = re.sub(rf"\b{n}\b", f"_kernel{i}", text)
-        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-        earlier = first.setdefault(text, names)
-        if earlier != names:
-            out.update(zip(names, earlier))
-    return out
+    """The Triton functions named after an earlier one of the same source
+    (common.repeated_kernels): Triton's cache keys on a function's source, name
+    included, so each would be compiled anew."""
+    return repeated_kernels(kernels, r"^def (\w+)\(", "#")
 
 
 def precompile_specs(program: WrapperProgram, shared: dict[str, str] | None = None) -> list[str]:
