@@ -166,10 +166,12 @@ def kernels_per_step(step: Callable[[], Any], steps: int = 10) -> list[tuple[str
     return rows
 
 
-def aot_graphs(name: str, mode: str) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
-    """The graphs AOTAutograd hands a backend for a bench/hf_models.py model at the
-    `cpu` size on the CPU (forward and backward in `train`, the inference graphs in
-    `infer`), each with its example inputs; nothing compiled (the CPU probes)."""
+def aot_graphs(name: str, mode: str, size: str = "cpu", dtype: torch.dtype = torch.float32
+               ) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
+    """The graphs AOTAutograd hands a backend for a bench/hf_models.py model at
+    `size` in `dtype` on the CPU (forward and backward in `train`, the inference
+    graphs in `infer`), each with its example inputs; nothing compiled (the CPU
+    probes)."""
     from torch._dynamo.backends.common import aot_autograd
 
     from bench.hf_models import SIZES, make_case
@@ -180,7 +182,7 @@ def aot_graphs(name: str, mode: str) -> list[tuple[torch.fx.GraphModule, list[An
         graphs.append((gm, list(inputs)))
         return gm.forward
 
-    model, inputs = make_case(name, mode, "cpu", size=SIZES["cpu"], dtype=torch.float32)
+    model, inputs = make_case(name, mode, "cpu", size=SIZES[size], dtype=dtype)
     f = torch.compile(model, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
     if mode == "train":
         f(**inputs).loss.backward()

@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import time
+import types
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +19,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 import torch  # noqa: E402
 
 import coil  # noqa: E402
+from bench.probes.common import aot_graphs  # noqa: E402
 from coil.backends.triton.codegen import shared_kernels  # noqa: E402
 from coil.ir.wrapper import KernelCall  # noqa: E402
 
@@ -25,35 +27,10 @@ TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", t
          torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1", torch.float64: "fp64"}
 
 
-def graphs_of(name: str, mode: str, size: str) -> list:
-    from torch._dynamo.backends.common import aot_autograd
-
-    from bench.hf_models import SIZES, make_case
-
-    graphs = []
-
-    def capture(gm, inputs):
-        graphs.append((gm, list(inputs)))
-        return gm.forward
-
-    model, inputs = make_case(name, mode, "cpu", size=SIZES[size], dtype=torch.bfloat16)
-    f = torch.compile(model, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
-    if mode == "train":
-        f(**inputs).loss.backward()
-    else:
-        with torch.no_grad():
-            f(**inputs)
-    torch._dynamo.reset()
-    return graphs
-
-
 def compile_jobs(compiled, share: bool) -> list:
     """(function, signature, constexprs, warps) of each distinct launch."""
-    import importlib.util
-
     module = compiled.module
-    spec = importlib.util.spec_from_loader("probe_kernels", loader=None)
-    ns = importlib.util.module_from_spec(spec)
+    ns = types.ModuleType("probe_kernels")
     path = os.path.join(tempfile.mkdtemp(), "probe_kernels.py")
     with open(path, "w") as fh:
         fh.write(module.source)
@@ -119,7 +96,7 @@ def main() -> None:
     mode, size = os.environ.get("MODE", "train"), os.environ.get("SIZE", "small")
     for name in sys.argv[1:] or ["llama"]:
         compiled = [coil.compile_graph(gm, inputs, coil.Options(target="triton", graph_cache=False))
-                    for gm, inputs in graphs_of(name, mode, size)]
+                    for gm, inputs in aot_graphs(name, mode, size, torch.bfloat16)]
         for share in (False, True):
             jobs = [j for c in compiled for j in compile_jobs(c, share)]
             print(f"{name:12s} {mode} {size}: {'shared' if share else 'one function a kernel'}: "
