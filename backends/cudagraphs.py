@@ -13,10 +13,13 @@ decides, and where a person can see it (each decision is logged, and
   without a CUDA graph, and one log line says why.  A capture that fails for a
   reason not foreseen here falls back the same way.
 - **What is copied in**: parameters and buffers (AOTAutograd's static inputs),
-  and a backward graph's saved tensors, keep their addresses and are read where
-  they are; every other input is copied into a placeholder the graph was
-  recorded with.  A call whose static inputs sit elsewhere (a new pointer set)
-  records another graph.
+  and a backward graph's saved tensors that stay put (parameters, outputs of a
+  recording), keep their addresses and are read where they are; every other
+  input is copied into a placeholder the graph was recorded with.  Each
+  recording keeps its own set (a graph called for every layer copies in the
+  first layer's saved input, made outside CUDA graphs); a recording made while
+  its saved tensors were fresh gives way once they lie in a pool.  A call whose
+  static inputs sit elsewhere (a new pointer set) records another graph.
 - **Memory**: each recording allocates in a private pool.  A backward graph is
   recorded into the pool of the forward recording whose outputs it reads, so it
   reuses the forward's freed temporaries, as Inductor's cudagraph trees share one
@@ -110,6 +113,14 @@ class _Recording:
                  aliases: dict[int, Alias], fixed: dict[int, torch.Tensor]) -> None:
         self.graph, self.pool = graph, pool
         self.static_ptrs = static_ptrs  # by input index: the address of each static input, None for the others
+        # the inputs read in place (the others are copied in), as a list for torch's C comparison
+        self.static_idx = tuple(i for i, p in enumerate(static_ptrs) if p is not None)
+        self.static_list = list(self.static_idx)
+        self.check: Any = None  # torch's C comparison of the static addresses, where it agrees (_choose_check)
+        # a backward's saved tensors copied in when recorded (fresh tensors then): read in place
+        # by a new recording once they lie in a pool (CudaGraphed._superseded)
+        self.copied_saved: tuple[int, ...] = ()
+        self.number = 0  # its number among its graph's recordings, for the decisions
         self.placeholders = placeholders
         # the storages of every output (ints: no reference held), the aliases' too
         self.storage_ptrs = frozenset(o.untyped_storage().data_ptr() for o in outputs if isinstance(o, torch.Tensor))
@@ -211,15 +222,23 @@ class PoolSet:
     def __init__(self) -> None:
         self.pools: list[_Pool] = []
         self.latest: _Pool | None = None  # the pool of the last recording made
+        self._managed: frozenset[int] | None = None  # managed(), until the next recording
+
+    def add(self, pool: _Pool, rec: "_Recording") -> None:
+        pool.recordings.append(rec)
+        self.latest = pool
+        self._managed = None
 
     def owned(self) -> set[int]:
         """The storages the recordings own in their pools."""
         return {p for pool in self.pools for rec in pool.recordings for p in rec.owned}
 
-    def managed(self) -> set[int]:
+    def managed(self) -> frozenset[int]:
         """The storages of every recording's outputs: memory that stays put
         between calls (a pool's, or a parameter's that an output is a view of)."""
-        return {p for pool in self.pools for rec in pool.recordings for p in rec.storage_ptrs}
+        if self._managed is None:
+            self._managed = frozenset(p for pool in self.pools for rec in pool.recordings for p in rec.storage_ptrs)
+        return self._managed
 
     def pool_for(self, static: Sequence[torch.Tensor], backward: bool) -> _Pool:
         """The pool whose memory holds one of these inputs (a forward's output a
@@ -249,19 +268,14 @@ class CudaGraphed:
     def __init__(self, call: Callable[[list[Any]], tuple[Any, ...]], kind: str, static: frozenset[int],
                  pools: PoolSet, verdict: str | None) -> None:
         self.call, self.kind, self.pools = call, kind, pools
-        self._set_static(static)
+        self.static = static  # the inputs that may be read in place; each recording says which it read so
         self.recordings: list[_Recording] = []
+        self.made = 0  # recordings made, superseded ones too
         self.warmed = False
         self.off: str | None = None
         self.decisions: list[str] = []
         if verdict is not None:
             self._turn_off(verdict)
-
-    def _set_static(self, static: frozenset[int]) -> None:
-        self.static = static
-        self._static_idx = tuple(sorted(static))
-        self._static_list = list(self._static_idx)
-        self._c_check: Any = None
 
     def _turn_off(self, why: str) -> None:
         self.off = why
@@ -274,6 +288,8 @@ class CudaGraphed:
         same = 0  # recordings made with the static inputs where they are now
         for rec in self.recordings:
             if self._static_match(rec, args):
+                if rec.copied_saved and self._superseded(rec, args):
+                    return self(args)
                 if rec.replayable():
                     return rec.run(args)
                 same += 1
@@ -289,45 +305,74 @@ class CudaGraphed:
             return self.call(args)
         return self._record(args)
 
+    def _superseded(self, rec: _Recording, args: list[Any]) -> bool:
+        """Whether rec, a backward's recording that copies in saved tensors, gives
+        way to a new recording: it was made while they were fresh tensors (its
+        forward not recorded yet: the first step runs the forward of a graph
+        called for several layers without a CUDA graph for its first call), and
+        one of them now lies in a pool.  rec is then no longer replayed."""
+        managed = self.pools.managed()
+        if not any(args[i].untyped_storage().data_ptr() in managed for i in rec.copied_saved):
+            return False
+        self.recordings.remove(rec)
+        self.decisions.append(f"recording {rec.number} superseded: saved tensors it copies in now lie in a pool")
+        log.info("coil: %s graph: %s", self.kind, self.decisions[-1])
+        return True
+
     def _pointer_sets(self) -> set[tuple[int | None, ...]]:
         return {tuple(r.static_ptrs) for r in self.recordings}
 
-    def _static_match(self, rec: _Recording, args: list[Any]) -> bool:
-        """Whether the static inputs are where they were when rec was recorded:
-        torch's C++ comparison where this torch has it (Inductor's), else Python's."""
-        if self._c_check is not None:
-            return bool(self._c_check(args, rec.static_ptrs, self._static_list))
+    @staticmethod
+    def _static_match(rec: _Recording, args: list[Any]) -> bool:
+        """Whether the inputs rec reads in place are where they were when it was
+        recorded: torch's C++ comparison where this torch has it (Inductor's),
+        else Python's."""
+        if rec.check is not None:
+            return bool(rec.check(args, rec.static_ptrs, rec.static_list))
         ptrs = rec.static_ptrs
-        return all(args[i].data_ptr() == ptrs[i] for i in self._static_idx)
+        return all(args[i].data_ptr() == ptrs[i] for i in rec.static_idx)
 
-    def _choose_check(self, args: list[Any], static_ptrs: list[int | None]) -> None:
+    @staticmethod
+    def _choose_check(rec: _Recording, args: list[Any]) -> None:
         """Use the C++ comparison only if it agrees on the call being recorded."""
         check = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
         try:
-            ok = check is not None and check(args, static_ptrs, self._static_list) is True
+            ok = check is not None and check(args, rec.static_ptrs, rec.static_list) is True
         except (TypeError, RuntimeError):
             ok = False
-        self._c_check = check if ok else None
+        rec.check = check if ok else None
+
+    def _static_now(self, args: list[Any]) -> frozenset[int]:
+        """The inputs this recording reads in place.  A forward's: its parameters
+        and buffers.  A backward's, call by call: a saved tensor is read in place
+        where it stays put, a parameter or an output of a recording (in a pool);
+        one the forward saved from its own inputs is copied in where it is a fresh
+        tensor.  A graph Dynamo compiled once for every layer of a model (a graph
+        break inside the layer) saves the layer's input: the output of the
+        layer before, in a pool, but for the first layer the output of code that
+        ran without CUDA graphs, new at every step.  Decided once for all calls,
+        Whisper's encoder recorded its first layer's backward anew at every step
+        until the graph went off CUDA graphs (H200, 2026-12-04: its
+        reduce-overhead training step at 1.46x Inductor's time)."""
+        if self.kind != "backward":
+            return self.static
+        managed = self.pools.managed()
+        return frozenset(i for i in self.static if isinstance(args[i], torch.nn.Parameter)
+                         or args[i].untyped_storage().data_ptr() in managed)
 
     def _record(self, args: list[Any]) -> tuple[Any, ...]:
-        if self.kind == "backward" and not self.recordings:
-            # a saved tensor is read in place where it stays put: a parameter, or an output
-            # of a recording (in a pool); one the forward saved from its own inputs is copied in
-            managed = self.pools.managed()
-            self._set_static(frozenset(i for i in self.static if isinstance(args[i], torch.nn.Parameter)
-                                       or args[i].untyped_storage().data_ptr() in managed))
-        static_inputs = [args[i] for i in self._static_idx]
+        static = self._static_now(args)
+        static_idx = sorted(static)
+        static_inputs = [args[i] for i in static_idx]
         pool = self.pools.pool_for(static_inputs, self.kind == "backward")
         placeholders: dict[int, torch.Tensor] = {}
         inputs = list(args)
         for i, x in enumerate(args):
-            if i not in self.static and isinstance(x, torch.Tensor):
+            if i not in static and isinstance(x, torch.Tensor):
                 ph = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
                 ph.copy_(x)
                 placeholders[i] = inputs[i] = ph
-        static_ptrs: list[int | None] = [x.data_ptr() if i in self.static else None for i, x in enumerate(args)]
-        if not self.recordings:
-            self._choose_check(args, static_ptrs)
+        static_ptrs: list[int | None] = [x.data_ptr() if i in static else None for i, x in enumerate(args)]
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         try:
@@ -350,7 +395,7 @@ class CudaGraphed:
         # a backward reused): made from the caller's input, which a replay finds in place;
         # once, now, where that input lies outside every pool (a parameter or buffer), else
         # at each replay (an output kept here in another recording's memory would hold it)
-        statics = {i: args[i] for i in self._static_idx}
+        statics = {i: args[i] for i in static_idx}
         in_pools = self.pools.owned()
         fixed: dict[int, torch.Tensor] = {}
         for k, how in self._aliases(outputs, statics, detached=True).items():
@@ -365,11 +410,14 @@ class CudaGraphed:
         watched = tuple(i for i, o in enumerate(outputs)
                         if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in outside)
         rec = _Recording(graph, pool, static_ptrs, placeholders, outputs, watched, aliases, fixed)
-        pool.recordings.append(rec)
-        self.pools.latest = pool
+        self._choose_check(rec, args)
+        if self.kind == "backward":
+            rec.copied_saved = tuple(i for i in sorted(self.static - static) if isinstance(args[i], torch.Tensor))
+        self.pools.add(pool, rec)
         self.recordings.append(rec)
-        n = len(self.recordings)
-        self.decisions.append(f"recording {n}: {len(self._static_idx)} inputs read in place, {len(placeholders)} "
+        self.made += 1
+        rec.number = n = self.made
+        self.decisions.append(f"recording {n}: {len(static_idx)} inputs read in place, {len(placeholders)} "
                               f"copied in; pool {self.pools.pools.index(pool)} (recording {len(pool.recordings)} in it)")
         log.info("coil: %s graph recorded into a CUDA graph: %s", self.kind, self.decisions[-1])
         return rec.run(args)

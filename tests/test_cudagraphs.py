@@ -507,7 +507,7 @@ def test_a_backward_records_into_its_forwards_pool_and_guards_its_outputs(fake_c
         del loss, saved, g_saved, g_w
     assert len(fw.recordings) == 1 and len(bw.recordings) == 1
     assert fw.recordings[0].pool is bw.recordings[0].pool  # the backward shares the forward's pool
-    assert bw.static == frozenset({0, 1})  # the saved tensor (a recorded output) and the parameter, in place
+    assert bw.recordings[0].static_idx == (0, 1)  # the saved tensor (a recorded output) and the parameter, in place
     # a gradient still held: the forward's replay could overwrite it, so it records again
     x = torch.randn(6)
     loss, saved = fw([x, w])
@@ -538,7 +538,7 @@ def test_a_backward_reads_views_of_parameters_in_place(fake_cuda: None) -> None:
         torch.testing.assert_close(g_wt, w.detach().t() * 3)
         torch.testing.assert_close(g_wd, w.detach() * 6)
         del loss, wt, wd, g_wt, g_wd
-    assert bw.static == frozenset({0, 1}) and len(bw.recordings) == 1
+    assert bw.recordings[0].static_idx == (0, 1) and len(bw.recordings) == 1
     assert bw.decisions == ["recording 1: 2 inputs read in place, 1 copied in; pool 0 (recording 2 in it)"]
     with torch.no_grad():  # the weight's values change in place (an optimizer step): read, not copied
         w.mul_(2)
@@ -655,6 +655,56 @@ def test_a_gradient_in_a_saved_tensors_buffer_does_not_hold_the_forward(fake_cud
     torch.testing.assert_close(kept, kept_value)
     assert len(fw.recordings) == 2 and len(bw.recordings) == 2 and fw.off is None
     assert [r.graph.replays for r in fw.recordings] == [3, 2]  # steps 1-3, then 4-5 while step 3's is kept
+
+
+def test_a_layer_graph_reads_in_place_what_stays_put_layer_by_layer(fake_cuda: None) -> None:
+    """A graph Dynamo compiled once and called for each of a model's layers (a
+    graph break inside the layer: Whisper's encoder on the H200) saves the
+    layer's input for the backward.  For every layer but the first that input is
+    the layer before's output, in a pool; for the first it is the output of code
+    run without CUDA graphs, a new tensor at every step.  The backward decides
+    call by call what it reads in place, so the first layer's recording copies
+    that input in and replays; decided once, from whichever layer's call was
+    recorded first, the first layer's backward recorded anew at every step until
+    the graph went off CUDA graphs (the step at 1.46x Inductor's time).  The
+    recordings made in the first step, while the forward's first call ran
+    without a CUDA graph, copy in saved tensors that later lie in a pool: each
+    gives way once to a recording that reads them in place."""
+    pools = cudagraphs.PoolSet()
+    weights = [torch.nn.Parameter(torch.randn(4)) for _ in range(3)]
+    fw = cudagraphs.CudaGraphed(_traced(lambda x, p: (x * p + 1, x)), "forward", frozenset({1}), pools, None)
+    bw = cudagraphs.CudaGraphed(_traced(lambda saved, p, g: (g * p, (g * saved).sum(0))), "backward",
+                                frozenset({0, 1}), pools, None)
+    for step in range(40):
+        x = torch.randn(2, 4)  # the first layer's input: new at every step
+        h, saved = x, []
+        for w in weights:
+            h, s = fw([h, w])
+            saved.append(s)
+        g, grads = torch.ones(2, 4), []
+        for w, s in zip(reversed(weights), reversed(saved)):
+            g, gw = bw([s, w, g])
+            grads.append(gw)
+        want_h, want_g, want_grads = x, torch.ones(2, 4), []
+        ins = []
+        for w in weights:
+            ins.append(want_h)
+            want_h = want_h * w.detach() + 1
+        torch.testing.assert_close(h, want_h)
+        for w, i in zip(reversed(weights), reversed(ins)):
+            want_grads.append((want_g * i).sum(0))
+            want_g = want_g * w.detach()
+        torch.testing.assert_close(g, want_g)
+        for got, want in zip(grads, want_grads):
+            torch.testing.assert_close(got, want)
+        del h, saved, g, grads, s, gw, got
+    assert fw.off is None and bw.off is None, bw.decisions
+    assert len(fw.recordings) == 3 and len(bw.recordings) == 3, bw.decisions
+    # the first layer's backward copies in its saved input (and the incoming gradient) only
+    first = [r for r in bw.recordings if r.static_ptrs[1] == weights[0].data_ptr()]
+    assert len(first) == 1 and first[0].static_idx == (1,) and first[0].graph.replays >= 30
+    assert all(r.static_idx == (0, 1) for r in bw.recordings if r is not first[0])
+    assert sum("superseded" in d for d in bw.decisions) >= 1
 
 
 def test_an_output_that_is_a_copied_in_input_comes_from_the_callers_tensor(fake_cuda: None) -> None:
@@ -799,3 +849,53 @@ def test_a_cached_graph_reads_parameters_and_buffers_in_place(
     torch._dynamo.reset()
     expected = ["recording 1: 3 inputs read in place, 1 copied in; pool 0 (recording 1 in it)"]
     assert decisions[0] == decisions[1] == expected
+
+
+def test_a_graph_called_for_every_layer_keeps_replaying(fake_cuda_models: list[cudagraphs.CudaGraphed],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whisper's encoder with a graph break inside its layer, as on the H200
+    (transformers 5.17 there): Dynamo compiles the layer once and calls it for
+    each layer, the first layer's input made by code outside CUDA graphs.  With
+    four layers the third layer's backward is recorded first, its saved input in
+    a pool (with three, the second's, its input then fresh: no failure shows).  The
+    suite's training step (gradients set to None, forward, backward) stops
+    recording after its first steps, no graph goes off CUDA graphs, and the
+    gradients are those of coil without CUDA graphs (the stand-in graphs run what
+    was captured at each replay)."""
+    pytest.importorskip("transformers")
+    import copy
+    import dataclasses
+
+    import transformers.models.whisper.modeling_whisper as mw
+
+    from bench.hf_models import TINY, make_case
+    from bench.models import model_loss
+
+    layer_forward = mw.WhisperEncoderLayer.forward
+
+    def broken(self: Any, *a: Any, **k: Any) -> Any:
+        torch._dynamo.graph_break()
+        return layer_forward(self, *a, **k)
+
+    monkeypatch.setattr(mw.WhisperEncoderLayer, "forward", broken)
+    model, inputs = make_case("whisper_encoder", "train", "cpu", size=dataclasses.replace(TINY, layers=4))
+    plain = copy.deepcopy(model)
+    grads: dict[str, list[torch.Tensor]] = {}
+    made_by_step: list[int] = []
+    for mode, m in (("reduce-overhead", model), ("default", plain)):
+        torch._dynamo.reset()
+        f = torch.compile(m, backend="coil", mode=mode)
+        params = list(m.parameters())
+        for _ in range(8):
+            for p in params:
+                p.grad = None
+            model_loss(f(**inputs)).backward()
+            if mode == "reduce-overhead":
+                made_by_step.append(sum(len(g.decisions) for g in fake_cuda_models))
+        grads[mode] = [p.grad for p in params]
+    layer = [g for g in fake_cuda_models if g.kind == "backward" and len(g.recordings) >= 3]
+    assert layer, [g.decisions for g in fake_cuda_models]
+    assert all(g.off is None for g in fake_cuda_models), [g.off for g in fake_cuda_models]
+    assert made_by_step[-1] == made_by_step[3], made_by_step  # no decision (a recording) after the fourth step
+    for a, b in zip(grads["reduce-overhead"], grads["default"]):
+        torch.testing.assert_close(a, b)
