@@ -266,9 +266,12 @@ class CudaGraphed:
     docstring says how).  `static`: the inputs whose addresses are kept."""
 
     def __init__(self, call: Callable[[list[Any]], tuple[Any, ...]], kind: str, static: frozenset[int],
-                 pools: PoolSet, verdict: str | None) -> None:
+                 pools: PoolSet, verdict: str | None, written: frozenset[int] = frozenset()) -> None:
         self.call, self.kind, self.pools = call, kind, pools
         self.static = static  # the inputs that may be read in place; each recording says which it read so
+        # inputs whose memory the graph may write over once it has read them (the saved
+        # tensors AOTAutograd donates to a backward): copied in, the write lands in the copy
+        self.written = written
         self.recordings: list[_Recording] = []
         self.made = 0  # recordings made, superseded ones too
         self.warmed = False
@@ -386,7 +389,10 @@ class CudaGraphed:
         if why is not None:
             self._turn_off(why)
             return self.call(args)
-        aliases = self._aliases(outputs, placeholders)
+        # an output in the copy of an input the graph writes over (a gradient in a donated
+        # saved tensor's buffer) is the graph's own result: handed out over the copy, not
+        # as the caller's tensor (which the write never reached)
+        aliases = self._aliases(outputs, {i: ph for i, ph in placeholders.items() if i not in self.written})
         odd = [k for k in aliases if outputs[k].dtype != placeholders[_input_of(aliases[k])].dtype]
         if odd:  # a view in another dtype: as_strided of the caller's tensor cannot make it
             self._turn_off(f"output {odd[0]} is a view of a copied-in input in another dtype")
@@ -406,7 +412,8 @@ class CudaGraphed:
                 aliases[k] = how
             else:
                 fixed[k] = _view_of(args, how)
-        outside = {x.untyped_storage().data_ptr() for x in (*static_inputs, *placeholders.values())}
+        outside = {x.untyped_storage().data_ptr() for x in static_inputs}
+        outside |= {ph.untyped_storage().data_ptr() for i, ph in placeholders.items() if i not in self.written}
         watched = tuple(i for i, o in enumerate(outputs)
                         if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in outside)
         rec = _Recording(graph, pool, static_ptrs, placeholders, outputs, watched, aliases, fixed)
@@ -488,12 +495,13 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> tuple[frozenset[int], fr
 
 
 def wrap(run: Callable[[list[Any]], tuple[Any, ...]], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-         kind: str, pools: PoolSet) -> CudaGraphed:
+         kind: str, pools: PoolSet, written: Sequence[int] = ()) -> CudaGraphed:
     """The boxed call `run` of a compiled graph, replayed from CUDA graphs where
-    the graph may be recorded (capture_verdict)."""
+    the graph may be recorded (capture_verdict).  `written`: the inputs the
+    compiled graph may write over (donated: Options.donated_inputs)."""
     static, mutated, syncs = graph_facts(gm, kind)
     static = frozenset(i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)
                        and (i in static or isinstance(x, torch.nn.Parameter)))
     copied = frozenset(i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)) - static
     verdict = capture_verdict(example_inputs, copied, mutated, syncs)
-    return CudaGraphed(run, kind, static, pools, verdict)
+    return CudaGraphed(run, kind, static, pools, verdict, frozenset(written))

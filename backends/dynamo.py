@@ -155,7 +155,8 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         if options.cuda_graphs:
             from coil.backends import cudagraphs
 
-            call = cudagraphs.wrap(call, gm, example_inputs, kind, pools if pools is not None else cudagraphs.PoolSet())
+            call = cudagraphs.wrap(call, gm, example_inputs, kind, pools if pools is not None else cudagraphs.PoolSet(),
+                                   opts.donated_inputs)
         if n_inputs is not None and through is not None and _passed_through(n_inputs, example_inputs):
             through.append((compiled, call))
             if link and compiled.cache_key:

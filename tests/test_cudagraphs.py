@@ -707,6 +707,40 @@ def test_a_layer_graph_reads_in_place_what_stays_put_layer_by_layer(fake_cuda: N
     assert sum("superseded" in d for d in bw.decisions) >= 1
 
 
+def test_a_gradient_written_over_a_copied_in_saved_tensor_is_the_graphs(fake_cuda: None) -> None:
+    """A backward may write a gradient over a saved tensor AOTAutograd donated to
+    it (the layer input's gradient over the saved layer input: same shape).  When
+    that saved tensor is copied in (made outside CUDA graphs, new at every step),
+    the write lands in the copy, and the output is that copy's memory: handed out
+    as the caller's tensor, it read the saved input, not the gradient (Whisper's
+    first-layer gradient on the H200, conv1's weight gradient off by an RMSE of
+    2).  It is handed out over the copy, and a replay waits until nobody holds
+    it."""
+    pools = cudagraphs.PoolSet()
+    w = torch.nn.Parameter(torch.randn(4))
+
+    def backward(saved: torch.Tensor, p: torch.Tensor, g: torch.Tensor) -> tuple[Any, ...]:
+        grad_p = (g * saved).sum(0)
+        torch.mul(g, p.detach(), out=saved)  # the input's gradient, over the donated saved input
+        return saved, grad_p
+
+    bw = cudagraphs.CudaGraphed(_traced(backward), "backward", frozenset({0, 1}), pools, None,
+                                written=frozenset({0}))
+    held = []
+    for step in range(6):
+        x = torch.randn(2, 4)
+        g = torch.randn(2, 4)
+        gx, gw = bw([x.clone(), w, g])
+        torch.testing.assert_close(gx, g * w.detach())
+        torch.testing.assert_close(gw, (g * x).sum(0))
+        if step == 3:  # held into the next step: the next replay must not write over it
+            held = [gx, gx.clone()]
+        del gx, gw
+    torch.testing.assert_close(held[0], held[1])
+    assert bw.off is None and len(bw.recordings) == 2, bw.decisions
+    assert all(r.static_idx == (1,) for r in bw.recordings)
+
+
 def test_an_output_that_is_a_copied_in_input_comes_from_the_callers_tensor(fake_cuda: None) -> None:
     call = _traced(lambda x: (x, x[1:], x * 2))  # a forward saving its input
     g = cudagraphs.CudaGraphed(call, "forward", frozenset(), cudagraphs.PoolSet(), None)
