@@ -153,7 +153,7 @@ def run_variant(variant: str, size_name: str, device: torch.device, dtype: torch
         _sync(device)
         times.append(time.perf_counter() - t0)
     # the slowest rank's time of each step
-    mine = torch.tensor(times, dtype=torch.float64)
+    mine = torch.tensor(times, dtype=torch.float64, device=device)  # NCCL reduces CUDA tensors only
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     rec: dict[str, Any] = {
         "variant": variant, "first_step_s": round(first_s, 3),
