@@ -109,7 +109,21 @@ def _check(row: dict[str, dict[str, Any]], notes: list[str]) -> str:
             bad.append(f"{v} {rec['status']} [{notes.index(msg) + 1}]")
         else:
             bad.append(f"{v} {rec.get('status')}")
-    return ", ".join(bad) or "ok"
+    verdict = ", ".join(bad) or "ok"
+    few = short_rounds(row)
+    return verdict + (f" ({few[0]} of {few[1]} rounds: the time budget ran out)" if few else "")
+
+
+def short_rounds(row: dict[str, dict[str, Any]]) -> tuple[int, int] | None:
+    """(rounds timed, rounds planned) where the time budget stopped a row's timing
+    before its planned rounds (timing.timed_rounds stops at the deadline): a row
+    timed in one round is one sample of a host that moves by up to 2x between
+    rounds.  None where every timed variant ran every round."""
+    timed = [(len(r["ms_rounds"]), r.get("rounds")) for r in row.values() if r.get("ms_rounds")]
+    if not timed:
+        return None
+    n, planned = min(t for t, _ in timed), max((p for _, p in timed if p), default=None)
+    return (n, planned) if planned and n < planned else None
 
 
 def table_markdown(t: Table, cuda: bool, notes: list[str]) -> list[str]:
@@ -234,10 +248,14 @@ class Writer:
                 lines += table_markdown(t, cuda, footnotes) + [""]
                 for mode, g in t.geomeans().items():
                     c, w = g.get("coil/inductor"), g.get("coil/inductor wall")
+                    few = sorted(m for (m, md), row in t.rows.items() if md == mode and short_rounds(row)
+                                 and t.ratio(row, "coil", "inductor") is not None)
                     if c:
                         summary.append(f"- {size}, {cmode}, {mode}: coil/Inductor {c['geomean']:.2f} "
                                        f"over {c['n']} models" + (f"; by back-to-back wall time {w['geomean']:.2f} "
-                                                                  f"over {w['n']}" if w else ""))
+                                                                  f"over {w['n']}" if w else "")
+                                       + (f" ({', '.join(few)} timed in fewer rounds: the time budget ran out)"
+                                          if few else ""))
         if summary:
             lines += ["Geomeans of coil/Inductor:", "", *summary, ""]
         if footnotes:

@@ -94,6 +94,29 @@ def test_cuda_tables_show_the_back_to_back_wall_time_beside_do_bench(tmp_path: P
     assert "coil/Inductor 1.09 over 2 models; by back-to-back wall time 0.95 over 1" in md
 
 
+def test_rows_the_budget_cut_short_say_how_many_rounds_they_had(tmp_path: Path) -> None:
+    """The time budget can stop a case's timing after its first round (session 26:
+    ViT's training rows and BERT's at the large size, 1 of 9 rounds, one of them
+    at 1.50 where its back-to-back time said 0.96): the row and the geomean line
+    say so, where the header names the planned rounds."""
+    from bench.models_report import Writer
+
+    info = {"device": "cuda", "device_name": "x", "torch": "t", "triton": "t", "transformers": "t", "python": "p",
+            "coil_target": "triton", "dtype": "bfloat16", "rounds": 9, "started": "a"}
+    w = Writer(tmp_path, "r", info, [], ("default",))
+    for model, n in (("gpt2", 9), ("vit", 1)):
+        for variant, ms in (("eager", 9.0), ("inductor", 2.0), ("coil", 2.5)):
+            r = w.new_record(model=model, size="small", mode="train", variant=variant, batch=8, seq=256, hidden=512,
+                             layers=4, compile_mode="default")
+            r.update(status="ref" if variant == "eager" else "ok", ms=ms, kernels=3, ms_rounds=[ms] * n)
+    w.write()
+    md = (tmp_path / "r.md").read_text()
+    vit = next(line for line in md.splitlines() if line.startswith("| **vit**"))
+    gpt2 = next(line for line in md.splitlines() if line.startswith("| **gpt2**"))
+    assert vit.endswith("| ok (1 of 9 rounds: the time budget ran out) |") and gpt2.endswith("| ok |")
+    assert "over 2 models (vit timed in fewer rounds: the time budget ran out)" in md
+
+
 def test_back_to_back_time_is_the_wall_time_of_a_loop() -> None:
     import time
 
