@@ -8,7 +8,9 @@ everything the result depends on:
     the graph's code (gm.code: ops, arguments, order)
     each input's size, stride, storage offset, dtype and device (or its value)
     the options, less the ones that only choose where output goes
-    (debug_dir, trace, cache_dir, graph_cache)
+    (debug_dir, trace, cache_dir, graph_cache, dump_sources) and cuda_graphs,
+    which wraps the compiled call after it is built (mode="reduce-overhead"
+    loads what the default mode compiled)
     coil's own source files, torch's version, Python's version
 
 so an edit to coil, a new torch or another layout misses.  A compile asked to
@@ -54,7 +56,7 @@ from coil.passes.pipeline import Run, StageHook
 
 log = logging.getLogger("coil")
 
-_UNCACHED = ("debug_dir", "trace", "cache_dir", "graph_cache", "dump_sources")
+_UNCACHED = ("debug_dir", "trace", "cache_dir", "graph_cache", "dump_sources", "cuda_graphs")
 
 
 @functools.lru_cache(maxsize=1)

@@ -50,6 +50,17 @@ def test_second_compile_loads_from_the_cache(tmp_path: Path, no_pipeline: Callab
     assert second.module.plan.peak_bytes == first.module.plan.peak_bytes
 
 
+def test_cuda_graphs_load_what_the_default_mode_compiled(tmp_path: Path, no_pipeline: Callable[[], None]) -> None:
+    """Options.cuda_graphs (mode="reduce-overhead") wraps the compiled call after it
+    is built (backends/dynamo.py), so it is not part of the key: the same graph
+    compiled for CUDA graphs loads the default mode's entry."""
+    a, b = torch.randn(16, 40), torch.randn(16, 40)
+    first = _compile(fn, [a, b], tmp_path)
+    no_pipeline()
+    second = _compile(fn, [a, b], tmp_path, cuda_graphs=True)
+    assert second.source == first.source and len(list((tmp_path / "graphs").glob("*.pkl"))) == 1
+
+
 @pytest.mark.parametrize("change", ["layout", "dtype", "options", "graph"])
 def test_what_the_result_depends_on_misses(tmp_path: Path, change: str) -> None:
     a, b = torch.randn(16, 40), torch.randn(16, 40)
