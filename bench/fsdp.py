@@ -127,6 +127,7 @@ def run_variant(variant: str, size_name: str, device: torch.device, dtype: torch
     from bench.models import model_loss
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # this variant's compiles and graph breaks only
     model, inputs = make_case("llama", "train", str(device), size=SIZES[size_name], dtype=dtype)
     model = _wrap(model, variant, mesh, target)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
