@@ -46,15 +46,25 @@ class CudaProfile:
     graph_launches: float
 
 
-def cuda_profile(call: Callable[[], Any], reps: int = 3) -> CudaProfile:
-    """What torch.profiler sees on the device while `call` runs `reps` times."""
+def profiled_events(call: Callable[[], Any], reps: int = 3) -> list[Any]:
+    """torch.profiler's events (host and device) while `call` runs `reps` times."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             call()
         torch.cuda.synchronize()
-    events = prof.events()
-    device_events = [e for e in events if getattr(e.device_type, "name", "") == "CUDA"]
+    return list(prof.events())
+
+
+def on_device(events: list[Any]) -> list[Any]:
+    """The device-side events among them: kernels, memsets, memcpys."""
+    return [e for e in events if getattr(e.device_type, "name", "") == "CUDA"]
+
+
+def cuda_profile(call: Callable[[], Any], reps: int = 3) -> CudaProfile:
+    """What torch.profiler sees on the device while `call` runs `reps` times."""
+    events = profiled_events(call, reps)
+    device_events = on_device(events)
     kernel_us = sum(e.time_range.elapsed_us() for e in device_events)
     graphs = sum(1 for e in events if "GraphLaunch" in e.name and getattr(e.device_type, "name", "") != "CUDA")
     return CudaProfile(len(device_events) / reps, kernel_us / 1e6 / reps, graphs / reps)

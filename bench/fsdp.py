@@ -81,14 +81,13 @@ def overlap(kernels: Sequence[tuple[str, float, float]]) -> dict[str, float | No
             "hidden": covered(comm, compute) / comm_t if comm_t > 0 else None}
 
 
-def traced_kernels(prof: Any) -> list[tuple[str, float, float]]:
-    """The GPU kernels of a torch.profiler run: (name, start µs, end µs)."""
-    out = []
-    for ev in prof.events():
-        if getattr(ev, "device_type", None) == torch.autograd.DeviceType.CUDA:
-            start = ev.time_range.start
-            out.append((ev.name, float(start), float(start + ev.time_range.elapsed_us())))
-    return out
+def traced_kernels(events: list[Any]) -> list[tuple[str, float, float]]:
+    """The device-side events of a profiler run (counting.on_device): (name, start
+    µs, end µs)."""
+    from bench.counting import on_device
+
+    return [(e.name, float(e.time_range.start), float(e.time_range.start + e.time_range.elapsed_us()))
+            for e in on_device(events)]
 
 
 # ---- one rank ----------------------------------------------------------------------------------
@@ -163,13 +162,9 @@ def run_variant(variant: str, size_name: str, device: torch.device, dtype: torch
         "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None,
     }
     if device.type == "cuda" and profile_steps > 0:
-        from torch.profiler import ProfilerActivity, profile
+        from bench.counting import profiled_events
 
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(profile_steps):
-                step()
-            torch.cuda.synchronize(device)
-        ov = overlap(traced_kernels(prof))
+        ov = overlap(traced_kernels(profiled_events(step, profile_steps)))
         rec["comm_ms_per_step"] = round(ov["comm_us"] / profile_steps / 1e3, 3)  # type: ignore[operator]
         rec["compute_ms_per_step"] = round(ov["compute_us"] / profile_steps / 1e3, 3)  # type: ignore[operator]
         rec["hidden"] = None if ov["hidden"] is None else round(ov["hidden"], 3)

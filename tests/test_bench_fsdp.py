@@ -30,6 +30,23 @@ def test_overlap_is_the_share_of_communication_under_compute() -> None:
     assert fsdp.overlap([("triton_poi", 0.0, 1.0)])["hidden"] is None  # no communication at all
 
 
+def test_traced_kernels_are_the_device_events() -> None:
+    """The profiler's device-side events, as (name, start, end); host events left out."""
+    from types import SimpleNamespace as NS
+
+    class Range:
+        def __init__(self, start: float, us: float) -> None:
+            self.start, self.us = start, us
+
+        def elapsed_us(self) -> float:
+            return self.us
+
+    events = [NS(name="ncclDevKernel_AllGather", device_type=NS(name="CUDA"), time_range=Range(10.0, 5.0)),
+              NS(name="aten::mm", device_type=NS(name="CPU"), time_range=Range(0.0, 50.0)),
+              NS(name="triton_poi_0", device_type=NS(name="CUDA"), time_range=Range(12.0, 1.0))]
+    assert fsdp.traced_kernels(events) == [("ncclDevKernel_AllGather", 10.0, 15.0), ("triton_poi_0", 12.0, 13.0)]
+
+
 def test_losses_are_checked_against_eagers() -> None:
     records = [{"variant": "eager", "losses": [2.0, 1.0]}, {"variant": "coil", "losses": [2.0, 1.001]},
                {"variant": "inductor", "losses": [2.0, 1.5]}, {"variant": "x", "error": "boom"}]
