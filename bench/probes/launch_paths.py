@@ -14,7 +14,8 @@ suite's `small` size in bf16 and in $MODE (train, the default, or infer):
   torch's C functions).
 
 Run from the repository root on a CUDA machine: `MODE=train python3
-bench/probes/launch_paths.py t5 vit`."""
+bench/probes/launch_paths.py t5 vit`; TOP=N adds the N functions with
+the most own time a step to each profile."""
 from __future__ import annotations
 
 import collections
@@ -54,7 +55,9 @@ def group_of(filename: str) -> str:
     return "other: " + filename.rsplit("/", 1)[-1][:40]
 
 
-def grouped_profile(call, steps: int = 20) -> list[tuple[str, float]]:
+def grouped_profile(call, steps: int = 20, top: int = 0) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """Own time a step by group, the largest first, and the `top` functions with
+    the most own time a step (each named by group, file, line and function)."""
     torch.cuda.synchronize()
     pr = cProfile.Profile()
     pr.enable()
@@ -64,9 +67,11 @@ def grouped_profile(call, steps: int = 20) -> list[tuple[str, float]]:
     torch.cuda.synchronize()
     stats = pstats.Stats(pr).stats  # type: ignore[attr-defined]
     by: collections.Counter[str] = collections.Counter()
-    for (filename, _line, _fn), (_cc, _nc, tt, _ct, _callers) in stats.items():
+    fns: collections.Counter[str] = collections.Counter()
+    for (filename, line, fn), (_cc, nc, tt, _ct, _callers) in stats.items():
         by[group_of(filename)] += tt / steps * 1e6
-    return by.most_common(14)
+        fns[f"[{group_of(filename)}] {os.path.basename(filename)}:{line} {fn} ({nc // steps} calls)"] += tt / steps * 1e6
+    return by.most_common(14), fns.most_common(top)
 
 
 def launch_paths(call) -> dict[str, collections.Counter[str]]:
@@ -158,8 +163,11 @@ def main() -> None:
             print("   host us a step: " + ", ".join(f"{v} {host_us(c, 50):.0f}" for v, c in calls.items()), flush=True)
         for v, c in calls.items():
             print(f"   cProfile of {v}, own time a step (us, profiled):", flush=True)
-            for label, us in grouped_profile(c):
+            groups, fns = grouped_profile(c, top=int(os.environ.get("TOP", "0")))
+            for label, us in groups:
                 print(f"     {us:9.1f}  {label}", flush=True)
+            for label, us in fns:
+                print(f"       {us:9.1f}  {label}", flush=True)
 
 
 if __name__ == "__main__":
