@@ -147,7 +147,6 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
     # layout after the last of those binds, which its layout reads
     ensure_after = {ln.source: ln.symbol for ln in program.lines
                      if isinstance(ln, Bind) and ln.symbol.startswith(UNBACKED_PREFIX)}
-    returned = {n for ln in program.lines if isinstance(ln, Return) for n in ln.names if n is not None}
     shapes = program.sizes.shapes
     for ln in program.lines:
         match ln:
@@ -185,7 +184,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                                      else ln.delta()))
                 if ln.base_offset is None:
                     static_offset[ln.name] = ln.layout.offset
-                if ln.name in returned:  # as_strided: the caller gets a view of its base, as eager's
+                if ln.as_view:  # as_strided: the caller gets a view of its base, as eager's (wrap.returned_views)
                     out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, "
                                f"{ln.base}.storage_offset() + {delta})")
                 else:

@@ -79,7 +79,8 @@ def show_wrapper(w: WrapperProgram) -> str:
                 out.append(f"  {ln.new} = {ln.old}  # in place" if ln.inplace else f"  {ln.new} = {ln.old}; del {ln.old}  # reuse")
             case ReinterpretView():
                 at = "" if ln.base_offset is None else f" at {ln.base}+{ln.delta()}"
-                out.append(f"  {ln.name} = reinterpret_tensor({ln.base}{at}) {ln.layout.show()}")
+                made = "view" if ln.as_view else "reinterpret_tensor"
+                out.append(f"  {ln.name} = {made}({ln.base}{at}) {ln.layout.show()}")
             case Bind():
                 out.append(f"  {ln.symbol} = {ln.text()}")
             case KernelCall():

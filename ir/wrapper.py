@@ -10,8 +10,9 @@ Grammar::
     Line ::= Alloc(name, layout)                 bufN = empty_strided(...)
            | Reuse(new, old, layout, inplace)    bufB = bufA; del bufA  # reuse
                                                  | bufB = bufA  # in place
-           | ReinterpretView(name, base, layout, base_offset)
+           | ReinterpretView(name, base, layout, base_offset, as_view)
                                                  bufN = reinterpret_tensor(base, ...)
+                                                 | bufN = view(base, ...)
            | KernelCall(kernel, args)            kernel(args..., sizes)
            | ExternCall(name, kernel, args, kwargs)
            | MultiOutputLine(name, extern, index) bufN = bufM[i]
@@ -65,6 +66,10 @@ class ReinterpretView:
     base: str
     layout: Layout
     base_offset: int | None = None
+    # made a view of its base (as_strided: autograd's view link, the base's version
+    # counter), not a tensor over its storage, because it is returned and the caller
+    # can reach that storage another way (passes/wrap.py, returned_views)
+    as_view: bool = False
 
     def delta(self) -> int:
         """The view's offset from its base's own (base_offset given)."""

@@ -13,6 +13,7 @@ from coil.errors import CoilError
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, NopStep
 from coil.ir.kernel import KernelProgram
+from coil.ir.lowered import resolve_kernel
 from coil.ir.wrapper import (
     Alloc,
     Bind,
@@ -37,6 +38,7 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
     bg = program.buffer_graph
     inputs = {i.name for i in bg.inputs}
     reused = {old for ps in plan.steps for _, old in ps.reuses}
+    as_view = returned_views(program)
     lines: list[Line] = []
     for ps in plan.steps:
         step = ps.step
@@ -60,7 +62,7 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
                     base = bg.get(b.base)
                     # a buffer coil allocates starts its storage; any other base is placed by its maker
                     placed = None if isinstance(base, ComputedBuffer) else bg.layout(b.base).offset
-                    lines.append(ReinterpretView(b.name, b.base, b.layout, placed))
+                    lines.append(ReinterpretView(b.name, b.base, b.layout, placed, b.name in as_view))
                 elif isinstance(b, MultiOutputBuffer):
                     lines.append(MultiOutputLine(b.name, b.extern, b.index))
         taken = {old for _, old in ps.inplace_pairs}
@@ -77,6 +79,57 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
         return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)
     names = sizes.order + tuple(i.name for i in bg.inputs if i.name not in sizes.order)  # constants last
     return WrapperProgram(names, (*binds(bg), *bind_unbacked(lines, program)), program)
+
+
+def returned_views(program: KernelProgram) -> frozenset[str]:
+    """The returned views the wrapper makes as views of their base (as_strided)
+    rather than as tensors over its storage (Inductor's reinterpret_tensor): those
+    whose storage the caller can reach another way, a graph input (also through a
+    buffer that took a donated input's storage), an extern's result that aliases
+    one of its arguments, or a buffer or view that is returned too.  Such a view
+    keeps eager's link to its base and shares its version counter, so autograd sees
+    an in-place write into the base before the backward reads the view.  Any other
+    view (a forward's saved activation over a buffer only it reaches) is a tensor
+    over the storage: half as_strided's cost, and AOTAutograd saves it without a
+    detach (it detaches every saved view)."""
+    bg = program.buffer_graph
+    returned = {n for n in bg.outputs if n is not None}
+    took = {new: old for ps in program.plan.steps for new, old in ps.reuses}  # storage handed on
+    inputs = {i.name for i in bg.inputs}
+
+    def reachable(name: str) -> bool:
+        """Whether the storage under `name` is one the caller can reach."""
+        seen: set[str] = set()
+        n: str | None = name
+        while n is not None and n not in seen:
+            seen.add(n)
+            if n in inputs or (n != name and n in returned):
+                return True
+            b = bg.get(n)
+            if isinstance(b, AliasBuffer):
+                n = b.base
+            elif isinstance(b, MultiOutputBuffer):
+                parent = bg.get(b.extern)
+                return isinstance(parent, ExternBuffer) and _aliases_argument(parent)
+            elif isinstance(b, ExternBuffer):
+                return _aliases_argument(b)
+            else:
+                n = took.get(n)
+        return False
+
+    return frozenset(n for n in returned if isinstance(bg.get(n), AliasBuffer) and reachable(n))
+
+
+def _aliases_argument(b: ExternBuffer) -> bool:
+    """Whether an extern's result may be (a view of) one of its arguments: it
+    mutates one, or its op's schema marks a result as an alias."""
+    if b.mutated:
+        return True
+    try:
+        returns = resolve_kernel(b.kernel)._schema.returns
+    except (AttributeError, RuntimeError):  # not an op torch resolves (a collective's wait, a Python callable): assume so
+        return True
+    return any(r.alias_info is not None for r in returns)
 
 
 def binds(bg: BufferGraph) -> tuple[Bind, ...]:

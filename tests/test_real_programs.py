@@ -105,6 +105,55 @@ def test_a_view_of_an_input_is_placed_from_the_inputs_own_offset():
     assert "= reinterpret_view(x_1, (16, 16), (1, 16), 0)" in source  # 0 from x_1's own offset
 
 
+@pytest.mark.parametrize("target", TARGETS + ["triton"])
+def test_returned_views_are_views_only_where_the_caller_reaches_their_storage(target):
+    """A returned view of an input or of a returned buffer is made with as_strided
+    (eager's link to its base, its version counter); one over storage only the
+    graph reaches (a saved activation, an extern's fresh result) is a tensor over
+    that storage, as Inductor's are, which AOTAutograd saves without a detach."""
+    if not target_available(target):
+        pytest.skip(f"{target} backend not built")
+
+    def f(x, w):
+        y = x * 2
+        hidden = x + 1
+        return y, y.t(), x.t(), (x @ w).t(), hidden.t()
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(f)(x, w)
+    program = coil.default_pipeline().run(gm, [x, w], until="wrap", options=coil.Options(target=target))
+    text = show(program)
+    views = [ln for ln in program.lines if type(ln).__name__ == "ReinterpretView"]
+    mm = next(ln.name for ln in program.lines if getattr(ln, "kernel", "") == "aten.mm.default")
+    y = program.lines[-1].names[0]
+    assert {ln.base: ln.as_view for ln in views} == {"x_1": True, y: True, mm: False}, text
+    assert f"= view(x_1 at x_1+0)" in text and f"= view({y})" in text and f"= reinterpret_tensor({mm}" in text
+    outs = coil.compile_graph(gm, [x, w], coil.Options(target=target, graph_cache=False))(x, w)
+    for got, want in zip(outs, f(x, w)):
+        torch.testing.assert_close(got, want)
+    assert outs[1]._base is outs[0] and outs[2]._base is x
+    assert not outs[3]._is_view() and not outs[4]._is_view()
+    assert outs[3].untyped_storage().data_ptr() == outs[3].data_ptr()  # over the mm's own storage
+
+
+def test_a_saved_activation_view_keeps_autograd_checks_where_the_caller_holds_its_base():
+    """Training through torch.compile: a forward that returns y and saves a view of
+    it for the backward; writing into y in place before backward raises as in eager
+    (the saved view shares y's version counter).  Made as a tensor over y's storage,
+    the view would let the backward read the new y without a word."""
+    def f(x, w):
+        y = x @ w
+        return y, (y.t() @ w).sum()  # the forward saves y.t() for w's gradient
+
+    for fn in (f, torch.compile(f, backend="coil")):
+        x = torch.randn(8, 8, requires_grad=True)
+        w = torch.randn(8, 8, requires_grad=True)
+        y, loss = fn(x, w)
+        y.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+
+
 # ---- 2. scalar tensors on the CPU, and messages that name the mismatch -------------
 
 def test_input_mismatch_messages_name_what_differs():

@@ -936,6 +936,23 @@ def test_a_few_long_rows_split_too(device: str) -> None:
     assert [(ln.rule, ln.grid) for ln in k.launches] == [(LaunchRule.SPLIT, (79, 3, 1)), (LaunchRule.COMBINE, (3, 1, 1))]
 
 
+def test_a_splits_workspace_on_cuda_is_allocated_without_the_dispatcher() -> None:
+    """Generated for fake CUDA tensors (nothing runs): the partials of a split
+    reduction live in a workspace allocated as coil's buffers are on the device
+    `call` runs on (empty_strided_cuda, no dispatcher: a microsecond less for each
+    of a training step's split reductions)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 2**20, device="cuda")
+    gm = make_fx(lambda a: (a.sum(1),), tracing_mode="fake")(x)
+    out = coil.default_pipeline().run(gm, [x], until="kernel_gen", options=coil.Options(target="triton",
+                                                                                         graph_cache=False))
+    assert isinstance(out, CompiledModule)
+    assert [type(k.space) for k in out.program.specs] == [Split]
+    assert "ws0_0 = empty_strided_cuda((1024,), (1,), torch.float32)" in out.source, out.source
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_what_does_not_split(device: str) -> None:
     """Short rows and many rows keep one kernel."""

@@ -117,9 +117,11 @@ def launches(line: KernelCall, program: WrapperProgram) -> tuple[list[str], list
     return spec_launches(program.spec(line.kernel), line)
 
 
-def spec_launches(k: KernelSpec, line: KernelCall) -> tuple[list[str], list[Launch], list[str]] | None:
+def spec_launches(k: KernelSpec, line: KernelCall, guard: str | None = None
+                  ) -> tuple[list[str], list[Launch], list[str]] | None:
     """launches() of the kernel `k` (a spec of the program or a persistent variant) on
-    the line's arguments."""
+    the line's arguments.  A split's workspaces on `guard`, the device current while
+    `call` runs, are allocated without the dispatcher (empty_strided_cuda)."""
     if not k.launches:
         return None
     before: list[str] = []
@@ -128,7 +130,9 @@ def spec_launches(k: KernelSpec, line: KernelCall) -> tuple[list[str], list[Laun
     if isinstance(k.space, Split):
         ws = workspaces(k)
         rows = k.space.xnumel
-        before = [f"{w} = empty_strided(({rows * k.space.parts},), (1,), dtype={dt}, device={k.device!r})"
+        n = rows * k.space.parts
+        before = [f"{w} = empty_strided_cuda(({n},), (1,), {dt})" if k.device == guard else
+                  f"{w} = empty_strided(({n},), (1,), dtype={dt}, device={k.device!r})"
                   for w, (_, dt) in zip(ws, k.space.workspaces)]
         tensors = (*tensors, *ws)
         after = [f"del {', '.join(ws)}"]
@@ -341,7 +345,7 @@ class TritonBackend:
               launched: list[Launch] | None = None) -> list[str]:
         """The launch lines of `k` on the line's arguments (`launched`: these
         launches of it instead of its own, a choice's tier)."""
-        planned = spec_launches(k, line)
+        planned = spec_launches(k, line, None if options.autotune else self.guard_device(program))
         if planned is None:
             return [f"pass  # {k.name}: nothing to compute (xnumel = 0)"]
         before, out, after = planned
