@@ -9,8 +9,10 @@ bert), at the models suite's `small` size in bf16, for each compile mode in
 $COMPILE_MODES (comma-separated; default `default,reduce-overhead`), it prints per
 step: the host's enqueue time and, for each function AOTAutograd called, the
 host µs a step inside it (the outermost is AOTAutograd's own autograd.Function
-around the forward graph; the others are the compiled forward and backward).  The
-backward runs on the autograd engine's device thread; the clock counts it there.
+around the forward graph; the others are the compiled forward and backward, each
+named when it returns, so the inner forward comes first).  The backward runs on
+the autograd engine's device thread; the clock counts it there.  Torch 2.11 calls
+all three through that function; 2.13 calls only the backward so.
 Run from the repository root on a CUDA machine:
 `python3 bench/probes/compiled_share.py t5 bert`."""
 from __future__ import annotations
@@ -61,8 +63,8 @@ def main() -> None:
     for name in names:
         for mode in modes:
             calls = {}
+            torch._dynamo.reset()  # not between the variants: it would drop the first one's compiled code
             for v in ("inductor", "coil"):
-                torch._dynamo.reset()
                 model, inputs = make_case(name, "train", "cuda", size=SIZES["small"], dtype=torch.bfloat16)
                 f = compile_model(v, mode, model, "triton", None)
                 call = step_call(f, model, inputs, "train", mode == "reduce-overhead")
