@@ -7,6 +7,7 @@ everything the result depends on:
 
     the graph's code (gm.code: ops, arguments, order)
     each input's size, stride, storage offset, dtype and device (or its value)
+    each tensor constant's name, layout and bytes (a hash of them)
     the options, less the ones that only choose where output goes
     (debug_dir, trace, cache_dir, graph_cache, dump_sources) and cuda_graphs,
     which wraps the compiled call after it is built (mode="reduce-overhead"
@@ -15,7 +16,10 @@ everything the result depends on:
 
 so an edit to coil, a new torch or another layout misses.  A compile asked to
 show its stages (debug_dir, trace) or run through a custom pipeline does not use
-the cache, nor does a graph with tensor constants (get_attr: lower refuses them).
+the cache.  A graph's tensor constants (get_attr nodes, which the compiled module
+holds as inputs) are keyed by their layout and a hash of their bytes; a graph
+with a constant over CONSTANT_KEY_MAX elements, or one that is not a plain
+tensor, is not cached.
 An entry that does not load (truncated, written by another version of a class)
 is compiled again and overwritten, never trusted.  Since loading a pickle runs
 code, the folder is checked first (backends/runtime.py: secure_dir): one that
@@ -107,14 +111,45 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: 
     when this compile does not use the cache."""
     if not options.graph_cache or options.debug_dir or options.trace:
         return None
-    if any(n.op == "get_attr" for n in gm.graph.nodes):
-        return None  # tensor constants: lower refuses them, there is nothing to cache
+    constants = _constant_keys(gm)
+    if constants is None:
+        return None
     opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
     # torch's deterministic mode changes what lower makes (embedding gradients: embedding_dense_backward)
     parts = [coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(), gm.code,
              f"deterministic={torch.are_deterministic_algorithms_enabled()}",
-             *map(_input_key, example_inputs), repr(sorted(opts.items())), *_symbol_ranges(example_inputs)]
+             *map(_input_key, example_inputs), *constants, repr(sorted(opts.items())),
+             *_symbol_ranges(example_inputs)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+# a graph whose tensor constants hold more elements than this is not cached: hashing
+# them would cost about what compiling saves (constants are small: T5's, a scalar)
+CONSTANT_KEY_MAX = 1 << 20
+
+
+def _constant_keys(gm: torch.fx.GraphModule) -> list[str] | None:
+    """What the key takes of the graph's tensor constants (get_attr nodes, which
+    lower makes inputs the compiled module holds, so the cached module holds
+    them too): each one's name, layout and a hash of its bytes.  None where the
+    graph is not cached: a constant that is not a plain tensor (a fake one, a
+    subclass, a submodule's attribute) or too large to hash for nothing."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    out: list[str] = []
+    for n in gm.graph.nodes:
+        if n.op != "get_attr":
+            continue
+        value: Any = gm
+        for part in str(n.target).split("."):
+            value = getattr(value, part, None)
+        if type(value) not in (torch.Tensor, torch.nn.Parameter) or isinstance(value, FakeTensor) \
+                or value.numel() > CONSTANT_KEY_MAX:
+            return None
+        with unset_fake_temporarily():
+            data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        out.append(f"C{n.target}:{_input_key(value)}:{hashlib.sha256(data).hexdigest()}")
+    return out
 
 
 _SAFE_MODULES = ("_operator", "operator", "math", "builtins")
@@ -243,8 +278,10 @@ def load(key: str, cache_dir: str | None) -> CompiledModule | None:
     path = _path(key, cache_dir)
     if path is None or not path.exists():
         return None
-    try:
-        with open(path, "rb") as f:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    try:  # a tensor constant the module holds is made outside AOTAutograd's fake mode (in it: a crash)
+        with open(path, "rb") as f, unset_fake_temporarily():
             module = pickle.load(f)
     except Exception as e:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
         log.warning("coil: graph cache entry %s does not load (%s: %s); compiling again", path, type(e).__name__, e)

@@ -79,6 +79,41 @@ def test_what_the_result_depends_on_misses(tmp_path: Path, change: str) -> None:
     assert other.source != base.source or change == "layout"
 
 
+def test_a_graph_with_a_tensor_constant_is_cached_by_its_value(tmp_path: Path,
+                                                                no_pipeline: Callable[[], None]) -> None:
+    """A tensor constant (get_attr: lower makes it an input the module holds) is
+    part of the key by its bytes: the same code with another constant is another
+    entry, and a training graph's entry loads under AOTAutograd's fake mode (where
+    unpickling the constant crashed the process) with the constant's value."""
+    x = torch.randn(4, 4)
+    three = _compile(lambda a: ((a * torch.tensor(3.0)).sin(),), [x], tmp_path)
+    four = _compile(lambda a: ((a * torch.tensor(4.0)).sin(),), [x], tmp_path)
+    assert len(list((tmp_path / "graphs").glob("*.pkl"))) == 2
+    torch.testing.assert_close(four(x)[0], (x * 4).sin())
+    assert three.source == four.source  # the same code: only the constant's value tells them apart
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return (a * torch.tensor(3.0)).sin()
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        torch._dynamo.reset()
+        a = x.clone().requires_grad_()
+        out = torch.compile(f, backend="coil", options={"cache_dir": str(tmp_path), "target": "cpp"})(a)
+        out.sum().backward()
+        assert a.grad is not None
+        return out.detach(), a.grad
+
+    first = step()
+    n = len(list((tmp_path / "graphs").glob("*.pkl")))
+    assert n >= 4  # and the forward and backward graphs
+    no_pipeline()
+    again = step()
+    torch.testing.assert_close(again, first)
+    torch.testing.assert_close(again, ((x * 3).sin(), 3 * (x * 3).cos()))
+    assert len(list((tmp_path / "graphs").glob("*.pkl"))) == n
+    torch._dynamo.reset()
+
+
 def test_a_bad_entry_is_compiled_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     a, b = torch.randn(4, 8), torch.randn(4, 8)
     _compile(fn, [a, b], tmp_path)

@@ -351,7 +351,12 @@ def test_a_tensor_constant_is_an_input_the_module_holds():
     assert "_tensor_constant0 = Constant(float32[2, 3] stride=[3, 1] cpu)" in lowered, lowered
     c = coil.compile_graph(gm, [x], coil.Options(target="cpp"))
     torch.testing.assert_close(c(x)[0], x + table)
-    assert c.cache_key is None  # a constant's value is not in the key: never cached
+    # cached, keyed by the constant's bytes (coil/graph_cache.py): another table, another key
+    other = table + 1
+    gm2 = make_fx(lambda x: (x + other,))(x)
+    c2 = coil.compile_graph(gm2, [x], coil.Options(target="cpp"))
+    assert c.cache_key is not None and c2.cache_key not in (None, c.cache_key)
+    torch.testing.assert_close(c2(x)[0], x + other)
 
 
 @pytest.mark.parametrize("target", TARGETS)
