@@ -132,8 +132,9 @@ def _constant_keys(gm: torch.fx.GraphModule) -> list[str] | None:
     """What the key takes of the graph's tensor constants (get_attr nodes, which
     lower makes inputs the compiled module holds, so the cached module holds
     them too): each one's name, layout and a hash of its bytes.  None where the
-    graph is not cached: a constant that is not a plain tensor (a fake one, a
-    subclass, a submodule's attribute) or too large to hash for nothing."""
+    graph is not cached: a constant that is not a plain dense tensor (a fake,
+    sparse, quantized or meta one, a subclass, a submodule's attribute) or too
+    large to hash for nothing."""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     out: list[str] = []
@@ -144,10 +145,14 @@ def _constant_keys(gm: torch.fx.GraphModule) -> list[str] | None:
         for part in str(n.target).split("."):
             value = getattr(value, part, None)
         if type(value) not in (torch.Tensor, torch.nn.Parameter) or isinstance(value, FakeTensor) \
+                or value.layout != torch.strided or value.is_quantized or value.device.type == "meta" \
                 or value.numel() > CONSTANT_KEY_MAX:
             return None
-        with unset_fake_temporarily():
-            data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        try:
+            with unset_fake_temporarily():
+                data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        except (RuntimeError, TypeError):  # bytes that cannot be read so: not cached
+            return None
         out.append(f"C{n.target}:{_input_key(value)}:{hashlib.sha256(data).hexdigest()}")
     return out
 

@@ -114,6 +114,28 @@ def test_a_graph_with_a_tensor_constant_is_cached_by_its_value(tmp_path: Path,
     torch._dynamo.reset()
 
 
+def test_constants_whose_bytes_do_not_say_it_all_are_not_cached() -> None:
+    """A sparse, quantized (its scale is not in its bytes) or meta constant, or
+    one too large to hash, leaves its graph uncached; a dense one is keyed."""
+    import warnings
+
+    def graph_holding(value: torch.Tensor) -> torch.fx.GraphModule:
+        gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+        gm.register_buffer("_tensor_constant0", value)
+        gm.graph.output((gm.graph.get_attr("_tensor_constant0"),))
+        gm.recompile()
+        return gm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated
+        refused = [torch.randn(3).to_sparse(), torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8),
+                   torch.empty(3, device="meta"), torch.zeros(graph_cache.CONSTANT_KEY_MAX + 1, dtype=torch.uint8)]
+    for value in refused:
+        assert graph_cache._constant_keys(graph_holding(value)) is None, value.layout
+    (key,) = graph_cache._constant_keys(graph_holding(torch.tensor([1.5, 2.0]))) or [None]
+    assert key is not None and key.startswith("C_tensor_constant0:T(2,)(1,)+0:torch.float32:cpu:")
+
+
 def test_a_bad_entry_is_compiled_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     a, b = torch.randn(4, 8), torch.randn(4, 8)
     _compile(fn, [a, b], tmp_path)
