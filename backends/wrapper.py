@@ -13,7 +13,7 @@ import torch
 from coil.backends.common import KernelBackend
 from coil.ir.buffers import ComputedBuffer, ExternBuffer
 from coil.ir.layout import Layout
-from coil.ir.lowered import TensorRef, resolve_kernel
+from coil.ir.lowered import TensorRef, returns_alias
 from coil.ir.module import KernelSource
 from coil.ir.shapes import UNBACKED_PREFIX, Size, gt, norm, py_size
 from coil.ir.wrapper import (
@@ -60,10 +60,7 @@ def owns_storage(program: WrapperProgram, name: str) -> bool:
     b = program.get(name)
     if isinstance(b, ComputedBuffer):
         return True
-    if isinstance(b, ExternBuffer) and b.layout is not None:
-        returns = resolve_kernel(b.kernel)._schema.returns
-        return len(returns) == 1 and returns[0].alias_info is None
-    return False
+    return isinstance(b, ExternBuffer) and b.layout is not None and not returns_alias(b.kernel)
 
 
 def indexed_by_layout(program: WrapperProgram) -> frozenset[str]:

@@ -135,7 +135,7 @@ def _constant_keys(gm: torch.fx.GraphModule) -> list[str] | None:
     graph is not cached: a constant that is not a plain dense tensor (a fake,
     sparse, quantized or meta one, a subclass, a submodule's attribute) or too
     large to hash for nothing."""
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     out: list[str] = []
     for n in gm.graph.nodes:
@@ -144,9 +144,8 @@ def _constant_keys(gm: torch.fx.GraphModule) -> list[str] | None:
         value: Any = gm
         for part in str(n.target).split("."):
             value = getattr(value, part, None)
-        if type(value) not in (torch.Tensor, torch.nn.Parameter) or isinstance(value, FakeTensor) \
-                or value.layout != torch.strided or value.is_quantized or value.device.type == "meta" \
-                or value.numel() > CONSTANT_KEY_MAX:
+        if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.layout != torch.strided \
+                or value.is_quantized or value.device.type == "meta" or value.numel() > CONSTANT_KEY_MAX:
             return None
         try:
             with unset_fake_temporarily():

@@ -213,3 +213,14 @@ def resolve_kernel(kernel: str) -> Any:
     for p in parts:
         obj = getattr(obj, p)
     return obj
+
+
+def returns_alias(kernel: str) -> bool:
+    """Whether an extern's result may be (a view of) one of its arguments: its op's
+    schema marks a result as an alias.  An op torch does not resolve (a Python
+    callable kept whole) is taken to."""
+    try:
+        returns = resolve_kernel(kernel)._schema.returns
+    except (AttributeError, RuntimeError):
+        return True
+    return any(r.alias_info is not None for r in returns)

@@ -13,7 +13,7 @@ from coil.errors import CoilError
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, NopStep
 from coil.ir.kernel import KernelProgram
-from coil.ir.lowered import resolve_kernel
+from coil.ir.lowered import returns_alias
 from coil.ir.wrapper import (
     Alloc,
     Bind,
@@ -110,26 +110,14 @@ def returned_views(program: KernelProgram) -> frozenset[str]:
                 n = b.base
             elif isinstance(b, MultiOutputBuffer):
                 parent = bg.get(b.extern)
-                return isinstance(parent, ExternBuffer) and _aliases_argument(parent)
-            elif isinstance(b, ExternBuffer):
-                return _aliases_argument(b)
+                return isinstance(parent, ExternBuffer) and (bool(parent.mutated) or returns_alias(parent.kernel))
+            elif isinstance(b, ExternBuffer):  # its result, or an argument it mutates
+                return bool(b.mutated) or returns_alias(b.kernel)
             else:
                 n = took.get(n)
         return False
 
     return frozenset(n for n in returned if isinstance(bg.get(n), AliasBuffer) and reachable(n))
-
-
-def _aliases_argument(b: ExternBuffer) -> bool:
-    """Whether an extern's result may be (a view of) one of its arguments: it
-    mutates one, or its op's schema marks a result as an alias."""
-    if b.mutated:
-        return True
-    try:
-        returns = resolve_kernel(b.kernel)._schema.returns
-    except (AttributeError, RuntimeError):  # not an op torch resolves (a collective's wait, a Python callable): assume so
-        return True
-    return any(r.alias_info is not None for r in returns)
 
 
 def binds(bg: BufferGraph) -> tuple[Bind, ...]:

@@ -37,7 +37,7 @@ from coil.backends.wrapper import owns_storage
 from coil.ir.buffers import ExternBuffer
 from coil.ir.expr import check_error
 from coil.ir.kernel import KernelLaunch, KernelSpec, LaunchRule, Split, Tiled
-from coil.ir.lowered import resolve_kernel
+from coil.ir.lowered import returns_alias
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import ExternCall, KernelCall, MultiOutputLine, ReinterpretView, WrapperProgram
 from coil.ir.shapes import py_size
@@ -173,8 +173,7 @@ def aligned_by_allocation(program: WrapperProgram) -> tuple[frozenset[str], froz
             fresh[ln.name] = owns_storage(program, ln.name)
         elif isinstance(ln, MultiOutputLine):
             parent = graph.get(ln.extern)
-            returns = resolve_kernel(parent.kernel)._schema.returns if isinstance(parent, ExternBuffer) else ()
-            fresh[ln.name] = not any(r.alias_info is not None for r in returns)
+            fresh[ln.name] = not (isinstance(parent, ExternBuffer) and returns_alias(parent.kernel))
     read: set[str] = set()
     unknown: set[str] = set()
     for ln in program.lines:
