@@ -32,10 +32,32 @@ empty_strided_cpu = getattr(torch._C._dynamo.guards, "_empty_strided_cpu", None)
     lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device="cpu"))
 
 
+# externs whose torch function takes the overload's arguments as output_code.py passes
+# them (positional, keyword-only ones by name) and calls that overload, unboxed.  The
+# overload's C++ entry point (`_op`) boxes every argument into the dispatcher's stack:
+# a convolution's four int lists cost it 3.5 µs more a call than torch.convolution on
+# this 2-vCPU host (mm 0.25, addmm 0.55, bmm 0.3, baddbmm 0.5): a ResNet inference
+# call makes 20 convolutions, MobileNetV2's 52.  tests/test_runtime_calls.py checks that
+# each function dispatches to its overload.
+DIRECT_BINDINGS: dict[str, str] = {
+    "aten::convolution": "convolution",
+    "aten::mm": "mm",
+    "aten::addmm": "addmm",
+    "aten::bmm": "bmm",
+    "aten::baddbmm": "baddbmm",
+}
+
+
 def aten_op(overload: Any) -> Any:
-    """What output_code.py calls for an extern: the operator's C++ entry point,
+    """What output_code.py calls for an extern: for a default overload in
+    DIRECT_BINDINGS, torch's function of it; else the operator's C++ entry point,
     which OpOverload.__call__ only forwards to (a Python frame and 2 µs less per
-    call); the overload itself where torch has no such attribute."""
+    call); the overload itself where torch has neither."""
+    if getattr(overload, "_overloadname", None) == "default":
+        name = DIRECT_BINDINGS.get(getattr(overload, "_schema", None) and overload._schema.name)
+        direct = getattr(torch._C._VariableFunctions, name, None) if name else None
+        if direct is not None:
+            return direct
     return getattr(overload, "_op", overload)
 
 

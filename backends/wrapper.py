@@ -170,8 +170,9 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 old = program.layout(ln.old)
                 # in place, the kernel after this line still reads old: its name stays until then
                 drop, why = ("", "in place") if ln.inplace else (f"; del {ln.old}", "reuse")
-                if (old.size, old.stride) == (ln.layout.size, ln.layout.stride):
-                    out.append(f"    {ln.new} = {ln.old}{drop}  # {why}")
+                if (old.size, old.stride) == (ln.layout.size, ln.layout.stride) or ln.as_base:
+                    only = ", as its base" if ln.as_base else ""  # old's tensor (wrap.views_as_base)
+                    out.append(f"    {ln.new} = {ln.old}{drop}  # {why}{only}")
                 else:
                     out.append(f"    {ln.new} = reinterpret_view({ln.old}, {layout_args(ln.layout)}, 0){drop}  # {why}")
             case ReinterpretView():
@@ -181,7 +182,9 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                                      else ln.delta()))
                 if ln.base_offset is None:
                     static_offset[ln.name] = ln.layout.offset
-                if ln.as_view:  # as_strided: the caller gets a view of its base, as eager's (wrap.returned_views)
+                if ln.as_base:  # the base's tensor (wrap.views_as_base)
+                    out.append(f"    {ln.name} = {ln.base}  # as its base")
+                elif ln.as_view:  # as_strided: the caller gets a view of its base, as eager's (wrap.returned_views)
                     out.append(f"    {ln.name} = reinterpret_tensor({ln.base}, {layout_args(ln.layout)}, "
                                f"{ln.base}.storage_offset() + {delta})")
                 else:

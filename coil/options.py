@@ -221,6 +221,11 @@ class TargetTraits:
     # CUDA, aten added it in a kernel of its own after cuDNN's (ConvNeXt's inference on
     # the H200: 12 such launches, 44 us a call, bench/probes/model_kernels.py)
     conv_bias_in_kernels: bool = False
+    # a kernel reads each tensor argument by its data pointer alone (Triton's launcher,
+    # the C++ target's fastcall), so a view that only kernels read, at its base's
+    # offset and in its dtype, is passed as its base: no view is made on each call
+    # (passes/wrap.py, kernel_only_views); the reference target's kernels read shapes
+    pointer_arguments: bool = False
 
 
 # Triton's constants, read on the H200 (the figures: bench/probes/README.md): a
@@ -279,10 +284,11 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
                            device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True,
-                           conv_bias_in_kernels=True),
+                           conv_bias_in_kernels=True, pointer_arguments=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
-                        scratch=CPP_SCRATCH, lane_tables=CPP_LANE_TABLES, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True),
+                        scratch=CPP_SCRATCH, lane_tables=CPP_LANE_TABLES, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True,
+                        pointer_arguments=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
                               channels_last=False, symbolic_sizes=True),
 }

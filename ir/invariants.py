@@ -15,10 +15,16 @@ with itself.
     check_indirect_reads(w)         a buffer a kernel reads through an IndirectLoad is
                                     written by an earlier step, never by that kernel,
                                     and never kept in registers (removed)
+    check_views_as_base(w)          a view bound to its base's tensor (as_base) is not
+                                    returned, keeps its base's dtype and pointer, and
+                                    whatever reads it other than a kernel (an extern, a
+                                    Reuse) finds the layout it was planned with
     check_all(w)                    all of the above
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import sympy
 
@@ -235,6 +241,42 @@ def check_indirect_reads(w: WrapperProgram) -> None:
                     raise InvariantError(f"{k.name}: {n} reads {ld.name} indirectly, but {ld.name} is kept in registers")
 
 
+def check_views_as_base(w: WrapperProgram) -> None:
+    bg = w.buffer_graph
+    root: dict[str, str] = {}  # an as_base name -> the name whose tensor it is
+    for k, ln in enumerate(w.lines):
+        if isinstance(ln, (ReinterpretView, Reuse)) and ln.as_base:
+            name, base = (ln.name, ln.base) if isinstance(ln, ReinterpretView) else (ln.new, ln.old)
+            if isinstance(ln, ReinterpretView) and (ln.as_view or ln.base_offset is not None):
+                raise InvariantError(f"line {k}: {name} is bound to its base {base}, which coil did not place")
+            if ln.layout.dtype != bg.layout(base).dtype:
+                raise InvariantError(f"line {k}: {name} is bound to its base {base} of another dtype")
+            if isinstance(ln, ReinterpretView) and ln.layout.offset != _planned_offset(w, base):
+                raise InvariantError(f"line {k}: {name} is bound to its base {base} at another offset")
+            root[name] = root.get(base, base)
+        elif isinstance(ln, (ExternCall, MultiOutputLine, Reuse)):
+            for used in _line_uses(ln):
+                if used in root and _shape(bg.layout(used)) != _shape(bg.layout(root[used])):
+                    raise InvariantError(f"line {k}: {used} is read as a tensor, bound to {root[used]}'s "
+                                         "of another layout")
+    returned = {n for n in bg.outputs if n is not None} & set(root)
+    if returned:
+        raise InvariantError(f"returned names bound to their base's tensor: {sorted(returned)}")
+
+
+def _planned_offset(w: WrapperProgram, name: str) -> object:
+    """The storage offset of `name`'s tensor as the wrapper makes it: 0 for what
+    coil allocates, a view's own over coil's storage."""
+    for ln in w.lines:
+        if isinstance(ln, ReinterpretView) and ln.name == name and ln.base_offset is None:
+            return ln.layout.offset
+    return 0
+
+
+def _shape(layout: Any) -> tuple[object, ...]:
+    return (tuple(layout.size), tuple(layout.stride), layout.offset, layout.dtype)
+
+
 def check_all(w: WrapperProgram) -> None:
     check_schedule_topological(w.schedule)
     check_lifetimes(w)
@@ -242,3 +284,4 @@ def check_all(w: WrapperProgram) -> None:
     check_peak(w)
     check_kernel_params(w)
     check_indirect_reads(w)
+    check_views_as_base(w)

@@ -76,7 +76,11 @@ def show_wrapper(w: WrapperProgram) -> str:
             case Alloc():
                 out.append(f"  {ln.name} = alloc {ln.layout.show()}")
             case Reuse():
-                out.append(f"  {ln.new} = {ln.old}  # in place" if ln.inplace else f"  {ln.new} = {ln.old}; del {ln.old}  # reuse")
+                only = ", as its base" if ln.as_base else ""
+                out.append(f"  {ln.new} = {ln.old}  # in place{only}" if ln.inplace
+                           else f"  {ln.new} = {ln.old}; del {ln.old}  # reuse{only}")
+            case ReinterpretView() if ln.as_base:
+                out.append(f"  {ln.name} = {ln.base}  # as its base: {ln.layout.show()}")
             case ReinterpretView():
                 at = "" if ln.base_offset is None else f" at {ln.base}+{ln.delta()}"
                 made = "view" if ln.as_view else "reinterpret_tensor"

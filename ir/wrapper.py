@@ -8,11 +8,13 @@ Grammar::
 
     WrapperProgram ::= (inputs: name*, lines: Line*, kernel_program: KernelProgram)
     Line ::= Alloc(name, layout)                 bufN = empty_strided(...)
-           | Reuse(new, old, layout, inplace)    bufB = bufA; del bufA  # reuse
+           | Reuse(new, old, layout, inplace, as_base)
+                                                 bufB = bufA; del bufA  # reuse
                                                  | bufB = bufA  # in place
-           | ReinterpretView(name, base, layout, base_offset, as_view)
+           | ReinterpretView(name, base, layout, base_offset, as_view, as_base)
                                                  bufN = reinterpret_tensor(base, ...)
                                                  | bufN = view(base, ...)
+                                                 | bufN = base  (as_base)
            | KernelCall(kernel, args)            kernel(args..., sizes)
            | ExternCall(name, kernel, args, kwargs)
            | MultiOutputLine(name, extern, index) bufN = bufM[i]
@@ -51,6 +53,9 @@ class Reuse:
     old: str
     layout: Layout
     inplace: bool = False
+    # new is bound to old's tensor, not made a view of it in new's shape: only coil's
+    # kernels read new, by its pointer, which is old's (passes/wrap.py, views_as_base)
+    as_base: bool = False
 
 
 @attrs.frozen
@@ -70,6 +75,10 @@ class ReinterpretView:
     # counter), not a tensor over its storage, because it is returned and the caller
     # can reach that storage another way (passes/wrap.py, returned_views)
     as_view: bool = False
+    # bound to its base's tensor, no view made: only coil's kernels read it (by its
+    # pointer, which is the base's), or the base's tensor has its layout already
+    # (passes/wrap.py, views_as_base)
+    as_base: bool = False
 
     def delta(self) -> int:
         """The view's offset from its base's own (base_offset given)."""

@@ -7,13 +7,16 @@ Reuse takes the storage)."""
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
+import attrs
 import sympy
 
 from coil.errors import CoilError
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, NopStep
 from coil.ir.kernel import KernelProgram
-from coil.ir.lowered import returns_alias
+from coil.ir.lowered import extern_tensor_names, returns_alias
 from coil.ir.wrapper import (
     Alloc,
     Bind,
@@ -74,6 +77,10 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
             elif f not in reused:
                 lines.append(Free(f, FreeKind.BUFFER))
     lines.append(Return(bg.outputs))
+    if as_base := views_as_base(lines, program, options):
+        lines = [attrs.evolve(ln, as_base=True)
+                 if isinstance(ln, ReinterpretView) and ln.name in as_base
+                 or isinstance(ln, Reuse) and ln.new in as_base else ln for ln in lines]
     sizes = bg.sizes
     if not sizes:
         return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)
@@ -118,6 +125,75 @@ def returned_views(program: KernelProgram) -> frozenset[str]:
         return False
 
     return frozenset(n for n in returned if isinstance(bg.get(n), AliasBuffer) and reachable(n))
+
+
+def views_as_base(lines: Sequence[Line], program: KernelProgram, options: Options) -> frozenset[str]:
+    """The views the wrapper binds to their base's tensor instead of making them
+    (`bufN = base`), each for one of two reasons:
+    - only coil's kernels read it, on a target whose kernels take each tensor by its
+      data pointer (TargetTraits.pointer_arguments): a ReinterpretView over coil's own
+      storage at its base's offset, or a buffer that takes a dead one's storage under
+      another shape (Reuse), in its base's dtype, that no extern reads, no later view
+      makes a view of (as_view), no Reuse takes and the graph does not return: the
+      kernels get the same pointer;
+    - its base's tensor has its layout already (size, strides, offset and dtype; as
+      happens after a view of the first kind: an NHWC buffer written in place, then
+      viewed as the channels-last NCHW tensor a convolution takes), and it is not
+      returned.
+    A ResNet inference call made 52 views and MobileNetV2's 84, about a microsecond
+    each on the H200's host, where Inductor's made 2 (bench/probes/model_host.py)."""
+    bg = program.buffer_graph
+    returned = {n for n in bg.outputs if n is not None}
+    kernels_only: set[str] = set()
+    if options.traits().pointer_arguments:
+        static: dict[str, object] = {}  # the storage offset of each view over coil's storage, as rendered
+        read: set[str] = set(returned)  # names read as tensors, not by pointer
+        for ln in lines:
+            match ln:
+                case ReinterpretView() if ln.as_view:
+                    read.add(ln.base)
+                case ReinterpretView() if ln.base_offset is None:
+                    static[ln.name] = ln.layout.offset
+                    if ln.layout.offset == static.get(ln.base, 0) and ln.layout.dtype == bg.layout(ln.base).dtype:
+                        kernels_only.add(ln.name)
+                case Reuse():
+                    read.add(ln.old)
+                    old = bg.layout(ln.old)
+                    if ln.layout.dtype == old.dtype and (ln.layout.size, ln.layout.stride) != (old.size, old.stride):
+                        kernels_only.add(ln.new)
+                case ExternCall():
+                    read.update(extern_tensor_names((ln.args, tuple(v for _, v in ln.kwargs))))
+                    read.update(ln.mutated)
+                case MultiOutputLine():
+                    read.add(ln.extern)
+        kernels_only -= read
+    # what kernels index or views view: an extern's result read so has the layout planned
+    # for it on every call (the wrapper holds it there: backends/wrapper.py, _ensure_layout)
+    indexed = {a for ln in lines if isinstance(ln, KernelCall) for a in ln.args} | {
+        ln.base for ln in lines if isinstance(ln, ReinterpretView)}
+    # the layout of the tensor each name is bound to, where it is known: (size, stride, offset, dtype)
+    held: dict[str, tuple[object, ...]] = {}
+    out = set(kernels_only)
+    for ln in lines:
+        match ln:
+            case Alloc():
+                held[ln.name] = _held(ln.layout, 0)
+            case ExternCall() if ln.name in indexed and not ln.mutated and not returns_alias(ln.kernel):
+                if (lay := bg.layout(ln.name)) is not None:  # a fresh tensor of aten's, at offset 0
+                    held[ln.name] = _held(lay, 0)
+            case Reuse() if ln.old in held:
+                same = (ln.layout.size, ln.layout.stride) == (bg.layout(ln.old).size, bg.layout(ln.old).stride)
+                held[ln.new] = held[ln.old] if same or ln.new in out else _held(ln.layout, held[ln.old][2])
+            case ReinterpretView() if ln.base_offset is None and not ln.as_view and ln.base in held:
+                mine = _held(ln.layout, ln.layout.offset)
+                if ln.name not in out and ln.name not in returned and held[ln.base] == mine:
+                    out.add(ln.name)
+                held[ln.name] = held[ln.base] if ln.name in out else mine
+    return frozenset(out)
+
+
+def _held(layout: Any, offset: object) -> tuple[object, ...]:
+    return (tuple(layout.size), tuple(layout.stride), offset, layout.dtype)
 
 
 def binds(bg: BufferGraph) -> tuple[Bind, ...]:

@@ -617,3 +617,79 @@ def test_a_matmuls_result_is_not_checked_against_its_planned_layout():
     assert any(ln.startswith(f"if not (isinstance({conv}, torch.Tensor)") for ln in calls), compiled.source
     for got, want in zip(compiled(*args), fn(*args)):
         torch.testing.assert_close(got, want)
+
+
+def _viewed_matmul(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A kernel writes (2, 16, 64) over a matmul's (32, 64) result in place; a second
+    matmul reads it viewed back as (32, 64), and a reduction reads it transposed."""
+    z = torch.relu((x @ w).view(2, 16, 64) + b)
+    return (z.view(32, 64) @ w2, z.transpose(1, 2).sum(2))
+
+
+def _returned_view(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    z = torch.relu((x @ w).view(2, 16, 64) + b)
+    return (z.view(32, 64), z.sum(1))
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+def test_views_that_need_no_tensor_are_bound_to_their_base(target: str) -> None:
+    """wrap.views_as_base: on a target whose kernels read pointers, the in-place
+    result (32, 64) -> (2, 16, 64) is read by kernels and one view only, so it is
+    the matmul's tensor; the view back to (32, 64) then has that tensor's layout,
+    so the second matmul gets that tensor too.  The reference target's kernels
+    read shapes: there every view is made.  A returned view is always made."""
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(32, 48, generator=g), torch.randn(48, 64, generator=g), torch.randn(16, 64, generator=g),
+              torch.randn(64, 8, generator=g)]
+    gm = make_fx(_viewed_matmul)(*inputs)
+    opts = coil.Options(target=target, graph_cache=False)
+    text = show(coil.default_pipeline().run(gm, inputs, until="wrap", options=opts))
+    if target == "reference":
+        assert "as its base" not in text, text
+        assert "  buf2 = reinterpret_tensor(buf1) float32[32, 64] stride=[64, 1] cpu" in text, text
+    else:
+        assert "  buf1 = buf0  # in place, as its base" in text, text
+        assert "  buf2 = buf1  # as its base: float32[32, 64] stride=[64, 1] cpu" in text, text
+    compiled = coil.compile_graph(gm, inputs, opts)
+    assert ("buf2 = buf1  # as its base" in compiled.source) == (target != "reference")
+    for got, want in zip(compiled(*inputs), _viewed_matmul(*inputs)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+    inputs = inputs[:3]
+    gm = make_fx(_returned_view)(*inputs)
+    text = show(coil.default_pipeline().run(gm, inputs, until="wrap", options=opts))
+    assert "  buf3 = reinterpret_tensor(buf1) float32[32, 64] stride=[64, 1] cpu" in text, text
+    assert "# as its base:" not in text, text
+    compiled = coil.compile_graph(gm, inputs, opts)
+    got = compiled(*inputs)
+    for g_, want in zip(got, _returned_view(*inputs)):
+        torch.testing.assert_close(g_, want, rtol=1e-4, atol=1e-4)
+    assert got[0].shape == (32, 64)
+
+
+def test_a_view_bound_to_its_base_wrongly_is_caught() -> None:
+    """check_views_as_base: a transposed view that an extern reads, or a returned
+    view, bound to its base's tensor would hand over the wrong tensor."""
+    from coil.ir.invariants import check_views_as_base
+    from coil.ir.wrapper import ReinterpretView
+
+    def bmm_of_transposed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor]:
+        z = torch.relu((x @ w).view(2, 16, 64) + b)
+        return (torch.bmm(z.transpose(1, 2), v),)
+
+    g = torch.Generator().manual_seed(0)
+    cases = [(bmm_of_transposed, [torch.randn(32, 48, generator=g), torch.randn(48, 64, generator=g),
+                                  torch.randn(16, 64, generator=g), torch.randn(2, 16, 8, generator=g)], "read as a tensor"),
+             (_returned_view, [torch.randn(32, 48, generator=g), torch.randn(48, 64, generator=g),
+                               torch.randn(16, 64, generator=g)], "returned names")]
+    for fn, inputs, why in cases:
+        w = coil.default_pipeline().run(make_fx(fn)(*inputs), inputs, until="wrap", options=coil.Options(target="cpp"))
+        check_all(w)
+        views = [k for k, ln in enumerate(w.lines) if isinstance(ln, ReinterpretView)]
+        assert len(views) == 1, show(w)
+        lines = list(w.lines)
+        lines[views[0]] = attrs.evolve(lines[views[0]], as_base=True)
+        with pytest.raises(InvariantError, match=why):
+            check_views_as_base(attrs.evolve(w, lines=tuple(lines)))

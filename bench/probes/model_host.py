@@ -4,7 +4,9 @@ mobilenet_v2), at the models suite's $SIZE (default `small`) in bf16, in $MODE (
 default, or train: the models suite's step) and $COMPILE_MODE (default, or
 reduce-overhead): host time per call (enqueue only) and wall time per call
 (synchronised) for eager, Inductor and coil; then a cProfile of coil's calls by own
-time (Inductor's too), and the first lines of coil's largest output_code.py call.  Run from the
+time (Inductor's too), and the first lines of coil's largest output_code.py call
+(with $SOURCES a folder, every coil graph's source is written there; TORCH_LOGS=output_code
+prints Inductor's).  Run from the
 repository root on a CUDA machine."""
 import cProfile
 import os
@@ -66,6 +68,11 @@ def main():
             pstats.Stats(pr).sort_stats("tottime").print_stats(28)
             print(f"== cProfile of {v}, 50 calls, by cumulative time", flush=True)
             pstats.Stats(pr).sort_stats("cumulative").print_stats(24)
+        if graphs and os.environ.get("SOURCES"):  # every coil graph's output_code.py, in full
+            os.makedirs(os.environ["SOURCES"], exist_ok=True)
+            for k, g in enumerate(graphs):
+                with open(os.path.join(os.environ["SOURCES"], f"{name}-{mode}-{k}.py"), "w") as f:
+                    f.write(g.source)
         if graphs:
             text = max((g.source for g in graphs), key=len)
             i = text.find("def call(")
