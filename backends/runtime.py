@@ -53,8 +53,9 @@ def aten_op(overload: Any) -> Any:
     DIRECT_BINDINGS, torch's function of it; else the operator's C++ entry point,
     which OpOverload.__call__ only forwards to (a Python frame and 2 µs less per
     call); the overload itself where torch has neither."""
-    if getattr(overload, "_overloadname", None) == "default":
-        name = DIRECT_BINDINGS.get(getattr(overload, "_schema", None) and overload._schema.name)
+    schema = getattr(overload, "_schema", None)
+    if schema is not None and getattr(overload, "_overloadname", None) == "default":
+        name = DIRECT_BINDINGS.get(schema.name)
         direct = getattr(torch._C._VariableFunctions, name, None) if name else None
         if direct is not None:
             return direct
