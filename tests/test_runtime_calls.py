@@ -87,3 +87,31 @@ def test_a_compiled_convolution_calls_torchs_function(target: str) -> None:
     assert compiled.namespace["aten_convolution_default"] is torch.convolution
     assert compiled.namespace["aten_mm_default"] is torch.mm
     torch.testing.assert_close(compiled(*inputs)[0], f(*inputs)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
+def test_a_conv_net_on_cuda_binds_its_in_place_views_to_their_base() -> None:
+    """A conv -> BatchNorm -> ReLU6 stack in inference on CUDA, channels-last: each
+    kernel writes NHWC over the convolution's result in place and the next
+    convolution takes that result as it is, so the wrapper binds both views to
+    the convolution's tensor (wrap.views_as_base) and calls torch.convolution;
+    the outputs match eager's."""
+    from bench.variants import Capture, record_coil_graphs
+
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for c_in, c_out in ((3, 16), (16, 16), (16, 32)):
+        layers += [torch.nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c_out),
+                   torch.nn.ReLU6()]
+    net = torch.nn.Sequential(*layers).cuda().eval()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    torch._dynamo.reset()
+    cap = Capture()
+    with torch.no_grad(), record_coil_graphs(cap):
+        want = net(x)
+        got = torch.compile(net, backend="coil")(x)
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    (compiled,) = [g for g in cap.coil_graphs if g is not None]
+    assert "# in place, as its base" in compiled.source, compiled.source
+    assert compiled.namespace["aten_convolution_default"] is torch.convolution
