@@ -89,23 +89,25 @@ def test_a_compiled_convolution_calls_torchs_function(target: str) -> None:
     torch.testing.assert_close(compiled(*inputs)[0], f(*inputs)[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.cuda
-def test_a_conv_net_on_cuda_binds_its_in_place_views_to_their_base() -> None:
-    """A conv -> BatchNorm -> ReLU6 stack in inference on CUDA, channels-last: each
-    kernel writes NHWC over the convolution's result in place and the next
-    convolution takes that result as it is, so the wrapper binds both views to
-    the convolution's tensor (wrap.views_as_base) and calls torch.convolution;
-    the outputs match eager's."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_a_conv_net_binds_its_in_place_views_to_their_base(device: str) -> None:
+    """A conv -> BatchNorm -> ReLU6 stack and a pooled head, in inference, computed
+    channels-last (cpp on the CPU, triton on CUDA): each kernel writes NHWC over
+    its convolution's result in place, and the next convolution takes that result
+    as it is, so the wrapper binds both names to the convolution's tensor
+    (wrap.views_as_base) and calls torch.convolution; the outputs match eager's."""
     from bench.variants import Capture, record_coil_graphs
 
+    if device == "cpu" and not target_available("cpp"):
+        pytest.skip("cpp backend not available")
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for c_in, c_out in ((3, 16), (16, 16), (16, 32)):
         layers += [torch.nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c_out),
                    torch.nn.ReLU6()]
-    net = torch.nn.Sequential(*layers).cuda().eval()
-    x = torch.randn(4, 3, 32, 32, device="cuda")
+    net = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).to(device).eval()
+    x = torch.randn(4, 3, 32, 32, device=device)
     torch._dynamo.reset()
     cap = Capture()
     with torch.no_grad(), record_coil_graphs(cap):
@@ -113,5 +115,7 @@ def test_a_conv_net_on_cuda_binds_its_in_place_views_to_their_base() -> None:
         got = torch.compile(net, backend="coil")(x)
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
     (compiled,) = [g for g in cap.coil_graphs if g is not None]
-    assert "# in place, as its base" in compiled.source, compiled.source
+    source = compiled.source[compiled.source.index("def call("):]
+    # the first two kernels' in-place results, and the two convolutions that read them
+    assert source.count("# in place, as its base") == 2 and source.count("  # as its base\n") == 2, source
     assert compiled.namespace["aten_convolution_default"] is torch.convolution
