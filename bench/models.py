@@ -26,6 +26,7 @@ import argparse
 import copy
 import datetime
 import gc
+import hashlib
 import math
 import os
 import platform
@@ -110,8 +111,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                    help="keep the records of the existing result file that this run does not measure again "
                         "(to run the suite in parts)")
     p.add_argument("--resume", action="store_true",
-                   help="--merge, and skip the cases the existing file holds measured already (not skipped, not "
-                        "left pending by a killed run): repeat one command with --budget-s until all is done")
+                   help="--merge, and skip the cases the existing file holds measured already by this coil (the same "
+                        "coil_source; not skipped, not left pending by a killed run): repeat one command with "
+                        "--budget-s until all is done, and every row comes from one version of coil")
     p.add_argument("--warm-jobs", type=int, default=0,
                    help="first compile every case in this many processes at once, into the run's caches, so "
                         "that the timed run's compiles hit them (its first call is then warm; each variant's "
@@ -516,6 +518,39 @@ def _versions() -> dict[str, str]:
     return out
 
 
+SOURCE_SUFFIXES = (".py", ".h", ".hpp", ".c", ".cpp")
+
+
+def source_id(roots: Sequence[tuple[str, Path]]) -> str:
+    """A fingerprint of the code under each (name, folder): the sha256 of every
+    source file's path (from its root's name) and bytes, in sorted order, cut to 12
+    hex digits.  The device's copy of the repository is a `git archive` (no commit
+    to read), so records carry this instead."""
+    h = hashlib.sha256()
+    for name, root in sorted(roots):
+        for f in sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts):
+            h.update(f"{name}/{f.relative_to(root).as_posix()}\0".encode())
+            h.update(f.read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()[:12]
+
+
+def coil_source() -> str:
+    """source_id of coil's packages (coil, and its ir, passes and backends, which may
+    lie in other folders): two records with one coil_source were measured with the
+    same compiler."""
+    import importlib
+
+    roots = []
+    for pkg in ("coil", "coil.ir", "coil.passes", "coil.backends"):
+        file = getattr(importlib.import_module(pkg), "__file__", None)
+        if file is not None:
+            roots.append((pkg, Path(file).parent))
+    # coil's own folder holds the others where they are subfolders of it: each file once
+    nested = {r for _, r in roots}
+    return source_id([(n, r) for n, r in roots if n == "coil" or not any(r != o and o in r.parents for o in nested)])
+
+
 def run(cfg: Config) -> Writer:
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -542,9 +577,12 @@ def run(cfg: Config) -> Writer:
             "dtype": cfg.dtype, "threads": torch.get_num_threads(), "rounds": cfg.rounds,
             **({"rep_ms": timing.SHORT_PACE.rep_ms, "wall_target_s": timing.SHORT_PACE.wall_s} if device.type == "cuda" else {}),
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "coil_source": coil_source(),
         }
         writer = Writer(cfg.out, file_name, run_info, notes, compile_modes, merge=cfg.merge)
-        done = {record_key(r) for r in writer.kept if r.get("status") not in ("pending", "skipped")}
+        # --resume skips what this coil measured already: a record of another source is measured again
+        done = {record_key(r) for r in writer.kept if r.get("status") not in ("pending", "skipped")
+                and r.get("coil_source") == run_info["coil_source"]}
         cases: list[Case] = []
         for size_name in cfg.sizes:
             size = SIZES[size_name]

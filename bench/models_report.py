@@ -126,7 +126,7 @@ def short_rounds(row: dict[str, dict[str, Any]]) -> tuple[int, int] | None:
     return (n, planned) if planned and n < planned else None
 
 
-def table_markdown(t: Table, cuda: bool, notes: list[str]) -> list[str]:
+def table_markdown(t: Table, cuda: bool, notes: list[str], older: frozenset[Any] | set[Any] = frozenset()) -> list[str]:
     wall = cuda and t.has_wall
     head = ["model", "step", "eager ms", "Inductor ms", "coil ms", "coil/Ind", "eager/Ind"]
     if wall:
@@ -152,7 +152,8 @@ def table_markdown(t: Table, cuda: bool, notes: list[str]) -> list[str]:
                   " / ".join(_num(row.get(v, {}).get("first_call_s"), ".1f") for v in ("inductor", "coil"))]
         if cold:
             cells += [" / ".join(_num(row.get(v, {}).get("cold_first_call_s"), ".1f") for v in ("inductor", "coil"))]
-        cells += [_check(row, notes)]
+        stale = any(record_key(r) in older for r in row.values())
+        cells += [_check(row, notes) + (" (older coil)" if stale else "")]
         lines.append("| " + " | ".join(cells) + " |")
     width = len(head)
     for mode, g in t.geomeans().items():
@@ -224,6 +225,13 @@ class Writer:
                   + f"{info['started']}" + (f", {info['elapsed_s']:.0f} s." if "elapsed_s" in info else ".")),
                  ""]
         notes = list(self.notes)
+        latest = info.get("coil_source")
+        older = {record_key(r) for r in records if latest and r.get("coil_source") != latest
+                 and r.get("status") not in ("pending", "skipped")}
+        if older:
+            notes.append(f"rows marked `(older coil)` were measured with another version of coil's source than the last "
+                         f"run's ({latest}; each record's `coil_source`, absent before 2026-12-04): "
+                         f"`--resume` measures them again")
         if len(starts) > 1:
             notes.append(f"the records come from {len(starts)} runs (--merge): each record's `started` says which"
                          + (" and `load_average` how busy the machine was" if not cuda else ""))
@@ -245,7 +253,7 @@ class Writer:
                     continue
                 lines += [f"## {size}: hidden {shape['hidden']}, {shape['layers']} layers, batch {shape['batch']}, "
                           f"sequence {shape['seq']}; compile mode {cmode}", ""]
-                lines += table_markdown(t, cuda, footnotes) + [""]
+                lines += table_markdown(t, cuda, footnotes, older) + [""]
                 for mode, g in t.geomeans().items():
                     c, w = g.get("coil/inductor"), g.get("coil/inductor wall")
                     few = sorted(m for (m, md), row in t.rows.items() if md == mode and short_rounds(row)

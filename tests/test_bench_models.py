@@ -185,3 +185,58 @@ def test_warm_up_compiles_in_other_processes_and_the_run_finds_the_cache(tmp_pat
     eager = next(r for r in records if r["variant"] == "eager")
     assert "cold_first_call_s" not in eager
     assert "cold first call s I / c" in (tmp_path / "w.md").read_text()
+
+
+def test_source_id_follows_the_code(tmp_path: Path) -> None:
+    """bench.models.source_id: the same files give the same id, a changed byte or
+    a renamed file another; compiled caches do not count."""
+    from bench.models import coil_source, source_id
+
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.py").write_text("x = 1\n")
+    (root / "sub" / "k.h").write_text("int k;\n")
+    first = source_id([("pkg", root)])
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (root / "notes.txt").write_text("not source\n")
+    assert source_id([("pkg", root)]) == first
+    (root / "a.py").write_text("x = 2\n")
+    assert source_id([("pkg", root)]) != first
+    (root / "a.py").write_text("x = 1\n")
+    assert source_id([("pkg", root)]) == first
+    (root / "a.py").rename(root / "b.py")
+    assert source_id([("pkg", root)]) != first
+    assert len(coil_source()) == 12 and coil_source() == coil_source()
+
+
+def test_resume_measures_again_what_another_coil_measured(tmp_path: Path) -> None:
+    """A record measured with another coil_source is not taken as done by
+    --resume; a merged file marks the rows of an older source."""
+    from bench.models_report import Writer
+
+    base = ["--suite", "models", "--device", "cpu", "--size", "tiny", "--only", "bert", "--variants", "eager",
+            "--rounds", "1", "--threads", "1", "--out", str(tmp_path), "--name", "r", "--mode", "infer"]
+    assert main(base) == 0
+    path = tmp_path / "r.json"
+    (first,) = json.loads(path.read_text())
+    assert first["coil_source"]
+    path.write_text(json.dumps([dict(first, coil_source="0123456789ab", started="earlier")]))
+    assert main([*base, "--resume"]) == 0
+    (again,) = json.loads(path.read_text())
+    assert again["coil_source"] == first["coil_source"] and again["started"] != "earlier"
+
+    info = {"device": "cpu", "device_name": "x", "torch": "t", "triton": "t", "transformers": "t", "python": "p",
+            "coil_target": "cpp", "dtype": "float32", "threads": 1, "rounds": 1, "started": "b",
+            "coil_source": "new"}
+    w = Writer(tmp_path, "m", info, [], ("default",))
+    for model, source in (("gpt2", "old"), ("bert", "new")):
+        for variant in ("eager", "coil"):
+            r = w.new_record(model=model, size="cpu", mode="infer", compile_mode="default", variant=variant,
+                             batch=2, seq=64, hidden=128, layers=2)
+            r.update(status="ref" if variant == "eager" else "ok", ms=1.0, kernels=3, coil_source=source)
+    w.write()
+    md = (tmp_path / "m.md").read_text()
+    gpt2, bert = (next(ln for ln in md.splitlines() if ln.startswith(f"| **{m}**")) for m in ("gpt2", "bert"))
+    assert gpt2.endswith("ok (older coil) |") and bert.endswith("ok |"), md
+    assert "measured with another version of coil's source than the last run's (new" in md
