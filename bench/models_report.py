@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,16 @@ class Table:
             return float(ra[field]) / float(rb[field])
         return None
 
+    def round_ratios(self, row: dict[str, dict[str, Any]], a: str, b: str) -> list[float] | None:
+        """a's time over b's in each timing round: the rounds are interleaved (each
+        times every variant once, one after another), so each ratio pairs two times
+        taken under the same load.  None unless both passed with the same rounds."""
+        ra, rb = row.get(a, {}), row.get(b, {})
+        xa, xb = ra.get("ms_rounds"), rb.get("ms_rounds")
+        if ra.get("status") not in OK or rb.get("status") not in OK or not xa or not xb or len(xa) != len(xb):
+            return None
+        return [float(x) / float(y) for x, y in zip(xa, xb) if x and y] or None
+
     @property
     def has_wall(self) -> bool:
         """Whether any record has the back-to-back wall time (CUDA runs since it was added)."""
@@ -74,6 +85,10 @@ class Table:
                           if (r := self.ratio(row, a, "inductor", field)) is not None]
                     if rs:
                         out.setdefault(mode, {})[f"{a}/inductor{suffix}"] = {"geomean": geomean(rs), "n": len(rs)}
+            paired = [statistics.median(rr) for (_, m), row in self.rows.items() if m == mode
+                      if (rr := self.round_ratios(row, "coil", "inductor"))]
+            if paired:
+                out.setdefault(mode, {})["coil/inductor by round"] = {"geomean": geomean(paired), "n": len(paired)}
         return out
 
 
@@ -90,6 +105,12 @@ def _num(x: Any, spec: str) -> str:
 
 def _triple(row: dict[str, dict[str, Any]], field: str, spec: str) -> str:
     return " / ".join(_num(row.get(v, {}).get(field), spec) for v in VARIANT_ORDER)
+
+
+def _by_round(ratios: list[float] | None) -> str:
+    if not ratios:
+        return "-"
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _check(row: dict[str, dict[str, Any]], notes: list[str]) -> str:
@@ -128,7 +149,8 @@ def short_rounds(row: dict[str, dict[str, Any]]) -> tuple[int, int] | None:
 
 def table_markdown(t: Table, cuda: bool, notes: list[str], older: frozenset[Any] | set[Any] = frozenset()) -> list[str]:
     wall = cuda and t.has_wall
-    head = ["model", "step", "eager ms", "Inductor ms", "coil ms", "coil/Ind", "eager/Ind"]
+    head = ["model", "step", "eager ms", "Inductor ms", "coil ms", "coil/Ind", "by round: median (range)",
+            "eager/Ind"]
     if wall:
         head += ["wall ms e / I / c", "wall coil/Ind"]
     head += ["kernels e / I / c"]
@@ -140,7 +162,8 @@ def table_markdown(t: Table, cuda: bool, notes: list[str], older: frozenset[Any]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "--:|" * (len(head) - 3) + "---|"]
     for (model, mode), row in t.rows.items():
         cells = [f"**{model}**", mode, _ms(row.get("eager")), _ms(row.get("inductor")), _ms(row.get("coil")),
-                 _num(t.ratio(row, "coil", "inductor"), ".2f"), _num(t.ratio(row, "eager", "inductor"), ".2f")]
+                 _num(t.ratio(row, "coil", "inductor"), ".2f"), _by_round(t.round_ratios(row, "coil", "inductor")),
+                 _num(t.ratio(row, "eager", "inductor"), ".2f")]
         if wall:
             cells += [" / ".join(_ms(row.get(v), "wall_ms") or "-" for v in VARIANT_ORDER),
                       _num(t.ratio(row, "coil", "inductor", "wall_ms"), ".2f")]
@@ -158,8 +181,9 @@ def table_markdown(t: Table, cuda: bool, notes: list[str], older: frozenset[Any]
     width = len(head)
     for mode, g in t.geomeans().items():
         c, e = g.get("coil/inductor"), g.get("eager/inductor")
+        p = g.get("coil/inductor by round")
         cells = [f"**geomean {mode}**", f"({c['n'] if c else 0})", "", "", "", _num(c and c["geomean"], ".2f"),
-                 _num(e and e["geomean"], ".2f")]
+                 _num(p and p["geomean"], ".2f"), _num(e and e["geomean"], ".2f")]
         if wall:
             w = g.get("coil/inductor wall")
             cells += ["", _num(w and w["geomean"], ".2f")]
@@ -237,7 +261,9 @@ class Writer:
                          + (" and `load_average` how busy the machine was" if not cuda else ""))
         lines += [f"- {n}" for n in notes] + [""]
         lines += ["Times are the median over the rounds of each round's median (interleaved); ratios and "
-                  "geomeans count only rows where both sides passed the check. Columns e / I / c: eager, Inductor, "
+                  "geomeans count only rows where both sides passed the check. `by round` pairs the two "
+                  "compilers' times of each round (taken one after the other, under the same load): the median "
+                  "of those ratios and their range, which shows how far the host's drift moves a row. Columns e / I / c: eager, Inductor, "
                   "coil. See bench/README.md for how kernels, GPU kernel time and peak memory are measured."
                   + (" On CUDA `ms` is do_bench's (L2 flushed, CUDA events around each call); `wall ms` is steps "
                      "run back to back with one sync, a training loop's steady state." if cuda else ""), ""]
@@ -255,13 +281,15 @@ class Writer:
                           f"sequence {shape['seq']}; compile mode {cmode}", ""]
                 lines += table_markdown(t, cuda, footnotes, older) + [""]
                 for mode, g in t.geomeans().items():
-                    c, w = g.get("coil/inductor"), g.get("coil/inductor wall")
+                    c, w, p = g.get("coil/inductor"), g.get("coil/inductor wall"), g.get("coil/inductor by round")
                     few = sorted(m for (m, md), row in t.rows.items() if md == mode and short_rounds(row)
                                  and t.ratio(row, "coil", "inductor") is not None)
                     if c:
                         summary.append(f"- {size}, {cmode}, {mode}: coil/Inductor {c['geomean']:.2f} "
                                        f"over {c['n']} models" + (f"; by back-to-back wall time {w['geomean']:.2f} "
                                                                   f"over {w['n']}" if w else "")
+                                       + (f"; by round (each row's median of its rounds' ratios) "
+                                          f"{p['geomean']:.2f}" if p else "")
                                        + (f" ({', '.join(few)} timed in fewer rounds: the time budget ran out)"
                                           if few else ""))
         if summary:

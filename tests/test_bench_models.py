@@ -65,7 +65,7 @@ def test_merge_keeps_what_a_run_does_not_measure_again(tmp_path: Path) -> None:
     assert len(records) == 6
     assert [r["ms"] for r in records if r["model"] == "bert" and r["variant"] == "coil"] == [2.0]
     md = (tmp_path / "m.md").read_text()
-    assert "from 2 runs" in md and "| **geomean infer** | (2) |  |  |  | 1.00 | 2.00 |" in md
+    assert "from 2 runs" in md and "| **geomean infer** | (2) |  |  |  | 1.00 | - | 2.00 |" in md
 
 
 def test_cuda_tables_show_the_back_to_back_wall_time_beside_do_bench(tmp_path: Path) -> None:
@@ -88,9 +88,9 @@ def test_cuda_tables_show_the_back_to_back_wall_time_beside_do_bench(tmp_path: P
     w.write()
     md = (tmp_path / "g.md").read_text()
     assert "| wall ms e / I / c | wall coil/Ind |" in md
-    assert "| **gpt2** | train | 9 | 2.2 | 2.6 | 1.18 | 4.09 | 9 / 1.9 / 1.8 | 0.95 |" in md
-    assert "| **bert** | train | 9 | 2 | 2 | 1.00 | 4.50 | - / - / - | - |" in md
-    assert "| **geomean train** | (2) |  |  |  | 1.09 | 4.29 |  | 0.95 |" in md
+    assert "| **gpt2** | train | 9 | 2.2 | 2.6 | 1.18 | - | 4.09 | 9 / 1.9 / 1.8 | 0.95 |" in md
+    assert "| **bert** | train | 9 | 2 | 2 | 1.00 | - | 4.50 | - / - / - | - |" in md
+    assert "| **geomean train** | (2) |  |  |  | 1.09 | - | 4.29 |  | 0.95 |" in md
     assert "coil/Inductor 1.09 over 2 models; by back-to-back wall time 0.95 over 1" in md
 
 
@@ -114,7 +114,8 @@ def test_rows_the_budget_cut_short_say_how_many_rounds_they_had(tmp_path: Path) 
     vit = next(line for line in md.splitlines() if line.startswith("| **vit**"))
     gpt2 = next(line for line in md.splitlines() if line.startswith("| **gpt2**"))
     assert vit.endswith("| ok (1 of 9 rounds: the time budget ran out) |") and gpt2.endswith("| ok |")
-    assert "over 2 models (vit timed in fewer rounds: the time budget ran out)" in md
+    assert "over 2 models; by round (each row's median of its rounds' ratios) 1.25 (vit timed in fewer rounds: " \
+        "the time budget ran out)" in md
 
 
 def test_back_to_back_time_is_the_wall_time_of_a_loop() -> None:
@@ -240,3 +241,23 @@ def test_resume_measures_again_what_another_coil_measured(tmp_path: Path) -> Non
     gpt2, bert = (next(ln for ln in md.splitlines() if ln.startswith(f"| **{m}**")) for m in ("gpt2", "bert"))
     assert gpt2.endswith("ok (older coil) |") and bert.endswith("ok |"), md
     assert "measured with another version of coil's source than the last run's (new" in md
+
+
+def test_rows_show_the_ratio_of_each_round(tmp_path: Path) -> None:
+    """`by round`: coil's time over Inductor's in each interleaved round, their
+    median and range, and the geomean of the medians."""
+    from bench.models_report import Writer
+
+    info = {"device": "cpu", "device_name": "x", "torch": "t", "triton": "t", "transformers": "t", "python": "p",
+            "coil_target": "cpp", "dtype": "float32", "threads": 1, "rounds": 3, "started": "a"}
+    w = Writer(tmp_path, "m", info, [], ("default",))
+    for variant, rounds in (("eager", [3.0, 3.0, 3.0]), ("inductor", [1.0, 2.0, 1.0]), ("coil", [0.9, 2.2, 0.8])):
+        r = w.new_record(model="gpt2", size="cpu", mode="infer", compile_mode="default", variant=variant, batch=2,
+                         seq=64, hidden=128, layers=2)
+        r.update(status="ref" if variant == "eager" else "ok", ms=sorted(rounds)[1], ms_rounds=rounds, kernels=3)
+    w.write()
+    md = (tmp_path / "m.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| **gpt2**"))
+    assert "| 0.90 | 0.90 (0.80-1.10) |" in row, row  # the ratio of medians: 0.9 / 1.0
+    assert "| **geomean infer** | (1) |  |  |  | 0.90 | 0.90 | 3.00 |" in md, md
+    assert "by round (each row's median of its rounds' ratios) 0.90" in md
