@@ -26,7 +26,6 @@ import argparse
 import copy
 import datetime
 import gc
-import hashlib
 import math
 import os
 import platform
@@ -518,37 +517,13 @@ def _versions() -> dict[str, str]:
     return out
 
 
-SOURCE_SUFFIXES = (".py", ".h", ".hpp", ".c", ".cpp")
-
-
-def source_id(roots: Sequence[tuple[str, Path]]) -> str:
-    """A fingerprint of the code under each (name, folder): the sha256 of every
-    source file's path (from its root's name) and bytes, in sorted order, cut to 12
-    hex digits.  The device's copy of the repository is a `git archive` (no commit
-    to read), so records carry this instead."""
-    h = hashlib.sha256()
-    for name, root in sorted(roots):
-        for f in sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts):
-            h.update(f"{name}/{f.relative_to(root).as_posix()}\0".encode())
-            h.update(f.read_bytes())
-            h.update(b"\0")
-    return h.hexdigest()[:12]
-
-
 def coil_source() -> str:
-    """source_id of coil's packages (coil, and its ir, passes and backends, which may
-    lie in other folders): two records with one coil_source were measured with the
-    same compiler."""
-    import importlib
+    """The version of coil's source a record was measured with: the graph cache's
+    hash of coil's files, cut to 12 hex digits (the device gets a `git archive`,
+    with no commit to read)."""
+    from coil.graph_cache import coil_source_hash
 
-    roots = []
-    for pkg in ("coil", "coil.ir", "coil.passes", "coil.backends"):
-        file = getattr(importlib.import_module(pkg), "__file__", None)
-        if file is not None:
-            roots.append((pkg, Path(file).parent))
-    # coil's own folder holds the others where they are subfolders of it: each file once
-    nested = {r for _, r in roots}
-    return source_id([(n, r) for n, r in roots if n == "coil" or not any(r != o and o in r.parents for o in nested)])
+    return coil_source_hash()[:12]
 
 
 def run(cfg: Config) -> Writer:
