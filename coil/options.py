@@ -224,7 +224,7 @@ class TargetTraits:
     # a kernel reads each tensor argument by its data pointer alone (Triton's launcher,
     # the C++ target's fastcall), so a view that only kernels read, at its base's
     # offset and in its dtype, is passed as its base: no view is made on each call
-    # (passes/wrap.py, kernel_only_views); the reference target's kernels read shapes
+    # (passes/wrap.py, views_as_base); the reference target's kernels read shapes
     pointer_arguments: bool = False
 
 
