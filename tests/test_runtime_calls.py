@@ -1,7 +1,10 @@
-"""How output_code.py calls its externs (backends/runtime.py, `aten_op`): a
-default overload in DIRECT_BINDINGS through torch's own function (unboxed, 3.5 µs
-less a convolution), every other overload through its C++ entry point.  The
-function must call that very overload with the arguments the wrapper passes."""
+"""The host path of output_code.py's calls.  Externs (backends/runtime.py,
+`aten_op`): a default overload in DIRECT_BINDINGS through torch's own function
+(unboxed, 3.5 µs less a convolution), every other overload through its C++ entry
+point; the function must call that very overload with the arguments the wrapper
+passes.  Views (passes/wrap.py, `views_as_base`): in a channels-last conv net the
+in-place results and the convolutions' inputs are their base's tensors, no view
+made on each call."""
 
 from __future__ import annotations
 
