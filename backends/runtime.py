@@ -169,9 +169,9 @@ class CompiledFn:
         self.constants = tuple(i.value for i in bg.inputs if i.value is not None)
         self._tokens = frozenset(i.name for i in bg.inputs if i.token)
         self._restrided: set[str] = set()
-        from coil.backends.wrapper import indexed_by_layout
+        from coil.ir.wrapper import indexed_by_layout
 
-        self._indexed = indexed_by_layout(module.program)
+        self._indexed = indexed_by_layout(module.program.lines)
         # what a matching input looks like, compared field by field on each call
         # (building a Layout per input per call cost more than a small kernel)
         # `taken`: what else `check` takes as it is, so it need not run on every call:

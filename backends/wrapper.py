@@ -28,6 +28,7 @@ from coil.ir.wrapper import (
     Return,
     Reuse,
     WrapperProgram,
+    indexed_by_layout,
 )
 from coil.options import Options
 
@@ -61,20 +62,6 @@ def owns_storage(program: WrapperProgram, name: str) -> bool:
     if isinstance(b, ComputedBuffer):
         return True
     return isinstance(b, ExternBuffer) and b.layout is not None and not returns_alias(b.kernel)
-
-
-def indexed_by_layout(program: WrapperProgram) -> frozenset[str]:
-    """Names whose compile-time layout matters at run time: read by a coil kernel
-    (which indexes storage by that layout) or viewed through a ReinterpretView.
-    Everything else (a tensor passed from extern to extern, or returned) keeps the
-    strides its aten kernel gave it, as in eager."""
-    out: set[str] = set()
-    for ln in program.lines:
-        if isinstance(ln, KernelCall):
-            out.update(ln.args)
-        elif isinstance(ln, ReinterpretView):
-            out.add(ln.base)
-    return frozenset(out)
 
 
 # matmuls: aten makes their result with at::empty of its size (contiguous), on every
@@ -135,7 +122,7 @@ def render_call(program: WrapperProgram, backend: KernelBackend, options: Option
 def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options) -> list[str]:
     """call's lines after `args.clear()`, each indented one level."""
     out: list[str] = []
-    indexed = indexed_by_layout(program)
+    indexed = indexed_by_layout(program.lines)
     # optional backend hook: the CUDA device current while `call` runs (its device guard's)
     guard_device = getattr(backend, "guard_device", None)
     cuda_guard = guard_device(program) if guard_device is not None else None

@@ -24,8 +24,6 @@ with itself.
 
 from __future__ import annotations
 
-from typing import Any
-
 import sympy
 
 from coil.errors import CoilError
@@ -243,6 +241,9 @@ def check_indirect_reads(w: WrapperProgram) -> None:
 
 def check_views_as_base(w: WrapperProgram) -> None:
     bg = w.buffer_graph
+    # the storage offset of each name's tensor as the wrapper makes it: a view's own over
+    # coil's storage, 0 for what coil allocates
+    placed = {ln.name: ln.layout.offset for ln in w.lines if isinstance(ln, ReinterpretView) and ln.base_offset is None}
     root: dict[str, str] = {}  # an as_base name -> the name whose tensor it is
     for k, ln in enumerate(w.lines):
         if isinstance(ln, (ReinterpretView, Reuse)) and ln.as_base:
@@ -251,30 +252,17 @@ def check_views_as_base(w: WrapperProgram) -> None:
                 raise InvariantError(f"line {k}: {name} is bound to its base {base}, which coil did not place")
             if ln.layout.dtype != bg.layout(base).dtype:
                 raise InvariantError(f"line {k}: {name} is bound to its base {base} of another dtype")
-            if isinstance(ln, ReinterpretView) and ln.layout.offset != _planned_offset(w, base):
+            if isinstance(ln, ReinterpretView) and ln.layout.offset != placed.get(base, 0):
                 raise InvariantError(f"line {k}: {name} is bound to its base {base} at another offset")
             root[name] = root.get(base, base)
         elif isinstance(ln, (ExternCall, MultiOutputLine, Reuse)):
             for used in _line_uses(ln):
-                if used in root and _shape(bg.layout(used)) != _shape(bg.layout(root[used])):
+                if used in root and bg.layout(used) != bg.layout(root[used]):
                     raise InvariantError(f"line {k}: {used} is read as a tensor, bound to {root[used]}'s "
                                          "of another layout")
     returned = {n for n in bg.outputs if n is not None} & set(root)
     if returned:
         raise InvariantError(f"returned names bound to their base's tensor: {sorted(returned)}")
-
-
-def _planned_offset(w: WrapperProgram, name: str) -> object:
-    """The storage offset of `name`'s tensor as the wrapper makes it: 0 for what
-    coil allocates, a view's own over coil's storage."""
-    for ln in w.lines:
-        if isinstance(ln, ReinterpretView) and ln.name == name and ln.base_offset is None:
-            return ln.layout.offset
-    return 0
-
-
-def _shape(layout: Any) -> tuple[object, ...]:
-    return (tuple(layout.size), tuple(layout.stride), layout.offset, layout.dtype)
 
 
 def check_all(w: WrapperProgram) -> None:

@@ -153,3 +153,18 @@ class WrapperProgram(ExtendsKernelProgram, PlanKernels):
     inputs: tuple[str, ...]  # the names `call` unpacks from its args (buffer_graph.inputs: their buffers)
     lines: tuple[Line, ...]
     kernel_program: KernelProgram  # the link to the earlier accessors (ir/_delegate.py)
+
+
+def indexed_by_layout(lines: Any) -> frozenset[str]:
+    """Names whose compile-time layout matters at run time: read by a coil kernel
+    (which indexes storage by that layout) or viewed through a ReinterpretView.
+    Everything else (a tensor passed from extern to extern, or returned) keeps the
+    strides its aten kernel gave it, as in eager; an extern's result in this set is
+    held to its planned layout after the call (backends/wrapper.py, _ensure_layout)."""
+    out: set[str] = set()
+    for ln in lines:
+        if isinstance(ln, KernelCall):
+            out.update(ln.args)
+        elif isinstance(ln, ReinterpretView):
+            out.add(ln.base)
+    return frozenset(out)

@@ -7,7 +7,7 @@ Reuse takes the storage)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import attrs
 import sympy
@@ -16,6 +16,7 @@ from coil.errors import CoilError
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.fused import ExternStep, FusedKernel, NopStep
 from coil.ir.kernel import KernelProgram
+from coil.ir.layout import Layout
 from coil.ir.lowered import extern_tensor_names, returns_alias
 from coil.ir.wrapper import (
     Alloc,
@@ -30,6 +31,7 @@ from coil.ir.wrapper import (
     Return,
     Reuse,
     WrapperProgram,
+    indexed_by_layout,
 )
 from coil.ir.shapes import free_size_symbols, is_unbacked_symbol
 from coil.options import Options
@@ -167,33 +169,28 @@ def views_as_base(lines: Sequence[Line], program: KernelProgram, options: Option
                 case MultiOutputLine():
                     read.add(ln.extern)
         kernels_only -= read
-    # what kernels index or views view: an extern's result read so has the layout planned
-    # for it on every call (the wrapper holds it there: backends/wrapper.py, _ensure_layout)
-    indexed = {a for ln in lines if isinstance(ln, KernelCall) for a in ln.args} | {
-        ln.base for ln in lines if isinstance(ln, ReinterpretView)}
-    # the layout of the tensor each name is bound to, where it is known: (size, stride, offset, dtype)
-    held: dict[str, tuple[object, ...]] = {}
+    # an extern's result that kernels index or views view has its planned layout on every call
+    indexed = indexed_by_layout(lines)
+    # the layout of the tensor each name is bound to at run time, where it is known
+    held: dict[str, Layout] = {}
     out = set(kernels_only)
     for ln in lines:
         match ln:
             case Alloc():
-                held[ln.name] = _held(ln.layout, 0)
+                held[ln.name] = attrs.evolve(ln.layout, offset=0)
             case ExternCall() if ln.name in indexed and not ln.mutated and not returns_alias(ln.kernel):
                 if (lay := bg.layout(ln.name)) is not None:  # a fresh tensor of aten's, at offset 0
-                    held[ln.name] = _held(lay, 0)
+                    held[ln.name] = attrs.evolve(lay, offset=0)
             case Reuse() if ln.old in held:
-                same = (ln.layout.size, ln.layout.stride) == (bg.layout(ln.old).size, bg.layout(ln.old).stride)
-                held[ln.new] = held[ln.old] if same or ln.new in out else _held(ln.layout, held[ln.old][2])
+                old = bg.layout(ln.old)
+                same = (ln.layout.size, ln.layout.stride) == (old.size, old.stride)
+                held[ln.new] = held[ln.old] if same or ln.new in out else attrs.evolve(
+                    ln.layout, offset=held[ln.old].offset)
             case ReinterpretView() if ln.base_offset is None and not ln.as_view and ln.base in held:
-                mine = _held(ln.layout, ln.layout.offset)
-                if ln.name not in out and ln.name not in returned and held[ln.base] == mine:
+                if ln.name not in out and ln.name not in returned and held[ln.base] == ln.layout:
                     out.add(ln.name)
-                held[ln.name] = held[ln.base] if ln.name in out else mine
+                held[ln.name] = held[ln.base] if ln.name in out else ln.layout
     return frozenset(out)
-
-
-def _held(layout: Any, offset: object) -> tuple[object, ...]:
-    return (tuple(layout.size), tuple(layout.stride), offset, layout.dtype)
 
 
 def binds(bg: BufferGraph) -> tuple[Bind, ...]:
