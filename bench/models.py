@@ -78,6 +78,8 @@ class Config:
     resume: bool
     # compile every case in this many processes at once before the timed run (warm_up)
     warm_jobs: int = 0
+    # warm up and then measure this many cases at a time (0: all of them first)
+    warm_chunk: int = 0
 
 
 def _names(items: Sequence[str]) -> tuple[str, ...]:
@@ -117,9 +119,13 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                    help="first compile every case in this many processes at once, into the run's caches, so "
                         "that the timed run's compiles hit them (its first call is then warm; each variant's "
                         "cold first call, taken under the warm-up's parallel load, is `cold_first_call_s`)")
+    p.add_argument("--warm-chunk", type=int, default=0,
+                   help="with --warm-jobs: warm up this many cases, measure them, then the next ones (so that a run "
+                        "that --budget-s stops early has not compiled cases it never measures; default 0: every "
+                        "case first)")
     a = p.parse_args(argv)
-    if a.warm_jobs < 0:
-        p.error("--warm-jobs must be at least 0")
+    if a.warm_jobs < 0 or a.warm_chunk < 0:
+        p.error("--warm-jobs and --warm-chunk must be at least 0")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     size = a.size or ("both" if device == "cuda" else "cpu")
     sizes = ("small", "large") if size == "both" else (size,)
@@ -141,7 +147,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     rounds = a.rounds or (9 if device == "cuda" else 3)
     dtype = a.dtype or ("bfloat16" if device == "cuda" else "float32")
     return Config(sizes, only, modes, compile_modes, ("eager", *(v for v in variants if v != "eager")), device, dtype, a.target, rounds, a.budget_s, a.threads, a.out,
-                  a.name, a.merge or a.resume, a.resume, a.warm_jobs)
+                  a.name, a.merge or a.resume, a.resume, a.warm_jobs, a.warm_chunk)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -257,7 +263,9 @@ def prepare(variant: str, compile_mode: str, case: Case, model: torch.nn.Module,
             want: Expected, device: torch.device, target: str, cfg: Config, rec: dict[str, Any]) -> Prepared:
     """Compile a copy of the model, run and check its first step, warm it up,
     count its kernels and take its peak memory."""
+    t_copy = time.perf_counter()
     own = copy.deepcopy(model)  # its own parameters: a training step writes .grad, BatchNorm its statistics
+    rec["phases_s"] = {"copy": round(time.perf_counter() - t_copy, 2)}
     f = compile_model(variant, compile_mode, own, target, cfg.threads)
     graphs = compile_mode == "reduce-overhead"
     cap, counts = Capture(), Counts()
@@ -290,14 +298,19 @@ def prepare(variant: str, compile_mode: str, case: Case, model: torch.nn.Module,
             _status(rec, "ok")
     del got
     call = step_call(f, own, inputs, case.mode, graphs)
+    phases = rec.setdefault("phases_s", {})
+    t0 = time.perf_counter()
     warm = memory.cuda_peak_over(lambda: [call() for _ in range(3)]) if device.type == "cuda" else None
     if warm is None:
         for _ in range(2):
             call()
     else:
         rec["peak_warmup_mib"] = _mib(warm)
+    t1 = time.perf_counter()
     _kernels(variant, call, cap, device, rec)
+    t2 = time.perf_counter()
     rec["peak_mib"] = _mib(memory.peak_bytes(call, device))
+    phases.update(warm=round(t1 - t0, 2), kernels=round(t2 - t1, 2), peak=round(time.perf_counter() - t2, 2))
     return Prepared(call, lambda: check_call(f, inputs, case.mode, graphs))
 
 
@@ -352,9 +365,14 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
     calls: dict[str, Callable[[], Any]] = {}
     checks: dict[str, Callable[[], dict[str, Any]]] = {}
     keys: dict[str, tuple[str, str]] = {}
+    # where the case's device time went (bench/README.md: phases_s), to plan runs by
+    spent: dict[str, float] = {}
+    t0 = time.perf_counter()
     try:
         model, inputs = make_case(case.name, case.mode, str(device), size=case.size, dtype=dtype)
+        spent["build"] = time.perf_counter() - t0
         want = expected(model, inputs, case.mode)
+        spent["reference"] = time.perf_counter() - t0 - spent["build"]
     except Exception as e:  # noqa: BLE001 - recorded, never fatal
         for rec in recs.values():
             _status(rec, "error", f"eager reference: {_error(e)}")
@@ -362,6 +380,7 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
         writer.write()
         return
     torch._dynamo.reset()
+    t0 = time.perf_counter()
     try:
         for (variant, cmode), rec in recs.items():
             key = variant if cmode == "default" else f"{variant}/{cmode}"
@@ -377,6 +396,8 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
                 continue
             keys[key] = (variant, cmode)
             calls[key], checks[key] = prepared.call, prepared.check
+        spent["prepare"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         while calls:
             try:
                 # a case once started is timed in all its rounds: the budget decides which cases
@@ -388,6 +409,8 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
                 del calls[e.variant]
         else:
             times = {}
+        spent["timing"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         for key in calls:
             rec = recs[keys[key]]
             ms = [t.median_s * 1e3 for t in times[key]]
@@ -412,10 +435,15 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
                 continue
             if late and rec["status"] == "ok":
                 _status(rec, "mismatch", f"{key} on {case.name} {case.mode}, after timing: {late}")
+        spent["late_check"] = time.perf_counter() - t0
     finally:
         calls.clear()
         checks.clear()
+        t0 = time.perf_counter()
         _cleanup(device)
+        spent["cleanup"] = time.perf_counter() - t0
+        for rec in recs.values():
+            rec["case_phases_s"] = {k: round(v, 2) for k, v in spent.items()}
         writer.write()
     for (variant, cmode), rec in recs.items():
         shown = f"{rec['ms']:.3f} ms" if rec.get("ms") is not None else (rec.get("error") or "")[:120]
@@ -575,8 +603,16 @@ def run(cfg: Config) -> Writer:
         print(f"[models] {len(cases)} cases to run", file=sys.stderr, flush=True)
         writer.write()
         load0 = os.getloadavg()
-        cold = warm_up(cases, cfg, target, deadline)
-        for case in cases:
-            measure_case(case, cfg, device, target, deadline, writer, cold)
+        chunk = cfg.warm_chunk or max(len(cases), 1)
+        warm_s = 0.0
+        for at in range(0, len(cases), chunk):
+            part = cases[at:at + chunk]
+            t0 = time.monotonic()
+            # a chunk past the budget is not warmed: its cases are only marked skipped
+            cold = warm_up(part, cfg, target, deadline) if time.monotonic() < deadline else {}
+            warm_s += time.monotonic() - t0
+            writer.run_info["warm_up_s"] = round(warm_s, 1)
+            for case in part:
+                measure_case(case, cfg, device, target, deadline, writer, cold)
         writer.finish(time.monotonic() - start, load0, os.getloadavg())
     return writer

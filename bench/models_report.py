@@ -246,7 +246,9 @@ class Writer:
                   + (f"; threads {info['threads']}" if not cuda else "") + f"; {last}"
                   + (f"load average {info['load_average_start']:.1f} at the start, "
                      f"{info['load_average_end']:.1f} at the end, " if "load_average_end" in info and not cuda else "")
-                  + f"{info['started']}" + (f", {info['elapsed_s']:.0f} s." if "elapsed_s" in info else ".")),
+                  + f"{info['started']}" + (f", {info['elapsed_s']:.0f} s" if "elapsed_s" in info else "")
+                  + (f" ({info['warm_up_s']:.0f} s of them the warm-up's parallel compiles)." if "warm_up_s" in info
+                     and "elapsed_s" in info else ".")),
                  ""]
         notes = list(self.notes)
         latest = info.get("coil_source")

@@ -173,19 +173,26 @@ def test_errors_keep_the_ops_own_message() -> None:
 def test_warm_up_compiles_in_other_processes_and_the_run_finds_the_cache(tmp_path: Path) -> None:
     """--warm-jobs: the cases compile first in spawned processes, into the run's
     caches; the timed run then loads coil's graphs from coil's graph cache (none
-    compiled again) and records each variant's cold first call from the warm-up."""
-    argv = ["--suite", "models", "--device", "cpu", "--size", "tiny", "--only", "bert", "--variants", "eager,coil",
-            "--mode", "infer", "--rounds", "1", "--threads", "1", "--out", str(tmp_path), "--name", "w",
-            "--warm-jobs", "2"]
+    compiled again) and records each variant's cold first call from the warm-up.
+    With --warm-chunk 1 each case is warmed just before it is measured, and every
+    record says where its case's time went."""
+    argv = ["--suite", "models", "--device", "cpu", "--size", "tiny", "--only", "bert,gpt2", "--variants",
+            "eager,coil", "--mode", "infer", "--rounds", "1", "--threads", "1", "--out", str(tmp_path), "--name", "w",
+            "--warm-jobs", "2", "--warm-chunk", "1"]
     assert main(argv) == 0
     records = json.loads((tmp_path / "w.json").read_text())
-    coil = next(r for r in records if r["variant"] == "coil")
-    assert coil["status"] == "ok", coil.get("error") or coil.get("mismatch")
-    assert coil["cold_first_call_s"] > 0 and "warm_up_error" not in coil
-    assert coil["coil_graphs"] >= 1 and coil["coil_graphs_cached"] == coil["coil_graphs"]
+    assert {r["model"] for r in records} == {"bert", "gpt2"}
+    for coil in (r for r in records if r["variant"] == "coil"):
+        assert coil["status"] == "ok", coil.get("error") or coil.get("mismatch")
+        assert coil["cold_first_call_s"] > 0 and "warm_up_error" not in coil
+        assert coil["coil_graphs"] >= 1 and coil["coil_graphs_cached"] == coil["coil_graphs"]
+        assert set(coil["phases_s"]) == {"copy", "warm", "kernels", "peak"}
+        assert {"build", "reference", "prepare", "timing", "late_check", "cleanup"} == set(coil["case_phases_s"])
+        assert all(v >= 0 for v in (*coil["phases_s"].values(), *coil["case_phases_s"].values()))
     eager = next(r for r in records if r["variant"] == "eager")
     assert "cold_first_call_s" not in eager
-    assert "cold first call s I / c" in (tmp_path / "w.md").read_text()
+    md = (tmp_path / "w.md").read_text()
+    assert "cold first call s I / c" in md and "warm-up" in md
 
 
 def test_resume_measures_again_what_another_coil_measured(tmp_path: Path) -> None:
