@@ -195,6 +195,23 @@ def test_warm_up_compiles_in_other_processes_and_the_run_finds_the_cache(tmp_pat
     assert "cold first call s I / c" in md and "warm-up" in md
 
 
+def test_warm_up_compiles_a_compilers_modes_in_one_process() -> None:
+    """reduce-overhead compiles the default mode's graphs: one warm-up job a case
+    and compiler compiles both modes in order, so the second finds the first's
+    graphs cached instead of compiling them cold beside it."""
+    from bench.hf_models import SIZES
+    from bench.models import VARIANTS, Case, warm_jobs
+
+    cases = [Case(name, SIZES["tiny"], mode, {k: {} for k in VARIANTS}) for name, mode in (("bert", "infer"),
+                                                                                           ("gpt2", "train"))]
+    assert warm_jobs(cases) == [
+        ("bert", SIZES["tiny"], "infer", (("inductor", "default"), ("inductor", "reduce-overhead"))),
+        ("bert", SIZES["tiny"], "infer", (("coil", "default"), ("coil", "reduce-overhead"))),
+        ("gpt2", SIZES["tiny"], "train", (("inductor", "default"), ("inductor", "reduce-overhead"))),
+        ("gpt2", SIZES["tiny"], "train", (("coil", "default"), ("coil", "reduce-overhead"))),
+    ]
+
+
 def test_resume_measures_again_what_another_coil_measured(tmp_path: Path) -> None:
     """A record measured with another coil_source is not taken as done by
     --resume; a merged file marks the rows of an older source."""
