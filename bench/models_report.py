@@ -220,8 +220,19 @@ class Writer:
         return rec
 
     def all_records(self) -> list[dict[str, Any]]:
-        mine = {record_key(r) for r in self.records}
-        return sorted([r for r in self.kept if record_key(r) not in mine] + self.records, key=_order)
+        """This run's records and the kept ones it does not replace (by model,
+        size, step, compile mode and variant).  A case (model, size, step) this run
+        planned but measured nothing of (every record still pending, or skipped by
+        the budget) keeps the existing file's records of it: a resumed run that the
+        budget stops before a case loses nothing."""
+        def case(r: dict[str, Any]) -> tuple[str, str, str]:
+            return r["model"], r["size"], r["mode"]
+
+        measured = {case(r) for r in self.records if r.get("status") not in ("pending", "skipped")}
+        kept_cases = {case(r) for r in self.kept}
+        mine = [r for r in self.records if case(r) in measured or case(r) not in kept_cases]
+        keys = {record_key(r) for r in mine}
+        return sorted([r for r in self.kept if record_key(r) not in keys] + mine, key=_order)
 
     def finish(self, elapsed_s: float, load_start: tuple[float, ...], load_end: tuple[float, ...]) -> None:
         self.run_info.update(elapsed_s=round(elapsed_s, 1), load_average_start=load_start[0],

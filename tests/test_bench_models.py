@@ -66,6 +66,19 @@ def test_merge_keeps_what_a_run_does_not_measure_again(tmp_path: Path) -> None:
     assert [r["ms"] for r in records if r["model"] == "bert" and r["variant"] == "coil"] == [2.0]
     md = (tmp_path / "m.md").read_text()
     assert "from 2 runs" in md and "| **geomean infer** | (2) |  |  |  | 1.00 | - | 2.00 |" in md
+    # a case a resumed run planned but the budget skipped whole keeps what an earlier run measured
+    third = Writer(tmp_path, "m", dict(info, started="c"), [], ("default",), merge=True)
+    for variant in ("eager", "inductor", "coil"):
+        third.new_record(model="gpt2", size="cpu", mode="infer", compile_mode="default", variant=variant, batch=2,
+                         seq=64, hidden=128, layers=2).update(status="skipped", error="time budget spent")
+    skipped = third.new_record(model="gpt2", size="cpu", mode="train", compile_mode="default", variant="coil",
+                               batch=2, seq=64, hidden=128, layers=2)
+    skipped.update(status="skipped", error="time budget spent")
+    third.write()
+    records = json.loads((tmp_path / "m.json").read_text())
+    assert [(r["mode"], r["variant"], r["status"], r["started"]) for r in records if r["model"] == "gpt2"] == [
+        ("infer", "eager", "ref", "a"), ("infer", "inductor", "ok", "a"), ("infer", "coil", "ok", "a"),
+        ("train", "coil", "skipped", "c")]
 
 
 def test_cuda_tables_show_the_back_to_back_wall_time_beside_do_bench(tmp_path: Path) -> None:
