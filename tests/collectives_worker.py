@@ -1,6 +1,9 @@
 """The two-process side of tests/test_collectives.py: each rank runs every case
 once (compiling with coil and running eagerly), and writes what it saw to
-`<out>/rank<r>.json` for the test module to judge."""
+`<out>/rank<r>.json` for the test module to judge.  On device "cpu" the ranks
+talk through gloo and coil compiles for the cpp and reference targets; on
+"cuda" each rank takes GPU `rank`, the ranks talk through NCCL and coil compiles
+for triton."""
 
 from __future__ import annotations
 
@@ -81,6 +84,17 @@ def _outcome(got: Any, want: Any) -> dict[str, Any]:
     }
 
 
+def _targets(device: str) -> tuple[str, ...]:
+    return ("triton",) if device == "cuda" else ("cpp", "reference")
+
+
+def _options(device: str, **more: Any) -> dict[str, Any]:
+    """coil's options for a case: its device's first target, no graph cache, and
+    sanitize and verify on (a buffer freed while a collective or a reader of its
+    wait still needs it gives a wrong result)."""
+    return {"target": _targets(device)[0], "graph_cache": False, "sanitize": True, "verify": True, **more}
+
+
 def _compiled_case(fn: Callable[..., Any], inputs: list[torch.Tensor], target: str, debug_dir: str) -> dict[str, Any]:
     _fresh_dynamo()
     want = fn(*inputs)
@@ -92,29 +106,34 @@ def _compiled_case(fn: Callable[..., Any], inputs: list[torch.Tensor], target: s
     return {**_outcome(got, want), "collectives_in_wrapper": _collectives_in(debug_dir)}
 
 
-def _mlp() -> torch.nn.Module:
+def _mlp(device: str = "cpu") -> torch.nn.Module:
     torch.manual_seed(0)
     # the middle weight alone fills a 1 MiB bucket (DDPOptimizer's least first bucket)
     return torch.nn.Sequential(torch.nn.Linear(16, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.Tanh(),
-                               torch.nn.Linear(512, 4))
+                               torch.nn.Linear(512, 4)).to(_device(device))
 
 
-def _ddp_train(compiled: bool, rank: int, steps: int = 3) -> list[torch.Tensor]:
+def _device(device: str) -> torch.device:
+    """The rank's device: the CPU, or its own GPU (set by worker)."""
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
+def _ddp_train(compiled: bool, rank: int, device: str, steps: int = 3) -> list[torch.Tensor]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # 1 MiB buckets: several all-reduces, so Dynamo's DDPOptimizer splits the graph
     # the inner module compiled (torch.compile of the DDP module itself graph-breaks at
     # DDP's _inside_ddp_forward in this torch, and nothing compiles): Dynamo sees the
     # active DDP module and its DDPOptimizer splits the graph at the buckets
-    inner = _mlp()
-    model = DDP(torch.compile(inner, backend="coil", options={"target": "cpp", "graph_cache": False, "sanitize": True,
-                                                              "verify": True})
-                if compiled else inner, bucket_cap_mb=1)
+    inner = _mlp(device)
+    dev = _device(device)
+    model = DDP(torch.compile(inner, backend="coil", options=_options(device)) if compiled else inner,
+                bucket_cap_mb=1, device_ids=[dev.index] if dev.type == "cuda" else None)
     run = model
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data: the gradients' all-reduce matters
     for _ in range(steps):
-        x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+        x, y = torch.randn(8, 16, generator=gen).to(dev), torch.randn(8, 4, generator=gen).to(dev)
         loss = torch.nn.functional.mse_loss(run(x), y)
         opt.zero_grad()
         loss.backward()
@@ -122,38 +141,36 @@ def _ddp_train(compiled: bool, rank: int, steps: int = 3) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _ddp_case(rank: int) -> dict[str, Any]:
+def _ddp_case(rank: int, device: str) -> dict[str, Any]:
     _fresh_dynamo()
-    eager = _ddp_train(False, rank)
-    got = _ddp_train(True, rank)
-    return {
-        **_outcome(got, eager),
-        "moved": max(float((a - b).abs().max()) for a, b in zip(eager, [p.detach() for p in _mlp().parameters()])),
-    }
+    eager = _ddp_train(False, rank, device)
+    got = _ddp_train(True, rank, device)
+    start = [p.detach() for p in _mlp(device).parameters()]
+    return {**_outcome(got, eager), "moved": max(float((a - b).abs().max()) for a, b in zip(eager, start))}
 
 
-def _tp_train(compiled: bool, rank: int, debug_dir: str, steps: int = 3) -> list[torch.Tensor]:
+def _tp_train(compiled: bool, rank: int, device: str, debug_dir: str, steps: int = 3) -> list[torch.Tensor]:
     """A tensor-parallel MLP (DTensor): the first Linear split by columns, the second
     by rows, whose partial sums an all_reduce in the forward graph adds up."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
-    parallelize_module(model, init_device_mesh("cpu", (2,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    run = torch.compile(model, backend="coil", options={"target": "cpp", "graph_cache": False, "sanitize": True,
-                                                       "verify": True, "debug_dir": debug_dir}) if compiled else model
+    dev = _device(device)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).to(dev)
+    parallelize_module(model, init_device_mesh(dev.type, (2,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    run = torch.compile(model, backend="coil", options=_options(device, debug_dir=debug_dir)) if compiled else model
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
-        loss = run(torch.randn(8, 16, generator=gen)).pow(2).mean()
+        loss = run(torch.randn(8, 16, generator=gen).to(dev)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
-def _fsdp2_train(compiled: bool, rank: int, steps: int = 3) -> list[torch.Tensor]:
+def _fsdp2_train(compiled: bool, rank: int, device: str, steps: int = 3) -> list[torch.Tensor]:
     """FSDP2 as torchtitan applies it: each layer compiled, then sharded.  In this
     torch FSDP2's hooks are never traced (torch._dynamo.disable), so its all-gathers
     and reduce-scatters run eagerly between the compiled layers."""
@@ -161,53 +178,56 @@ def _fsdp2_train(compiled: bool, rank: int, steps: int = 3) -> list[torch.Tensor
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
-    mesh = init_device_mesh("cpu", (2,))
+    dev = _device(device)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).to(dev)
+    mesh = init_device_mesh(dev.type, (2,))
     for i in (0, 2):
         if compiled:
-            model[i] = torch.compile(model[i], backend="coil", options={"target": "cpp", "graph_cache": False,
-                                                                        "sanitize": True, "verify": True})
+            model[i] = torch.compile(model[i], backend="coil", options=_options(device))
         fully_shard(model[i], mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
-        loss = model(torch.randn(8, 16, generator=gen)).pow(2).mean()
+        loss = model(torch.randn(8, 16, generator=gen).to(dev)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
     return [p.full_tensor().detach().clone() for p in model.parameters()]
 
 
-def _fsdp2_case(rank: int) -> dict[str, Any]:
+def _fsdp2_case(rank: int, device: str) -> dict[str, Any]:
     _fresh_dynamo()
-    eager = _fsdp2_train(False, rank)
-    got = _fsdp2_train(True, rank)
+    eager = _fsdp2_train(False, rank, device)
+    got = _fsdp2_train(True, rank, device)
     return _outcome(got, eager)
 
 
-def _tp_case(rank: int, debug_dir: str) -> dict[str, Any]:
+def _tp_case(rank: int, device: str, debug_dir: str) -> dict[str, Any]:
     _fresh_dynamo()
-    eager = _tp_train(False, rank, debug_dir)
-    got = _tp_train(True, rank, debug_dir)
+    eager = _tp_train(False, rank, device, debug_dir)
+    got = _tp_train(True, rank, device, debug_dir)
     return {**_outcome(got, eager), "collectives_in_wrapper": _collectives_in(debug_dir)}
 
 
-def worker(rank: int, world: int, store: str, out: str) -> None:
+def worker(rank: int, world: int, store: str, out: str, device: str = "cpu") -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    dev = _device(device)
     gen = torch.Generator().manual_seed(rank)
-    x, w = torch.randn(4, 6, generator=gen), torch.randn(4, 6, generator=gen)
+    x, w = torch.randn(4, 6, generator=gen).to(dev), torch.randn(4, 6, generator=gen).to(dev)
     cases: dict[str, Callable[[], dict[str, Any]]] = {}
-    for target in ("cpp", "reference"):
+    for target in _targets(device):
         cases[f"api_{target}"] = lambda t=target: _compiled_case(_api_fn, [x], t, os.path.join(out, f"dbg_api_{t}_{rank}"))
         cases[f"ops_{target}"] = lambda t=target: _compiled_case(_ops_fn, [x, w], t, os.path.join(out, f"dbg_ops_{t}_{rank}"))
-    cases["ddp"] = lambda: _ddp_case(rank)
-    cases["fsdp2"] = lambda: _fsdp2_case(rank)
-    cases["tp"] = lambda: _tp_case(rank, os.path.join(out, f"dbg_tp_{rank}"))
+    cases["ddp"] = lambda: _ddp_case(rank, device)
+    cases["fsdp2"] = lambda: _fsdp2_case(rank, device)
+    cases["tp"] = lambda: _tp_case(rank, device, os.path.join(out, f"dbg_tp_{rank}"))
     results: dict[str, Any] = {}
     for name, case in cases.items():
         try:

@@ -3,8 +3,11 @@
 One-process tests trace functional collectives under a gloo group of world size 1
 and pin the printed IR: each collective is an Extern paired with its wait_tensor,
 and what it touches stays alive (never freed, reused or taken in place) until the
-wait.  Two-process tests (gloo, torch.multiprocessing) compile functions calling
-collectives, and DDP training, and compare with eager on both ranks."""
+wait.  Two-process tests (torch.multiprocessing) compile functions calling
+collectives, DDP, tensor-parallel and FSDP2 training, and compare with eager on
+both ranks: with gloo on the CPU (cpp and reference targets), and with NCCL on a
+host of two GPUs or more (triton; marked cuda: `TRITON_INTERPRET=0 python3 -m
+pytest -m cuda tests/test_collectives.py`)."""
 
 from __future__ import annotations
 
@@ -192,39 +195,47 @@ def test_verifier_rejects_freeing_or_reusing_in_flight_buffers(world1):
 WORLD = 2
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    """Spawns the two gloo ranks once for the module; each runs every case of
-    tests/collectives_worker.py and reports through a JSON file."""
+@pytest.fixture(scope="module", params=[pytest.param("cpu", id="gloo"),
+                                        pytest.param("cuda", id="nccl", marks=pytest.mark.cuda)])
+def two_ranks(request, tmp_path_factory):
+    """Spawns the two ranks once for the module and device; each runs every case of
+    tests/collectives_worker.py and reports through a JSON file.  "cpu": gloo, coil's
+    cpp and reference targets; "cuda": NCCL, a GPU a rank, the triton target (a
+    multi-GPU host only)."""
     import json
     import time
 
     import torch.multiprocessing as mp
 
-    out = tmp_path_factory.mktemp("ranks")
+    device = request.param
+    if device == "cuda" and torch.cuda.device_count() < WORLD:
+        pytest.skip(f"NCCL ranks take a GPU each: {WORLD} needed, {torch.cuda.device_count()} here")
+    out = tmp_path_factory.mktemp(f"ranks_{device}")
     from collectives_worker import worker
 
     start = time.perf_counter()
-    ctx = mp.start_processes(worker, args=(WORLD, str(out / "store"), str(out)), nprocs=WORLD, join=False,
+    ctx = mp.start_processes(worker, args=(WORLD, str(out / "store"), str(out), device), nprocs=WORLD, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail("the gloo ranks did not finish in 240 s")
+            pytest.fail(f"the {device} ranks did not finish in 240 s")
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     return results, time.perf_counter() - start
 
 
 def _case(two_ranks, name):
     results, _ = two_ranks
+    if name not in results[0]:
+        pytest.skip(f"{name}: not a case of these ranks' device")
     for rank, r in enumerate(results):
         assert "error" not in r[name], f"rank {rank}: {r[name]['error']}"
     return [r[name] for r in results]
 
 
-@pytest.mark.parametrize("target", ["cpp", "reference"])
+@pytest.mark.parametrize("target", ["cpp", "reference", "triton"])
 @pytest.mark.parametrize("fn", ["api", "ops"])
 def test_functional_collectives_match_eager_on_every_rank(two_ranks, fn, target):
     for rank, r in enumerate(_case(two_ranks, f"{fn}_{target}")):
