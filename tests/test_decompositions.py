@@ -257,6 +257,77 @@ def test_like_creations_decompose_to_full_with_eager_strides(make: Callable[[], 
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize(
+    "make_self, make_src",
+    [(lambda: torch.randn(2, 6, 4, 5).transpose(1, 2), lambda: torch.randn(2, 4, 6, 5)),  # transposed self
+     (lambda: torch.randn(4, 5), lambda: torch.randn(5, 4).t()),  # contiguous self, transposed src
+     (lambda: torch.randn(2, 5, 3, 4).permute(0, 2, 3, 1), lambda: torch.randn(3, 4, 5)),  # channels-last, broadcast
+     (lambda: torch.randn(2, 3, 1).transpose(0, 1), lambda: torch.randn(3, 2, 1)),  # a size-1 dim
+     (lambda: torch.randn(3, 4, 5, dtype=torch.float64), lambda: torch.randn(3, 4, 5)),  # a dtype change
+     (lambda: torch.randn(4, 1).expand(4, 5), lambda: torch.randn(4, 5)),  # overlapping: contiguous, as eager
+     (lambda: torch.randn(2, 8, 4, 5).transpose(1, 2)[:, :, :3], lambda: torch.randn(2, 4, 3, 5)),  # gapped
+     (lambda: torch.randn(()), lambda: torch.randn(()))],
+)
+def test_copy_decomposition_lays_the_result_out_as_eager(make_self: Callable[[], torch.Tensor],
+                                                         make_src: Callable[[], torch.Tensor]) -> None:
+    """Functional copy(self, src) gives src's values in self's layout: a dense
+    self's strides exactly, a gapped one's order densely (every view of eager's
+    result fits it), an expanded one contiguous, as eager's copy does."""
+    from coil.passes.lowerings.decompositions import copy
+
+    self, src = make_self(), make_src()
+    got, want = copy(self, src), aten.copy.default(self, src)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if torch._prims_common.is_non_overlapping_and_dense_or_false(want):
+        assert got.stride() == want.stride()
+    else:  # eager keeps the gaps: the same order, dense
+        order = sorted(range(want.dim()), key=lambda d: -want.stride()[d])
+        assert sorted(range(got.dim()), key=lambda d: -got.stride()[d]) == order and got.is_contiguous() == (
+            order == sorted(order))
+
+
+def _sliding_chunk_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Longformer's sliding-window scores in small: zeros filled through slices,
+    viewed and transposed, masked in place and added to; its backward views the
+    gradient of the transposed tensor, which holds only in eager's layout."""
+    b, h, w = 2, 4, 4
+    chunked = torch.einsum("bcxd,bcyd->bcxy", q, k)  # (b * h, chunks, 2w, 2w)
+    diag = chunked.new_zeros((b * h, 3, w, 2 * w + 1))
+    diag[:, :-1, :, w:] = chunked[:, :, :w, : w + 1]
+    diag[:, -1, :, w:] = chunked[:, -1, w:, : w + 1]
+    diag[:, 1:, :, :w] = chunked[:, :, -(w + 1):-1, w:2 * w]
+    diag = diag.view(b, h, 3 * w, 2 * w + 1).transpose(2, 1)
+    beg = diag[:, :w, :, : w + 1]
+    beg.masked_fill_(torch.ones(w, w + 1).tril().flip(0)[None, :, None, :] == 1, -1e4)
+    diag += torch.zeros(b, 3 * w, 1, 2 * w + 1)
+    return diag.softmax(-1)
+
+
+def test_a_backward_that_views_a_copy_into_a_transposed_tensor_compiles() -> None:
+    """The backward of in-place writes into a transposed view copies a gradient
+    into the transposed layout and then views it: with the copy's result laid out
+    as src (a contiguous gradient) instead of as self, AOTAutograd's trace failed
+    (`Cannot view a tensor with shape ... as ...`; Longformer's training step).
+    Now the step compiles and its gradients match eager's."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(8, 2, 8, 16, generator=gen, requires_grad=True)
+    k = torch.randn(8, 2, 8, 16, generator=gen, requires_grad=True)
+    want = _sliding_chunk_scores(q, k)
+    want.pow(2).sum().backward()
+    want_grads = (q.grad.clone(), k.grad.clone())
+    q.grad = k.grad = None
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(_sliding_chunk_scores, backend="coil", options={"target": "cpp"})(q, k)
+        got.pow(2).sum().backward()
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, want)
+    for g, e in zip((q.grad, k.grad), want_grads):
+        torch.testing.assert_close(g, e)
+
+
 def test_cross_entropy_forward_saves_logits_and_row_statistics() -> None:
     """A language-model loss (bf16 logits upcast, cross_entropy) in training: the
     forward saves the bfloat16 logits and two float32 numbers a row, as Inductor's

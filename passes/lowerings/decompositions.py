@@ -103,10 +103,34 @@ _KEEP_EXTERN = (
 
 def copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """Functional `copy` (what functionalization makes of `self.copy_(src)`): src,
-    converted to self's dtype and broadcast to self's shape.  torch has no
-    decomposition for it."""
+    converted to self's dtype and broadcast to self's shape, in self's layout, as
+    eager's copy returns it.  The layout matters while AOTAutograd traces: a later
+    `view` of the result (Longformer's backward views the gradient of a transposed
+    score tensor) holds only for the strides eager gives.  A dense self's strides
+    are kept exactly (src laid out in self's stride order); a self with gaps (a
+    slice) gets the dense strides of its order, which every view of eager's result
+    also fits; an overlapping one (expanded) gets contiguous strides, as eager's.
+    torch has no decomposition for it."""
     out = aten._to_copy.default(src, dtype=self.dtype) if src.dtype != self.dtype else src
-    return aten.clone.default(aten.expand.default(out, list(self.shape)))
+    out = aten.expand.default(out, list(self.shape))
+    strides = self.stride()
+    if not all(isinstance(st, int) for st in strides) or any(st == 0 and n != 1 for st, n in zip(strides, self.shape)):
+        perm = list(range(self.dim()))  # symbolic strides, or an overlapping self: contiguous
+    else:  # outermost first; a size-1 dim's stride says nothing: it goes just before the dim after it
+        n = self.dim()
+
+        def key(d: int) -> tuple[int, int, int]:
+            if self.shape[d] != 1:
+                return -strides[d], 0, d
+            after = next((e for e in range(d + 1, n) if self.shape[e] != 1), None)
+            return (1 if after is None else -strides[after]), -1, d
+
+        perm = sorted(range(n), key=key)
+    if perm == sorted(perm):
+        return aten.clone.default(out, memory_format=torch.contiguous_format)
+    inverse = [perm.index(d) for d in range(len(perm))]
+    laid = aten.clone.default(aten.permute.default(out, perm), memory_format=torch.contiguous_format)
+    return aten.permute.default(laid, inverse)
 
 
 def weight_norm_interface_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,
