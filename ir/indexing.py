@@ -216,23 +216,74 @@ def _max_value(e: sympy.Expr, ranges: Mapping[sympy.Symbol, Size]) -> Size | Non
     return None
 
 
+def _min_value(e: sympy.Expr, ranges: Mapping[sympy.Symbol, Size]) -> int | None:
+    """A lower bound of an index expression over its loops' ranges (each symbol
+    from 0), or None if unknown: an int.  A term with a negative coefficient
+    counts at its largest value.  Index expressions are not always nonnegative:
+    the index of a masked load (a slice_scatter's source, read where the mask
+    holds) goes below 0 in the lanes the mask leaves out, and a part of it (the
+    terms left over by a split) may be negative where the whole is not."""
+    if e.is_Integer:
+        return int(e)
+    if isinstance(e, sympy.Add):
+        total = 0
+        for a in e.args:
+            part = _min_value(a, ranges)
+            if part is None:
+                return None
+            total += part
+        return total
+    c, rest = e.as_coeff_Mul()
+    if not c.is_Integer or rest == 1:
+        return None
+    factors = sympy.Mul.make_args(rest)
+    if not all(_nonneg_factor(f) and _nonneg_arg(f, ranges) for f in factors):
+        return None
+    if int(c) >= 0:
+        return 0  # a product of factors that are never negative and may each be 0
+    m = _max_value(rest, ranges)
+    return int(c) * m if isinstance(m, int) else None
+
+
+def _nonneg_arg(f: sympy.Expr, ranges: Mapping[sympy.Symbol, Size]) -> bool:
+    """A factor that is never negative for every value in the ranges: a symbol,
+    a power of one, a ModularIndexing (its modulus is positive), a FloorDiv of an
+    argument that is never negative."""
+    if isinstance(f, sympy.Pow):
+        return _nonneg_arg(f.base, ranges)
+    if isinstance(f, FloorDiv):
+        m = _min_value(f.args[0], ranges)
+        return m is not None and m >= 0
+    return True
+
+
 def _split_floordiv(a: sympy.Expr, b: Size, ranges: Mapping[sympy.Symbol, Size],
                     shapes: ShapeInfo) -> sympy.Expr | None:
-    """a // b when a's terms split into multiples of b and a remainder < b."""
+    """a // b when a's terms split into multiples of b and a remainder in [0, b):
+    a remainder that may be negative (32*i + j - 32 with j < 32) borrows from the
+    quotient, and the split does not hold."""
     terms = sympy.Add.make_args(sympy.expand(a))
     if isinstance(b, int):
         whole = [t for t in terms if _coeff(t) % b == 0]
         rest = [t for t in terms if _coeff(t) % b != 0]
         rest_max = _max_value(sympy.Add(*rest), ranges) if rest else 0
-        if rest_max is not None and _lt(rest_max, b, shapes):
+        if rest_max is not None and _lt(rest_max, b, shapes) and _nonnegative(rest, ranges):
             return sympy.expand(sympy.Add(*[t / b for t in whole]))
         return None
     qs = [(t, _quotient(t, b)) for t in terms]
     rest = [t for t, q in qs if q is None]
     rest_max = _max_value(sympy.Add(*rest), ranges) if rest else 0
-    if rest_max is not None and _lt(rest_max, b, shapes):
+    if rest_max is not None and _lt(rest_max, b, shapes) and _nonnegative(rest, ranges):
         return sympy.expand(sympy.Add(*[q for _, q in qs if q is not None]))
     return None
+
+
+def _nonnegative(terms: Sequence[sympy.Expr], ranges: Mapping[sympy.Symbol, Size]) -> bool:
+    """Whether the sum of `terms` is at least 0 for every value in the ranges."""
+    if not terms:
+        return True
+    m = _min_value(sympy.Add(*terms), ranges)
+    return m is not None and m >= 0
 
 
 def _split_terms(a: sympy.Expr, k: Size) -> tuple[sympy.Expr, sympy.Expr]:
@@ -263,7 +314,8 @@ def _gcd_monomial(b: sympy.Expr, t: sympy.Expr) -> sympy.Expr | None:
 
 def _scale_down(a: sympy.Expr, b: Size, ranges: Mapping[sympy.Symbol, Size],
                 shapes: ShapeInfo) -> tuple[sympy.Expr, Size] | None:
-    """(q, b // k) when a = k*q + r with k > 1 dividing b and 0 <= r < k: then
+    """(q, b // k) when a = k*q + r with k > 1 dividing b and 0 <= r < k (r at
+    least 0 for every value: _split_floordiv says why): then
     a // b == q // (b // k), the remainder never carrying into the quotient
     ((64*i + j) // 512 with j < 64 is i // 8; (64*s1*i + j) // (128*s1) with
     j < 64*s1 is i // 2)."""
@@ -275,7 +327,7 @@ def _scale_down(a: sympy.Expr, b: Size, ranges: Mapping[sympy.Symbol, Size],
             whole = [t for t in terms if not t.is_Integer and _coeff(t) % k == 0]
             rest = [t for t in terms if t not in whole]
             m = _max_value(sympy.Add(*rest), ranges) if rest else 0
-            if whole and m is not None and _lt(m, k, shapes):
+            if whole and m is not None and _lt(m, k, shapes) and _nonnegative(rest, ranges):
                 return sympy.expand(sympy.Add(*whole) / k), b // k
         return None
     ks = {_gcd_monomial(b, t) for t in terms if not t.is_Integer}
@@ -289,7 +341,7 @@ def _scale_down(a: sympy.Expr, b: Size, ranges: Mapping[sympy.Symbol, Size],
         whole = [t for t in terms if not t.is_Integer and _quotient(t, k) is not None]
         rest = [t for t in terms if t not in whole]
         m = _max_value(sympy.Add(*rest), ranges) if rest else 0
-        if whole and m is not None and _lt(m, k, shapes):
+        if whole and m is not None and _lt(m, k, shapes) and _nonnegative(rest, ranges):
             return sympy.expand(sympy.Add(*whole) / k), norm(b / k)
     return None
 
@@ -332,7 +384,7 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
                 if whole != 0:  # (k*b*i + rest) // b == k*i + rest // b
                     return sympy.expand(whole / b) + visit(FloorDiv(rest, b))
                 m = _max_value(a, ranges)
-                if m is not None and _lt(m, bv, shapes):
+                if m is not None and _lt(m, bv, shapes) and _nonnegative([a], ranges):
                     return sympy.Integer(0)
                 scaled = _scale_down(a, bv, ranges, shapes)
                 if scaled is not None:
@@ -347,14 +399,14 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
                 if whole != 0:  # multiples of b*c do not change (a // b) % c
                     return visit(ModularIndexing(rest, b, c))
                 m = _max_value(a, ranges)
-                if m is not None and _lt(m, bc, shapes):
+                if m is not None and _lt(m, bc, shapes) and _nonnegative([a], ranges):
                     return visit(FloorDiv(a, b))
                 q = _split_floordiv(a, bv, ranges, shapes) if bv != 1 else sympy.expand(a)
                 if q is not None:
                     terms = [t for t in sympy.Add.make_args(q) if _quotient(t, cv) is None]
                     q2 = sympy.Add(*terms)
                     m = _max_value(q2, ranges)
-                    if m is not None and _lt(m, cv, shapes):
+                    if m is not None and _lt(m, cv, shapes) and _nonnegative([q2], ranges):
                         return q2
                     return ModularIndexing(q2, 1, c)
                 scaled = _scale_down(a, bv, ranges, shapes)

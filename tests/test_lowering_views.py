@@ -12,6 +12,8 @@ from typing import Any, Sequence
 import pytest
 import sympy
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from coil.backends.reference import run_buffer_graph
@@ -137,6 +139,75 @@ def test_floordiv_of_a_scaled_index_drops_the_remainder() -> None:
     assert simplify_index(512 * FloorDiv(64 * i + j, 512) + 64 * ModularIndexing(i, 1, 8) + j, rng) == 64 * i + j
     # j may reach 64 here: the remainder can carry, nothing is dropped
     assert simplify_index(FloorDiv(64 * i + j, 512), {i: 16, j: 65}) == FloorDiv(64 * i + j, 512)
+
+
+def test_a_remainder_that_may_be_negative_is_not_dropped() -> None:
+    """A masked load's index may go below 0 where its mask is off, and a split's
+    remainder may be negative where the whole index is not: (32*x2 + x3 - 32) // 30
+    at x2 = 2, x3 = 0 is 1, where the old split (16*x2) // 15 gave 2 (Funnel's
+    relative-shift backward read past its buffer).  The split needs the remainder
+    in [0, k) for every value."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing, simplify_index
+
+    x2, x3 = sympy.symbols("x2 x3", integer=True, nonnegative=True)
+    rng = {x2: 16, x3: 32}
+    assert simplify_index(FloorDiv(32 * x2 + x3 - 32, 30), rng) == FloorDiv(32 * x2 + x3 - 32, 30)
+    assert simplify_index(ModularIndexing(32 * x2 + x3 - 32, 1, 30), rng) == ModularIndexing(32 * x2 + x3 - 32, 1, 30)
+    # a negative constant that the loops' least values cover still splits
+    assert simplify_index(FloorDiv(64 * x2 + x3 + 32 - 16, 64), rng) == x2
+
+
+def _value(e: sympy.Expr, point: dict[sympy.Symbol, int]) -> int:
+    return int(e.subs(point))
+
+
+@given(st.lists(st.integers(-3, 64), min_size=3, max_size=3), st.integers(2, 48), st.integers(1, 6),
+       st.sampled_from(["floordiv", "mod"]))
+@settings(max_examples=150, deadline=None)
+def test_simplified_indices_keep_their_values_where_the_index_is_not_negative(
+        coeffs: list[int], b: int, c: int, kind: str) -> None:
+    """simplify_index is an identity at every point of the loops' box where the
+    argument is at least 0 (a masked load's lanes with its mask on), with negative
+    constants and coefficients among the terms."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing, simplify_index
+
+    i, j = sympy.symbols("i j", integer=True, nonnegative=True)
+    rng = {i: 5, j: 7}
+    a = coeffs[0] * i + coeffs[1] * j + (coeffs[2] - 40)
+    e = FloorDiv(a, b) if kind == "floordiv" else ModularIndexing(a, 1, c * 3)
+    got = simplify_index(e, rng)
+    for vi in range(5):
+        for vj in range(7):
+            point = {i: vi, j: vj}
+            arg = _value(a, point)
+            if arg >= 0:
+                want = arg // b if kind == "floordiv" else arg % (c * 3)
+                assert _value(got, point) == want, (e, got, point)
+
+
+def test_a_relative_shift_backward_reads_inside_its_buffer() -> None:
+    """Funnel's relative shift (a reshape, a slice, a reshape, a slice): its
+    backward scatters the gradient into zeros through two views, the second of a
+    slice_scatter whose reads are masked.  On the reference target, which checks
+    every masked read, and on cpp, gradients equal eager's."""
+    def shift(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        b, h, s, r = x.shape
+        p = (x * w).reshape(b, h, r, s)[:, :, 2:, :]
+        return p.reshape(b, h, s, r - 2)[..., :s]
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 16, 32, generator=gen, requires_grad=True)
+    w, g = torch.randn(32, generator=gen), torch.randn(2, 4, 16, 16, generator=gen)
+    shift(x, w).backward(g)
+    want = x.grad.clone()
+    for target in ("reference", "cpp"):
+        x.grad = None
+        torch._dynamo.reset()
+        try:
+            torch.compile(shift, backend="coil", options={"target": target})(x, w).backward(g)
+        finally:
+            torch._dynamo.reset()
+        torch.testing.assert_close(x.grad, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
