@@ -520,3 +520,54 @@ def test_every_target_spells_the_dtypes_lower_gives_kernels():
     for dtype in KERNEL_DTYPES:  # and the reference target computes in each
         x = torch.arange(3).to(dtype)
         torch.testing.assert_close(compiled(lambda t: t.flip(0), "reference")(x), x.flip(0))
+
+
+def _funnel() -> torch.nn.Module:
+    from transformers import FunnelConfig, FunnelForMaskedLM
+
+    return FunnelForMaskedLM(FunnelConfig(vocab_size=1000, d_model=64, n_head=4, d_head=16, d_inner=128,
+                                          block_sizes=[1, 1], block_repeats=[1, 1], num_decoder_layers=1,
+                                          hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0))
+
+
+def _longformer() -> torch.nn.Module:
+    from transformers import LongformerConfig, LongformerForMaskedLM
+
+    return LongformerForMaskedLM(LongformerConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, intermediate_size=128, attention_window=8,
+                                                  max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                                  attention_probs_dropout_prob=0.0, pad_token_id=0))
+
+
+@pytest.mark.parametrize("build", [_funnel, _longformer], ids=["funnel", "longformer"])
+def test_training_steps_of_transformers_models_that_broke_coil(build):
+    """Found by bench/probes/model_census.py: Funnel's relative-shift backward read
+    past a buffer (an index split dropped a remainder that can be negative: garbage
+    gradients on cpp), and Longformer's backward failed AOTAutograd's trace (coil's
+    functional copy laid its result out as its source, and a later view of it did
+    not hold).  One training step through coil on cpp matches eager's loss and
+    gradients."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = build().train()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 1000, (2, 16), generator=gen)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(1, 1000, (2, 16),
+                                                                                                  generator=gen)}
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        loss = m(**inputs).loss
+        loss.backward()
+        m = getattr(m, "_orig_mod", m)  # torch.compile's wrapper: the same parameters
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+    import copy
+
+    want_loss, want = step(copy.deepcopy(model))
+    got_loss, got = step(compiled(copy.deepcopy(model), "cpp"))
+    torch._dynamo.reset()
+    torch.testing.assert_close(got_loss, want_loss)
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
