@@ -12,7 +12,7 @@ Prints one line per model and step: ok, mismatch (the worst tensor), fallback
 (coil ran a graph eagerly, and why), error (coil's), or `eager fails` (the model
 cannot run at this size: not counted).  Run from the repository root.
 
-Session 29 (2026-12-04, the 2-vCPU VM, torch 2.13, transformers 5.17), 61 model
+Session 29 (2026-12-04, the 2-vCPU VM, torch 2.13, transformers 5.17), 54 model
 types, inference and training: every step ok but four.
 - Funnel, training: coil's backward read past a buffer (garbage gradients of
   1e28 on cpp; the reference target stopped at the read).  An index split
