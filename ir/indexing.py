@@ -381,7 +381,9 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
                 if s is not None:
                     return s
                 whole, rest = _split_terms(a, bv)
-                if whole != 0:  # (k*b*i + rest) // b == k*i + rest // b
+                # (k*b*i + rest) // b == k*i + rest // b; rest at least 0, or C's and Triton's
+                # division, which truncates, would read it differently from the floor
+                if whole != 0 and _nonnegative([rest], ranges):
                     return sympy.expand(whole / b) + visit(FloorDiv(rest, b))
                 m = _max_value(a, ranges)
                 if m is not None and _lt(m, bv, shapes) and _nonnegative([a], ranges):
@@ -396,7 +398,7 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
             if bv is not None and cv is not None:
                 bc = bv * cv if isinstance(bv, int) and isinstance(cv, int) else norm(bv * cv)
                 whole, rest = _split_terms(a, bc)
-                if whole != 0:  # multiples of b*c do not change (a // b) % c
+                if whole != 0 and _nonnegative([rest], ranges):  # multiples of b*c do not change (a // b) % c
                     return visit(ModularIndexing(rest, b, c))
                 m = _max_value(a, ranges)
                 if m is not None and _lt(m, bc, shapes) and _nonnegative([a], ranges):
@@ -406,9 +408,10 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
                     terms = [t for t in sympy.Add.make_args(q) if _quotient(t, cv) is None]
                     q2 = sympy.Add(*terms)
                     m = _max_value(q2, ranges)
-                    if m is not None and _lt(m, cv, shapes) and _nonnegative([q2], ranges):
-                        return q2
-                    return ModularIndexing(q2, 1, c)
+                    if _nonnegative([q2], ranges):
+                        if m is not None and _lt(m, cv, shapes):
+                            return q2
+                        return ModularIndexing(q2, 1, c)
                 scaled = _scale_down(a, bv, ranges, shapes)
                 if scaled is not None:
                     return visit(ModularIndexing(scaled[0], scaled[1], c))

@@ -155,10 +155,37 @@ def test_a_remainder_that_may_be_negative_is_not_dropped() -> None:
     assert simplify_index(ModularIndexing(32 * x2 + x3 - 32, 1, 30), rng) == ModularIndexing(32 * x2 + x3 - 32, 1, 30)
     # a negative constant that the loops' least values cover still splits
     assert simplify_index(FloorDiv(64 * x2 + x3 + 32 - 16, 64), rng) == x2
+    # (64*x2 + x3 - 16) // 64 is not x2 + (x3 - 16) // 64 for C, whose division truncates
+    assert simplify_index(FloorDiv(64 * x2 + x3 - 16, 64), rng) == FloorDiv(64 * x2 + x3 - 16, 64)
 
 
-def _value(e: sympy.Expr, point: dict[sympy.Symbol, int]) -> int:
-    return int(e.subs(point))
+def _c_value(e: sympy.Expr, point: dict[sympy.Symbol, int]) -> int:
+    """e's value as C and Triton compute it: integer division truncates and the
+    remainder takes the dividend's sign (Python's // and % floor)."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    def div(a: int, b: int) -> int:
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+
+    if e.is_Integer:
+        return int(e)
+    if isinstance(e, sympy.Symbol):
+        return point[e]
+    args = [_c_value(a, point) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return sum(args)
+    if isinstance(e, sympy.Mul):
+        out = 1
+        for a in args:
+            out *= a
+        return out
+    if isinstance(e, FloorDiv):
+        return div(args[0], args[1])
+    if isinstance(e, ModularIndexing):
+        q = div(args[0], args[1])
+        return q - args[2] * div(q, args[2])
+    raise AssertionError(f"no C value for {e}")
 
 
 @given(st.lists(st.integers(-3, 64), min_size=3, max_size=3), st.integers(2, 48), st.integers(1, 6),
@@ -168,7 +195,9 @@ def test_simplified_indices_keep_their_values_where_the_index_is_not_negative(
         coeffs: list[int], b: int, c: int, kind: str) -> None:
     """simplify_index is an identity at every point of the loops' box where the
     argument is at least 0 (a masked load's lanes with its mask on), with negative
-    constants and coefficients among the terms."""
+    constants and coefficients among the terms, and its result reads the same under
+    C's truncating division as under the floor (every FloorDiv and ModularIndexing
+    it leaves has an argument at least 0 there)."""
     from coil.ir.indexing import FloorDiv, ModularIndexing, simplify_index
 
     i, j = sympy.symbols("i j", integer=True, nonnegative=True)
@@ -179,10 +208,10 @@ def test_simplified_indices_keep_their_values_where_the_index_is_not_negative(
     for vi in range(5):
         for vj in range(7):
             point = {i: vi, j: vj}
-            arg = _value(a, point)
+            arg = int(a.subs(point))
             if arg >= 0:
                 want = arg // b if kind == "floordiv" else arg % (c * 3)
-                assert _value(got, point) == want, (e, got, point)
+                assert _c_value(got, point) == want, (e, got, point)
 
 
 def test_a_relative_shift_backward_reads_inside_its_buffer() -> None:
