@@ -16,7 +16,9 @@ Session 29 (2026-12-04, the 2-vCPU VM, torch 2.13, transformers 5.17), 54 model
 types, inference and training: every step ok but four.
 - Funnel, training: coil's backward read past a buffer (garbage gradients of
   1e28 on cpp; the reference target stopped at the read).  An index split
-  dropped a remainder that can be negative (ir/indexing.py); fixed in c8fb39a.
+  dropped a remainder that can be negative (ir/indexing.py); fixed in c8fb39a
+  and 4ac5bd0 (a term split off keeps its remainder at least 0, which the
+  renderers' truncating division needs).
 - Longformer, training: AOTAutograd's trace failed (`Cannot view a tensor ...`)
   since coil's functional copy laid its result out as its source, not as eager
   does; Inductor compiled it.  Fixed in 29eab4c.
