@@ -237,6 +237,19 @@ def _mib(b: float | None) -> float | None:
     return None if b is None else round(b / 2**20, 2)
 
 
+class _Laps:
+    """A stopwatch for where a case's device time goes: `lap(name)` records under
+    `name` the seconds since the last lap (or the start)."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into, self.mark = into, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = round(now - self.mark, 2)
+        self.mark = now
+
+
 @dataclass
 class Case:
     """One model at one size and step, and where its records go."""
@@ -263,9 +276,9 @@ def prepare(variant: str, compile_mode: str, case: Case, model: torch.nn.Module,
             want: Expected, device: torch.device, target: str, cfg: Config, rec: dict[str, Any]) -> Prepared:
     """Compile a copy of the model, run and check its first step, warm it up,
     count its kernels and take its peak memory."""
-    t_copy = time.perf_counter()
+    laps = _Laps(rec.setdefault("phases_s", {}))
     own = copy.deepcopy(model)  # its own parameters: a training step writes .grad, BatchNorm its statistics
-    rec["phases_s"] = {"copy": round(time.perf_counter() - t_copy, 2)}
+    laps.lap("copy")
     f = compile_model(variant, compile_mode, own, target, cfg.threads)
     graphs = compile_mode == "reduce-overhead"
     cap, counts = Capture(), Counts()
@@ -298,19 +311,18 @@ def prepare(variant: str, compile_mode: str, case: Case, model: torch.nn.Module,
             _status(rec, "ok")
     del got
     call = step_call(f, own, inputs, case.mode, graphs)
-    phases = rec.setdefault("phases_s", {})
-    t0 = time.perf_counter()
+    laps = _Laps(rec["phases_s"])  # the compile and first step are first_call_s
     warm = memory.cuda_peak_over(lambda: [call() for _ in range(3)]) if device.type == "cuda" else None
     if warm is None:
         for _ in range(2):
             call()
     else:
         rec["peak_warmup_mib"] = _mib(warm)
-    t1 = time.perf_counter()
+    laps.lap("warm")
     _kernels(variant, call, cap, device, rec)
-    t2 = time.perf_counter()
+    laps.lap("kernels")
     rec["peak_mib"] = _mib(memory.peak_bytes(call, device))
-    phases.update(warm=round(t1 - t0, 2), kernels=round(t2 - t1, 2), peak=round(time.perf_counter() - t2, 2))
+    laps.lap("peak")
     return Prepared(call, lambda: check_call(f, inputs, case.mode, graphs))
 
 
@@ -367,12 +379,12 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
     keys: dict[str, tuple[str, str]] = {}
     # where the case's device time went (bench/README.md: phases_s), to plan runs by
     spent: dict[str, float] = {}
-    t0 = time.perf_counter()
+    laps = _Laps(spent)
     try:
         model, inputs = make_case(case.name, case.mode, str(device), size=case.size, dtype=dtype)
-        spent["build"] = time.perf_counter() - t0
+        laps.lap("build")
         want = expected(model, inputs, case.mode)
-        spent["reference"] = time.perf_counter() - t0 - spent["build"]
+        laps.lap("reference")
     except Exception as e:  # noqa: BLE001 - recorded, never fatal
         for rec in recs.values():
             _status(rec, "error", f"eager reference: {_error(e)}")
@@ -380,7 +392,6 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
         writer.write()
         return
     torch._dynamo.reset()
-    t0 = time.perf_counter()
     try:
         for (variant, cmode), rec in recs.items():
             key = variant if cmode == "default" else f"{variant}/{cmode}"
@@ -396,8 +407,7 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
                 continue
             keys[key] = (variant, cmode)
             calls[key], checks[key] = prepared.call, prepared.check
-        spent["prepare"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        laps.lap("prepare")
         while calls:
             try:
                 # a case once started is timed in all its rounds: the budget decides which cases
@@ -409,8 +419,7 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
                 del calls[e.variant]
         else:
             times = {}
-        spent["timing"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        laps.lap("timing")
         for key in calls:
             rec = recs[keys[key]]
             ms = [t.median_s * 1e3 for t in times[key]]
@@ -435,15 +444,15 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
                 continue
             if late and rec["status"] == "ok":
                 _status(rec, "mismatch", f"{key} on {case.name} {case.mode}, after timing: {late}")
-        spent["late_check"] = time.perf_counter() - t0
+        laps.lap("late_check")
     finally:
         calls.clear()
         checks.clear()
-        t0 = time.perf_counter()
+        laps = _Laps(spent)
         _cleanup(device)
-        spent["cleanup"] = time.perf_counter() - t0
+        laps.lap("cleanup")
         for rec in recs.values():
-            rec["case_phases_s"] = {k: round(v, 2) for k, v in spent.items()}
+            rec["case_phases_s"] = dict(spent)
         writer.write()
     for (variant, cmode), rec in recs.items():
         shown = f"{rec['ms']:.3f} ms" if rec.get("ms") is not None else (rec.get("error") or "")[:120]

@@ -3,6 +3,7 @@ every one ran eagerly and failed or gave a wrong answer through coil."""
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -561,8 +562,6 @@ def test_training_steps_of_transformers_models_that_broke_coil(build):
         loss.backward()
         m = getattr(m, "_orig_mod", m)  # torch.compile's wrapper: the same parameters
         return loss.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
-
-    import copy
 
     want_loss, want = step(copy.deepcopy(model))
     got_loss, got = step(compiled(copy.deepcopy(model), "cpp"))

@@ -126,7 +126,7 @@ def copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
             return (1 if after is None else -strides[after]), -1, d
 
         perm = sorted(range(n), key=key)
-    if perm == sorted(perm):
+    if perm == list(range(self.dim())):
         return aten.clone.default(out, memory_format=torch.contiguous_format)
     inverse = [perm.index(d) for d in range(len(perm))]
     laid = aten.clone.default(aten.permute.default(out, perm), memory_format=torch.contiguous_format)
