@@ -152,6 +152,7 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         # a forward or inference graph takes the Dynamo graph's inputs, which Dynamo's
         # guards have just checked (CompiledFn.call_guarded); a backward graph's are checked
         call = compiled.call_guarded if kind != "backward" else compiled.call_boxed
+        call = _eager_outside_assumed(compiled, call, gm, kind)
         if options.cuda_graphs:
             from coil.backends import cudagraphs
 
@@ -306,6 +307,35 @@ def _donated_inputs() -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in idxs)) if idxs else ()
 
 
+def _eager_outside_assumed(compiled: Any, call: Callable[[list[Any]], Any], gm: torch.fx.GraphModule,
+                           kind: str) -> Callable[[list[Any]], Any]:
+    """`call`, or where coil assumed a SymInt input's range (SymbolFacts.assumed: a
+    counter the ShapeEnv lets be negative) a call that first checks those inputs and
+    runs the graph eagerly, with a warning the first time, when one lies outside:
+    Dynamo's guards admit such a value, and recompiling would not change them."""
+    checks = getattr(compiled, "assumed_ranges", ())
+    if not checks:
+        return call
+    warned: list[bool] = []
+
+    def checked(args: list[Any]) -> Any:
+        for k, lo, hi in checks:
+            v = args[k]
+            if v < lo or (hi is not None and v > hi):
+                if not warned:
+                    warned.append(True)
+                    log.warning("coil: %s graph called with %s = %d, outside the range %s..%s it was compiled for "
+                                "(an assumption: the ShapeEnv allows it); running it eagerly", kind,
+                                compiled.input_names[k], v, lo, "oo" if hi is None else hi)
+                _count("eager_calls")
+                out = gm.forward(*args)
+                args.clear()  # the boxed convention, as `call` keeps it
+                return out
+        return call(args)
+
+    return checked
+
+
 def _boxed(compiled: Any, call: Callable[[list[Any]], Any]) -> Callable[..., Any]:
     """AOTAutograd's boxed callable of a compiled graph."""
 
@@ -339,7 +369,7 @@ def _linked(key: str, options: Options, gm: torch.fx.GraphModule, example_inputs
         return None
     log.debug("coil: Dynamo graph loaded from the graph cache, AOTAutograd skipped")
     compiled = load_module(module, options.cache_dir)
-    call = compiled.call_guarded
+    call = _eager_outside_assumed(compiled, compiled.call_guarded, gm, "inference")
     if options.cuda_graphs:
         from coil.backends import cudagraphs
 

@@ -166,6 +166,9 @@ class CompiledFn:
             self._binds = tuple(ln for ln in module.program.lines
                                 if isinstance(ln, Bind) and ln.source in bg.sizes.order)
             self._at = _expected_at(bg.sizes, self.input_names, self.input_layouts)
+        # SymInt inputs whose range coil assumed: (position, least, greatest)
+        self.assumed_ranges = tuple((self.input_names.index(name), lo, hi)
+                                    for name, lo, hi in bg.sizes.assumed_inputs())
         self.constants = tuple(i.value for i in bg.inputs if i.value is not None)
         self._tokens = frozenset(i.name for i in bg.inputs if i.token)
         self._restrided: set[str] = set()
@@ -273,13 +276,13 @@ class CompiledFn:
             v = src if b.what == "value" else (src.shape if b.what == "size" else src.stride())[b.dim]
             values[symbols[b.symbol]] = int(v)
         for f in self.sizes.shapes.facts:
-            if not f.backed:  # known once `call` ran its extern, which checks its range then
+            if f.symbol not in values:  # known once `call` ran its extern, which checks its range then
                 continue
             v = values[f.symbol]
             if v < f.lower or (f.upper is not None and v > f.upper):
                 raise CoilError(f"size {f.symbol} = {v} is outside the range {f.lower}..{f.upper} compiled for")
 
-        expected = self._at(*(values[f.symbol] for f in self.sizes.shapes.facts if f.backed))
+        expected = self._at(*(values[s] for s in self.sizes.entry_symbols()))
         for k, (name, lay, t, want) in enumerate(zip(self.input_names, self.input_layouts, inputs, expected)):
             if lay is None:  # a SymInt input
                 if not isinstance(t, int) or t != want:
@@ -331,11 +334,11 @@ class CompiledFn:
 
 
 def _expected_at(sizes: GraphSizes, names: Sequence[str], layouts: Sequence[Layout | None]) -> Callable[..., Any]:
-    """A function of the backed symbols' values (in the order of their facts)
+    """A function of the values of the symbols known on entry (GraphSizes.entry_symbols)
     giving, for each input, its value (a SymInt input) or its sizes and strides:
     the expressions written once as Python, so a call checks its inputs without
     evaluating sympy (a backward graph's check runs on every call)."""
-    backed = [f.symbol for f in sizes.shapes.facts if f.backed]
+    backed = sizes.entry_symbols()
     given = dict(sizes.inputs)
     items = []
     for name, lay in zip(names, layouts):

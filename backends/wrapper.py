@@ -128,9 +128,9 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
     cuda_guard = guard_device(program) if guard_device is not None else None
     static_offset: dict[str, int] = {}  # storage offsets of coil's own views, known now
     # an extern's result whose sizes bind data-dependent symbols (u0 = buf1.size()[0]) is held to its
-    # layout after the last of those binds, which its layout reads
+    # layout after the last of those binds, which its layout reads (a SymInt input's `u` binds as a value)
     ensure_after = {ln.source: ln.symbol for ln in program.lines
-                     if isinstance(ln, Bind) and ln.symbol.startswith(UNBACKED_PREFIX)}
+                     if isinstance(ln, Bind) and ln.symbol.startswith(UNBACKED_PREFIX) and ln.what != "value"}
     shapes = program.sizes.shapes
     for ln in program.lines:
         match ln:

@@ -327,7 +327,8 @@ def returned_storage(bg: BufferGraph) -> frozenset[str]:
 
 
 def lifetimes(plan: MemoryPlan) -> tuple[Lifetime, ...]:
-    """Every buffer that holds storage or names a view, inputs first, then by birth."""
+    """Every buffer that holds storage or names a view, inputs first, then by birth;
+    symbolic sizes in bytes at their hints, as the plan's live bytes are."""
     bg = plan.buffer_graph
     outputs = returned_storage(bg)
     born: dict[str, int] = {i.name: -1 for i in bg.inputs}
@@ -346,7 +347,7 @@ def lifetimes(plan: MemoryPlan) -> tuple[Lifetime, ...]:
         buf = bg.get(name)
         kind = ("input" if isinstance(buf, InputBuffer) else "view" if isinstance(buf, AliasBuffer)
                 else "output" if name in outputs else "buffer")
-        nbytes = 0 if kind == "view" or buf.layout is None else buf.layout.nbytes
+        nbytes = 0 if kind == "view" or buf.layout is None else plan.shapes.hint(buf.layout.nbytes)  # at the hints
         end = None if name in outputs else freed.get(name)
         out.append(Lifetime(name, kind, b, end, nbytes, _short_layout(bg, name), reused.get(name)))
     return tuple(out)
@@ -439,8 +440,11 @@ def write_debug_dir(index: int, stage: str, ir: Any, directory: str) -> None:
 
 def debug_dir_observer(run: Run) -> StageHook | None:
     """Options.debug_dir as a pipeline observer: a new folder for the run's graph
-    (named by its kind), then each stage's files in it."""
+    (named by its kind) holding the aten graph coil was handed (`graph.txt`,
+    written first, so a graph that fails to lower still shows what it was), then
+    each stage's files in it."""
     if not run.options.debug_dir:
         return None
     directory = new_graph_dir(run.options.debug_dir, run.kind)
+    _write(directory, "graph.txt", run.gm.print_readable(print_output=False, include_stride=True, include_device=True))
     return functools.partial(write_debug_dir, directory=directory)

@@ -177,10 +177,13 @@ class SymbolFacts:
     lower: int
     upper: int | None  # None: unbounded
     backed: bool = True  # False: a data-dependent (unbacked) size, known only at run time
+    # True: `lower` is coil's, not the ShapeEnv's (a SymInt input it may pass negative):
+    # compiled for lower..upper, a call outside runs the graph eagerly (GraphSizes.assumed_inputs)
+    assumed: bool = False
 
     def show(self) -> str:
         hi = "oo" if self.upper is None else str(self.upper)
-        kind = "" if self.backed else " unbacked"
+        kind = ("" if self.backed else " unbacked") + (" assumed" if self.assumed else "")
         return f"{self.symbol} in [{self.lower}, {hi}] hint {self.hint}{kind}"
 
 
@@ -395,6 +398,24 @@ class GraphSizes:
 
     def __bool__(self) -> bool:
         return bool(self.shapes or self.inputs or self.outputs)
+
+    def entry_symbols(self) -> tuple[sympy.Symbol, ...]:
+        """The symbols `call` knows on entry, in the order of their facts: every
+        backed symbol, and each data-dependent one that a SymInt input is (a scalar
+        Dynamo may pass as 0 or 1: a cache's length).  The others are bound after
+        the Extern whose result they size."""
+        given = {v for _, v in self.inputs if isinstance(v, sympy.Symbol)}
+        return tuple(f.symbol for f in self.shapes.facts if f.backed or f.symbol in given)
+
+    def assumed_inputs(self) -> tuple[tuple[str, int, int | None], ...]:
+        """The SymInt inputs whose range coil assumed (SymbolFacts.assumed): name,
+        least and greatest value compiled for.  A call passing another value runs
+        the graph eagerly (backends/dynamo.py) rather than compiled."""
+        out = []
+        for name, v in self.inputs:
+            if isinstance(v, sympy.Symbol) and v in self.shapes.symbols and (f := self.shapes.fact(v)).assumed:
+                out.append((name, f.lower, f.upper))
+        return tuple(out)
 
     def output(self, i: int) -> Size | None:
         for k, v in self.outputs:

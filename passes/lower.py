@@ -514,9 +514,7 @@ def _size_op(ctx: LowerCtx, target: Any, args: Any) -> Any:
         return lay.stride[args[1]] if target is torch.ops.aten.sym_stride.int else lay.offset
     if target in RANGE_FACTS and ctx.sizes.shapes:
         return _range_fact(ctx, target, args)
-    if ctx.sizes.shapes:
-        return size_arith(target, args)
-    return None
+    return size_arith(target, args)  # in a static graph too: Python arithmetic on sizes Dynamo specialized
 
 
 # calls that state a fact about sizes: a runtime assert of a condition on sizes
@@ -668,7 +666,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
             flat = torch.utils._pytree.tree_leaves(outs)
             outputs = tuple(o.name if isinstance(o, TensorValue) else None for o in flat)
             size_outputs = tuple((i, o) for i, o in enumerate(flat)
-                                 if isinstance(o, (int, sympy.Expr)) and not isinstance(o, bool) and sm.shapes)
+                                 if isinstance(o, (int, sympy.Expr)) and not isinstance(o, bool))
             fx_flat = torch.utils._pytree.tree_leaves(n.args[0])
             _check_output_devices(flat, fx_flat, vals)
             output_strides = tuple(_meta_stride(f, vals, sm) for f in fx_flat)
@@ -679,7 +677,9 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     if options.free_output_strides:  # strides coil may choose (a training forward's saved activations)
         free = set(options.free_output_strides)
         output_strides = tuple(None if i in free else st for i, st in enumerate(output_strides))
-    sizes = NO_SIZES if not sm.shapes else GraphSizes(sm.shapes, tuple(size_inputs), tuple(order), size_outputs)
+    # a static graph may take and return sizes too (a SymInt Dynamo specialized: a cache's length)
+    sizes = (NO_SIZES if not (sm.shapes or size_inputs or size_outputs)
+             else GraphSizes(sm.shapes, tuple(size_inputs), tuple(order), size_outputs))
     g = prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides, sizes), options)
     return attention_input_strides(g, options)
 

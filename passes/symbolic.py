@@ -31,6 +31,7 @@ from coil.ir.shapes import (
     is_unbacked_symbol,
     norm,
     size_symbol,
+    symbol_key,
     unbacked_symbol,
 )
 
@@ -62,14 +63,15 @@ def size_leaves(v: Any) -> list[Any]:
     return []
 
 
-def _range_of(env: Any, s: sympy.Symbol) -> tuple[int, int | None]:
+def _range_of(env: Any, s: sympy.Symbol, sizes: bool = True) -> tuple[int, int | None]:
     """A symbol's range in the ShapeEnv: (least, greatest), None for unbounded (an
-    upper end at int64's largest values says nothing a size does not)."""
+    upper end at int64's largest values says nothing a size does not).  The least
+    is at least 0 for a size (`sizes`); otherwise an unbounded lower end is -2**63."""
     r = env.var_to_range.get(s)
-    lo = int(r.lower) if r is not None and isinstance(r.lower, (int, sympy.Integer)) else 0
+    lo = int(r.lower) if r is not None and isinstance(r.lower, (int, sympy.Integer)) else (0 if sizes else -2**63)
     up = r.upper if r is not None else None
     hi = int(up) if isinstance(up, (int, sympy.Integer)) else None
-    return max(lo, 0), (None if hi is not None and hi >= 2**63 - 2 else hi)
+    return max(lo, 0) if sizes else lo, (None if hi is not None and hi >= 2**63 - 2 else hi)
 
 
 @attrs.define(eq=False)
@@ -101,16 +103,28 @@ class SizeMap:
                     if hint is None:
                         raise CoilError(f"input size {expr} depends on data (unbacked symbol {s}): not supported yet",
                                         stage="lower")
-                    lo, hi = _range_of(env, s)
+                    lo, hi = _range_of(env, s, sizes=False)
                     if hi is not None and hi == lo:  # specialized: a constant
                         names[s] = sympy.Integer(lo)
                         continue
-                    if lo < 2:  # kernels and proofs take every size symbol to be at least 2
+                    if lo < 2 and isinstance(x, torch.SymInt) and expr == s and hint >= 0:
+                        # a SymInt input that may be 0 or 1 (an int a model keeps, a cache's length:
+                        # Dynamo specializes a tensor's sizes 0 and 1, not an int's): a `u` symbol,
+                        # which nothing takes to be at least 1, bound from the input on entry
+                        # (GraphSizes.entry_symbols).  Where the ShapeEnv lets it be negative (it
+                        # rarely knows a counter's sign), coil assumes it is not: a call passing a
+                        # negative value runs the graph eagerly (SymbolFacts.assumed).
+                        coil = unbacked_symbol(sum(1 for f in facts if not f.backed))
+                        names[s] = coil
+                        facts.append(SymbolFacts(coil, hint, max(lo, 0), hi, backed=False, assumed=lo < 0))
+                        continue
+                    if lo < 2:  # kernels and proofs take every `s` symbol to be at least 2
                         raise CoilError(f"size symbol {s} may be {lo} (range {lo}..{hi}): coil takes symbolic sizes "
                                         "of at least 2", stage="lower")
-                    coil = size_symbol(len(facts))
+                    coil = size_symbol(sum(1 for f in facts if f.backed))
                     names[s] = coil
                     facts.append(SymbolFacts(coil, hint, max(lo, 0), hi))
+        facts.sort(key=lambda f: symbol_key(f.symbol))  # ShapeInfo's order: `s*`, then `u*`
         return cls(env, names, ShapeInfo(tuple(facts)))
 
     def admit_unbacked(self, val: Any) -> None:
@@ -208,7 +222,7 @@ _COMPARISONS: dict[Any, Callable[[Any, Any], Any]] = {
 # arithmetic of sizes, as the graph's Python size operations spell it
 _ARITHMETIC: dict[Any, Callable[..., Any]] = {
     operator.mul: lambda a, b: a * b, operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b,
-    operator.neg: lambda a: -a,
+    operator.neg: lambda a: -a, operator.pos: lambda a: a,
     operator.floordiv: lambda a, b: a // b if isinstance(a, int) and isinstance(b, int) else FloorDiv(a, b),
     operator.mod: lambda a, b: a % b if isinstance(a, int) and isinstance(b, int) else ModularIndexing(a, 1, b),
     # torch's refs compute strides with them (lerp of a transposed operand)
@@ -225,6 +239,9 @@ def size_arith(target: Any, args: Sequence[Any]) -> Any:
                                                       for a in args):
         v = compare(*(sympy.sympify(a) for a in args))  # a condition on sizes (what an assert checks)
         return v if isinstance(v, (sympy.logic.boolalg.BooleanAtom, sympy.core.relational.Relational)) else None
+    if target is torch.sym_sum and len(args) == 1 and isinstance(args[0], (list, tuple)):
+        args = (sum(args[0][1:], args[0][0]) if args[0] else 0,)  # a sum of sizes (Dynamo folds `a + b + c` into one)
+        target = operator.pos
     fn = _ARITHMETIC.get(target)
     if fn is None or not all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool) for a in args):
         return None

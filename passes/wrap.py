@@ -194,8 +194,9 @@ def views_as_base(lines: Sequence[Line], program: KernelProgram, options: Option
 
 
 def binds(bg: BufferGraph) -> tuple[Bind, ...]:
-    """Where `call` reads each size symbol: a SymInt input that is the symbol, else
-    the first tensor input with a size (then a stride) that is the symbol."""
+    """Where `call` reads each symbol it knows on entry (GraphSizes.entry_symbols):
+    a SymInt input that is the symbol, else the first tensor input with a size
+    (then a stride) that is the symbol."""
     out: dict[str, Bind] = {}
     for name, v in bg.sizes.inputs:
         if isinstance(v, sympy.Symbol):
@@ -207,12 +208,12 @@ def binds(bg: BufferGraph) -> tuple[Bind, ...]:
             for d, v in enumerate(i.layout.size if what == "size" else i.layout.stride):
                 if isinstance(v, sympy.Symbol):
                     out.setdefault(v.name, Bind(v.name, i.name, what, d))
-    backed = [s for s in bg.sizes.shapes.symbols if not is_unbacked_symbol(s)]
-    missing = [str(s) for s in backed if s.name not in out]
+    entry = bg.sizes.entry_symbols()
+    missing = [str(s) for s in entry if s.name not in out]
     if missing:
         raise CoilError(f"size symbols {missing} are no input's size, stride or value: the wrapper cannot read them",
                         stage="wrap")
-    return tuple(out[s.name] for s in backed)
+    return tuple(out[s.name] for s in entry)
 
 
 def bind_unbacked(lines: list[Line], program: KernelProgram) -> list[Line]:
@@ -224,7 +225,7 @@ def bind_unbacked(lines: list[Line], program: KernelProgram) -> list[Line]:
     unbacked = {s for s in bg.sizes.shapes.symbols if is_unbacked_symbol(s)}
     if not unbacked:
         return lines
-    bound: set[sympy.Symbol] = set()
+    bound: set[sympy.Symbol] = set(bg.sizes.entry_symbols())  # a SymInt input's, bound on entry
     out: list[Line] = []
     for ln in lines:
         used = _symbols_used_by(ln, program) & unbacked

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -570,3 +571,59 @@ def test_training_steps_of_transformers_models_that_broke_coil(build):
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _tiny_decoder(kind: str) -> torch.nn.Module:
+    import transformers
+
+    config = getattr(transformers, f"{kind}Config")(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                                     num_hidden_layers=2, num_attention_heads=4,
+                                                     num_key_value_heads=2, max_position_embeddings=128,
+                                                     pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    return getattr(transformers, f"{kind}ForCausalLM")(config).eval()
+
+
+def _generate(model: torch.nn.Module, **kwargs) -> Any:
+    ids = torch.randint(1, 1000, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                              min_new_tokens=6, do_sample=False, output_scores=True,
+                              return_dict_in_generate=True, **kwargs)
+
+
+@pytest.mark.parametrize("kind, cache", [("Llama", "dynamic"), ("Mistral", "dynamic"), ("Llama", "static")])
+def test_greedy_generation_through_coil_matches_eager(kind, cache):
+    """Text generation as people compile it (bench/probes/generate_census.py): the
+    model's forward compiled over the growing DynamicCache (Dynamo recompiles with
+    the length symbolic, and Mistral's sliding-window cache passes a length that
+    may be 0), or transformers compiling the decoding step itself over a
+    StaticCache.  Every step's scores match eager's and so do the tokens; no graph
+    runs eagerly (the tests' fallback is off)."""
+    pytest.importorskip("transformers")
+    from transformers import CompileConfig
+
+    model = _tiny_decoder(kind)
+    kwargs: dict[str, Any] = {}
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    want = _generate(copy.deepcopy(model), **kwargs, **({"disable_compile": True} if cache == "static" else {}))
+    torch._dynamo.reset()
+    m = copy.deepcopy(model)
+    if cache == "static":
+        config = CompileConfig(backend="coil", mode=None, options={"target": "cpp", "graph_cache": False})
+        config._compile_all_devices = True  # transformers compiles generation on accelerators only, unless told
+        kwargs["compile_config"] = config
+    else:
+        m.forward = torch.compile(m.forward, backend="coil", options={"target": "cpp", "graph_cache": False})
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    got = _generate(m, **kwargs)
+    compiled = counters["coil"]["compiled"]
+    torch._dynamo.reset()
+    assert compiled == (1 if cache == "static" else 3)  # prefill, the first step, then every later step
+    assert len(got.scores) == len(want.scores) == 6
+    for g, w in zip(got.scores, want.scores):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.sequences, want.sequences)

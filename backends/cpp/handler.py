@@ -43,7 +43,8 @@ from coil.ir.expr import (
 from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 
-cpp_index = IndexPrinter(floordiv="/", mod="%", maximum="std::max<int64_t>", minimum="std::min<int64_t>")
+# max / min of sizes: the prelude's (it includes no <algorithm>)
+cpp_index = IndexPrinter(floordiv="/", mod="%", maximum="coil_max<int64_t>", minimum="coil_min<int64_t>")
 
 
 def _sz(size: Any) -> str:

@@ -108,7 +108,7 @@ VOCAB, HIDDEN, LAYERS, HEADS, BATCH, SEQ, IMAGE, CLASSES = 1000, 64, 2, 4, 2, 16
 SHRINK: dict[str, Any] = {
     "vocab_size": VOCAB, "hidden_size": HIDDEN, "d_model": HIDDEN, "n_embd": HIDDEN, "embed_dim": HIDDEN,
     "num_hidden_layers": LAYERS, "n_layer": LAYERS, "num_layers": LAYERS, "encoder_layers": LAYERS,
-    "decoder_layers": LAYERS, "num_attention_heads": HEADS, "n_head": HEADS, "encoder_attention_heads": HEADS,
+    "decoder_layers": LAYERS, "num_decoder_layers": LAYERS, "num_attention_heads": HEADS, "n_head": HEADS, "encoder_attention_heads": HEADS,
     "decoder_attention_heads": HEADS, "num_heads": HEADS, "intermediate_size": 2 * HIDDEN, "ffn_dim": 2 * HIDDEN,
     "encoder_ffn_dim": 2 * HIDDEN, "decoder_ffn_dim": 2 * HIDDEN, "d_ff": 2 * HIDDEN, "n_inner": 2 * HIDDEN,
     "max_position_embeddings": 128, "n_positions": 128, "head_dim": HIDDEN // HEADS, "num_key_value_heads": 2,

@@ -18,7 +18,7 @@ from torch._prims_common import get_acc_type
 from coil.errors import CoilError
 from coil.ir.expr import Cast, Expr, IndexExpr, xsyms
 from coil.ir.shapes import norm, sizes
-from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, op, register_lowering
+from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, op, register_lowering, scalar_expr
 
 aten = torch.ops.aten
 
@@ -37,7 +37,7 @@ def _scalar_dtype(value: Scalar) -> torch.dtype:
     """The dtype `torch.full(size, value)` infers when none is given."""
     if isinstance(value, bool):
         return torch.bool
-    if isinstance(value, int):
+    if isinstance(value, (int, sympy.Expr)):  # a size (a SymInt of the graph) is an int
         return torch.int64
     return torch.get_default_dtype()
 
@@ -45,7 +45,7 @@ def _scalar_dtype(value: Scalar) -> torch.dtype:
 def _fill(ctx: LowerCtx, size: Sequence[int], value: Scalar, dtype: torch.dtype | None,
           device: Any = None) -> TensorValue:
     dtype = _scalar_dtype(value) if dtype is None else dtype
-    return ctx.pointwise(sizes(size), constant(value, dtype), dtype, _device(ctx, device))
+    return ctx.pointwise(sizes(size), scalar_expr(value, dtype), dtype, _device(ctx, device))
 
 
 @register_lowering(aten.full)

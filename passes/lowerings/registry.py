@@ -21,7 +21,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from coil.errors import CoilError
-from coil.ir.expr import COMPARISONS, LOGICAL, Cast, Constant, Expr, Load, Op, xsyms
+from coil.ir.expr import COMPARISONS, LOGICAL, Cast, Constant, Expr, IndexExpr, Load, Op, xsyms
 from coil.ir.layout import Layout
 from coil.ir.lowered import LNode, Pointwise, Reduction, View
 from coil.ir.shapes import Size
@@ -220,10 +220,19 @@ def promote(
     args: Iterable[Any], kind: ELEMENTWISE_TYPE_PROMOTION_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 ) -> tuple[torch.dtype, torch.dtype]:
     """aten's type promotion: (compute dtype, result dtype)."""
-    metas = [a.meta(rank_only=True) if is_tensor(a) else a for a in args if is_tensor(a) or isinstance(a, (bool, int, float))]
+    metas = [a.meta(rank_only=True) if is_tensor(a) else _SIZE_SCALAR if _is_size(a) else a
+             for a in args if is_tensor(a) or _is_size(a) or isinstance(a, (bool, int, float))]
     # 0-d tensors promote like scalars unless all are 0-d; torch handles that on meta tensors
     compute, result = elementwise_dtypes(*metas, type_promotion_kind=kind)
     return compute, result
+
+
+_SIZE_SCALAR = 1  # what a size stands for in type promotion: an int scalar, as a SymInt is
+
+
+def _is_size(x: Any) -> bool:
+    """A size expression (a SymInt the graph computes with, as sympy) used as a scalar operand."""
+    return isinstance(x, sympy.Expr) and bool(x.is_integer)  # a relation's is_integer is None
 
 
 def as_expr(x: Any, out_size: Sequence[int], index: Sequence[sympy.Expr], dtype: torch.dtype) -> Expr:
@@ -232,9 +241,20 @@ def as_expr(x: Any, out_size: Sequence[int], index: Sequence[sympy.Expr], dtype:
         e = broadcast_load(x, out_size, index)
     elif isinstance(x, (bool, int, float)):
         return constant(x, dtype)
+    elif _is_size(x):  # a SymInt of the graph (a cache's length): its value, as the index arithmetic has it
+        e = IndexExpr(x)
     else:
         raise CoilError(f"cannot use {type(x).__name__} as a tensor operand")
     return e if e.dtype == dtype else Cast(e, dtype)
+
+
+def scalar_expr(x: Any, dtype: torch.dtype) -> Expr:
+    """A scalar argument (a Python number, or a size expression: a SymInt of the
+    graph) as an expression of `dtype`."""
+    if _is_size(x):
+        e = IndexExpr(x)
+        return e if dtype == e.dtype else Cast(e, dtype)
+    return constant(x, dtype)
 
 
 def constant(x: bool | int | float, dtype: torch.dtype) -> Constant:

@@ -1,0 +1,132 @@
+"""CPU probe: `model.generate` through coil, as people compile text generation.
+For each causal or sequence-to-sequence model type named on the command line
+(default: GENERATORS below), built tiny as bench/probes/model_census.py builds it,
+greedy generation of NEW tokens after a prompt of PROMPT tokens, batch 2, in two
+ways:
+
+- `dynamic`: `model.forward = torch.compile(model.forward, backend="coil")` and the
+  default DynamicCache.  The cache grows every step, so Dynamo recompiles with
+  the lengths symbolic (automatic dynamic shapes) after the second step.
+- `static`: `generate(cache_implementation="static", compile_config=...)`, the
+  way transformers' docs compile generation: transformers compiles the decoding
+  step itself (backend coil, its options in place of a mode; `_compile_all_devices` lets it on the
+  CPU), over a StaticCache that the step updates in place with index_copy_.
+
+Each is compared with eager generation: the tokens must be the same and each
+step's scores allclose to eager's (rtol/atol 1e-4, float32).  Prints one line per
+model and way: ok (the Dynamo graphs, recompiles and graphs coil ran eagerly),
+mismatch (the first step that differs), error, or `eager fails` (not counted).
+Run from the repository root; COIL_TARGET picks the target (default cpp)."""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import sys
+import time
+import traceback
+import warnings
+
+sys.path.insert(0, os.getcwd())
+import torch  # noqa: E402
+
+from bench.hf_models import Counts, counting  # noqa: E402
+from bench.probes.model_census import build  # noqa: E402
+
+GENERATORS: tuple[tuple[str, str], ...] = (
+    ("gpt2", "AutoModelForCausalLM"),
+    ("llama", "AutoModelForCausalLM"),
+    ("mistral", "AutoModelForCausalLM"),
+    ("qwen2", "AutoModelForCausalLM"),
+    ("qwen3", "AutoModelForCausalLM"),
+    ("phi", "AutoModelForCausalLM"),
+    ("gemma", "AutoModelForCausalLM"),
+    ("gemma2", "AutoModelForCausalLM"),
+    ("opt", "AutoModelForCausalLM"),
+    ("bloom", "AutoModelForCausalLM"),
+    ("gpt_neox", "AutoModelForCausalLM"),
+    ("falcon", "AutoModelForCausalLM"),
+    ("gptj", "AutoModelForCausalLM"),
+    ("olmo", "AutoModelForCausalLM"),
+    ("mixtral", "AutoModelForCausalLM"),
+    ("t5", "AutoModelForSeq2SeqLM"),
+    ("bart", "AutoModelForSeq2SeqLM"),
+)
+BATCH, PROMPT, NEW = 2, 8, 8
+
+
+def generate(model: torch.nn.Module, way: str, compiled: bool, target: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    from transformers import CompileConfig
+
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, model.config.vocab_size, (BATCH, PROMPT), generator=gen)
+    kwargs: dict = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW,
+                    "min_new_tokens": NEW, "do_sample": False, "output_scores": True,
+                    "return_dict_in_generate": True}
+    if way == "static":
+        kwargs["cache_implementation"] = "static"
+        if compiled:
+            cfg = CompileConfig(backend="coil", mode=None, options={"target": target})  # torch.compile takes one of the two
+            cfg._compile_all_devices = True
+            kwargs["compile_config"] = cfg
+        else:
+            kwargs["disable_compile"] = True
+    elif compiled:
+        model.forward = torch.compile(model.forward, backend="coil", options={"target": target})
+    with torch.no_grad():
+        out = model.generate(**kwargs)
+    return out.sequences, list(out.scores)
+
+
+def one(model_type: str, auto: str, way: str, target: str) -> str:
+    try:
+        model = build(model_type, auto).eval()
+        model.config.use_cache = True  # the census builds without a cache
+        model.generation_config.use_cache = True
+        model.generation_config.pad_token_id = 0
+        model.generation_config.decoder_start_token_id = 0  # the seq2seq models start their decoder there
+        want_ids, want_scores = generate(copy.deepcopy(model), way, False, target)
+    except Exception as e:  # noqa: BLE001 - the model at this size, not a compiler
+        return f"eager fails: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+    torch._dynamo.reset()
+    counts = Counts()
+    t0 = time.perf_counter()
+    try:
+        with counting(counts), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got_ids, got_scores = generate(copy.deepcopy(model), way, True, target)
+    except Exception as e:  # noqa: BLE001 - reported
+        tb = traceback.extract_tb(e.__traceback__)
+        where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(tb) if "/coil" in f.filename or
+                      "/passes/" in f.filename or "/backends/" in f.filename), "")
+        return f"error ({where}): {type(e).__name__}: {' '.join(str(e).split())[:240]}"
+    took = time.perf_counter() - t0
+    ran = counts.compiled + counts.cached  # compiled now, or loaded from coil's graph cache
+    graphs = (f"{counts.compiled} graphs compiled, {counts.cached} cached, {counts.dynamo_graphs} Dynamo graphs, "
+              f"{len(counts.eager_fallbacks)} run eagerly, {took:.1f} s")
+    if ran == 0:
+        return f"not compiled ({graphs}): transformers ran no step through coil"
+    for step, (g, w) in enumerate(zip(got_scores, want_scores)):
+        if not torch.allclose(g, w, rtol=1e-4, atol=1e-4):
+            err = (g - w).abs().max().item()
+            return f"mismatch ({graphs}): step {step}'s scores differ by up to {err:.3g}"
+    if not torch.equal(got_ids, want_ids):
+        return f"mismatch ({graphs}): tokens {got_ids.tolist()} against eager's {want_ids.tolist()}"
+    if counts.eager_fallbacks:
+        return f"ok, with fallbacks ({graphs}): {' '.join(counts.eager_fallbacks[0].split())[:200]}"
+    return f"ok ({graphs})"
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    target = os.environ.get("COIL_TARGET", "cpp")
+    ways = os.environ.get("WAYS", "dynamic,static").split(",")
+    wanted = sys.argv[1:]
+    for model_type, auto in [r for r in GENERATORS if not wanted or r[0] in wanted]:
+        for way in ways:
+            print(f"{model_type:12s} {way:8s} {one(model_type, auto, way, target)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

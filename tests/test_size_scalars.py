@@ -1,0 +1,185 @@
+"""Sizes used as numbers: what text generation hands a backend (found by
+bench/probes/generate_census.py).  A decoding step takes the cache's length as a
+SymInt and computes with it: it adds it to a tensor (`arange(n) + past`), fills a
+tensor with it, returns `past + 1`, and Dynamo folds sums of sizes into
+`torch.sym_sum`.  A sliding-window cache's length may be 0 or 1 (Dynamo
+specializes a tensor's sizes 0 and 1, not an int's), and a step Dynamo compiled
+with the length specialized still takes it as an input and returns `8 + 1`.
+Each of these ran eagerly (coil's fallback) before; each now compiles and matches
+eager (the tests run with the fallback off, as every test does: a graph coil
+could not compile would fail them)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import coil
+from coil.ir.shapes import GraphSizes, ShapeInfo, SymbolFacts, size_symbol, unbacked_symbol
+from tests_helpers import target_available
+
+TARGETS = ["reference", "cpp", "triton"]
+
+
+@pytest.fixture
+def coil_log(caplog):
+    caplog.set_level(logging.WARNING, logger="coil")
+    return caplog
+
+
+def _compile(fn, target, **options):
+    if not target_available(target):
+        pytest.skip(f"{target} not available")
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="coil", dynamic=True, options={"target": target, **options})
+
+
+def _eager_fallbacks(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "running it eagerly" in r.getMessage()]
+
+
+def _sizes_as_operands(x, y):
+    n = y.shape[0]
+    return (x * n + torch.arange(x.shape[0]) + n, (x > n).float(), torch.where(x > 0, x, n),
+            torch.full((x.shape[0],), n), x - torch.sym_sum([n, x.shape[0], 1]))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_size_is_an_operand_of_pointwise_ops(target, coil_log):
+    g = _compile(_sizes_as_operands, target)
+    for k in (3, 5, 9):
+        x, y = torch.randn(k) * 4, torch.randn(k + 2)
+        for got, want in zip(g(x, y), _sizes_as_operands(x, y)):
+            torch.testing.assert_close(got, want)
+    assert _eager_fallbacks(coil_log) == []
+
+
+def _cache_step(x, n):
+    torch._check(n >= 0)  # what a sliding-window cache's length knows: never negative, maybe 0 or 1
+    k = torch.arange(n + 1, dtype=torch.float32)
+    return x * n + k.sum(), torch.full((n + 2,), n), n + 1
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_symint_input_that_may_be_0_or_1_compiles(target, coil_log):
+    g = _compile(_cache_step, target)
+    for n in (3, 0, 1, 7):
+        x = torch.randn(4)
+        got, want = g(x, n), _cache_step(x, n)
+        torch.testing.assert_close(got, want)
+    assert _eager_fallbacks(coil_log) == []
+
+
+def test_such_an_input_is_a_u_symbol_bound_and_checked_on_entry(tmp_path):
+    """The input becomes `u0` (nothing takes it to be at least 1), which `call`
+    reads from the argument first, before any kernel or allocation uses it."""
+    g = _compile(_cache_step, "cpp", debug_dir=str(tmp_path))
+    g(torch.randn(4), 3)
+    code = next(tmp_path.glob("*/output_code.py")).read_text()
+    call = code[code.index("def call("):]
+    assert "u0 = " in call
+    first_use = min(call.index(w) for w in ("empty_strided", "cpp_fused") if w in call)
+    assert call.index("u0 = ") < first_use
+
+
+def test_entry_symbols_are_the_backed_and_those_a_symint_input_is():
+    s0, u0, u1 = size_symbol(0), unbacked_symbol(0), unbacked_symbol(1)
+    facts = ShapeInfo((SymbolFacts(s0, 4, 2, None), SymbolFacts(u0, 3, 0, 10, backed=False),
+                       SymbolFacts(u1, 8192, 0, None, backed=False)))
+    sizes = GraphSizes(facts, (("arg0_1", u0),), ("arg0_1", "arg1_1"))
+    assert sizes.entry_symbols() == (s0, u0)  # u1 is an extern's result's size: bound after it runs
+
+
+def test_a_symint_the_shape_env_lets_be_negative_compiles_for_0_up(coil_log):
+    """Dynamo rarely knows an int's sign (Mistral's cache length comes as -oo..4094):
+    coil compiles for 0 and up, an assumption the IR states (`assumed`), and a call
+    with a negative value runs the graph eagerly, with one warning."""
+
+    def f(x, n):
+        return x * n + n
+
+    g = _compile(f, "cpp")
+    for n in (3, 5, 0, -4, 1, -2):
+        x = torch.randn(4)
+        torch.testing.assert_close(g(x, n), f(x, n))
+    warned = [r.getMessage() for r in coil_log.records if "outside the range" in r.getMessage()]
+    assert len(warned) == 1 and "= -4" in warned[0] and "running it eagerly" in warned[0]
+    assert _eager_fallbacks(coil_log) == warned  # the graph itself compiled
+
+
+def test_the_assumed_range_prints_in_the_ir():
+    import torch._dynamo.testing
+
+    def f(x, n):
+        return x * n
+
+    backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
+    torch._dynamo.reset()
+    torch.compile(f, backend=backend, dynamic=True)(torch.randn(4), 3)
+    (gm,) = backend.fw_graphs
+    ins = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+    lowered = coil.default_pipeline().run(gm, ins, until="lower", options=coil.Options(target="cpp"))
+    assert [f.show() for f in lowered.sizes.shapes.facts] == ["s0 in [2, oo] hint 4", "u0 in [0, oo] hint 3 unbacked assumed"]
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_a_static_graph_takes_and_returns_a_specialized_size(target):
+    """A SymInt Dynamo specialized while tracing (`n == 8` branched on) stays an
+    input of the graph, as a number, and `n + 1` is an output: Python arithmetic
+    on sizes in a graph with no symbolic size (gemma2's decoding step)."""
+
+    def f(x, n):
+        if n == 8:
+            return x + n, n + 1
+        return x - n, n
+
+    if not target_available(target):
+        pytest.skip(f"{target} not available")
+    torch._dynamo.reset()
+    # automatic dynamic: the second call's new n makes n a SymInt, x keeps its static size
+    g = torch.compile(f, backend="coil", options={"target": target})
+    x = torch.randn(4)
+    for n in (7, 8):
+        got, want = g(x, n), f(x, n)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1]
+
+
+def test_a_max_of_sizes_in_a_cpp_kernel_compiles(tmp_path, coil_log):
+    """`max(0, s - 4)` as a value in a kernel: the cpp target printed std::max,
+    which its prelude (no <algorithm>) does not declare, and g++ failed."""
+
+    def f(x):
+        return x + torch.sym_max(x.shape[0] - 4, 0)
+
+    g = _compile(f, "cpp", debug_dir=str(tmp_path))
+    for k in (3, 6, 9):
+        x = torch.randn(k)
+        torch.testing.assert_close(g(x), f(x))
+    assert _eager_fallbacks(coil_log) == []
+    code = "".join(p.read_text() for p in tmp_path.glob("*/output_code.py"))
+    assert "std::max" not in code
+
+
+def test_debug_dir_keeps_the_graph_of_a_graph_that_failed_and_charts_symbolic_sizes(tmp_path, coil_log):
+    """`graph.txt` (the aten graph coil was handed) is written before lowering, so
+    a graph coil ran eagerly still shows what it was; the lifetime chart of a
+    symbolic graph draws its buffers at the hints (it raised on comparing them)."""
+
+    def f(x):
+        return x * (x.shape[0] / 3)  # a size divided by a size (a SymFloat): coil refuses the graph
+
+    g = _compile(f, "cpp", debug_dir=str(tmp_path), eager_fallback=True)
+    g(torch.randn(5))
+    assert _eager_fallbacks(coil_log)
+    (failed,) = [p for p in tmp_path.iterdir() if not (p / "00_lower.txt").exists()]
+    assert "truediv" in (failed / "graph.txt").read_text()
+
+    g = _compile(lambda x: (x * 2).sum(0), "cpp", debug_dir=str(tmp_path / "sym"))
+    for k in (3, 5):
+        g(torch.randn(k, 4))
+    charts = list((tmp_path / "sym").glob("*/lifetimes.png"))
+    assert charts and all(c.stat().st_size > 0 for c in charts)
+    assert all((p / "graph.txt").exists() for p in (tmp_path / "sym").iterdir())
