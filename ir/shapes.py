@@ -372,9 +372,16 @@ class _PySizePrinter(StrPrinter):
 
 
 def py_size(e: Size) -> str:
-    """A size as Python source: an int literal, or an expression over size symbols."""
+    """A size as Python source: an int literal, or an expression over size symbols.
+    A size with fractions (a view's -1 over symbolic sizes: `s0*s1*s4/3072`, whole
+    for every size Dynamo's guards admit) is its numerator floor-divided by the
+    common denominator, so Python computes an int, as C's `/` does."""
     if isinstance(e, int):
         return str(e)
+    if any(isinstance(a, sympy.Rational) and not a.is_Integer for a in e.atoms(sympy.Rational)):
+        num, den = sympy.fraction(sympy.together(e))
+        if den.is_Integer and num.is_polynomial():
+            return f"(({_PySizePrinter().doprint(sympy.expand(num))}) // {int(den)})"
     return _PySizePrinter().doprint(e)
 
 

@@ -388,3 +388,43 @@ def test_a_persistent_reduction_holds_its_longest_row(tmp_path: Path) -> None:
         torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
         torch.testing.assert_close(f(x), fn(x))
     _check_one_graph()
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_cpp_symbolic_pointwise_kernels_share_their_outer_loops(rank: int, tmp_path: Path) -> None:
+    """A symbolic pointwise kernel with work enough at its hints for threads
+    (CPP_NESTS.parallel_min_work): the threads share the loops outside the `omp
+    simd` one, as a static kernel's do, and a 1-d kernel's blocks.  It collapsed
+    every x loop, the simd loop too, and g++ refused the kernel ("not enough for
+    loops to collapse"; a 1-d kernel failed in kernel_gen): found by OPT and Falcon
+    at two sequence lengths (bench/probes/model_census.py with SEQS)."""
+    emb = torch.randn(1000, 48)
+
+    def f(ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.nn.functional.embedding(ids, emb) * 2, x * 3 + 1  # the embedding's kernel checks its indices
+
+    # no size equal to another only at one n (Dynamo's duck sizing would make them one symbol)
+    shape = {1: lambda n: (n * 4096,), 2: lambda n: (n * 64, 384), 3: lambda n: (3, n * 32, 384)}[rank]
+    g = _cpp_compiled(f, tmp_path, dynamic=True)
+    for n in (16, 7, 24):
+        ids, x = torch.randint(0, 1000, (2, n * 32)), torch.randn(shape(n))
+        for got, want in zip(g(ids, x), f(ids, x)):
+            torch.testing.assert_close(got, want)
+    assert counters["coil"]["compiled"] == 1
+    source = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    assert "omp parallel for" in source  # and g++ took it: the fallback is off
+
+
+def test_a_view_whose_minus_one_divides_symbolic_sizes_allocates_an_int_size(tmp_path: Path) -> None:
+    """`x.view(-1, 4, 768)` over (2, s, 3072) with every size symbolic: the -1 is
+    `s0*s1*s2/3072`, whole wherever Dynamo's guards admit the call; the wrapper
+    printed it as Python's true division, and torch refused the float size."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1, 4, 768) + 1
+
+    g = _cpp_compiled(f, tmp_path, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(2, n, 3072)
+        torch.testing.assert_close(g(x), f(x))
+    assert counters["coil"]["compiled"] == 1

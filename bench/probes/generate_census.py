@@ -13,7 +13,9 @@ ways:
   CPU), over a StaticCache that the step updates in place with index_copy_.
 
 Each is compared with eager generation: the tokens must be the same and each
-step's scores allclose to eager's (rtol/atol 1e-4, float32).  Prints one line per
+step's scores allclose to eager's (rtol/atol 1e-4, float32).  DEVICE=cuda runs
+on the GPU (target triton), and COMPILE_MODE=reduce-overhead compiles in that
+mode (torch.compile then takes no options: the target is coil's default).  Prints one line per
 model and way: ok (the Dynamo graphs, recompiles and graphs coil ran eagerly),
 mismatch (the first step that differs), error, or `eager fails` (not counted).
 Run from the repository root; COIL_TARGET picks the target (default cpp)."""
@@ -55,37 +57,43 @@ GENERATORS: tuple[tuple[str, str], ...] = (
 BATCH, PROMPT, NEW = 2, 8, 8
 
 
-def generate(model: torch.nn.Module, way: str, compiled: bool, target: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _compile_kwargs(target: str, mode: str | None) -> dict:
+    """torch.compile's arguments: coil's options, or a mode (it takes one of the two)."""
+    return {"backend": "coil", "mode": mode} if mode else {"backend": "coil", "options": {"target": target}}
+
+
+def generate(model: torch.nn.Module, way: str, compiled: bool, target: str, mode: str | None = None,
+             device: str = "cpu") -> tuple[torch.Tensor, list[torch.Tensor]]:
     from transformers import CompileConfig
 
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, model.config.vocab_size, (BATCH, PROMPT), generator=gen)
+    ids = torch.randint(1, model.config.vocab_size, (BATCH, PROMPT), generator=gen).to(device)
     kwargs: dict = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": NEW,
                     "min_new_tokens": NEW, "do_sample": False, "output_scores": True,
                     "return_dict_in_generate": True}
     if way == "static":
         kwargs["cache_implementation"] = "static"
         if compiled:
-            cfg = CompileConfig(backend="coil", mode=None, options={"target": target})  # torch.compile takes one of the two
+            cfg = CompileConfig(**{"mode": None, **_compile_kwargs(target, mode)})
             cfg._compile_all_devices = True
             kwargs["compile_config"] = cfg
         else:
             kwargs["disable_compile"] = True
     elif compiled:
-        model.forward = torch.compile(model.forward, backend="coil", options={"target": target})
+        model.forward = torch.compile(model.forward, **_compile_kwargs(target, mode))
     with torch.no_grad():
         out = model.generate(**kwargs)
     return out.sequences, list(out.scores)
 
 
-def one(model_type: str, auto: str, way: str, target: str) -> str:
+def one(model_type: str, auto: str, way: str, target: str, mode: str | None = None, device: str = "cpu") -> str:
     try:
-        model = build(model_type, auto).eval()
+        model = build(model_type, auto).eval().to(device)
         model.config.use_cache = True  # the census builds without a cache
         model.generation_config.use_cache = True
         model.generation_config.pad_token_id = 0
         model.generation_config.decoder_start_token_id = 0  # the seq2seq models start their decoder there
-        want_ids, want_scores = generate(copy.deepcopy(model), way, False, target)
+        want_ids, want_scores = generate(copy.deepcopy(model), way, False, target, mode, device)
     except Exception as e:  # noqa: BLE001 - the model at this size, not a compiler
         return f"eager fails: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
     torch._dynamo.reset()
@@ -94,7 +102,7 @@ def one(model_type: str, auto: str, way: str, target: str) -> str:
     try:
         with counting(counts), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            got_ids, got_scores = generate(copy.deepcopy(model), way, True, target)
+            got_ids, got_scores = generate(copy.deepcopy(model), way, True, target, mode, device)
     except Exception as e:  # noqa: BLE001 - reported
         tb = traceback.extract_tb(e.__traceback__)
         where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(tb) if "/coil" in f.filename or
@@ -120,12 +128,14 @@ def one(model_type: str, auto: str, way: str, target: str) -> str:
 def main() -> None:
     torch.set_num_threads(1)
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    target = os.environ.get("COIL_TARGET", "cpp")
+    device = os.environ.get("DEVICE", "cpu")
+    target = os.environ.get("COIL_TARGET", "cpp" if device == "cpu" else "triton")
+    mode = os.environ.get("COMPILE_MODE") or None
     ways = os.environ.get("WAYS", "dynamic,static").split(",")
     wanted = sys.argv[1:]
     for model_type, auto in [r for r in GENERATORS if not wanted or r[0] in wanted]:
         for way in ways:
-            print(f"{model_type:12s} {way:8s} {one(model_type, auto, way, target)}", flush=True)
+            print(f"{model_type:12s} {way:8s} {one(model_type, auto, way, target, mode, device)}", flush=True)
 
 
 if __name__ == "__main__":

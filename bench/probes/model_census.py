@@ -169,34 +169,40 @@ def build(model_type: str, auto: str) -> torch.nn.Module:
     return model
 
 
-def inputs(kind: str, model: torch.nn.Module, train: bool) -> dict[str, torch.Tensor]:
+def inputs(kind: str, model: torch.nn.Module, train: bool, seq: int = SEQ) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     if kind in ("tokens", "seq2seq"):
         vocab = getattr(model.config, "vocab_size", VOCAB)
-        out = {"input_ids": torch.randint(1, vocab, (BATCH, SEQ), generator=gen),
-               "attention_mask": torch.ones(BATCH, SEQ, dtype=torch.long)}
+        out = {"input_ids": torch.randint(1, vocab, (BATCH, seq), generator=gen),
+               "attention_mask": torch.ones(BATCH, seq, dtype=torch.long)}
         if train:
-            out["labels"] = torch.randint(1, vocab, (BATCH, SEQ), generator=gen)
+            out["labels"] = torch.randint(1, vocab, (BATCH, seq), generator=gen)
         elif kind == "seq2seq":
-            out["decoder_input_ids"] = torch.randint(1, vocab, (BATCH, SEQ), generator=gen)
+            out["decoder_input_ids"] = torch.randint(1, vocab, (BATCH, seq), generator=gen)
         return out
     if kind == "pixels":
         size = getattr(model.config, "image_size", IMAGE)
         size = size if isinstance(size, int) else size[0]
         out = {"pixel_values": torch.randn(BATCH, getattr(model.config, "num_channels", 3), size, size, generator=gen)}
     else:
-        out = {"input_values": torch.randn(BATCH, 4000, generator=gen)}
+        out = {"input_values": torch.randn(BATCH, 250 * seq, generator=gen)}
     if train:
         out["labels"] = torch.randint(0, CLASSES, (BATCH,), generator=gen)
     return out
 
 
-def one(model_type: str, auto: str, kind: str, mode: str, backend: str) -> str:
+def one(model_type: str, auto: str, kind: str, mode: str, backend: str, seqs: tuple[int, ...] = (SEQ,)) -> str:
+    """One model and step through `backend`, at each sequence length of `seqs` in
+    turn (pixels: the image's size stays): one compiled model, so a second length
+    makes Dynamo recompile with the lengths symbolic, as fine-tuning on padded
+    batches of varying length does."""
+    if kind == "pixels":
+        seqs = seqs[:1]
     try:
         model = build(model_type, auto)
         model.train(mode == "train")
-        args = inputs(kind, model, mode == "train")
-        want = expected(model, args, mode)
+        cases = [inputs(kind, model, mode == "train", seq) for seq in seqs]
+        wants = [expected(model, args, mode) for args in cases]
     except Exception as e:  # noqa: BLE001 - the model at this size, not a compiler
         return f"eager fails: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
     torch._dynamo.reset()
@@ -206,19 +212,21 @@ def one(model_type: str, auto: str, kind: str, mode: str, backend: str) -> str:
         with counting(counts), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             opts = {"backend": "coil", "options": {"target": "cpp"}} if backend == "coil" else {}
-            got = CHECK_STEPS[mode](torch.compile(copy.deepcopy(model), **opts), args)
+            compiled = torch.compile(copy.deepcopy(model), **opts)
+            gots = [CHECK_STEPS[mode](compiled, args) for args in cases]
     except Exception as e:  # noqa: BLE001 - reported
         tb = traceback.extract_tb(e.__traceback__)
         where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(tb) if "/coil" in f.filename or
                       "/passes/" in f.filename or "/backends/" in f.filename), "")
         return f"error ({where}): {type(e).__name__}: {' '.join(str(e).split())[:240]}"
     took = time.perf_counter() - t0
-    verdict = judge(got, want)
     graphs = f"{counts.dynamo_graphs} Dynamo graphs, {counts.graph_breaks} breaks, {took:.1f} s"
     if counts.eager_fallbacks:
         return f"fallback ({graphs}): {' '.join(counts.eager_fallbacks[0].split())[:240]}"
-    if not verdict.passed:
-        return f"mismatch ({graphs}): {verdict.reason[:240]}"
+    for seq, got, want in zip(seqs, gots, wants):
+        verdict = judge(got, want)
+        if not verdict.passed:
+            return f"mismatch ({graphs}){f' at length {seq}' if len(seqs) > 1 else ''}: {verdict.reason[:240]}"
     return f"ok ({graphs})"
 
 
@@ -226,13 +234,14 @@ def main() -> None:
     torch.set_num_threads(1)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     wanted = sys.argv[1:]
+    seqs = tuple(int(v) for v in os.environ.get("SEQS", str(SEQ)).split(","))
     rows = [r for r in CENSUS if not wanted or r[0] in wanted]
     for model_type, auto, kind in rows:
         for mode in ("infer", "train"):
-            got = one(model_type, auto, kind, mode, "coil")
+            got = one(model_type, auto, kind, mode, "coil", seqs)
             line = f"{model_type:16s} {mode:5s} coil: {got}"
             if os.environ.get("INDUCTOR") and not got.startswith(("ok", "eager fails")):
-                line += f"\n{'':22s} inductor: {one(model_type, auto, kind, mode, 'inductor')}"
+                line += f"\n{'':22s} inductor: {one(model_type, auto, kind, mode, 'inductor', seqs)}"
             print(line, flush=True)
 
 

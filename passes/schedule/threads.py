@@ -64,17 +64,20 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     in_loops = tuple(NestNode(nd.buf.name, nd.body, nd.store if nd.buf.name in stored else None) for nd in nodes)
     par: Parallel | None
     if not is_static((*xsizes, *rsizes)):
-        # symbolic sizes: loops to run-time bounds, no blocks, lanes or splits (each
-        # right for every size); a pointwise kernel's transposed read in tiles (their
-        # ragged edges run plain loops, whatever the sizes); threads share the outer
-        # loops where the work at the hints is enough
+        # symbolic sizes: loops to run-time bounds, no lanes or splits (each right for
+        # every size); a pointwise kernel's transposed read in tiles (their ragged
+        # edges run plain loops, whatever the sizes), its innermost loop in blocks
+        # where the loops outside are few at the hints; threads share the outer loops
+        # where the work at the hints is enough
         tile = None
         if not nest.rdims:
             tile = transposed_tile(nest, outside_loads(nodes, layouts, nest.ranges), traits, shapes)
         if tile is not None:
             return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, 0, tile, tiled_parallel(nest, tile, traits, shapes),
                                                     in_loops))
-        return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, parallel=_symbolic_parallel(nest, shapes, traits),
+        block = _symbolic_block(nest, shapes, traits)
+        return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, block,
+                                                parallel=_symbolic_parallel(nest, block, shapes, traits),
                                                 nodes=in_loops))
     reads = outside_loads(nodes, layouts, nest.ranges)
     if not nest.rdims:
@@ -99,14 +102,35 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par, nodes=in_loops))
 
 
-def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> Parallel | None:
-    """The x loops shared among threads, chunked by the hints (the chunk is only
-    how the iterations are dealt out)."""
+def _symbolic_block(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> int:
+    """pointwise_block at the hints: a pointwise kernel whose loops outside the
+    innermost are too few to share among threads cuts the innermost into blocks
+    (its last block ends at the run-time bound, so the cut is right for every
+    size)."""
+    if nest.rdims or not nest.xdims:
+        return 0
+    outer = shapes.hint(math.prod(d.size for d in nest.xdims[:-1]))
+    return traits.block if shapes.hint(nest.xdims[-1].size) > traits.block and outer < traits.block_below else 0
+
+
+def _symbolic_parallel(nest: Nest, block: int, shapes: ShapeInfo, traits: NestTraits) -> Parallel | None:
+    """The loops shared among threads, chunked by the hints (the chunk is only
+    how the iterations are dealt out): a reduction's x loops; a pointwise kernel's
+    loops outside its innermost, which is its `omp simd` loop (and the innermost's
+    blocks, with `block`), as pointwise_parallel takes them."""
     numel = shapes.hint(math.prod(d.size for d in nest.xdims))
     rnumel = shapes.hint(math.prod(d.size for d in nest.rdims))
     if not nest.xdims or numel <= 1 or numel * max(rnumel, 1) < traits.parallel_min_work:
         return None
-    return parallel(len(nest.xdims), numel, traits)
+    if nest.rdims:
+        return parallel(len(nest.xdims), numel, traits)
+    loops = len(nest.xdims) - 1 + (1 if block else 0)
+    if not loops:
+        return None
+    iterations = shapes.hint(math.prod(d.size for d in nest.xdims[:-1]))
+    if block:
+        iterations *= -(-shapes.hint(nest.xdims[-1].size) // block)
+    return parallel(loops, iterations, traits)
 
 
 def outside_loads(nodes: Sequence[NodeIndexing], layouts: Mapping[str, Layout],
