@@ -48,14 +48,30 @@ def _one_group(text: str) -> bool:
     return False
 
 
+def _floor_needed(a: sympy.Expr) -> bool:
+    """Whether `a // b` or `a % b` must be printed with floor semantics where the
+    target's / and % truncate: `a` is an expression of sizes alone (no loop
+    variable) that sympy cannot show to be at least 0 (`-s0 % 128`, a length
+    padded to a multiple: `s0 + (-s0 % 128)`).  An index over loop variables
+    that may be negative is so only in lanes its mask turns off (the index
+    rules keep every split remainder at least 0: ir/indexing.py), and keeps the
+    plain operators."""
+    from coil.ir.shapes import is_size_symbol
+
+    return a.is_nonnegative is not True and bool(a.free_symbols) and all(is_size_symbol(s) for s in a.free_symbols)
+
+
 class IndexPrinter:
     """Prints an index expression; `floordiv` and `mod` spell integer division and
-    remainder in the target language (operands are nonnegative)."""
+    remainder in the target language (operands are nonnegative; with `truncating`,
+    a numerator of sizes that may be negative gets the floor's meaning from them:
+    _floor_needed)."""
 
     def __init__(self, floordiv: str = "//", mod: str = "%", symbol: Callable[[sympy.Symbol], str] | None = None,
-                 maximum: str = "max", minimum: str = "min") -> None:
+                 maximum: str = "max", minimum: str = "min", truncating: bool = False) -> None:
         self.floordiv = floordiv
         self.mod = mod
+        self.truncating = truncating  # the target's / and % round toward zero (C, Triton)
         self.maximum, self.minimum = maximum, minimum  # of sizes: max(1, u0), a stride of a size that may be 0
         self.symbol = symbol or (lambda s: s.name)
 
@@ -92,9 +108,14 @@ class IndexPrinter:
             return "*".join(parts)
         if isinstance(e, FloorDiv):
             a, b = e.args
+            if self.truncating and _floor_needed(a):  # (a - a mod b) / b, exact
+                return f"(({self.p(a)} - {self._floor_mod(self.p(a), self.operand(b))}) {self.floordiv} {self.operand(b)})"
             return f"({self.p(a)} {self.floordiv} {self.operand(b)})"
         if isinstance(e, ModularIndexing):
             a, b, c = e.args
+            if self.truncating and _floor_needed(a):
+                inner = self.p(a) if b == 1 else self.p(FloorDiv(a, b))
+                return self._floor_mod(inner, self.operand(c))
             inner = self.p(a) if b == 1 else f"({self.p(a)} {self.floordiv} {self.operand(b)})"
             return f"({inner} {self.mod} {self.operand(c)})"
         if isinstance(e, (sympy.Max, sympy.Min)):
@@ -106,6 +127,10 @@ class IndexPrinter:
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             return "(" + "*".join([self.p(e.base)] * int(e.exp)) + ")"
         raise ValueError(f"cannot print index {e}")
+
+    def _floor_mod(self, a: str, m: str) -> str:
+        """a mod m, at least 0 for a positive m, from a remainder that truncates."""
+        return f"((({a} {self.mod} {m}) + {m}) {self.mod} {m})"
 
 
 class KernelBackend(Protocol):

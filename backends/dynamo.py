@@ -144,7 +144,7 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
             # as Inductor's fallbacks do: the user's program runs, and the log says why not compiled
             log.warning("coil: %s graph cannot be compiled, running it eagerly: %s", kind, e)
             _count("eager")
-            return gm.forward
+            return eager_backward(gm) if kind == "backward" else gm.forward
         log.debug("coil: compiled %s graph (%d nodes)", kind, len(gm.graph.nodes))
         _count("compiled")
         if kind == "forward":
@@ -305,6 +305,23 @@ def _donated_inputs() -> tuple[int, ...]:
     ctx = TracingContext.try_get()
     idxs = getattr(getattr(ctx, "fw_metadata", None), "bw_donated_idxs", None)
     return tuple(sorted(int(i) for i in idxs)) if idxs else ()
+
+
+def eager_backward(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """A backward graph to run eagerly, its `aten.view`s as `aten.reshape`s.  The
+    graph's views were traced on fake tensors, whose strides a tensor saved by the
+    forward need not have when that forward also ran eagerly: LongT5's blocked
+    attention at a second sequence length failed so (`view size is not compatible
+    with input tensor's size and stride`), under torch's aot_eager too.  A
+    backward graph is functional, so a reshape that copies changes no result."""
+    view, reshape = torch.ops.aten.view.default, torch.ops.aten.reshape.default
+    if not any(n.target is view for n in gm.graph.nodes):
+        return gm.forward
+    graph = copy.deepcopy(gm.graph)
+    for n in graph.nodes:
+        if n.target is view:
+            n.target = reshape
+    return torch.fx.GraphModule(gm, graph).forward
 
 
 def _eager_outside_assumed(compiled: Any, call: Callable[[list[Any]], Any], gm: torch.fx.GraphModule,

@@ -154,6 +154,34 @@ def same_size(a: Size, b: Size) -> bool:
     return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
+def equal_at_samples(a: Size, b: Size, shapes: "ShapeInfo", count: int = 64) -> bool:
+    """`a == b` at the hints and at `count` more points of the symbols' ranges
+    (spread from each symbol's least value up to its greatest, at most 4096), with
+    FloorDiv and ModularIndexing evaluated on ints.  Not a proof: for checks of
+    what torch already checked on the graph's fake tensors (a view's element
+    count, `s0 + (-s0 mod 128)` split into blocks of 128), where sympy cannot
+    show the identity."""
+    diff = sympy.sympify(a) - sympy.sympify(b)
+    symbols = sorted(diff.free_symbols, key=str)
+    facts = {f.symbol: f for f in shapes.facts}
+    if any(s not in facts for s in symbols):
+        return False
+    points = [{s: facts[s].hint for s in symbols}]
+    for k in range(count):
+        point = {}
+        for j, s in enumerate(symbols):
+            f = facts[s]
+            hi = min(f.upper if f.upper is not None else 4096, max(f.lower, 4096))
+            span = max(hi - f.lower, 0)
+            point[s] = f.lower + (k * (2 * j + 1) * 7919) % (span + 1)
+        points.append(point)
+    for point in points:
+        v = diff.xreplace({s: sympy.Integer(x) for s, x in point.items()})
+        if not (v.is_Integer and int(v) == 0):
+            return False
+    return True
+
+
 def gt(e: Size, k: int) -> bool:
     """`e > k` proved for every size (an int compared as it is)."""
     if isinstance(e, int):

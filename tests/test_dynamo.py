@@ -275,3 +275,21 @@ def test_buffer_updates_are_written_by_the_graph(tmp_path):
     assert len(re.findall(r"buf\d+ = primals_\d+  # in place", forward)) == 3, forward
     plan = next(tmp_path.glob("*forward*/05_plan_memory.txt")).read_text()
     assert plan.count("(elided: its source was written into the input in place)") == 3, plan
+
+
+def test_a_backward_graph_run_eagerly_reshapes_where_it_viewed():
+    """A backward graph coil cannot compile runs eagerly with its views as
+    reshapes: a tensor the forward saved (when the forward ran eagerly too) need
+    not have the strides the graph's views were traced with, and torch's own
+    aot_eager failed LongT5's blocked attention so at a second length."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from coil.backends.dynamo import eager_backward
+
+    gm = make_fx(lambda t: torch.ops.aten.view.default(t, [12]) * 2)(torch.randn(3, 4))
+    x = torch.randn(4, 3).t()  # the same sizes, strides no view can flatten
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        gm(x)
+    torch.testing.assert_close(eager_backward(gm)(x), x.reshape(12) * 2)
+    plain = make_fx(lambda t: t * 2)(torch.randn(3))
+    assert eager_backward(plain) == plain.forward  # nothing to change: the graph as it is

@@ -434,3 +434,76 @@ def test_load_in_bounds_is_sound_for_every_size(drawn: tuple[Load, tuple[Size, S
         point = {**sv, "x0": p0, "x1": p1}
         for i, n in zip(ld.index, dims):
             assert 0 <= _evaluate(sympy.sympify(i).xreplace(at), point) < n, (ld, size, point)
+
+
+# ---- printing: C's and Triton's / and % truncate ----------------------------------------------
+
+
+def _c_eval(text: str, values: dict[str, int]) -> int:
+    """A printed C / Triton index evaluated as they evaluate it: / and % truncate."""
+    import ast
+
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant):
+            return int(node.value)
+        if isinstance(node, ast.Name):
+            return values[node.id]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Add):
+                return a + b
+            if isinstance(node.op, ast.Sub):
+                return a - b
+            if isinstance(node.op, ast.Mult):
+                return a * b
+            if isinstance(node.op, (ast.Div, ast.FloorDiv)):
+                return int(a / b) if a * b < 0 else a // b  # toward zero
+            if isinstance(node.op, ast.Mod):
+                return a - b * (int(a / b) if a * b < 0 else a // b)
+        raise ValueError(ast.dump(node))
+
+    return ev(ast.parse(text, mode="eval"))
+
+
+def test_a_size_that_may_be_negative_divides_as_the_floor_in_c_and_triton() -> None:
+    """`(-s0) mod 128` (a length padded to a multiple of 128: s0 + (-s0 mod 128))
+    printed as C's `%` was -(s0 mod 128): the padded length came out s0 rounded
+    down, 0 for s0 = 100, and the kernel divided by it (SIGFPE).  Such a
+    numerator (sizes only, not shown to be at least 0) prints with the floor's
+    meaning; an index of loop variables keeps the plain operators."""
+    from coil.backends.cpp.handler import cpp_index
+    from coil.backends.triton.handler import print_index
+
+    s0 = size_symbol(0)
+    padded = s0 + ModularIndexing(-s0, 1, 128)
+    blocks = FloorDiv(padded, 128)
+    neg_floor = FloorDiv(-s0, 3)
+    for n in (1, 100, 128, 129, 300):
+        for printer in (cpp_index, print_index):
+            for e in (padded, blocks, neg_floor, ModularIndexing(-s0, 4, 5)):
+                want = int(e.xreplace({s0: sympy.Integer(n)}))
+                assert _c_eval(printer(e).replace("s0", "n"), {"n": n}) == want, (printer(e), n)
+    x0 = xsyms(1)[0]
+    assert cpp_index(FloorDiv(x0 + 2 * s0, 64)) == "((2*s0 + x0) / 64)"  # loop variables: as before
+
+
+def test_a_length_padded_to_a_multiple_views_and_reduces_as_eager() -> None:
+    """The model pattern behind it (LongT5's blocks of 128): pad to a multiple of
+    128, view as blocks, reduce; dynamic sizes, on cpp and reference."""
+    import torch.nn.functional as F
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        y = F.pad(x, (0, (-n) % 128))
+        return y.view(2, y.shape[1] // 128, 128).sum(-1)
+
+    for target in ("reference", "cpp"):
+        torch._dynamo.reset()
+        g = torch.compile(f, backend="coil", dynamic=True, options={"target": target, "graph_cache": False})
+        for n in (100, 300, 256):
+            x = torch.randn(2, n)
+            torch.testing.assert_close(g(x), f(x))

@@ -44,7 +44,8 @@ from coil.ir.indexing import simplify_index
 from coil.ir.layout import Layout
 
 # max / min of sizes: the prelude's (it includes no <algorithm>)
-cpp_index = IndexPrinter(floordiv="/", mod="%", maximum="coil_max<int64_t>", minimum="coil_min<int64_t>")
+cpp_index = IndexPrinter(floordiv="/", mod="%", maximum="coil_max<int64_t>", minimum="coil_min<int64_t>",
+                         truncating=True)
 
 
 def _sz(size: Any) -> str:

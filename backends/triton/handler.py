@@ -77,7 +77,7 @@ def _symbol(s: sympy.Symbol) -> str:
     raise CoilError(f"triton target: loop symbol {s} left in a kernel index")
 
 
-print_index = IndexPrinter("//", "%", _symbol, "tl.maximum", "tl.minimum")
+print_index = IndexPrinter("//", "%", _symbol, "tl.maximum", "tl.minimum", truncating=True)  # Triton's // and % truncate
 
 
 def tail_mask(tails: str) -> str | None:
@@ -151,7 +151,7 @@ class TritonHandler:
         bind = {indsym(k): sympy.Symbol(v, integer=True, nonnegative=True) for k, v in enumerate(values)}
         rd = self.reads[node]
         names = {s.name for s in bind.values()}
-        printer = IndexPrinter("//", "%", lambda s: s.name if s.name in names else _symbol(s))
+        printer = IndexPrinter("//", "%", lambda s: s.name if s.name in names else _symbol(s), truncating=True)
         tail = tail_mask(rd.tails)
         at = rd.offset.xreplace(bind)
         # a value the offset does not use (a stride-0 dim) still gives the pointer its shape

@@ -30,7 +30,7 @@ import torch
 from coil.errors import CoilError
 from coil.ir.expr import xsyms
 from coil.ir.indexing import FloorDiv, flatten, ranges_of, simplify_index, strided_offset, unflatten
-from coil.ir.shapes import Size, is_static, norm, same_size
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, equal_at_samples, is_static, norm, same_size
 from coil.ir.shapes import sizes as to_sizes
 from coil.passes.lowerings.registry import (
     LowerCtx,
@@ -50,9 +50,11 @@ def _view(ctx: LowerCtx, x: TensorValue, size: Sequence[int], index: Sequence[sy
     return ctx.view(x, to_sizes(size), tuple(simplify_index(i, rng) for i in index))
 
 
-def infer_size(size: Sequence[Size], numel: Size) -> tuple[Size, ...]:
+def infer_size(size: Sequence[Size], numel: Size, shapes: ShapeInfo = EMPTY) -> tuple[Size, ...]:
     """`size` with its one -1 filled in; an error when the element counts differ
-    (symbolic sizes: unless equal for every size)."""
+    (symbolic sizes: unless equal for every size, or, where sympy cannot show it,
+    at the samples of `shapes`' ranges: torch checked the view on the graph's fake
+    tensors, under Dynamo's guards)."""
     out = list(to_sizes(size))
     if out.count(-1) > 1:
         raise CoilError(f"view: only one dimension can be -1, got {out}")
@@ -66,7 +68,7 @@ def infer_size(size: Sequence[Size], numel: Size) -> tuple[Size, ...]:
     prod: Size = 1
     for s in out:
         prod = norm(prod * s)
-    if not same_size(prod, numel):
+    if not same_size(prod, numel) and not (shapes and equal_at_samples(prod, numel, shapes)):
         raise CoilError(f"view: shape {out} is invalid for input of size {numel}")
     return tuple(out)
 
@@ -75,7 +77,7 @@ def infer_size(size: Sequence[Size], numel: Size) -> tuple[Size, ...]:
 def view(ctx: LowerCtx, x: TensorValue, size: Sequence[int], *_strides: Any) -> TensorValue:
     """Row-major reinterpretation: flatten the view's index, unflatten it in x's
     sizes.  Covers splits, merges and reshapes that are neither ((6,4)->(4,6))."""
-    out = infer_size(size, x.numel())
+    out = infer_size(size, x.numel(), ctx.sizes.shapes)
     if out == x.size:
         return _view(ctx, x, out, xsyms(len(out)))
     flat = flatten(xsyms(len(out)), out)
