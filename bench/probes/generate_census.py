@@ -1,5 +1,5 @@
-"""CPU probe: `model.generate` through coil, as people compile text generation.
-For each causal or sequence-to-sequence model type named on the command line
+"""Probe: `model.generate` through coil, as people compile text generation.  For
+each causal or sequence-to-sequence model type named on the command line
 (default: GENERATORS below), built tiny as bench/probes/model_census.py builds it,
 greedy generation of NEW tokens after a prompt of PROMPT tokens, batch 2, in two
 ways:
@@ -9,16 +9,30 @@ ways:
   the lengths symbolic (automatic dynamic shapes) after the second step.
 - `static`: `generate(cache_implementation="static", compile_config=...)`, the
   way transformers' docs compile generation: transformers compiles the decoding
-  step itself (backend coil, its options in place of a mode; `_compile_all_devices` lets it on the
-  CPU), over a StaticCache that the step updates in place with index_copy_.
+  step itself (backend coil, its options in place of a mode; `_compile_all_devices`
+  lets it on the CPU), over a StaticCache that the step updates in place.
 
 Each is compared with eager generation: the tokens must be the same and each
-step's scores allclose to eager's (rtol/atol 1e-4, float32).  DEVICE=cuda runs
-on the GPU (target triton), and COMPILE_MODE=reduce-overhead compiles in that
-mode (torch.compile then takes no options: the target is coil's default).  Prints one line per
-model and way: ok (the Dynamo graphs, recompiles and graphs coil ran eagerly),
-mismatch (the first step that differs), error, or `eager fails` (not counted).
-Run from the repository root; COIL_TARGET picks the target (default cpp)."""
+step's scores allclose to eager's (rtol/atol 1e-4, float32).  Prints one line per
+model and way: ok (graphs compiled or loaded, graphs coil ran eagerly), `not
+compiled` (transformers ran no step through coil), mismatch (the first step that
+differs), error, or `eager fails` (not counted).  Run from the repository root.
+COIL_TARGET picks the target (default cpp on the CPU), DEVICE=cuda runs on the
+GPU (target triton), COMPILE_MODE=reduce-overhead compiles in that mode
+(torch.compile then takes no options: the target is coil's default).
+
+Session 30 (2026-12-04, the 2-vCPU VM, torch 2.13, transformers 5.25), 17 models:
+at 5793f8c every one of the 34 runs is ok on cpp, each graph compiled (none run
+eagerly); six of the models (gpt2 llama mistral gemma2 t5 falcon, both ways) are
+ok on triton under TRITON_INTERPRET=1.  Before, at 4ac5bd0, 9 of the 34 ran
+graphs eagerly (all ok, by the fallback):
+- a size as an operand (`aten.add.Tensor(arange, s7)`: BART's, Bloom's and
+  Falcon's positions past the cache), and `torch.sym_sum` of sizes (Falcon);
+- a SymInt that may be 0 (Mistral's and Gemma2's sliding-window cache length,
+  ranged -oo..4094 by Dynamo): now a `u` symbol bound on entry, its lower bound
+  0 an assumption a negative call leaves to eager (SymbolFacts.assumed);
+- a static graph computing with a SymInt Dynamo specialized (`Sym(8) + 1`);
+- C++ kernels calling std::max, which the prelude does not declare."""
 from __future__ import annotations
 
 import copy
