@@ -92,8 +92,32 @@ def norm(v: object) -> Size:
             return int(v)
         if v.is_number:
             raise ValueError(f"size {v} is not an integer")
+        if v.has(sympy.floor, sympy.ceiling):
+            return _integer_divisions(v)
         return v
     return int(v)  # type: ignore[call-overload]  # numpy ints, torch ints
+
+
+def _integer_divisions(v: sympy.Expr) -> Size:
+    """floor(a / b) and ceiling(a / b) of sizes (Python's `//` on sympy sizes, in a
+    lowering: stft's frame count) as FloorDiv, which every printer spells (the
+    wrapper printed `floor(s0/2)`, a name its Python does not define)."""
+    from coil.ir.indexing import FloorDiv
+
+    def parts(x: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr] | None:
+        num, den = sympy.fraction(sympy.together(x))
+        return (sympy.expand(num), den) if den.is_positive and den != 1 else None
+
+    def floor(x: sympy.Expr) -> sympy.Expr:
+        p = parts(x)
+        return FloorDiv(*p) if p is not None else sympy.floor(x)
+
+    def ceiling(x: sympy.Expr) -> sympy.Expr:
+        p = parts(x)
+        return FloorDiv(p[0] + p[1] - 1, p[1]) if p is not None else sympy.ceiling(x)
+
+    out = v.replace(sympy.floor, floor).replace(sympy.ceiling, ceiling)
+    return int(out) if out.is_Integer else out
 
 
 def sizes(values: Iterable[object]) -> tuple[Size, ...]:

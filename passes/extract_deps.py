@@ -146,7 +146,8 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
 def _unbacked_sources(g: BufferGraph) -> dict[sympy.Symbol, str]:
     """Each data-dependent size symbol and the first extern result (or item of
     one) whose size it is, where wrap binds it."""
-    unbacked = {s for s in g.sizes.shapes.symbols if is_unbacked_symbol(s)}
+    # a SymInt input's `u` symbol is known on entry: no extern binds it
+    unbacked = {s for s in g.sizes.shapes.symbols if is_unbacked_symbol(s)} - set(g.sizes.entry_symbols())
     out: dict[sympy.Symbol, str] = {}
     for b in g.buffers:
         if isinstance(b, (ExternBuffer, MultiOutputBuffer)) and b.layout is not None:

@@ -91,6 +91,9 @@ class SizeMap:
             return cls()
         names: dict[sympy.Symbol, sympy.Expr] = {}
         facts: list[SymbolFacts] = []
+        # the symbols SymInt inputs are, whichever input shows them first (x of size k + 2, then k)
+        given = {e for x in inputs if isinstance(x, torch.SymInt)
+                 and isinstance(e := env.replace(x.node.expr), sympy.Symbol)}
         for x in inputs:
             for leaf in size_leaves(x):
                 if not isinstance(leaf, torch.SymInt):
@@ -107,7 +110,7 @@ class SizeMap:
                     if hi is not None and hi == lo:  # specialized: a constant
                         names[s] = sympy.Integer(lo)
                         continue
-                    if lo < 2 and isinstance(x, torch.SymInt) and expr == s and hint >= 0:
+                    if lo < 2 and s in given and hint >= 0:
                         # a SymInt input that may be 0 or 1 (an int a model keeps, a cache's length:
                         # Dynamo specializes a tensor's sizes 0 and 1, not an int's): a `u` symbol,
                         # which nothing takes to be at least 1, bound from the input on entry
@@ -119,8 +122,10 @@ class SizeMap:
                         facts.append(SymbolFacts(coil, hint, max(lo, 0), hi, backed=False, assumed=lo < 0))
                         continue
                     if lo < 2:  # kernels and proofs take every `s` symbol to be at least 2
-                        raise CoilError(f"size symbol {s} may be {lo} (range {lo}..{hi}): coil takes symbolic sizes "
-                                        "of at least 2", stage="lower")
+                        shown = "-oo" if lo <= -2**63 else str(lo)
+                        raise CoilError(f"size symbol {s} (in {expr}) may be {'negative' if lo < 0 else lo} (range "
+                                        f"{shown}..{'oo' if hi is None else hi}): coil takes symbolic sizes of at "
+                                        "least 2, or a SymInt input of at least 0", stage="lower")
                     coil = size_symbol(sum(1 for f in facts if f.backed))
                     names[s] = coil
                     facts.append(SymbolFacts(coil, hint, max(lo, 0), hi))

@@ -55,6 +55,9 @@ DTYPES = (F32, BF16, I64)
 TARGETS = ("reference", "cpp")
 
 FULL = os.environ.get("COIL_OPINFO_FULL", "") not in ("", "0")
+# COIL_OPINFO_DYNAMIC=1: every sample through torch.compile(dynamic=True), its sizes
+# symbolic (a sweep of the symbolic lowerings; the expected-failures table is static's)
+DYNAMIC = os.environ.get("COIL_OPINFO_DYNAMIC", "") not in ("", "0")
 # CI mode: the first sample of each op, dtype and target (sample_inputs' order); the
 # reference target in float32 only (its bfloat16 and int64 runs are full mode's)
 CI_SAMPLES = {"reference": 1, "cpp": 1, "triton": 1}
@@ -218,7 +221,7 @@ def run_op(op: OpInfo, dtype: torch.dtype, target: str, limit: int | None, stop_
     torch.manual_seed(0)
     samples = op.sample_inputs("cpu", dtype, requires_grad=False)
     fn = op.op
-    compiled = torch.compile(lambda *a, **k: fn(*a, **k), backend="coil", dynamic=False,
+    compiled = torch.compile(lambda *a, **k: fn(*a, **k), backend="coil", dynamic=DYNAMIC,
                              options={"target": target, "graph_cache": False})
     handler = _EagerLog()
     compiled_any = False

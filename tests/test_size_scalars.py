@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import sympy
 import torch
 
 import coil
@@ -183,3 +184,75 @@ def test_debug_dir_keeps_the_graph_of_a_graph_that_failed_and_charts_symbolic_si
     charts = list((tmp_path / "sym").glob("*/lifetimes.png"))
     assert charts and all(c.stat().st_size > 0 for c in charts)
     assert all((p / "graph.txt").exists() for p in (tmp_path / "sym").iterdir())
+
+
+def test_python_floor_division_of_sizes_is_a_floordiv():
+    """`a // b` of sympy sizes is `floor(a/b)`, which a lowering may compute
+    (stft's frame count): coil's sizes keep it as FloorDiv, which every printer
+    spells; the wrapper printed `floor(s0/2)` and the call failed on the name."""
+    from coil.ir.indexing import FloorDiv
+    from coil.ir.shapes import norm
+
+    s0, s1 = size_symbol(0), size_symbol(1)
+    assert norm(s0 // 2 + 1) == FloorDiv(s0, 2) + 1
+    assert norm(sympy.ceiling(s0 / 3)) == FloorDiv(s0 + 2, 3)
+    assert norm((s0 - 4) // s1) == FloorDiv(s0 - 4, s1)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_stft_with_symbolic_lengths(target):
+    def f(x):
+        return torch.view_as_real(torch.stft(x, n_fft=10, return_complex=True))
+
+    g = _compile(f, target)
+    for n in (100, 57, 64):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), f(x))
+
+
+def test_an_extern_sized_by_a_symint_input_is_not_ordered_after_its_own_result():
+    """topk(x, k) with k a SymInt input (a `u` symbol known on entry): extract_deps
+    ordered each extern after the extern whose result's size binds its symbols,
+    and took topk's own result for k's binder: a cycle, which fuse refused."""
+
+    def f(x, k):
+        return torch.topk(x, k)
+
+    g = _compile(f, "cpp")
+    for shape, k in (((5, 10, 5), 3), ((4, 7, 6), 2), ((3, 9, 4), 0)):
+        x = torch.randn(shape)
+        got, want = g(x, k), f(x, k)
+        torch.testing.assert_close(got.values, want.values)
+        torch.testing.assert_close(got.indices, want.indices)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_chunks_of_a_symbolic_dim_split_as_the_aten_op(target):
+    """chunk and split of a symbolic dim: how many chunks there are is Dynamo's
+    guard, so the split is aten's, as an extern (it raised `'FloorDiv' object is
+    not iterable`); the chunks then fuse into what reads them."""
+
+    def f(x):
+        a, b, c = x.chunk(3, 0)
+        return a * 2, b + c[:1].sum(), torch.split(x, 4, 1)[0] * 3
+
+    g = _compile(f, target)
+    for n in (9, 12):
+        x = torch.randn(n, 10)
+        for got, want in zip(g(x), f(x)):
+            torch.testing.assert_close(got, want)
+
+
+def test_split_with_sizes_a_symint_input_gives_splits_as_the_aten_op():
+    """split(x, [1, k, 1]) with k a SymInt input: that the sizes sum to the dim is
+    Dynamo's guard (s0 == u0 + 2), not something coil can show, so aten splits."""
+
+    def f(x, k):
+        a, b, c = torch.split(x, [1, k, 1])
+        return a + c, b * 2
+
+    g = _compile(f, "cpp")
+    for k in (5, 8, 0):
+        x = torch.randn(k + 2, 3)
+        for got, want in zip(g(x, k), f(x, k)):
+            torch.testing.assert_close(got, want)

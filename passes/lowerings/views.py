@@ -233,12 +233,18 @@ def alias(ctx: LowerCtx, x: TensorValue) -> TensorValue:
 def _split_sizes(sizes: Any, n: int) -> list[int]:
     """split(x, k) gives chunks of k and a shorter last one; torch returns one
     (empty) chunk for an empty dim."""
+    if isinstance(sizes, sympy.Expr) or (isinstance(sizes, int) and not isinstance(n, int)):
+        # chunks of a symbolic size, or of a symbolic dim: how many there are is Dynamo's
+        # guard, not something coil can count (the aten op, as an extern, splits)
+        raise NeedsStaticSizes(f"split of a dim of {n} into chunks of {sizes}")
     if isinstance(sizes, int):
         if sizes <= 0:
             raise CoilError(f"split: split_size must be positive, got {sizes}")
         return [min(sizes, n - s) for s in range(0, n, sizes)] or [0]
     out = list(to_sizes(sizes))
     if not same_size(norm(sum(out)), n):
+        if not is_static((*out, n)):  # a relation Dynamo's guards hold (s0 == u0 + 2): aten's split checks it
+            raise NeedsStaticSizes(f"split_with_sizes: {out} not shown to sum to {n}")
         raise CoilError(f"split_with_sizes: {out} does not sum to {n}")
     return out
 
