@@ -43,7 +43,7 @@ from coil.options import Options
 from coil.passes.layout import attention_input_strides, prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering
-from coil.passes.symbolic import STATIC, SizeMap, size_arith
+from coil.passes.symbolic import STATIC, SizeMap, is_float_size, size_arith
 
 log = logging.getLogger("coil.trace")
 
@@ -155,6 +155,9 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
     kernel = str(target) if isinstance(target, torch._ops.OpOverload) else _short(target)
     if not isinstance(target, torch._ops.OpOverload):
         raise CoilError(f"cannot call {target!r} as an extern (not an aten op)", stage="lower", node=ctx.origin)
+    if any(is_float_size(a) for a in torch.utils._pytree.tree_leaves((args, kwargs))):
+        raise CoilError(f"{kernel}: an argument is a float computed from sizes, which only kernels take",
+                        stage="lower", node=ctx.origin)
     mutated = tuple(
         a.name
         for arg, a in zip(target._schema.arguments, args)

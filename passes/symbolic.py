@@ -235,6 +235,49 @@ _ARITHMETIC: dict[Any, Callable[..., Any]] = {
     torch.sym_min: lambda a, b: min(a, b) if isinstance(a, int) and isinstance(b, int) else sympy.Min(a, b)}
 
 
+_FLOAT_OPS = {operator.truediv: "truediv", operator.mul: "mul", operator.add: "add", operator.sub: "sub"}
+
+
+def _float_value(v: Any) -> Any:
+    """A number, a size, or a float value of sizes, as a float64 expression."""
+    from coil.ir.expr import Cast, Constant, IndexExpr
+
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return Constant(float(v), torch.float64)
+    if isinstance(v, sympy.Expr):
+        return Cast(IndexExpr(v), torch.float64)
+    return v if v.dtype == torch.float64 else Cast(v, torch.float64)
+
+
+def is_float_size(v: Any) -> bool:
+    """A float computed from sizes (`sym_float(s0)`, `s0 / 2`): a float64 kernel
+    expression that reads no tensor, which pointwise lowerings take as a scalar."""
+    from coil.ir.expr import Cast, Op
+
+    return isinstance(v, (Op, Cast)) and v.dtype == torch.float64
+
+
+def _float_arith(target: Any, args: Sequence[Any]) -> Any:
+    """Python float arithmetic on sizes (`sym_float(s0)`, `s0 / 2`, `1.0 * s0`):
+    a float64 expression of the sizes; plain numbers stay numbers; None for
+    anything else."""
+    from coil.ir.expr import Op
+
+    def operand(a: Any) -> bool:
+        return (isinstance(a, (int, float, sympy.Expr)) and not isinstance(a, bool)) or is_float_size(a)
+
+    if target is torch.sym_float and len(args) == 1 and operand(args[0]):
+        return float(args[0]) if isinstance(args[0], (int, float)) else _float_value(args[0])
+    name = _FLOAT_OPS.get(target)
+    if name is None or len(args) != 2 or not all(operand(a) for a in args):
+        return None
+    if name != "truediv" and not any(isinstance(a, float) or is_float_size(a) for a in args):
+        return None  # int arithmetic of sizes: size_arith's
+    if all(isinstance(a, (int, float)) for a in args):
+        return {"truediv": operator.truediv, "mul": operator.mul, "add": operator.add, "sub": operator.sub}[name](*args)
+    return Op(name, (_float_value(args[0]), _float_value(args[1])), torch.float64)
+
+
 def size_arith(target: Any, args: Sequence[Any]) -> Any:
     """The value of a Python size operation (`operator.mul` of two sizes, ...) on
     coil sizes, or a comparison of sizes as a sympy condition; None when `target`
@@ -247,6 +290,8 @@ def size_arith(target: Any, args: Sequence[Any]) -> Any:
     if target is torch.sym_sum and len(args) == 1 and isinstance(args[0], (list, tuple)):
         args = (sum(args[0][1:], args[0][0]) if args[0] else 0,)  # a sum of sizes (Dynamo folds `a + b + c` into one)
         target = operator.pos
+    if (f := _float_arith(target, args)) is not None:
+        return f
     fn = _ARITHMETIC.get(target)
     if fn is None or not all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool) for a in args):
         return None

@@ -25,6 +25,7 @@ from coil.ir.expr import COMPARISONS, LOGICAL, Cast, Constant, Expr, IndexExpr, 
 from coil.ir.layout import Layout
 from coil.ir.lowered import LNode, Pointwise, Reduction, View
 from coil.ir.shapes import Size
+from coil.passes.symbolic import is_float_size
 
 aten = torch.ops.aten
 
@@ -220,8 +221,8 @@ def promote(
     args: Iterable[Any], kind: ELEMENTWISE_TYPE_PROMOTION_KIND = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 ) -> tuple[torch.dtype, torch.dtype]:
     """aten's type promotion: (compute dtype, result dtype)."""
-    metas = [a.meta(rank_only=True) if is_tensor(a) else _SIZE_SCALAR if _is_size(a) else a
-             for a in args if is_tensor(a) or _is_size(a) or isinstance(a, (bool, int, float))]
+    metas = [a.meta(rank_only=True) if is_tensor(a) else _SIZE_SCALAR if _is_size(a) else 1.0 if is_float_size(a)
+             else a for a in args if is_tensor(a) or _is_size(a) or is_float_size(a) or isinstance(a, (bool, int, float))]
     # 0-d tensors promote like scalars unless all are 0-d; torch handles that on meta tensors
     compute, result = elementwise_dtypes(*metas, type_promotion_kind=kind)
     return compute, result
@@ -243,6 +244,8 @@ def as_expr(x: Any, out_size: Sequence[int], index: Sequence[sympy.Expr], dtype:
         return constant(x, dtype)
     elif _is_size(x):  # a SymInt of the graph (a cache's length): its value, as the index arithmetic has it
         e = IndexExpr(x)
+    elif is_float_size(x):  # a float of sizes (1 / s0 of a mean): its float64 expression
+        e = x
     else:
         raise CoilError(f"cannot use {type(x).__name__} as a tensor operand")
     return e if e.dtype == dtype else Cast(e, dtype)
@@ -251,8 +254,8 @@ def as_expr(x: Any, out_size: Sequence[int], index: Sequence[sympy.Expr], dtype:
 def scalar_expr(x: Any, dtype: torch.dtype) -> Expr:
     """A scalar argument (a Python number, or a size expression: a SymInt of the
     graph) as an expression of `dtype`."""
-    if _is_size(x):
-        e = IndexExpr(x)
+    if _is_size(x) or is_float_size(x):
+        e = IndexExpr(x) if _is_size(x) else x
         return e if dtype == e.dtype else Cast(e, dtype)
     return constant(x, dtype)
 
