@@ -40,14 +40,13 @@ import logging
 import os
 import sys
 import time
-import traceback
 import warnings
 
 sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 
 from bench.hf_models import Counts, counting  # noqa: E402
-from bench.probes.model_census import build  # noqa: E402
+from bench.probes.model_census import build, compiled_error, eager_fails  # noqa: E402
 
 GENERATORS: tuple[tuple[str, str], ...] = (
     ("gpt2", "AutoModelForCausalLM"),
@@ -109,7 +108,7 @@ def one(model_type: str, auto: str, way: str, target: str, mode: str | None = No
         model.generation_config.decoder_start_token_id = 0  # the seq2seq models start their decoder there
         want_ids, want_scores = generate(copy.deepcopy(model), way, False, target, mode, device)
     except Exception as e:  # noqa: BLE001 - the model at this size, not a compiler
-        return f"eager fails: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        return eager_fails(e)
     torch._dynamo.reset()
     counts = Counts()
     t0 = time.perf_counter()
@@ -118,10 +117,7 @@ def one(model_type: str, auto: str, way: str, target: str, mode: str | None = No
             warnings.simplefilter("ignore")
             got_ids, got_scores = generate(copy.deepcopy(model), way, True, target, mode, device)
     except Exception as e:  # noqa: BLE001 - reported
-        tb = traceback.extract_tb(e.__traceback__)
-        where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(tb) if "/coil" in f.filename or
-                      "/passes/" in f.filename or "/backends/" in f.filename), "")
-        return f"error ({where}): {type(e).__name__}: {' '.join(str(e).split())[:240]}"
+        return compiled_error(e)
     took = time.perf_counter() - t0
     ran = counts.compiled + counts.cached  # compiled now, or loaded from coil's graph cache
     graphs = (f"{counts.compiled} graphs compiled, {counts.cached} cached, {counts.dynamo_graphs} Dynamo graphs, "

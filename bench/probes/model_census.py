@@ -222,6 +222,19 @@ def inputs(kind: str, model: torch.nn.Module, train: bool, seq: int = SEQ) -> di
     return out
 
 
+def eager_fails(e: Exception) -> str:
+    """The line for a model that cannot run eagerly at this size (not counted)."""
+    return f"eager fails: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+
+
+def compiled_error(e: Exception) -> str:
+    """The line for a compiled run that raised, with coil's innermost frame in it."""
+    tb = traceback.extract_tb(e.__traceback__)
+    where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(tb) if "/coil" in f.filename or
+                  "/passes/" in f.filename or "/backends/" in f.filename), "")
+    return f"error ({where}): {type(e).__name__}: {' '.join(str(e).split())[:240]}"
+
+
 def one(model_type: str, auto: str, kind: str, mode: str, backend: str, seqs: tuple[int, ...] = (SEQ,)) -> str:
     """One model and step through `backend`, at each sequence length of `seqs` in
     turn (pixels: the image's size stays): one compiled model, so a second length
@@ -240,7 +253,7 @@ def one(model_type: str, auto: str, kind: str, mode: str, backend: str, seqs: tu
             wants.append(expected(stepped, args, mode))
             CHECK_STEPS[mode](stepped, args)
     except Exception as e:  # noqa: BLE001 - the model at this size, not a compiler
-        return f"eager fails: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        return eager_fails(e)
     torch._dynamo.reset()
     counts = Counts()
     t0 = time.perf_counter()
@@ -251,10 +264,7 @@ def one(model_type: str, auto: str, kind: str, mode: str, backend: str, seqs: tu
             compiled = torch.compile(copy.deepcopy(model), **opts)
             gots = [CHECK_STEPS[mode](compiled, args) for args in cases]
     except Exception as e:  # noqa: BLE001 - reported
-        tb = traceback.extract_tb(e.__traceback__)
-        where = next((f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(tb) if "/coil" in f.filename or
-                      "/passes/" in f.filename or "/backends/" in f.filename), "")
-        return f"error ({where}): {type(e).__name__}: {' '.join(str(e).split())[:240]}"
+        return compiled_error(e)
     took = time.perf_counter() - t0
     graphs = f"{counts.dynamo_graphs} Dynamo graphs, {counts.graph_breaks} breaks, {took:.1f} s"
     bad = ""
