@@ -9,6 +9,7 @@ from typing import Callable, Protocol, Sequence
 import sympy
 
 from coil.ir.indexing import FloorDiv, ModularIndexing
+from coil.ir.shapes import is_size_symbol
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import KernelCall, WrapperProgram
 from coil.options import Options
@@ -56,8 +57,6 @@ def _floor_needed(a: sympy.Expr) -> bool:
     that may be negative is so only in lanes its mask turns off (the index
     rules keep every split remainder at least 0: ir/indexing.py), and keeps the
     plain operators."""
-    from coil.ir.shapes import is_size_symbol
-
     return a.is_nonnegative is not True and bool(a.free_symbols) and all(is_size_symbol(s) for s in a.free_symbols)
 
 

@@ -166,6 +166,7 @@ class CompiledFn:
             self._binds = tuple(ln for ln in module.program.lines
                                 if isinstance(ln, Bind) and ln.source in bg.sizes.order)
             self._at = _expected_at(bg.sizes, self.input_names, self.input_layouts)
+            self._entry = bg.sizes.entry_symbols()  # the order `_at` takes their values in
         # SymInt inputs whose range coil assumed: (position, least, greatest)
         self.assumed_ranges = tuple((self.input_names.index(name), lo, hi)
                                     for name, lo, hi in bg.sizes.assumed_inputs())
@@ -282,7 +283,7 @@ class CompiledFn:
             if v < f.lower or (f.upper is not None and v > f.upper):
                 raise CoilError(f"size {f.symbol} = {v} is outside the range {f.lower}..{f.upper} compiled for")
 
-        expected = self._at(*(values[s] for s in self.sizes.entry_symbols()))
+        expected = self._at(*(values[s] for s in self._entry))
         for k, (name, lay, t, want) in enumerate(zip(self.input_names, self.input_layouts, inputs, expected)):
             if lay is None:  # a SymInt input
                 if not isinstance(t, int) or t != want:

@@ -21,6 +21,7 @@ import sympy
 import torch
 
 from coil.errors import CoilError
+from coil.ir.expr import Cast, Constant, IndexExpr, Op
 from coil.ir.indexing import FloorDiv, ModularIndexing
 from coil.ir.shapes import (
     EMPTY,
@@ -240,8 +241,6 @@ _FLOAT_OPS = {operator.truediv: "truediv", operator.mul: "mul", operator.add: "a
 
 def _float_value(v: Any) -> Any:
     """A number, a size, or a float value of sizes, as a float64 expression."""
-    from coil.ir.expr import Cast, Constant, IndexExpr
-
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return Constant(float(v), torch.float64)
     if isinstance(v, sympy.Expr):
@@ -252,8 +251,6 @@ def _float_value(v: Any) -> Any:
 def is_float_size(v: Any) -> bool:
     """A float computed from sizes (`sym_float(s0)`, `s0 / 2`): a float64 kernel
     expression that reads no tensor, which pointwise lowerings take as a scalar."""
-    from coil.ir.expr import Cast, Op
-
     return isinstance(v, (Op, Cast)) and v.dtype == torch.float64
 
 
@@ -261,7 +258,6 @@ def _float_arith(target: Any, args: Sequence[Any]) -> Any:
     """Python float arithmetic on sizes (`sym_float(s0)`, `s0 / 2`, `1.0 * s0`):
     a float64 expression of the sizes; plain numbers stay numbers; None for
     anything else."""
-    from coil.ir.expr import Op
 
     def operand(a: Any) -> bool:
         return (isinstance(a, (int, float, sympy.Expr)) and not isinstance(a, bool)) or is_float_size(a)
@@ -274,7 +270,7 @@ def _float_arith(target: Any, args: Sequence[Any]) -> Any:
     if name != "truediv" and not any(isinstance(a, float) or is_float_size(a) for a in args):
         return None  # int arithmetic of sizes: size_arith's
     if all(isinstance(a, (int, float)) for a in args):
-        return {"truediv": operator.truediv, "mul": operator.mul, "add": operator.add, "sub": operator.sub}[name](*args)
+        return target(*args)
     return Op(name, (_float_value(args[0]), _float_value(args[1])), torch.float64)
 
 

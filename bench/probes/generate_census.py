@@ -39,14 +39,11 @@ import copy
 import logging
 import os
 import sys
-import time
-import warnings
 
 sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 
-from bench.hf_models import Counts, counting  # noqa: E402
-from bench.probes.model_census import build, compiled_error, eager_fails  # noqa: E402
+from bench.probes.model_census import build, eager_fails, run_compiled  # noqa: E402
 
 GENERATORS: tuple[tuple[str, str], ...] = (
     ("gpt2", "AutoModelForCausalLM"),
@@ -109,16 +106,10 @@ def one(model_type: str, auto: str, way: str, target: str, mode: str | None = No
         want_ids, want_scores = generate(copy.deepcopy(model), way, False, target, mode, device)
     except Exception as e:  # noqa: BLE001 - the model at this size, not a compiler
         return eager_fails(e)
-    torch._dynamo.reset()
-    counts = Counts()
-    t0 = time.perf_counter()
-    try:
-        with counting(counts), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got_ids, got_scores = generate(copy.deepcopy(model), way, True, target, mode, device)
-    except Exception as e:  # noqa: BLE001 - reported
-        return compiled_error(e)
-    took = time.perf_counter() - t0
+    ran = run_compiled(lambda: generate(copy.deepcopy(model), way, True, target, mode, device))
+    if isinstance(ran, str):
+        return ran
+    (got_ids, got_scores), counts, took = ran
     ran = counts.compiled + counts.cached  # compiled now, or loaded from coil's graph cache
     graphs = (f"{counts.compiled} graphs compiled, {counts.cached} cached, {counts.dynamo_graphs} Dynamo graphs, "
               f"{len(counts.eager_fallbacks)} run eagerly, {took:.1f} s")

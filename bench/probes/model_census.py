@@ -71,7 +71,7 @@ import sys
 import time
 import traceback
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
@@ -237,6 +237,21 @@ def compiled_error(e: Exception) -> str:
     return f"error ({where}): {type(e).__name__}: {' '.join(str(e).split())[:240]}"
 
 
+def run_compiled(fn: Callable[[], Any]) -> tuple[Any, Counts, float] | str:
+    """`fn()` after a Dynamo reset, counting coil's graphs, warnings off: (its
+    result, the counts, seconds), or the error line when it raised."""
+    torch._dynamo.reset()
+    counts = Counts()
+    t0 = time.perf_counter()
+    try:
+        with counting(counts), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = fn()
+    except Exception as e:  # noqa: BLE001 - reported
+        return compiled_error(e)
+    return out, counts, time.perf_counter() - t0
+
+
 def one(model_type: str, auto: str, kind: str, mode: str, backend: str, seqs: tuple[int, ...] = (SEQ,)) -> str:
     """One model and step through `backend`, at each sequence length of `seqs` in
     turn (pixels: the image's size stays): one compiled model, so a second length
@@ -256,18 +271,16 @@ def one(model_type: str, auto: str, kind: str, mode: str, backend: str, seqs: tu
             CHECK_STEPS[mode](stepped, args)
     except Exception as e:  # noqa: BLE001 - the model at this size, not a compiler
         return eager_fails(e)
-    torch._dynamo.reset()
-    counts = Counts()
-    t0 = time.perf_counter()
-    try:
-        with counting(counts), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            opts = {"backend": "coil", "options": {"target": "cpp"}} if backend == "coil" else {}
-            compiled = torch.compile(copy.deepcopy(model), **opts)
-            gots = [CHECK_STEPS[mode](compiled, args) for args in cases]
-    except Exception as e:  # noqa: BLE001 - reported
-        return compiled_error(e)
-    took = time.perf_counter() - t0
+    opts = {"backend": "coil", "options": {"target": "cpp"}} if backend == "coil" else {}
+
+    def steps() -> list[dict[str, Any]]:
+        compiled = torch.compile(copy.deepcopy(model), **opts)
+        return [CHECK_STEPS[mode](compiled, args) for args in cases]
+
+    ran = run_compiled(steps)
+    if isinstance(ran, str):
+        return ran
+    gots, counts, took = ran
     graphs = f"{counts.dynamo_graphs} Dynamo graphs, {counts.graph_breaks} breaks, {took:.1f} s"
     bad = ""
     for seq, got, want in zip(seqs, gots, wants):

@@ -238,26 +238,25 @@ def _is_size(x: Any) -> bool:
 
 def as_expr(x: Any, out_size: Sequence[int], index: Sequence[sympy.Expr], dtype: torch.dtype) -> Expr:
     """An argument as an expression of `dtype` at the output index."""
-    if is_tensor(x):
-        e = broadcast_load(x, out_size, index)
-    elif isinstance(x, (bool, int, float)):
-        return constant(x, dtype)
-    elif _is_size(x):  # a SymInt of the graph (a cache's length): its value, as the index arithmetic has it
-        e = IndexExpr(x)
-    elif is_float_size(x):  # a float of sizes (1 / s0 of a mean): its float64 expression
-        e = x
-    else:
-        raise CoilError(f"cannot use {type(x).__name__} as a tensor operand")
+    if not is_tensor(x):
+        return scalar_expr(x, dtype)
+    e = broadcast_load(x, out_size, index)
     return e if e.dtype == dtype else Cast(e, dtype)
 
 
 def scalar_expr(x: Any, dtype: torch.dtype) -> Expr:
-    """A scalar argument (a Python number, or a size expression: a SymInt of the
-    graph) as an expression of `dtype`."""
-    if _is_size(x) or is_float_size(x):
-        e = IndexExpr(x) if _is_size(x) else x
-        return e if dtype == e.dtype else Cast(e, dtype)
-    return constant(x, dtype)
+    """A scalar argument as an expression of `dtype`: a Python number, a size (a
+    SymInt of the graph, as the index arithmetic has it: a cache's length), or a
+    float of sizes (1 / s0 of a mean: its float64 expression)."""
+    if isinstance(x, (bool, int, float)):
+        return constant(x, dtype)
+    if _is_size(x):
+        e: Expr = IndexExpr(x)
+    elif is_float_size(x):
+        e = x
+    else:
+        raise CoilError(f"cannot use {type(x).__name__} as a tensor operand")
+    return e if e.dtype == dtype else Cast(e, dtype)
 
 
 def constant(x: bool | int | float, dtype: torch.dtype) -> Constant:

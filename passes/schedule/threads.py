@@ -75,9 +75,12 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
         if tile is not None:
             return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, 0, tile, tiled_parallel(nest, tile, traits, shapes),
                                                     in_loops))
-        block = _symbolic_block(nest, shapes, traits)
+        if nest.rdims:
+            return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, parallel=_symbolic_parallel(nest, shapes, traits),
+                                                    nodes=in_loops))
+        block = pointwise_block(nest, traits, shapes)
         return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, block,
-                                                parallel=_symbolic_parallel(nest, block, shapes, traits),
+                                                parallel=pointwise_parallel(nest, block, traits, shapes),
                                                 nodes=in_loops))
     reads = outside_loads(nodes, layouts, nest.ranges)
     if not nest.rdims:
@@ -102,35 +105,14 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par, nodes=in_loops))
 
 
-def _symbolic_block(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> int:
-    """pointwise_block at the hints: a pointwise kernel whose loops outside the
-    innermost are too few to share among threads cuts the innermost into blocks
-    (its last block ends at the run-time bound, so the cut is right for every
-    size)."""
-    if nest.rdims or not nest.xdims:
-        return 0
-    outer = shapes.hint(math.prod(d.size for d in nest.xdims[:-1]))
-    return traits.block if shapes.hint(nest.xdims[-1].size) > traits.block and outer < traits.block_below else 0
-
-
-def _symbolic_parallel(nest: Nest, block: int, shapes: ShapeInfo, traits: NestTraits) -> Parallel | None:
-    """The loops shared among threads, chunked by the hints (the chunk is only
-    how the iterations are dealt out): a reduction's x loops; a pointwise kernel's
-    loops outside its innermost, which is its `omp simd` loop (and the innermost's
-    blocks, with `block`), as pointwise_parallel takes them."""
+def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> Parallel | None:
+    """A reduction's x loops shared among threads, chunked by the hints (the chunk
+    is only how the iterations are dealt out)."""
     numel = shapes.hint(math.prod(d.size for d in nest.xdims))
     rnumel = shapes.hint(math.prod(d.size for d in nest.rdims))
     if not nest.xdims or numel <= 1 or numel * max(rnumel, 1) < traits.parallel_min_work:
         return None
-    if nest.rdims:
-        return parallel(len(nest.xdims), numel, traits)
-    loops = len(nest.xdims) - 1 + (1 if block else 0)
-    if not loops:
-        return None
-    iterations = shapes.hint(math.prod(d.size for d in nest.xdims[:-1]))
-    if block:
-        iterations *= -(-shapes.hint(nest.xdims[-1].size) // block)
-    return parallel(loops, iterations, traits)
+    return parallel(len(nest.xdims), numel, traits)
 
 
 def outside_loads(nodes: Sequence[NodeIndexing], layouts: Mapping[str, Layout],
@@ -229,23 +211,24 @@ def transposed_tile(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], traits:
     return NestTile(u, v, side, tuple(found[u]))
 
 
-def pointwise_block(nest: Nest, traits: NestTraits) -> int:
+def pointwise_block(nest: Nest, traits: NestTraits, shapes: ShapeInfo = EMPTY) -> int:
     """The block the innermost loop is cut into when the loops outside it are too
-    few to share among threads (0: not cut)."""
-    outer = math.prod(d.size for d in nest.xdims[:-1])
-    return traits.block if nest.xdims[-1].size > traits.block and outer < traits.block_below else 0
+    few to share among threads (0: not cut).  Symbolic sizes count at their hints:
+    the last block ends at the run-time bound, so the cut is right for every size."""
+    sizes = [shapes.hint(d.size) for d in nest.xdims]
+    return traits.block if sizes[-1] > traits.block and math.prod(sizes[:-1]) < traits.block_below else 0
 
 
-def pointwise_parallel(nest: Nest, block: int, traits: NestTraits) -> Parallel | None:
-    """The loops outside the innermost one (and its blocks), when there are any and
-    work enough."""
-    dims = nest.xdims
-    loops = len(dims) - 1 + (1 if block else 0)
-    if not loops or math.prod(d.size for d in dims) < traits.parallel_min_work:
+def pointwise_parallel(nest: Nest, block: int, traits: NestTraits, shapes: ShapeInfo = EMPTY) -> Parallel | None:
+    """The loops outside the innermost one, its `omp simd` loop (and its blocks),
+    when there are any and work enough (symbolic sizes: at the hints)."""
+    sizes = [shapes.hint(d.size) for d in nest.xdims]
+    loops = len(sizes) - 1 + (1 if block else 0)
+    if not loops or math.prod(sizes) < traits.parallel_min_work:
         return None
-    iterations = math.prod(d.size for d in dims[:-1])
+    iterations = math.prod(sizes[:-1])
     if block:
-        iterations *= -(-dims[-1].size // block)
+        iterations *= -(-sizes[-1] // block)
     return parallel(loops, iterations, traits)
 
 
