@@ -240,11 +240,30 @@ class SymbolFacts:
 
 
 @attrs.frozen(cache_hash=True)
+class SizeRule:
+    """`atom = value` wherever the graph runs: an equality that Dynamo's guards
+    hold (`Eq((s0//8 - 1)//2, s0//16)`, `Eq(Mod(s1, 32), 0)`), solved for its most
+    complex term.  `integral`: `value` has integer coefficients, and so it may
+    stand for `atom` in a size; otherwise (`s1//32 = s1/32`) it serves proofs
+    only."""
+
+    atom: sympy.Expr
+    value: sympy.Expr
+    integral: bool
+
+    def show(self) -> str:
+        return f"guard {self.atom} = {self.value}{'' if self.integral else ' (proofs only)'}"
+
+
+@attrs.frozen(cache_hash=True)
 class ShapeInfo:
     """The facts of a graph's size symbols, sorted by symbol number; empty for a
-    static graph (and then it prints nothing)."""
+    static graph (and then it prints nothing).  `rules`: the equalities among
+    sizes that Dynamo's guards hold (guard_rules), used by every proof below and
+    by lower to write each size one way (`reduce`)."""
 
     facts: tuple[SymbolFacts, ...] = ()
+    rules: tuple[SizeRule, ...] = ()
 
     @property
     def symbols(self) -> tuple[sympy.Symbol, ...]:
@@ -260,7 +279,16 @@ class ShapeInfo:
         raise KeyError(f"no facts for size symbol {s}")
 
     def show(self) -> list[str]:
-        return [f.show() for f in self.facts]
+        return [f.show() for f in self.facts] + [r.show() for r in self.rules]
+
+    def reduce(self, e: Size, integral: bool = True) -> Size:
+        """`e` with each term that a rule solves for replaced by its value (only
+        the integral rules unless `integral` is False): equal to `e` wherever the
+        graph runs; `e` itself (not re-expanded) where no rule applies."""
+        if isinstance(e, int) or not self.rules:
+            return e
+        table = tuple((r.atom, r.value, r.integral) for r in self.rules if r.integral or not integral)
+        return norm(_reduce(e, table)) if table else e
 
     def at_least_one(self, symbols: Iterable[sympy.Symbol]) -> "ShapeInfo":
         """These facts, each of `symbols` at least 1: what code inside a loop over
@@ -270,7 +298,7 @@ class ShapeInfo:
             f = facts.get(s) or SymbolFacts(s, UNBACKED_HINT, 0, None, backed=False)
             if f.lower < 1 and (f.upper is None or f.upper >= 1):
                 facts[s] = attrs.evolve(f, lower=1, hint=max(f.hint, 1))
-        return ShapeInfo(tuple(sorted(facts.values(), key=lambda f: symbol_key(f.symbol))))
+        return attrs.evolve(self, facts=tuple(sorted(facts.values(), key=lambda f: symbol_key(f.symbol))))
 
     # ---- evaluation at the hints (speed decisions only)
     def hint(self, e: Size) -> int:
@@ -287,6 +315,10 @@ class ShapeInfo:
         or not known)."""
         if isinstance(e, int):
             return e, e
+        if self.rules:
+            e = self.reduce(e, integral=False)
+            if isinstance(e, int):
+                return e, e
         return _bounds(self, e)
 
     def upper(self, e: Size) -> int | None:
@@ -299,7 +331,7 @@ class ShapeInfo:
         if isinstance(a, int) and isinstance(b, int):
             return a == b
         d = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
-        if d == 0:
+        if d == 0 or (self.rules and self.reduce(d, integral=False) == 0):
             return True
         lo, hi = self.bounds(d)
         return lo == 0 and hi == 0
@@ -332,13 +364,158 @@ class ShapeInfo:
         if k == 1:
             return True
         poly = sympy.expand(e)
-        if not poly.is_polynomial(*poly.free_symbols):
-            return False
-        return all(c.is_Integer and int(c) % k == 0
-                   for c in sympy.Poly(poly, *sorted(poly.free_symbols, key=str)).coeffs())
+        if poly.is_polynomial(*poly.free_symbols) and all(
+                c.is_Integer and int(c) % k == 0
+                for c in sympy.Poly(poly, *sorted(poly.free_symbols, key=str)).coeffs()):
+            return True
+        from coil.ir.indexing import ModularIndexing  # a divisibility Dynamo's guards hold
+
+        return bool(self.rules) and self.known_eq(ModularIndexing(e, 1, k), 0)
 
 
 EMPTY = ShapeInfo()
+
+
+def _terms(e: sympy.Expr) -> dict[sympy.Expr, sympy.Rational]:
+    """An expanded expression as {monomial: coefficient} (the constant under 1)."""
+    out: dict[sympy.Expr, sympy.Rational] = {}
+    for t in sympy.Add.make_args(sympy.expand(e)):
+        c, m = t.as_coeff_Mul()
+        out[m] = out.get(m, sympy.Integer(0)) + c
+    return {m: c for m, c in out.items() if c != 0}
+
+
+def _from_terms(terms: Mapping[sympy.Expr, sympy.Expr]) -> sympy.Expr:
+    return sympy.Add(*(c * m for m, c in terms.items()))
+
+
+def _pivotable(m: sympy.Expr) -> bool:
+    """A term a rule may solve for: one with an integer function in it (a floor
+    division, a modulo, a max or min).  Never a symbol or a product of symbols:
+    the wrapper binds those from the inputs."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    return m != 1 and m.has(FloorDiv, ModularIndexing, sympy.Max, sympy.Min)
+
+
+def _pivot_key(m: sympy.Expr) -> tuple[int, int, int, str]:
+    """The order terms are solved for: the most complex first, a modulo before a
+    floor division of the same weight."""
+    return (0 if _pivotable(m) else 1, -sympy.count_ops(m), 0 if "ModularIndexing" in str(m) else 1, str(m))
+
+
+def guard_rules(equalities: Iterable[sympy.Expr],
+                shapes: ShapeInfo) -> tuple[tuple[SizeRule, ...], dict[sympy.Symbol, int]]:
+    """The rules of equalities `e == 0` among sizes (each true wherever the graph
+    runs: Dynamo's guards), by Gauss-Jordan elimination over their terms, each
+    term (`(s0//8 - 1)//2`, `s0*(s1//2)`) an unknown: each rule solves for the
+    most complex term left, a term with an integer function in it, in terms of
+    simpler ones.  An equality left among plain symbols gives no rule (Dynamo
+    replaced such symbols already), except one that pins a symbol to a value
+    (`s0 - 24 = 0`): returned apart, {symbol: value}.  Each modulo `a mod k` met
+    brings its identity `a mod k = a - k*(a//k)` along, so `a mod k = 0` also
+    gives `a//k = a/k`.  Every rule and pin is checked at the hints; none is
+    returned if one fails there."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    rows: list[dict[sympy.Expr, sympy.Rational]] = []
+    seen: set[sympy.Expr] = set()
+    for e in equalities:
+        e = sympy.sympify(e)
+        for mod in e.atoms(ModularIndexing):
+            a, b, k = mod.args
+            if b == 1 and mod not in seen:
+                seen.add(mod)
+                rows.append(_terms(mod - a + k * FloorDiv(a, k)))
+        rows.append(_terms(e))
+    solved: dict[sympy.Expr, dict[sympy.Expr, sympy.Rational]] = {}  # pivot -> the rest of its row (pivot = -rest)
+    leftovers: list[dict[sympy.Expr, sympy.Rational]] = []  # rows over plain symbols only
+    for row in rows:
+        for p, rest in solved.items():  # reduce by the rules so far
+            if p in row:
+                c = row.pop(p)
+                for m, v in rest.items():
+                    row[m] = row.get(m, sympy.Integer(0)) - c * v
+                row = {m: v for m, v in row.items() if v != 0}
+        if not row:
+            continue
+        pivot = min(row, key=_pivot_key)
+        if not _pivotable(pivot):
+            leftovers.append(row)
+            continue
+        c = row.pop(pivot)
+        rest = {m: v / c for m, v in row.items()}
+        for q, other in solved.items():  # keep the rules reduced: no rule's value holds a pivot
+            if pivot in other:
+                k = other.pop(pivot)
+                for m, v in rest.items():
+                    other[m] = other.get(m, sympy.Integer(0)) - k * v
+                solved[q] = {m: v for m, v in other.items() if v != 0}
+        solved[pivot] = rest
+    rules = []
+    for p in sorted(solved, key=_pivot_key):
+        value = -_from_terms(solved[p])
+        integral = all(c.is_Integer for c in solved[p].values())
+        rules.append(SizeRule(p, norm(value) if integral else value, integral))
+    pins: dict[sympy.Symbol, int] = {}
+    for row in leftovers:  # reduced by every rule: a pin is `c*s + d = 0`
+        for p, rest in solved.items():
+            if p in row:
+                c = row.pop(p)
+                for m, v in rest.items():
+                    row[m] = row.get(m, sympy.Integer(0)) - c * v
+        row = {m: v for m, v in row.items() if v != 0}
+        syms = [m for m in row if m != 1]
+        if len(syms) == 1 and syms[0].is_Symbol and (v := -row.get(sympy.Integer(1), 0) / row[syms[0]]).is_Integer:
+            pins[syms[0]] = int(v)
+    try:
+        if any(shapes.hint(r.atom) != shapes.hint(r.value) for r in rules if r.integral) or \
+                any(shapes.hint(s) != v for s, v in pins.items()):
+            return (), {}
+    except (KeyError, ValueError, TypeError):
+        return (), {}
+    return tuple(rules), pins
+
+
+@functools.lru_cache(maxsize=8192)
+def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...]) -> sympy.Expr:
+    """`e` with the terms of `table` (atom, value, integral) replaced: an integral
+    rule's atom inside integer functions too, any rule's as a term of `e`; `e`
+    itself where nothing changes."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    funcs = (FloorDiv, ModularIndexing, sympy.Max, sympy.Min)
+    if not e.has(*funcs):
+        return e
+    whole = {a: v for a, v, whole_ in table if whole_ and isinstance(a, funcs)}  # anywhere
+
+    def walk(x: sympy.Expr) -> sympy.Expr:
+        if x.is_Atom or not x.has(*funcs):
+            return x
+        args = tuple(walk(a) for a in x.args)
+        y = x.func(*args) if args != x.args else x
+        return whole.get(y, y)
+
+    out = walk(e)
+    # then as factors of `e`'s terms: a product's rule (s2*(s0//s2) = s0) and a rule for
+    # proofs only (s0//2 = s0/2), not inside functions, where a fraction is no size
+    factors = [(a, v) for a, v, _ in table if a not in whole]
+    for _ in range(8):
+        terms, changed = _terms(out), False
+        for m in list(terms):
+            for a, v in factors:
+                q = m / a
+                if sympy.fraction(q)[1] == 1 and q.is_polynomial() and not (q.free_symbols - m.free_symbols):
+                    c = terms.pop(m)
+                    out_terms = _terms(c * q * v)
+                    for m2, c2 in out_terms.items():
+                        terms[m2] = terms.get(m2, sympy.Integer(0)) + c2
+                    changed = True
+                    break
+        if not changed:
+            break
+        out = _from_terms({m: c for m, c in terms.items() if c != 0})
+    return e if out == e else sympy.expand(out)
 
 
 def _to_torch(e: sympy.Expr) -> sympy.Expr:

@@ -42,7 +42,7 @@ from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
 from coil.passes.layout import attention_input_strides, prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS
-from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering
+from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering, xsyms
 from coil.passes.symbolic import STATIC, SizeMap, is_float_size, size_arith
 
 log = logging.getLogger("coil.trace")
@@ -426,6 +426,22 @@ def _record(run: Any, tensors: Sequence[torch.Tensor]) -> torch.fx.Graph | None:
     return graph
 
 
+def _guard_spelled(ctx: LowerCtx, out: Any) -> Any:
+    """A lowering's result with each size as SizeMap spells it under Dynamo's
+    guards (ShapeInfo.reduce): a slice computes `(s0//8 - 1)//2` where the guards
+    make it `s0//16`, and broadcasting, concatenation and fusion then see one
+    size, not two.  The identity view this takes folds into its readers."""
+    shapes = ctx.sizes.shapes
+    if not shapes.rules:
+        return out
+    if isinstance(out, (list, tuple)):
+        return type(out)(_guard_spelled(ctx, v) for v in out)
+    if not isinstance(out, TensorValue):
+        return out
+    size = tuple(shapes.reduce(v) for v in out.size)
+    return out if size == out.size else ctx.view(out, size, xsyms(len(size)))
+
+
 def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals: dict[str, Any], depth: int) -> Any:
     target = node.target
     if (size := _size_op(ctx, target, args)) is not None:
@@ -461,7 +477,7 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
             out = NotImplemented
         if out is not NotImplemented:
             log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)
-            return out
+            return _guard_spelled(ctx, out)
         del ctx.nodes[mark:]  # the lowering declined this call: run the aten op
         log.debug("lower %s: %s -> extern fallback (lowering declined)", node.name, target)
         return lower_extern(ctx, target, args, kwargs, vals.get(node.name))

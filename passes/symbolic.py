@@ -29,6 +29,7 @@ from coil.ir.shapes import (
     ShapeInfo,
     Size,
     SymbolFacts,
+    guard_rules,
     is_unbacked_symbol,
     norm,
     size_symbol,
@@ -87,6 +88,26 @@ class SizeMap:
 
     @classmethod
     def of(cls, inputs: Sequence[Any]) -> "SizeMap":
+        """The map of a graph's inputs: their symbols renamed in order, with their
+        facts and the rules of Dynamo's guarded equalities.  A symbol those
+        equalities pin to one value (`s0 = 2*((s0 - 1)//2) + 2` with
+        `(s0 - 1)//2 = 11`) is that constant, as a symbol whose range is one value
+        is: Dynamo's guards admit no other."""
+        pinned: dict[sympy.Symbol, int] = {}
+        while True:
+            out = cls._of(inputs, pinned)
+            if out.env is None:
+                return out
+            rules, pins = guard_rules(out._guarded_equalities(), out.shapes)
+            back = {v: k for k, v in out.names.items() if isinstance(v, sympy.Symbol)}
+            new = {back[s]: v for s, v in pins.items() if s in back and back[s] not in pinned}
+            if not new:
+                out.shapes = attrs.evolve(out.shapes, rules=rules)
+                return out
+            pinned.update(new)
+
+    @classmethod
+    def _of(cls, inputs: Sequence[Any], pinned: dict[sympy.Symbol, int]) -> "SizeMap":
         env = shape_env(inputs)
         if env is None:
             return cls()
@@ -108,6 +129,8 @@ class SizeMap:
                         raise CoilError(f"input size {expr} depends on data (unbacked symbol {s}): not supported yet",
                                         stage="lower")
                     lo, hi = _range_of(env, s, sizes=False)
+                    if s in pinned:
+                        lo = hi = pinned[s]
                     if hi is not None and hi == lo:  # specialized: a constant
                         names[s] = sympy.Integer(lo)
                         continue
@@ -132,6 +155,25 @@ class SizeMap:
                     facts.append(SymbolFacts(coil, hint, max(lo, 0), hi))
         facts.sort(key=lambda f: symbol_key(f.symbol))  # ShapeInfo's order: `s*`, then `u*`
         return cls(env, names, ShapeInfo(tuple(facts)))
+
+    def _guarded_equalities(self) -> list[sympy.Expr]:
+        """The equalities among sizes that Dynamo's guards hold so far, `l - r` for
+        each `Eq(l, r)` over coil's symbols (a guard over a symbol no input binds,
+        or a function coil's sizes do not take, is left out).  Every call of the
+        compiled graph satisfies them: Dynamo checks its guards first, and a
+        guard taken later (by a decomposition in lower) is only not used."""
+        out = []
+        for g in getattr(self.env, "guards", ()):
+            expr = self.env.replace(g.expr)
+            if not isinstance(expr, sympy.Eq):
+                continue
+            try:
+                d = self.expr(expr.lhs - expr.rhs)
+            except CoilError:
+                continue
+            if not isinstance(d, int):
+                out.append(d)
+        return out
 
     def admit_unbacked(self, val: Any) -> None:
         """Name the data-dependent symbols in an Extern's fake result (`(u0, 2)` of
@@ -200,7 +242,8 @@ class SizeMap:
         if bad:
             raise CoilError(f"size {e} uses {type(bad[0]).__name__}, which coil's sizes do not take yet",
                             stage="lower")
-        return norm(out)
+        # one spelling for sizes that Dynamo's guards make equal ((s0//8 - 1)//2 and s0//16)
+        return self.shapes.reduce(norm(out))
 
     def _extreme(self, x: sympy.Expr) -> sympy.Expr:
         from torch.utils._sympy import functions as tf

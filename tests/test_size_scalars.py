@@ -169,13 +169,13 @@ def test_debug_dir_keeps_the_graph_of_a_graph_that_failed_and_charts_symbolic_si
     a graph coil ran eagerly still shows what it was; the lifetime chart of a
     symbolic graph draws its buffers at the hints (it raised on comparing them)."""
 
-    def f(x):
-        # a view to (1, 2, s0 // 2, s1): its element count equals s0 * s1 only under
-        # Dynamo's guard that s0 is even, which coil does not know: the graph is refused
-        return torch.nn.functional.group_norm(x, 2)
+    def f(x, n):
+        # a SymInt input negative at the first call: coil takes symbolic sizes of at
+        # least 2 and SymInt inputs of at least 0, and refuses the graph
+        return x.view(2, -1) * n
 
     g = _compile(f, "cpp", debug_dir=str(tmp_path), eager_fallback=True)
-    g(torch.randn(1, 4, 5))
+    g(torch.randn(1, 4, 5), -3)
     assert _eager_fallbacks(coil_log)
     (failed,) = [p for p in tmp_path.iterdir() if not (p / "00_lower.txt").exists()]
     assert "torch.ops.aten.view.default" in (failed / "graph.txt").read_text()

@@ -68,7 +68,8 @@ def infer_size(size: Sequence[Size], numel: Size, shapes: ShapeInfo = EMPTY) -> 
     prod: Size = 1
     for s in out:
         prod = norm(prod * s)
-    if not same_size(prod, numel) and not (shapes and equal_at_samples(prod, numel, shapes)):
+    if not same_size(prod, numel) and not (shapes and (shapes.known_eq(prod, numel)
+                                                       or equal_at_samples(prod, numel, shapes))):
         raise CoilError(f"view: shape {out} is invalid for input of size {numel}")
     return tuple(out)
 

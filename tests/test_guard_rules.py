@@ -1,0 +1,136 @@
+"""Sizes that Dynamo's guards make equal (ir/shapes.py: guard_rules, SizeRule).
+
+A size is often spelled two ways in one graph: a slice computes `(s0//8 - 1)//2`
+where a broadcast needs `s0//16`, a view's `2*(s0//2)` stands for `s0` once Dynamo
+guarded that s0 is even.  Knowing only the symbols' ranges, coil refused such
+graphs (`cannot broadcast`, `view: shape ... is invalid`) and ran them eagerly:
+Mamba at a second sequence length, group_norm, channel_shuffle and
+multi_head_attention_forward under `dynamic=True`.  lower now reads the
+equalities Dynamo guarded, solves them into rules, and writes each size one way;
+proofs use them too.  The tests run with the eager fallback off, so a graph coil
+refuses fails them."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import sympy
+import torch
+
+import coil
+from coil.ir.indexing import FloorDiv, ModularIndexing
+from coil.ir.shapes import ShapeInfo, SymbolFacts, guard_rules, size_symbol
+from tests_helpers import target_available
+
+s0, s1, s2 = size_symbol(0), size_symbol(1), size_symbol(2)
+
+
+def _info(*facts: tuple[sympy.Symbol, int, int, int | None]) -> ShapeInfo:
+    return ShapeInfo(tuple(SymbolFacts(s, hint, lo, hi) for s, hint, lo, hi in facts))
+
+
+def test_a_chain_of_guarded_equalities_solves_for_the_most_complex_terms():
+    """Mamba's: X = 2Y and X = Y + Z give Z = Y, which no single guard states."""
+    info = _info((s0, 24, 2, None))
+    x, y, z = FloorDiv(FloorDiv(s0, 4) - 1, 2), FloorDiv(s0, 16), FloorDiv(FloorDiv(s0, 8) - 1, 2)
+    rules, pins = guard_rules([x - 2 * y, x - y - z], info)
+    assert [r.show() for r in rules] == [
+        "guard FloorDiv(FloorDiv(s0, 4) - 1, 2) = 2*FloorDiv(s0, 16)",
+        "guard FloorDiv(FloorDiv(s0, 8) - 1, 2) = FloorDiv(s0, 16)"]
+    assert pins == {}
+    info = attrs.evolve(info, rules=rules)
+    assert info.known_eq(z, y) and info.reduce(3 * z + s0) == 3 * y + s0
+    assert not info.known_eq(z, 2 * y)
+    # inside a floor division too, and an expression no rule touches stays as it was
+    assert info.reduce(FloorDiv(z + 1, 2)) == FloorDiv(y + 1, 2)
+    assert info.reduce((s0 + 1) * (s0 + 2)) == (s0 + 1) * (s0 + 2)
+
+
+def test_a_divisibility_gives_a_size_rule_and_a_rule_for_proofs_only():
+    info = _info((s0, 8, 2, None), (s1, 6, 2, None), (s2, 3, 2, None))
+    rules, _ = guard_rules([ModularIndexing(s0, 1, 2), ModularIndexing(s1, 1, s2)], info)
+    shown = [r.show() for r in rules]
+    assert "guard ModularIndexing(s0, 1, 2) = 0" in shown
+    assert "guard FloorDiv(s0, 2) = s0/2 (proofs only)" in shown  # no fraction in a size
+    assert "guard s2*FloorDiv(s1, s2) = s1" in shown
+    info = attrs.evolve(info, rules=rules)
+    assert info.reduce(4 * FloorDiv(s0, 2)) == 4 * FloorDiv(s0, 2)  # sizes keep their integers
+    assert info.known_eq(2 * FloorDiv(s0, 2) * s1, s0 * s1)  # group_norm's view
+    assert info.known_eq(s2 * FloorDiv(s1, s2) * s0 ** 2, s1 * s0 ** 2)  # channel_shuffle's
+    assert info.known_multiple(s0, 2) and not info.known_multiple(s0, 4)
+    assert not _info((s0, 8, 2, None)).known_multiple(s0, 2)  # without the guard: no
+
+
+def test_an_equality_that_pins_a_symbol_is_returned_apart():
+    info = _info((s0, 24, 24, 31))
+    f = FloorDiv(s0 - 1, 2)
+    rules, pins = guard_rules([s0 - 2 * f - 2, f - 11], info)
+    assert pins == {s0: 24}
+    assert [r.show() for r in rules] == ["guard FloorDiv(s0 - 1, 2) = s0/2 - 1 (proofs only)"]
+
+
+def test_rules_false_at_the_hints_are_dropped_whole():
+    """Each rule must hold at the call being compiled; one that does not means
+    the equalities were misread, and none is kept."""
+    info = _info((s0, 9, 2, None))
+    assert guard_rules([ModularIndexing(s0, 1, 2)], info) == ((), {})
+    assert guard_rules([s0 - 2 * FloorDiv(s0 - 1, 2) - 2, FloorDiv(s0 - 1, 2) - 11], info) == ((), {})
+
+
+def test_rules_print_with_the_facts():
+    rules, _ = guard_rules([ModularIndexing(s0, 1, 4)], _info((s0, 8, 2, None)))
+    info = attrs.evolve(_info((s0, 8, 2, None)), rules=rules)
+    assert info.show() == ["s0 in [2, oo] hint 8", "guard ModularIndexing(s0, 1, 4) = 0",
+                           "guard FloorDiv(s0, 4) = s0/4 (proofs only)"]
+
+
+def _compile(fn, target, **options):
+    if not target_available(target):
+        pytest.skip(f"{target} not available")
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="coil", dynamic=True, options={"target": target, **options})
+
+
+def _halves(x):
+    # (s0 + 1)//2 and s0//2 rows, added: torch guards that they are equal (s0 even)
+    return x[::2] + x[1::2] * 2
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+def test_slices_of_sizes_equal_under_the_guards_broadcast(target):
+    g = _compile(_halves, target)
+    for n in (8, 12, 30):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(g(x), _halves(x))
+
+
+def _group_norm(x):
+    return torch.nn.functional.group_norm(x, 4)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_group_norm_with_symbolic_channels_compiles(target):
+    g = _compile(_group_norm, target)
+    for shape in ((2, 8, 5), (3, 12, 7), (1, 16, 3)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(g(x), _group_norm(x))
+
+
+def test_the_rules_print_and_the_lowered_graph_spells_each_size_one_way():
+    import torch._dynamo.testing
+
+    from coil.ir.printer import show
+
+    backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
+    torch._dynamo.reset()
+    torch.compile(_halves, backend=backend, dynamic=True)(torch.randn(8, 3))
+    (gm,) = backend.fw_graphs
+    ins = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+    lowered = coil.default_pipeline().run(gm, ins, until="lower", options=coil.Options(target="cpp"))
+    assert lowered.sizes.shapes.show() == ["s0 in [2, oo] hint 8", "s1 in [2, oo] hint 3",
+                                           "guard FloorDiv(s0 + 1, 2) = FloorDiv(s0, 2)"]
+    text = show(lowered)
+    # the even rows' slice is `(s0 + 1)//2` long; an identity view spells it s0//2
+    assert "slice_1 = View[float32[FloorDiv(s0 + 1, 2), s1]] of arg2_1[2*x0, x1]" in text
+    assert "slice_1__1 = View[float32[FloorDiv(s0, 2), s1]] of slice_1[x0, x1]" in text
+    assert "add_9 = Pointwise[float32[FloorDiv(s0, 2), s1]]" in text
