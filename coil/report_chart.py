@@ -145,6 +145,8 @@ def _title(plan: MemoryPlan, title: str | None) -> str:
 def _legend(ax: Any, lives: Sequence[Lifetime]) -> None:
     kinds = [k for k in LEGEND if any(lt.kind == k for lt in lives)]
     handles = [Patch(facecolor=COLORS[k], edgecolor="black", label=LEGEND[k]) for k in kinds]
+    if not handles:  # a graph without buffers (one that only returns): nothing to name
+        return
     # above the plot, so it never hides a bar
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(handles), fontsize=8,
               frameon=False)

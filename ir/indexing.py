@@ -504,7 +504,7 @@ def unflatten(flat: sympy.Expr, size: Sequence[Size]) -> tuple[sympy.Expr, ...]:
     """Logical index for a row-major flat position (inverse of `flatten`)."""
     out: list[sympy.Expr] = []
     for s, st in zip(size, contiguous_strides(size)):
-        if s == 1:
+        if s == 1 or s == 0:  # size 0: no element, no position to find (and no modulo by 0)
             out.append(sympy.Integer(0))
         else:
             out.append(ModularIndexing(flat, st, s))

@@ -276,10 +276,13 @@ _ARITHMETIC: dict[Any, Callable[..., Any]] = {
     operator.mod: lambda a, b: a % b if isinstance(a, int) and isinstance(b, int) else ModularIndexing(a, 1, b),
     # torch's refs compute strides with them (lerp of a transposed operand)
     torch.sym_max: lambda a, b: max(a, b) if isinstance(a, int) and isinstance(b, int) else sympy.Max(a, b),
-    torch.sym_min: lambda a, b: min(a, b) if isinstance(a, int) and isinstance(b, int) else sympy.Min(a, b)}
+    torch.sym_min: lambda a, b: min(a, b) if isinstance(a, int) and isinstance(b, int) else sympy.Min(a, b),
+    # a size to a power that is an int of at least 0 (a float power is _float_arith's)
+    operator.pow: lambda a, b: a ** b if isinstance(b, int) and b >= 0 else None}
 
 
-_FLOAT_OPS = {operator.truediv: "truediv", operator.mul: "mul", operator.add: "add", operator.sub: "sub"}
+_FLOAT_OPS = {operator.truediv: "truediv", operator.mul: "mul", operator.add: "add", operator.sub: "sub",
+              operator.pow: "pow"}  # pow: sdpa's scale, sym_float(head_dim) ** 0.5
 
 
 def _float_value(v: Any) -> Any:
@@ -310,8 +313,9 @@ def _float_arith(target: Any, args: Sequence[Any]) -> Any:
     name = _FLOAT_OPS.get(target)
     if name is None or len(args) != 2 or not all(operand(a) for a in args):
         return None
-    if name != "truediv" and not any(isinstance(a, float) or is_float_size(a) for a in args):
-        return None  # int arithmetic of sizes: size_arith's
+    if name != "truediv" and not any(isinstance(a, float) or is_float_size(a) for a in args) \
+            and not (name == "pow" and isinstance(args[1], int) and args[1] < 0):
+        return None  # int arithmetic of sizes: size_arith's (s0 ** -1 is a float, as in Python)
     if all(isinstance(a, (int, float)) for a in args):
         return target(*args)
     return Op(name, (_float_value(args[0]), _float_value(args[1])), torch.float64)
@@ -335,4 +339,6 @@ def size_arith(target: Any, args: Sequence[Any]) -> Any:
     if fn is None or not all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool) for a in args):
         return None
     v = fn(*args)
+    if v is None:
+        return None
     return v if isinstance(v, int) else norm(sympy.expand(v) if not v.has(FloorDiv, ModularIndexing) else v)

@@ -285,6 +285,18 @@ def test_short_names_and_bytes() -> None:
 # ---- debug_dir -----------------------------------------------------------------------------
 
 
+def test_debug_dir_of_a_graph_without_buffers(tmp_path: Path) -> None:
+    """A graph of no inputs and no results (what AOTAutograd hands over for sdpa
+    under OpInfo, its work past a graph break): its lifetime chart has nothing to
+    draw a legend of, and it raised in numpy's array_split."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    compiled = coil.compile_graph(make_fx(lambda: ())(), [],
+                                  options=coil.Options(target="cpp", debug_dir=str(tmp_path)))
+    assert compiled() == ()
+    check_png(tmp_path / "0_graph" / "lifetimes.png")
+
+
 @pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
 def test_debug_dir_files_and_standalone_output_code(
         tmp_path: Path, seed_graph: tuple[torch.fx.GraphModule, list[torch.Tensor]], target: str) -> None:

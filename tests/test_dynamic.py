@@ -592,3 +592,20 @@ def test_hf_t5_trains_with_symbolic_sizes() -> None:
             if q.grad is not None:
                 torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-3)
     assert counters["coil"]["compiled"] == 4 and counters["coil"]["eager"] == 0
+
+
+def _empty_batch(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return F.pad(x, (1, 2), mode="circular"), F.unfold(y, 2, 1, 0, 1)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_an_empty_dim_beside_symbolic_ones_compiles(target: str) -> None:
+    """A dim of 0 (Dynamo specializes it) beside symbolic ones: each position's
+    index took a modulo by that 0 (OpInfo's circular pad and unfold samples under
+    dynamic=True ran eagerly: `integer modulo by zero`)."""
+    torch._dynamo.reset()
+    g = torch.compile(_empty_batch, backend="coil", dynamic=True, options={"target": target})
+    for n in (3, 5):
+        args = (torch.randn(0, 3, n), torch.randn(0, 1, n, n))
+        for got, want in zip(g(*args), _empty_batch(*args)):
+            torch.testing.assert_close(got, want)

@@ -290,3 +290,18 @@ def test_a_float_of_sizes_is_refused_as_an_externs_argument():
     half = Cast(IndexExpr(size_symbol(0)), torch.float64)
     with pytest.raises(CoilError, match="a float computed from sizes"):
         lower_extern(ctx, torch.ops.aten.full.default, ([2], half), {}, torch.empty(2))
+
+
+def _powers_of_sizes(x):
+    # sdpa's scale, 1 / sqrt(head_dim) at a symbolic head_dim, and powers of sizes
+    # whose exponent is an int: s0 ** 2 an int, s1 ** -1 a float (as in Python)
+    return (x * (1.0 / torch.sym_float(x.shape[-1]) ** 0.5), x + x.shape[0] ** 2, x * x.shape[1] ** -1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_powers_of_sizes_are_scalars_of_the_kernels(target):
+    g = _compile(_powers_of_sizes, target)
+    for shape in ((3, 4), (5, 9)):
+        x = torch.randn(shape)
+        for got, want in zip(g(x), _powers_of_sizes(x)):
+            torch.testing.assert_close(got, want)

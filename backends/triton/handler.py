@@ -194,6 +194,10 @@ class TritonHandler:
         e = simplify_index(node.expr, self.ranges)
         if not e.free_symbols:
             return self.out.assign(f"tl.full([1], {int(e)}, {tl_dtype(node.dtype)})")
+        if all(is_size_symbol(s) for s in e.free_symbols):
+            # a value of sizes alone is a block of one, as a constant is: Triton's interpreter
+            # fails `|` of a scalar's bool and a block's (sdpa's scale, sym_float(s0) ** 0.5)
+            return self.out.assign(f"tl.full([1], {print_index(e)}, {tl_dtype(node.dtype)})")
         return self.out.assign(f"({print_index(e)}).to({tl_dtype(node.dtype)})")
 
     def cast(self, node: Cast, arg: str) -> str:
