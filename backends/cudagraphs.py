@@ -75,9 +75,9 @@ def capture_verdict(example_inputs: Sequence[Any], copied: frozenset[int], mutat
     `syncs`: the ops that wait for the GPU."""
     if syncs:
         return f"{syncs[0]} waits for the GPU (its result's size depends on the data)"
-    from coil.passes.symbolic import shape_env
+    from coil.passes.symbolic import has_symbols
 
-    if shape_env(example_inputs) is not None:
+    if has_symbols(example_inputs):
         return "its sizes are symbolic (dynamic shapes): a recording holds one size"
     written = sorted(mutated & copied)
     if written:

@@ -40,12 +40,10 @@ def aot_decompositions() -> dict[Any, Callable[..., Any]]:
 
 
 def _static(inputs: Sequence[Any]) -> bool:
-    for x in inputs:
-        if isinstance(x, torch.SymInt):
-            return False
-        if isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())):
-            return False
-    return True
+    """No symbolic size among the inputs (a SymInt Dynamo specialized is a number)."""
+    from coil.passes.symbolic import has_symbols
+
+    return not has_symbols(inputs)
 
 
 def _target_for_device(opts: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Options:

@@ -48,6 +48,20 @@ def shape_env(values: Iterable[Any]) -> Any:
     return None
 
 
+def has_symbols(values: Iterable[Any]) -> bool:
+    """Whether a size among `values` is symbolic: a SymInt (alone, or a tensor's
+    size, stride or offset) with a symbol left once the ShapeEnv's replacements
+    are made.  A SymInt Dynamo specialized (`Sym(8)`, an int input branched on) is
+    a number."""
+    for v in values:
+        for leaf in size_leaves(v):
+            if isinstance(leaf, torch.SymInt):
+                env = leaf.node.shape_env
+                if env is None or env.replace(leaf.node.expr).free_symbols:
+                    return True
+    return False
+
+
 def _hint_of(env: Any, s: sympy.Symbol) -> int | None:
     table = getattr(env, "backed_var_to_val", None)
     if table is None:  # torch before 2.13

@@ -38,6 +38,28 @@ def test_symbolic_graphs_are_not_recorded() -> None:
         "its sizes are symbolic (dynamic shapes): a recording holds one size")
 
 
+def test_a_static_graph_taking_a_specialized_symint_may_be_recorded() -> None:
+    """A SymInt Dynamo specialized (an int input branched on: gemma2's decoding
+    step takes `Sym(8)`) is a number: its graph is static, and it was refused as
+    symbolic."""
+    verdicts = []
+
+    def backend(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        verdicts.append((any(isinstance(v, torch.SymInt) for v in example),
+                         cudagraphs.capture_verdict(example, frozenset(), frozenset(), [])))
+        return gm.forward
+
+    def f(x: torch.Tensor, n: int) -> Any:
+        return (x + n, n + 1) if n == 8 else (x - n, n)
+
+    torch._dynamo.reset()
+    g = torch.compile(f, backend=backend)
+    for n in (7, 8):  # the second n makes n a SymInt (automatic dynamic); `n == 8` specializes it
+        g(torch.randn(4), n)
+    # the second graph takes the SymInt; not "symbolic": on CUDA it is recorded
+    assert verdicts[-1] == (True, "input 1 is a CPU tensor")
+
+
 def test_graph_facts_find_writes_into_inputs_and_syncs() -> None:
     def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
         a.add_(1)

@@ -140,12 +140,17 @@ def test_a_static_graph_takes_and_returns_a_specialized_size(target):
         pytest.skip(f"{target} not available")
     torch._dynamo.reset()
     # automatic dynamic: the second call's new n makes n a SymInt, x keeps its static size
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     g = torch.compile(f, backend="coil", options={"target": target})
     x = torch.randn(4)
     for n in (7, 8):
         got, want = g(x, n), f(x, n)
         torch.testing.assert_close(got[0], want[0])
         assert got[1] == want[1]
+    # a static graph: not counted symbolic (with Options.dynamic off it ran eagerly)
+    assert counters["coil"]["symbolic"] == 0 and counters["coil"]["eager"] == 0
 
 
 def test_a_max_of_sizes_in_a_cpp_kernel_compiles(tmp_path, coil_log):
