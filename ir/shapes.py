@@ -631,6 +631,9 @@ class GraphSizes:
     inputs: tuple[tuple[str, Size], ...] = ()  # SymInt placeholders: name, the size it holds
     order: tuple[str, ...] = ()  # every placeholder, in call order (set only where SymInts come in)
     outputs: tuple[tuple[int, Size], ...] = ()  # SymInt outputs: position among the outputs, value
+    # SymInt inputs compiled for their one value at the first call, an assumption (a
+    # negative int: coil's symbols are at least 0): name, value; another value runs eagerly
+    fixed: tuple[tuple[str, int], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.shapes or self.inputs or self.outputs)
@@ -644,10 +647,10 @@ class GraphSizes:
         return tuple(f.symbol for f in self.shapes.facts if f.backed or f.symbol in given)
 
     def assumed_inputs(self) -> tuple[tuple[str, int, int | None], ...]:
-        """The SymInt inputs whose range coil assumed (SymbolFacts.assumed): name,
-        least and greatest value compiled for.  A call passing another value runs
+        """The SymInt inputs whose range coil assumed (SymbolFacts.assumed, and
+        `fixed`): name, least and greatest value compiled for.  A call passing another value runs
         the graph eagerly (backends/dynamo.py) rather than compiled."""
-        out = []
+        out: list[tuple[str, int, int | None]] = [(name, v, v) for name, v in self.fixed]
         for name, v in self.inputs:
             if isinstance(v, sympy.Symbol) and v in self.shapes.symbols and (f := self.shapes.fact(v)).assumed:
                 out.append((name, f.lower, f.upper))
@@ -661,7 +664,8 @@ class GraphSizes:
 
     def show(self) -> list[str]:
         lines = [f"size {f}" for f in self.shapes.show()]
-        lines += [f"size input {n} = {v}" for n, v in self.inputs]
+        fixed = dict(self.fixed)
+        lines += [f"size input {n} = {v}{' assumed' if n in fixed else ''}" for n, v in self.inputs]
         lines += [f"size output {k} = {v}" for k, v in self.outputs]
         return lines
 

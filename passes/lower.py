@@ -637,6 +637,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     ctx.conv_bias_in_kernels = options.traits().conv_bias_in_kernels
     sm = ctx.sizes = SizeMap.of(fx.example_inputs)
     size_inputs: list[tuple[str, Size]] = []
+    fixed: list[tuple[str, int]] = []  # SymInt inputs compiled for their first value (SizeMap.fixed)
     order: list[str] = []
     env: dict[torch.fx.Node, Any] = {}
     inputs = iter(fx.example_inputs)
@@ -663,6 +664,8 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
             elif isinstance(x, torch.SymInt):
                 env[n] = sm.size(x)
                 size_inputs.append((n.name, env[n]))
+                if sm.env is not None and sm.env.replace(x.node.expr) in sm.fixed:
+                    fixed.append((n.name, env[n]))
                 log.debug("lower %s: placeholder -> size %s", n.name, env[n])
             else:
                 env[n] = x
@@ -698,7 +701,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
         output_strides = tuple(None if i in free else st for i, st in enumerate(output_strides))
     # a static graph may take and return sizes too (a SymInt Dynamo specialized: a cache's length)
     sizes = (NO_SIZES if not (sm.shapes or size_inputs or size_outputs)
-             else GraphSizes(sm.shapes, tuple(size_inputs), tuple(order), size_outputs))
+             else GraphSizes(sm.shapes, tuple(size_inputs), tuple(order), size_outputs, tuple(fixed)))
     g = prefer_channels_last(LoweredGraph(tuple(ctx.nodes), outputs, output_strides, sizes), options)
     return attention_input_strides(g, options)
 

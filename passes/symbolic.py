@@ -99,6 +99,9 @@ class SizeMap:
     env: Any = None
     names: dict[sympy.Symbol, sympy.Expr] = attrs.Factory(dict)  # ShapeEnv symbol -> coil size
     shapes: ShapeInfo = EMPTY
+    # ShapeEnv symbols of SymInt inputs negative at the first call, compiled for that value
+    # (GraphSizes.fixed): coil's symbols are at least 0
+    fixed: dict[sympy.Symbol, int] = attrs.Factory(dict)
 
     @classmethod
     def of(cls, inputs: Sequence[Any]) -> "SizeMap":
@@ -127,6 +130,7 @@ class SizeMap:
             return cls()
         names: dict[sympy.Symbol, sympy.Expr] = {}
         facts: list[SymbolFacts] = []
+        fixed: dict[sympy.Symbol, int] = {}
         # the symbols SymInt inputs are, whichever input shows them first (x of size k + 2, then k)
         given = {e for x in inputs if isinstance(x, torch.SymInt)
                  and isinstance(e := env.replace(x.node.expr), sympy.Symbol)}
@@ -148,6 +152,13 @@ class SizeMap:
                     if hi is not None and hi == lo:  # specialized: a constant
                         names[s] = sympy.Integer(lo)
                         continue
+                    if s in given and hint < 0:
+                        # a SymInt input negative at the first call (arange's start, a negative
+                        # pad): coil's symbols are at least 0, so the graph is compiled for this
+                        # value, which `call`'s caller checks (another runs the graph eagerly)
+                        names[s] = sympy.Integer(hint)
+                        fixed[s] = hint
+                        continue
                     if lo < 2 and s in given and hint >= 0:
                         # a SymInt input that may be 0 or 1 (an int a model keeps, a cache's length:
                         # Dynamo specializes a tensor's sizes 0 and 1, not an int's): a `u` symbol,
@@ -168,7 +179,7 @@ class SizeMap:
                     names[s] = coil
                     facts.append(SymbolFacts(coil, hint, max(lo, 0), hi))
         facts.sort(key=lambda f: symbol_key(f.symbol))  # ShapeInfo's order: `s*`, then `u*`
-        return cls(env, names, ShapeInfo(tuple(facts)))
+        return cls(env, names, ShapeInfo(tuple(facts)), fixed)
 
     def _guarded_equalities(self) -> list[sympy.Expr]:
         """The equalities among sizes that Dynamo's guards hold so far, `l - r` for

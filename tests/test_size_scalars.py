@@ -110,6 +110,40 @@ def test_a_symint_the_shape_env_lets_be_negative_compiles_for_0_up(coil_log):
     assert _eager_fallbacks(coil_log) == warned  # the graph itself compiled
 
 
+def _from(x, n):
+    return torch.arange(n, 5) * x.sum() + n, torch.nn.functional.pad(x, (n, 1))
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_a_symint_input_negative_at_the_first_call_compiles_for_that_value(target, coil_log):
+    """arange's start and a negative pad, negative at the first call: coil's
+    symbols are at least 0, so the graph is compiled for that one value (the IR
+    says `assumed`) and another value runs it eagerly, with one warning.  Before,
+    the graph was refused (`may be negative`) and ran eagerly at every call."""
+    g = _compile(_from, target)
+    for n in (-3, -3, -2, 4, -3):
+        x = torch.randn(2, 6)
+        for got, want in zip(g(x, n), _from(x, n)):
+            torch.testing.assert_close(got, want)
+    warned = [r.getMessage() for r in coil_log.records if "outside the range" in r.getMessage()]
+    assert len(warned) == 1 and "= -2, outside the range -3..-3" in warned[0]
+    assert not [m for m in _eager_fallbacks(coil_log) if m not in warned]  # the graph itself compiled
+
+
+def test_a_symint_input_compiled_for_its_value_prints_so():
+    import torch._dynamo.testing
+
+    backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
+    torch._dynamo.reset()
+    torch.compile(lambda x, n: x * n, backend=backend, dynamic=True)(torch.randn(4), -3)
+    (gm,) = backend.fw_graphs
+    ins = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+    lowered = coil.default_pipeline().run(gm, ins, until="lower", options=coil.Options(target="cpp"))
+    assert lowered.sizes.fixed == (("arg2_1", -3),)
+    assert "size input arg2_1 = -3 assumed" in lowered.sizes.show()
+    assert lowered.sizes.assumed_inputs() == (("arg2_1", -3, -3),)
+
+
 def test_the_assumed_range_prints_in_the_ir():
     import torch._dynamo.testing
 
@@ -169,18 +203,22 @@ def test_a_max_of_sizes_in_a_cpp_kernel_compiles(tmp_path, coil_log):
     assert "std::max" not in code
 
 
-def test_debug_dir_keeps_the_graph_of_a_graph_that_failed_and_charts_symbolic_sizes(tmp_path, coil_log):
+def test_debug_dir_keeps_the_graph_of_a_graph_that_failed_and_charts_symbolic_sizes(tmp_path, coil_log,
+                                                                                     monkeypatch):
     """`graph.txt` (the aten graph coil was handed) is written before lowering, so
     a graph coil ran eagerly still shows what it was; the lifetime chart of a
     symbolic graph draws its buffers at the hints (it raised on comparing them)."""
 
-    def f(x, n):
-        # a SymInt input negative at the first call: coil takes symbolic sizes of at
-        # least 2 and SymInt inputs of at least 0, and refuses the graph
-        return x.view(2, -1) * n
+    from coil.errors import CoilError
+    from coil.passes.lowerings.registry import LOWERINGS
 
-    g = _compile(f, "cpp", debug_dir=str(tmp_path), eager_fallback=True)
-    g(torch.randn(1, 4, 5), -3)
+    def refuse(*_args, **_kwargs):
+        raise CoilError("refused here (the test's lowering)")
+
+    monkeypatch.setitem(LOWERINGS, torch.ops.aten.view.default, refuse)  # a graph coil refuses
+    g = _compile(lambda x: x.view(2, -1) * 3, "cpp", debug_dir=str(tmp_path), eager_fallback=True)
+    g(torch.randn(1, 4, 5))
+    monkeypatch.undo()
     assert _eager_fallbacks(coil_log)
     (failed,) = [p for p in tmp_path.iterdir() if not (p / "00_lower.txt").exists()]
     assert "torch.ops.aten.view.default" in (failed / "graph.txt").read_text()

@@ -145,6 +145,27 @@ CENSUS: tuple[tuple[str, str, str], ...] = (
     ("data2vec-audio", "AutoModelForAudioClassification", "waveform"),
 )
 
+# MORE=1: 70 further architectures (session 31), each with a family of its own where
+# the first list has none: MoE and MLA decoders, state-space and hybrid decoders,
+# encoders with their own attention (LSH, Nystrom, YOSO, MRA), hierarchical vision
+# models, more audio encoders
+CENSUS_MORE: tuple[tuple[str, str, str], ...] = tuple(
+    (t, "AutoModelForCausalLM", "tokens") for t in (
+        "cohere", "cohere2", "deepseek_v2", "deepseek_v3", "gemma3_text", "gpt_bigcode", "granite", "granitemoe",
+        "jamba", "mamba2", "phi3", "phimoe", "olmoe", "olmo2", "nemotron", "persimmon", "recurrent_gemma",
+        "xglm", "mpt", "ctrl", "gpt_oss", "qwen3_moe", "qwen3_next", "bamba", "falcon_mamba",
+        "falcon_h1", "lfm2", "diffllama", "jetmoe", "helium", "exaone4", "smollm3",
+        "openai-gpt", "bitnet", "glm4", "minimax")) + tuple(
+    (t, "AutoModelForMaskedLM", "tokens") for t in (
+        "mobilebert", "luke", "mra", "nystromformer", "yoso", "esm", "roformer", "rembert", "eurobert")) + tuple(
+    (t, "AutoModelForSeq2SeqLM", "seq2seq") for t in (
+        "led", "bigbird_pegasus", "fsmt", "prophetnet", "pegasus_x", "umt5", "plbart", "nllb-moe")) + tuple(
+    (t, "AutoModelForImageClassification", "pixels") for t in (
+        "bit", "focalnet", "hgnet_v2", "hiera", "mobilevitv2", "pvt", "pvt_v2", "swiftformer", "swinv2",
+        "vit_msn", "data2vec-vision", "ijepa")) + tuple(
+    (t, "AutoModelForAudioClassification", "waveform") for t in (
+        "sew", "sew-d", "unispeech", "unispeech-sat", "wav2vec2-conformer"))
+
 VOCAB, HIDDEN, LAYERS, HEADS, BATCH, SEQ, IMAGE, CLASSES = 1000, 64, 2, 4, 2, 16, 64, 10
 # config fields set where a config has them (the names differ by model)
 SHRINK: dict[str, Any] = {
@@ -182,6 +203,21 @@ EXTRA: dict[str, dict[str, Any]] = {
                "num_conv_pos_embedding_groups": 4, "classifier_proj_size": HIDDEN},
     "wavlm": {"num_feat_extract_layers": 2, "conv_dim": (16, 16), "conv_kernel": (10, 3), "conv_stride": (5, 2), "num_conv_pos_embeddings": 16,
               "num_conv_pos_embedding_groups": 4, "classifier_proj_size": HIDDEN, "num_buckets": 32},
+    # CENSUS_MORE's
+    "deepseek_v2": {"qk_rope_head_dim": 8, "head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
+                    "q_lora_rank": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
+    "deepseek_v3": {"qk_rope_head_dim": 8, "head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
+                    "q_lora_rank": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+                    "first_k_dense_replace": 1},
+    "olmoe": {"num_experts_per_tok": 2},
+    "qwen3_moe": {"num_experts_per_tok": 2},
+    "qwen3_next": {"num_experts_per_tok": 2},
+    "mamba2": {"head_dim": 32, "n_groups": 1},
+    "bamba": {"mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 1},
+    "swinv2": {"embed_dim": 16, "depths": [1, 1], "num_heads": [2, 2], "window_size": 4, "patch_size": 4},
+    "hiera": {"embed_dim": 16, "num_heads": [1, 2, 4, 8], "depths": [1, 1, 1, 1], "image_size": [IMAGE, IMAGE]},
+    "pvt": {"hidden_sizes": [16, 32, 48, 64], "num_attention_heads": [1, 2, 2, 4], "depths": [1, 1, 1, 1]},
+    "pvt_v2": {"hidden_sizes": [16, 32, 48, 64], "num_attention_heads": [1, 2, 2, 4], "depths": [1, 1, 1, 1]},
     "data2vec-audio": {"num_feat_extract_layers": 2, "conv_dim": (16, 16), "conv_kernel": (10, 3), "conv_stride": (5, 2),
                        "num_conv_pos_embeddings": 4, "num_conv_pos_embedding_groups": 4,
                        "classifier_proj_size": HIDDEN},
@@ -308,7 +344,9 @@ def main() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     wanted = sys.argv[1:]
     seqs = tuple(int(v) for v in os.environ.get("SEQS", str(SEQ)).split(","))
-    rows = [r for r in CENSUS if not wanted or r[0] in wanted]
+    every = CENSUS + CENSUS_MORE
+    rows = [r for r in every if r[0] in wanted] if wanted else \
+        list(CENSUS_MORE if os.environ.get("MORE") else CENSUS)
     for model_type, auto, kind in rows:
         for mode in ("infer", "train"):
             got = one(model_type, auto, kind, mode, "coil", seqs)
