@@ -233,7 +233,15 @@ def _saved_outputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     except (AttributeError, AssertionError, TypeError):
         return ()
     n = len(torch.utils._pytree.tree_leaves(outputs[0].args[0]))
-    return tuple(range(n))[saved]
+    tokens = _tokens(meta)  # the graph returns its effect tokens first; the slice counts past them
+    return tuple(range(tokens, n))[saved]
+
+
+def _tokens(meta: Any) -> int:
+    """How many effect tokens a forward graph takes first and returns first
+    (`with_effects`: linalg's error checks, prints), which AOTAutograd's slices of
+    the forward's outputs do not count.  Inductor unlifts them; coil keeps them."""
+    return len(getattr(meta, "tokens", None) or ())
 
 
 def _report_output_strides(compiled: Any) -> None:
@@ -252,7 +260,8 @@ def _report_output_strides(compiled: Any) -> None:
     returns = [line for line in program.lines if isinstance(line, Return)]
     if not returns:
         return
-    for name in returns[-1].names:
+    skip = _tokens(getattr(ctx, "fw_metadata", None))  # AOTAutograd's list has no token's entry
+    for name in returns[-1].names[skip:]:
         strides.append(None if name is None else _stride_for_aot(program, name))
 
 

@@ -399,9 +399,11 @@ def _pivotable(m: sympy.Expr) -> bool:
 
 
 def _pivot_key(m: sympy.Expr) -> tuple[int, int, int, str]:
-    """The order terms are solved for: the most complex first, a modulo before a
-    floor division of the same weight."""
-    return (0 if _pivotable(m) else 1, -sympy.count_ops(m), 0 if "ModularIndexing" in str(m) else 1, str(m))
+    """The order terms are solved for: the most complex first, a floor division
+    before a modulo of the same weight (so a modulo's identity alone, `a mod k =
+    a - k*(a//k)`, gives only a rule for proofs, `a//k = (a - a mod k)/k`, and
+    sizes keep their modulos)."""
+    return (0 if _pivotable(m) else 1, -sympy.count_ops(m), 1 if "ModularIndexing" in str(m) else 0, str(m))
 
 
 def guard_rules(equalities: Iterable[sympy.Expr],
@@ -457,6 +459,7 @@ def guard_rules(equalities: Iterable[sympy.Expr],
         value = -_from_terms(solved[p])
         integral = all(c.is_Integer for c in solved[p].values())
         rules.append(SizeRule(p, norm(value) if integral else value, integral))
+    rules = _canonical(rules)
     pins: dict[sympy.Symbol, int] = {}
     for row in leftovers:  # reduced by every rule: a pin is `c*s + d = 0`
         for p, rest in solved.items():
@@ -475,6 +478,27 @@ def guard_rules(equalities: Iterable[sympy.Expr],
     except (KeyError, ValueError, TypeError):
         return (), {}
     return tuple(rules), pins
+
+
+def _canonical(rules: list[SizeRule]) -> list[SizeRule]:
+    """The rules with each atom and value written as `reduce` writes sizes: the
+    integral rules applied inside every atom and value (`(s0 + (256 - s0 mod 256)
+    mod 256) // 256` where another rule rewrites `s0 mod 256`), so that a size
+    reduced from the inside out still meets its rule."""
+    for _ in range(4):
+        changed = False
+        for i, r in enumerate(rules):
+            others = tuple((o.atom, o.value, True) for j, o in enumerate(rules) if j != i and o.integral)
+            if not others:
+                continue
+            atom = _reduce(r.atom, others)
+            value = _reduce(r.value, others) if isinstance(r.value, sympy.Expr) else r.value
+            if (atom, value) != (r.atom, r.value) and _pivotable(atom) and atom != value:
+                rules[i] = SizeRule(atom, norm(value) if r.integral else value, r.integral)
+                changed = True
+        if not changed:
+            break
+    return rules
 
 
 @functools.lru_cache(maxsize=8192)

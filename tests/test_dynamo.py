@@ -293,3 +293,21 @@ def test_a_backward_graph_run_eagerly_reshapes_where_it_viewed():
     torch.testing.assert_close(eager_backward(gm)(x), x.reshape(12) * 2)
     plain = make_fx(lambda t: t * 2)(torch.randn(3))
     assert eager_backward(plain) == plain.forward  # nothing to change: the graph as it is
+
+
+def test_a_training_graph_with_effect_tokens_reports_the_strides_aot_expects() -> None:
+    """linalg.solve's forward checks its errors through `with_effects`, so the
+    graph takes and returns an effect token first.  AOTAutograd's slice of the
+    saved activations does not count tokens (Inductor unlifts them; coil keeps
+    them): the strides coil reported were one place off, and AOTAutograd's
+    backward compile raised IndexError."""
+    torch._dynamo.reset()
+    a, b = torch.randn(5, 5) + 5 * torch.eye(5), torch.randn(5)
+    g = torch.compile(torch.linalg.solve, backend="coil", options={"target": "cpp"})
+    got_a, got_b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    want_a, want_b = a.clone().requires_grad_(), b.clone().requires_grad_()
+    got, want = g(got_a, got_b), torch.linalg.solve(want_a, want_b)
+    torch.testing.assert_close(got, want)
+    cot = torch.randn(5)
+    torch.testing.assert_close(torch.autograd.grad(got, (got_a, got_b), cot),
+                               torch.autograd.grad(want, (want_a, want_b), cot))

@@ -69,6 +69,31 @@ def test_an_equality_that_pins_a_symbol_is_returned_apart():
     assert [r.show() for r in rules] == ["guard FloorDiv(s0 - 1, 2) = s0/2 - 1 (proofs only)"]
 
 
+def test_a_modulos_identity_alone_leaves_sizes_as_they_are():
+    """`a mod k = a - k*(a//k)` is no guard: it gives a rule for proofs only, and
+    a size keeps its modulo (a rule rewriting `s0 mod 256` inside sizes left
+    Dynamo's rules, written with the modulo, unmatched: Mamba2)."""
+    info = _info((s0, 300, 2, None))
+    m = ModularIndexing(s0, 1, 256)
+    p = s0 + ModularIndexing(256 - m, 1, 256)
+    rules, _ = guard_rules([FloorDiv(p, 256) - 2], info)
+    assert all(r.integral is False for r in rules if r.atom in (m, FloorDiv(s0, 256)))
+    info = attrs.evolve(info, rules=rules)
+    assert info.reduce(m + 1) == m + 1
+    assert info.reduce(3 * FloorDiv(p, 256)) == 6
+
+
+def test_rules_are_written_as_sizes_are_reduced():
+    """A rule whose atom holds another rule's atom is rewritten by it, so a size
+    reduced from the inside out still meets it."""
+    info = _info((s0, 24, 2, None))
+    inner, outer = FloorDiv(s0 - 1, 2), FloorDiv(FloorDiv(s0 - 1, 2) + 5, 4)
+    rules, _ = guard_rules([inner - FloorDiv(s0, 2) + 1, outer - 4], info)
+    info = attrs.evolve(info, rules=rules)
+    assert info.reduce(FloorDiv(inner + 5, 4)) == 4
+    assert info.reduce(FloorDiv(FloorDiv(s0, 2) + 4, 4)) == 4
+
+
 def test_rules_false_at_the_hints_are_dropped_whole():
     """Each rule must hold at the call being compiled; one that does not means
     the equalities were misread, and none is kept."""
@@ -80,8 +105,8 @@ def test_rules_false_at_the_hints_are_dropped_whole():
 def test_rules_print_with_the_facts():
     rules, _ = guard_rules([ModularIndexing(s0, 1, 4)], _info((s0, 8, 2, None)))
     info = attrs.evolve(_info((s0, 8, 2, None)), rules=rules)
-    assert info.show() == ["s0 in [2, oo] hint 8", "guard ModularIndexing(s0, 1, 4) = 0",
-                           "guard FloorDiv(s0, 4) = s0/4 (proofs only)"]
+    assert info.show() == ["s0 in [2, oo] hint 8", "guard FloorDiv(s0, 4) = s0/4 (proofs only)",
+                           "guard ModularIndexing(s0, 1, 4) = 0"]
 
 
 def _compile(fn, target, **options):
@@ -134,3 +159,16 @@ def test_the_rules_print_and_the_lowered_graph_spells_each_size_one_way():
     assert "slice_1 = View[float32[FloorDiv(s0 + 1, 2), s1]] of arg2_1[2*x0, x1]" in text
     assert "slice_1__1 = View[float32[FloorDiv(s0, 2), s1]] of slice_1[x0, x1]" in text
     assert "add_9 = Pointwise[float32[FloorDiv(s0, 2), s1]]" in text
+
+
+def test_a_views_minus_one_is_a_whole_size():
+    """A view's -1 over symbolic sizes is numel // known, never a size with
+    fractions: a polynomial, a number, or a floor division (a length padded to a
+    multiple of 256, as torch spells it, which Mamba2's expand then compares)."""
+    from coil.passes.lowerings.views import infer_size
+
+    pad = s0 + ModularIndexing(256 - s0, 1, 256)
+    info = _info((s0, 300, 2, None), (s1, 4, 2, None))
+    assert infer_size([2, -1, 256], 2 * pad, info) == (2, FloorDiv(pad, 256), 256)
+    assert infer_size([-1, s0], 128 * s0, info) == (128, s0)
+    assert infer_size([s1, -1], 64 * s0 * s1, info) == (s1, 64 * s0)

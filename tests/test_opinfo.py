@@ -58,6 +58,11 @@ FULL = os.environ.get("COIL_OPINFO_FULL", "") not in ("", "0")
 # COIL_OPINFO_DYNAMIC=1: every sample through torch.compile(dynamic=True), its sizes
 # symbolic (a sweep of the symbolic lowerings; the expected-failures table is static's)
 DYNAMIC = os.environ.get("COIL_OPINFO_DYNAMIC", "") not in ("", "0")
+# COIL_OPINFO_GRAD=1: floating samples of ops that support autograd require grad, and
+# each run also takes the gradients of its outputs (against seeded random cotangents)
+# with respect to every input that requires grad, outside the compiled function: the
+# backward graph AOTAutograd hands coil is compiled and compared too
+GRAD = os.environ.get("COIL_OPINFO_GRAD", "") not in ("", "0")
 # CI mode: the first sample of each op, dtype and target (sample_inputs' order); the
 # reference target in float32 only (its bfloat16 and int64 runs are full mode's)
 CI_SAMPLES = {"reference": 1, "cpp": 1, "triton": 1}
@@ -90,6 +95,10 @@ TOLERANCES = {F32: {"rtol": 1.3e-6, "atol": 1e-5}, BF16: {"rtol": 1.6e-2, "atol"
               torch.float16: {"rtol": 1e-3, "atol": 1e-3}, torch.float64: {"rtol": 1e-7, "atol": 1e-7},
               torch.complex64: {"rtol": 1.3e-6, "atol": 1e-5}, torch.complex128: {"rtol": 1e-7, "atol": 1e-7}}
 UPCAST = {F32: torch.float64, BF16: F32}
+# gradients (COIL_OPINFO_GRAD) are mostly sums that coil's kernels take in another order
+# than eager's (kron's: a 200-element sum, coil's error against float64 2.5x eager's on the
+# cpp target): float32 ones are compared at 1e-4, as forward outputs are not
+GRAD_TOLERANCES = {**TOLERANCES, F32: {"rtol": 1e-4, "atol": 1e-4}}
 
 
 def op_name(op: OpInfo) -> str:
@@ -127,42 +136,71 @@ class _EagerLog(logging.Handler):
 
 
 def _copy(x: Any) -> Any:
-    """A tensor with its own storage and the same sizes, strides and offset."""
+    """A tensor with its own storage and the same sizes, strides and offset (a
+    leaf that requires grad where `x` does)."""
     if not isinstance(x, torch.Tensor) or x.layout != torch.strided or type(x) is not torch.Tensor:
-        return x.clone() if isinstance(x, torch.Tensor) else x
+        return x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+    grad = x.requires_grad
+    x = x.detach()
     storage = x.untyped_storage().clone() if x.device.type != "meta" else x.untyped_storage()
     out = torch.empty(0, dtype=x.dtype, device=x.device)
     out.set_(storage, x.storage_offset(), x.size(), x.stride())
-    return out
+    return out.requires_grad_(grad)
 
 
 def _upcast(x: Any, dtype: torch.dtype) -> Any:
     if isinstance(x, torch.Tensor) and x.dtype == dtype and x.layout == torch.strided:
-        return _copy(x).to(UPCAST[dtype])
+        return _copy(x).detach().to(UPCAST[dtype]).requires_grad_(x.requires_grad)
     return _copy(x)
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     torch.manual_seed(0)
-    return fn(*args, **kwargs)
+    out = fn(*args, **kwargs)
+    return (out, _grads(out, (args, kwargs))) if GRAD else out
+
+
+def _grads(out: Any, inputs: Any) -> tuple[Any, ...]:
+    """The gradients of `out`'s floating outputs that require grad, against
+    cotangents drawn from a fixed seed, with respect to the tensors of `inputs`
+    that require grad (None where one is unused); () when there are none."""
+    leaves = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad
+            and o.is_floating_point()]
+    if not leaves or not outs:
+        return ()
+    gen = torch.Generator().manual_seed(1)
+    cotangents = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
+    return torch.autograd.grad(outs, leaves, cotangents, allow_unused=True)
 
 
 def _compare(actual: Any, expected: Any, shape_only: bool) -> None:
+    """Outputs and inputs compared at TOLERANCES; in GRAD mode `actual` and
+    `expected` are (outputs, gradients), the gradients at GRAD_TOLERANCES."""
+    if GRAD:
+        _compare_leaves(actual[0], expected[0], shape_only, TOLERANCES)
+        _compare_leaves(actual[1], expected[1], shape_only, GRAD_TOLERANCES, "gradient")
+        return
+    _compare_leaves(actual, expected, shape_only, TOLERANCES)
+
+
+def _compare_leaves(actual: Any, expected: Any, shape_only: bool, tolerances: dict[torch.dtype, dict[str, float]],
+                    what: str = "output") -> None:
     got, want = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
     if len(got) != len(want):
-        raise AssertionError(f"{len(got)} outputs, eager gives {len(want)}")
+        raise AssertionError(f"{len(got)} {what}s, eager gives {len(want)}")
     for i, (a, e) in enumerate(zip(got, want)):
         if isinstance(e, torch.Tensor):
             if not isinstance(a, torch.Tensor):
-                raise AssertionError(f"output {i}: {type(a).__name__}, eager gives a tensor")
+                raise AssertionError(f"{what} {i}: {type(a).__name__}, eager gives a tensor")
             if shape_only:
                 if a.shape != e.shape or a.dtype != e.dtype:
-                    raise AssertionError(f"output {i}: {a.dtype}{list(a.shape)}, eager {e.dtype}{list(e.shape)}")
+                    raise AssertionError(f"{what} {i}: {a.dtype}{list(a.shape)}, eager {e.dtype}{list(e.shape)}")
                 continue
-            tol = TOLERANCES.get(e.dtype, {"rtol": 0, "atol": 0} if not e.is_floating_point() else {})  # ints: exact
-            torch.testing.assert_close(a, e, equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}", **tol)
+            tol = tolerances.get(e.dtype, {"rtol": 0, "atol": 0} if not e.is_floating_point() else {})  # ints: exact
+            torch.testing.assert_close(a, e, equal_nan=True, msg=lambda m, i=i: f"{what} {i}: {m}", **tol)
         elif not shape_only and not (a == e or (isinstance(e, float) and e != e and a != a)):
-            raise AssertionError(f"output {i}: {a!r}, eager gives {e!r}")
+            raise AssertionError(f"{what} {i}: {a!r}, eager gives {e!r}")
 
 
 def _check(fn: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -180,7 +218,11 @@ def _check(fn: Callable[..., Any], compiled: Callable[..., Any], args: tuple[Any
             shape_only = True
     actual = _call(compiled, c_args, c_kwargs)
     try:
-        _compare((actual, c_args, c_kwargs), (expected, e_args, e_kwargs), shape_only)
+        if GRAD:  # ((outputs, inputs after the call), gradients)
+            _compare(((actual[0], c_args, c_kwargs), actual[1]), ((expected[0], e_args, e_kwargs), expected[1]),
+                     shape_only)
+        else:
+            _compare((actual, c_args, c_kwargs), (expected, e_args, e_kwargs), shape_only)
     except AssertionError as mismatch:
         if dtype not in UPCAST:
             raise
@@ -219,7 +261,8 @@ def run_op(op: OpInfo, dtype: torch.dtype, target: str, limit: int | None, stop_
     run = OpRun()
     torch._dynamo.reset()
     torch.manual_seed(0)
-    samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+    grad = GRAD and dtype.is_floating_point and op.supports_autograd
+    samples = op.sample_inputs("cpu", dtype, requires_grad=grad)
     fn = op.op
     compiled = torch.compile(lambda *a, **k: fn(*a, **k), backend="coil", dynamic=DYNAMIC,
                              options={"target": target, "graph_cache": False})

@@ -50,6 +50,20 @@ def _view(ctx: LowerCtx, x: TensorValue, size: Sequence[int], index: Sequence[sy
     return ctx.view(x, to_sizes(size), tuple(simplify_index(i, rng) for i in index))
 
 
+def _quotient(numel: Size, known: Size) -> Size:
+    """`numel / known`, which torch's checks made whole: a polynomial where it is
+    one (`s0*s1*64 / 64`), else a floor division of the numerator over the common
+    denominator (`(s0 + (256 - s0) mod 256) / 256`, a length padded to a multiple,
+    as torch spells it), never a size with fractions."""
+    q = sympy.cancel(sympy.sympify(numel) / known)
+    if q.is_Integer:
+        return int(q)
+    if q.free_symbols and q.is_polynomial(*q.free_symbols) and all(c.is_Integer for c in sympy.Poly(q, *q.free_symbols).coeffs()):
+        return norm(q)
+    num, den = sympy.fraction(sympy.together(q))
+    return norm(num) if den == 1 else norm(FloorDiv(sympy.expand(num), den))
+
+
 def infer_size(size: Sequence[Size], numel: Size, shapes: ShapeInfo = EMPTY) -> tuple[Size, ...]:
     """`size` with its one -1 filled in; an error when the element counts differ
     (symbolic sizes: unless equal for every size, or, where sympy cannot show it,
@@ -64,7 +78,7 @@ def infer_size(size: Sequence[Size], numel: Size, shapes: ShapeInfo = EMPTY) -> 
             if s != -1:
                 known *= s
         out[out.index(-1)] = (numel // known if known else 0) if is_static((numel, known)) \
-            else norm(sympy.cancel(sympy.sympify(numel) / known))
+            else _quotient(numel, known)
     prod: Size = 1
     for s in out:
         prod = norm(prod * s)
@@ -125,7 +139,10 @@ def expand(ctx: LowerCtx, x: TensorValue, size: Sequence[int], *, implicit: bool
     index: list[sympy.Expr] = []
     for i, s in enumerate(x.size):
         o = out[lead + i]
-        if same_size(s, o):
+        # sizes sympy cannot show equal (`p // (p // 256)` and 256, for a p padded to a multiple
+        # of 256): torch checked the expand on the graph's fake tensors, and samples confirm it
+        shapes = ctx.sizes.shapes
+        if same_size(s, o) or (shapes and (shapes.known_eq(s, o) or equal_at_samples(s, o, shapes))):
             index.append(xs[lead + i])
         elif s == 1:
             index.append(sympy.Integer(0))
