@@ -533,7 +533,11 @@ def _size_op(ctx: LowerCtx, target: Any, args: Any) -> Any:
         return lay.stride[args[1]] if target is torch.ops.aten.sym_stride.int else lay.offset
     if target in RANGE_FACTS and ctx.sizes.shapes:
         return _range_fact(ctx, target, args)
-    return size_arith(target, args)  # in a static graph too: Python arithmetic on sizes Dynamo specialized
+    v = size_arith(target, args)  # in a static graph too: Python arithmetic on sizes Dynamo specialized
+    # a max or min one side of which is the larger for every size (min(256, s0) with s0 at
+    # most 256), and the spelling Dynamo's guards give a size (ShapeInfo.reduce)
+    return ctx.sizes.simplify(v) if isinstance(v, sympy.Expr) and not isinstance(v, sympy.logic.boolalg.Boolean) \
+        else v
 
 
 # calls that state a fact about sizes: a runtime assert of a condition on sizes

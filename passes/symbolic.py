@@ -270,6 +270,16 @@ class SizeMap:
         # one spelling for sizes that Dynamo's guards make equal ((s0//8 - 1)//2 and s0//16)
         return self.shapes.reduce(norm(out))
 
+    def simplify(self, e: Size) -> Size:
+        """A size coil computed (Python arithmetic on sizes in the graph) as
+        `expr` writes sizes: each max or min one side of which is provably the
+        larger replaced by it, then reduced by the guard rules."""
+        if isinstance(e, int):
+            return e
+        if e.has(sympy.Max, sympy.Min):
+            e = norm(e.replace(lambda x: isinstance(x, (sympy.Max, sympy.Min)), self._extreme))
+        return self.shapes.reduce(e)
+
     def _extreme(self, x: sympy.Expr) -> sympy.Expr:
         from torch.utils._sympy import functions as tf
 

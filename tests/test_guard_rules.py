@@ -172,3 +172,24 @@ def test_a_views_minus_one_is_a_whole_size():
     assert infer_size([2, -1, 256], 2 * pad, info) == (2, FloorDiv(pad, 256), 256)
     assert infer_size([-1, s0], 128 * s0, info) == (128, s0)
     assert infer_size([s1, -1], 64 * s0 * s1, info) == (s1, 64 * s0)
+
+
+def test_sizes_computed_in_the_graph_are_simplified_as_input_sizes_are():
+    """A `sym_min` of sizes in the graph (MiniMax's sliding window, min(256, s0)
+    where Dynamo narrowed s0 to at most 256) is s0, as SizeMap writes the sizes it
+    reads; and the guard rules reduce such sizes too (lower's `_size_op`)."""
+    import operator
+
+    from coil.passes.lower import _size_op
+    from coil.passes.lowerings.registry import LowerCtx
+    from coil.passes.symbolic import SizeMap
+
+    rules, _ = guard_rules([FloorDiv(s1 + 1, 2) - FloorDiv(s1, 2)], _info((s0, 24, 2, 256), (s1, 8, 2, None)))
+    sm = SizeMap(shapes=attrs.evolve(_info((s0, 24, 2, 256), (s1, 8, 2, None)), rules=rules))
+    assert sm.simplify(sympy.Min(256, s0)) == s0
+    assert sm.simplify(sympy.Max(s1, 1) + FloorDiv(s1 + 1, 2)) == s1 + FloorDiv(s1, 2)
+    assert sm.simplify(sympy.Min(s0, s1)) == sympy.Min(s0, s1)  # neither is provably the smaller
+    ctx = LowerCtx("", "", "cpu")
+    ctx.sizes = sm
+    assert _size_op(ctx, torch.sym_min, (256, s0)) == s0
+    assert _size_op(ctx, operator.floordiv, (s1 + 1, 2)) == FloorDiv(s1, 2)
