@@ -24,6 +24,8 @@ and kernel can be traced back to the source graph.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Union
 
 import attrs
@@ -215,6 +217,7 @@ def resolve_kernel(kernel: str) -> Any:
     return obj
 
 
+@functools.lru_cache(maxsize=None)
 def returns_alias(kernel: str) -> bool:
     """Whether an extern's result may be (a view of) one of its arguments: its op's
     schema marks a result as an alias.  An op torch does not resolve (a Python

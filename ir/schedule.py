@@ -168,16 +168,43 @@ def used_buffer_names(node: SchedulerNode) -> frozenset[str]:
 
 
 def used_or_aliased_buffer_names(node: SchedulerNode, graph: BufferGraph) -> frozenset[str]:
-    """used_buffer_names plus one alias hop: reading a view keeps its base alive.
-    WeakDeps only order; they keep nothing alive."""
+    """used_buffer_names plus the storages they may be views of: reading a view
+    keeps its base alive, and reading the result of an extern that returns views
+    of its arguments (aten.split, unbind: `returns_alias`), or one of its items,
+    keeps those arguments alive.  WeakDeps only order; they keep nothing alive."""
     names = {
         d.name
         for d in (*node.read_writes.reads, *node.read_writes.writes)
         if not isinstance(d, WeakDep)
     }
     for n in list(names):
-        b = graph.get(n)
-        base = getattr(b, "base", None)
-        if base is not None:
-            names.add(base)
+        names.update(viewed_storages(graph, n))
     return frozenset(names)
+
+
+def viewed_storages(graph: BufferGraph, name: str) -> frozenset[str]:
+    """The buffers whose storage `name`'s value may lie in, itself aside: an
+    alias's bases, and, through an extern that returns views of its arguments
+    (and the items of its tuple), those arguments and what they view in turn."""
+    from coil.ir.buffers import AliasBuffer, ExternBuffer, MultiOutputBuffer
+    from coil.ir.lowered import extern_tensor_names, returns_alias
+
+    out: set[str] = set()
+    todo = [name]
+    while todo:
+        b = graph.get(todo.pop())
+        if isinstance(b, AliasBuffer):
+            if b.base not in out and b.base != name:
+                out.add(b.base)
+                todo.append(b.base)
+            continue
+        if isinstance(b, MultiOutputBuffer):
+            b = graph.get(b.extern)
+            if b.name not in out and b.name != name:
+                out.add(b.name)
+        if isinstance(b, ExternBuffer) and returns_alias(b.kernel):
+            for a in extern_tensor_names((b.args, tuple(v for _, v in b.kwargs))):
+                if a not in out and a != name:
+                    out.add(a)
+                    todo.append(a)
+    return frozenset(out)

@@ -193,3 +193,4 @@ def test_sizes_computed_in_the_graph_are_simplified_as_input_sizes_are():
     ctx.sizes = sm
     assert _size_op(ctx, torch.sym_min, (256, s0)) == s0
     assert _size_op(ctx, operator.floordiv, (s1 + 1, 2)) == FloorDiv(s1, 2)
+
