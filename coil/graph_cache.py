@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import attrs
+import sympy
 import torch
 
 from coil.ir.module import CompiledModule
@@ -98,7 +99,12 @@ def _symbol_ranges(example_inputs: Sequence[Any]) -> list[str]:
         sm = SizeMap.of(example_inputs)
     except CoilError as e:  # sizes lower refuses: the compile fails the same way, cached or not
         return [f"unkeyed: {e}"]
-    return [f.show().split(" hint ")[0] for f in sm.shapes.facts]
+    # and what Dynamo's guards made of them: the rules lower writes sizes by, the symbols they
+    # pin, and the SymInt inputs compiled for one value (two graphs of one FX code may differ
+    # in these alone, and code compiled under one set must not serve the other)
+    return ([f.show().split(" hint ")[0] for f in sm.shapes.facts] + [r.show() for r in sm.shapes.rules]
+            + [f"pinned {k}: {v}" for k, v in sorted(sm.names.items(), key=str) if isinstance(v, sympy.Integer)]
+            + [f"fixed {k}: {v}" for k, v in sorted(sm.fixed.items(), key=str)])
 
 
 def _interpreter() -> str:

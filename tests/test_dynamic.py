@@ -475,6 +475,25 @@ def test_graph_cache_keys_symbol_ranges() -> None:
     assert any("[2, 64]" in r for r in _symbol_ranges(bounded))
 
 
+def _even_rows(x: torch.Tensor) -> torch.Tensor:
+    torch._check(x.shape[0] % 2 == 0)  # a guard on the size: s0 even
+    return x * 2
+
+
+def test_graph_cache_keys_the_rules_of_dynamos_guards() -> None:
+    """Two graphs of the same symbols whose guards differ (one knows s0 is even)
+    compile to different code (guard_rules: masks dropped, sizes rewritten), and
+    one must not serve the other from the cache."""
+    from coil.graph_cache import _symbol_ranges
+    from tests_helpers import capture_aot
+
+    _, plain = capture_aot(lambda x: x * 2, (torch.randn(8, 4),))
+    _, even = capture_aot(_even_rows, (torch.randn(8, 4),))
+    assert _symbol_ranges(plain) == ["s0 in [2, oo]", "s1 in [2, oo]"]
+    assert _symbol_ranges(even)[:2] == _symbol_ranges(plain)
+    assert "guard ModularIndexing(s0, 1, 2) = 0" in _symbol_ranges(even)
+
+
 def test_symbolic_inputs_are_checked_at_their_sizes() -> None:
     """A compiled symbolic graph called directly checks each input against its
     layout at the sizes the call binds: right sizes run, a tensor that disagrees
