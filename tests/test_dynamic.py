@@ -653,12 +653,12 @@ def test_an_externs_views_keep_their_base_alive() -> None:
     (gm,) = backend.fw_graphs
     ins = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
     plan = coil.default_pipeline().run(gm, ins, until="plan_memory", options=coil.Options(target="reference"))
-    bg = plan.schedule.graph.graph
+    bg = plan.buffer_graph
     (split,) = [b for b in bg.buffers if getattr(b, "kernel", "") == "aten.split.Tensor"]
     (y,) = extern_tensor_names((split.args, ()))
     pieces = [b.name for b in bg.buffers if getattr(b, "extern", None) == split.name]
     assert pieces and all(y in viewed_storages(bg, p) for p in pieces)
     dies = next(i for i, ps in enumerate(plan.steps) if y in ps.last_usage)
     last_read = max(i for i, ps in enumerate(plan.steps) for p in pieces
-                    if p in {d.name for n in ps.step.nodes for d in plan.schedule.graph.node(n).read_writes.reads})
+                    if p in {d.name for n in ps.step.nodes for d in plan.schedule_graph.node(n).read_writes.reads})
     assert dies >= last_read
