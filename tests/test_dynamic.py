@@ -642,16 +642,11 @@ def test_an_externs_views_keep_their_base_alive() -> None:
     planning freed it at the split and gave its storage to a later buffer of the
     same size, while a piece was still read (ProphetNet's decoder at a symbolic
     length: logits off by 2e-3, on every target)."""
-    import torch._dynamo.testing
-
     from coil.ir.lowered import extern_tensor_names
     from coil.ir.schedule import viewed_storages
+    from tests_helpers import capture_aot
 
-    backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
-    torch._dynamo.reset()
-    torch.compile(_split_then_read, backend=backend, dynamic=True)(torch.randn(8, 8))
-    (gm,) = backend.fw_graphs
-    ins = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+    gm, ins = capture_aot(_split_then_read, (torch.randn(8, 8),))
     plan = coil.default_pipeline().run(gm, ins, until="plan_memory", options=coil.Options(target="reference"))
     bg = plan.buffer_graph
     (split,) = [b for b in bg.buffers if getattr(b, "kernel", "") == "aten.split.Tensor"]

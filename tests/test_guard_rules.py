@@ -142,15 +142,10 @@ def test_group_norm_with_symbolic_channels_compiles(target):
 
 
 def test_the_rules_print_and_the_lowered_graph_spells_each_size_one_way():
-    import torch._dynamo.testing
-
     from coil.ir.printer import show
+    from tests_helpers import capture_aot
 
-    backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
-    torch._dynamo.reset()
-    torch.compile(_halves, backend=backend, dynamic=True)(torch.randn(8, 3))
-    (gm,) = backend.fw_graphs
-    ins = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+    gm, ins = capture_aot(_halves, (torch.randn(8, 3),))
     lowered = coil.default_pipeline().run(gm, ins, until="lower", options=coil.Options(target="cpp"))
     assert lowered.sizes.shapes.show() == ["s0 in [2, oo] hint 8", "s1 in [2, oo] hint 3",
                                            "guard FloorDiv(s0 + 1, 2) = FloorDiv(s0, 2)"]

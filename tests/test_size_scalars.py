@@ -131,13 +131,9 @@ def test_a_symint_input_negative_at_the_first_call_compiles_for_that_value(targe
 
 
 def test_a_symint_input_compiled_for_its_value_prints_so():
-    import torch._dynamo.testing
+    from tests_helpers import capture_aot
 
-    backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
-    torch._dynamo.reset()
-    torch.compile(lambda x, n: x * n, backend=backend, dynamic=True)(torch.randn(4), -3)
-    (gm,) = backend.fw_graphs
-    ins = [p.meta["val"] for p in gm.graph.find_nodes(op="placeholder")]
+    gm, ins = capture_aot(lambda x, n: x * n, (torch.randn(4), -3))
     lowered = coil.default_pipeline().run(gm, ins, until="lower", options=coil.Options(target="cpp"))
     assert lowered.sizes.fixed == (("arg2_1", -3),)
     assert "size input arg2_1 = -3 assumed" in lowered.sizes.show()
