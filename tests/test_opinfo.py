@@ -19,6 +19,13 @@ of the expected-failures table (tests/opinfo_xfail.py) runs until a sample fails
 so the table means the same in both modes (measured: 615 s of CPU with a cold
 kernel cache, about 5 minutes on 2 workers).  COIL_OPINFO_FULL=1 runs every sample
 of every op, dtype and target (hours on 2 cores: logspace alone has 1,201).
+COIL_OPINFO_DYNAMIC=1 compiles with `dynamic=True`; COIL_OPINFO_GRAD=1 also takes
+each floating sample's gradients through the backward graph coil compiles
+(session 31, first samples: float32 cpp 651 passed, none failed; float32
+reference and bfloat16 cpp 1,177 passed, none failed).  It found linalg's
+training graphs failing in AOTAutograd's backward compile (IndexError: the
+strides coil reported counted the effect token), fixed; gradients are compared
+at GRAD_TOLERANCES.
 
 Comparisons: values at assert_close's tolerances for the output's dtype (bfloat16
 loosened to atol 1e-2, as Inductor's OpInfo test does); a float output that misses
