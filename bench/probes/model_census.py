@@ -70,7 +70,31 @@ size and LongT5's padded length compile.  The whole census at 4dd3478
 are BigBird, LeViT and Switch Transformers training (each as Inductor) and
 m2m_100's training at length 24, where a weight's gradient is None, which
 Inductor, aot_eager and even Dynamo's `eager` backend give too (Dynamo's, with
-transformers 5.25)."""
+transformers 5.25).
+
+MORE=1 (70 architectures, SEQS=16,24) at 0eb2d1c: 115 of 140 steps ok.  Found
+and fixed (3629b83..2bc5d2d):
+- ProphetNet's decoder at the symbolic length gave logits off by 2e-3 on every
+  target: aten.split of a symbolic dim is an Extern returning views of its
+  argument, and memory planning gave the argument's storage to a later buffer
+  while a piece was still read (liveness now follows such views);
+- Mamba2, Bamba, Falcon-H1, Qwen3-Next ran eagerly: a view's -1 was a size
+  with fractions, guard rules rewrote `s0 mod 256` inside sizes so that
+  Dynamo's own rules no longer matched them, and `p // (p // 256)` (256) failed
+  an expand that torch had checked;
+- MiniMax ran eagerly: `min(256, s0)` computed in the graph was not simplified
+  by s0's range, as input sizes are;
+- SEW-D failed at run time once, after SEW, in one process: the graph cache's
+  key left out the guard rules (two graphs of one FX code, compiled under other
+  guards); keyed since 2bc5d2d, and SEW-D passes.
+At 2bc5d2d these all pass.  What is left, each the same with Inductor or with
+Dynamo's `eager` backend unless said: DeepSeek-V2/V3 (Dynamo's fake sdpa
+fails), NLLB-MoE training (a gradient None, as m2m_100), HGNet-V2 training
+(BatchNorm stacks, as LeViT: coil's RMSE 0.69 against eager's 0.34, Inductor's
+conv weight 23.6 against 5.22), PhiMoE training (no float64 reference: grouped
+mm has no double kernel; Inductor mismatches too); coil's alone: JetMoE (sizes
+`u0 + u1 + u2 + 18` that a runtime assert makes 64) and Pegasus-X (`s1 - s0 +
+544` against 544) run eagerly, with right results."""
 from __future__ import annotations
 
 import copy
