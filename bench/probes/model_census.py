@@ -84,9 +84,11 @@ and fixed (3629b83..2bc5d2d):
   an expand that torch had checked;
 - MiniMax ran eagerly: `min(256, s0)` computed in the graph was not simplified
   by s0's range, as input sizes are;
-- SEW-D failed at run time once, after SEW, in one process: the graph cache's
-  key left out the guard rules (two graphs of one FX code, compiled under other
-  guards); keyed since 2bc5d2d, and SEW-D passes.
+- SEW-D's inference failed at run time (`Expected result >= 0`, in the wrapper)
+  at 0eb2d1c, alone and with a fresh cache; it passes from 3629b83 on (a view's
+  -1 as a whole size, the rules written as sizes are reduced).  Apart from it,
+  the graph cache's key left out the guard rules (two graphs of one FX code
+  compiled under other guards could share an entry); keyed since 2bc5d2d.
 At 2bc5d2d these all pass.  What is left, each the same with Inductor or with
 Dynamo's `eager` backend unless said: DeepSeek-V2/V3 (Dynamo's fake sdpa
 fails), NLLB-MoE training (a gradient None, as m2m_100), HGNet-V2 training
