@@ -25,7 +25,8 @@ each floating sample's gradients through the backward graph coil compiles
 reference and bfloat16 cpp 1,177 passed, none failed).  It found linalg's
 training graphs failing in AOTAutograd's backward compile (IndexError: the
 strides coil reported counted the effect token), fixed; gradients are compared
-at GRAD_TOLERANCES.
+at GRAD_TOLERANCES.  CI runs the gradient mode on GRAD_OPS (38 ops, cpp,
+float32: test_opinfo_grad).
 
 Comparisons: values at assert_close's tolerances for the output's dtype (bfloat16
 loosened to atol 1e-2, as Inductor's OpInfo test does); a float output that misses
@@ -41,6 +42,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import sys
 from typing import Any, Callable, Iterator
 from unittest import mock
 
@@ -96,6 +98,18 @@ TRITON_OPS = (
     "clamp", "maximum", "pow", "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
     "sum", "mean", "amax", "argmax", "var", "softmax", "log_softmax", "logsumexp", "cumsum",
     "nn.functional.layer_norm", "transpose", "permute", "reshape", "cat", "expand", "flip", "gather",
+)
+
+# the gradient subset CI runs (COIL_OPINFO_GRAD's mode, float32, cpp, first sample): the
+# backward graphs of common training ops, and the ops whose backward broke once (linalg's
+# effect tokens, kron's long sums)
+GRAD_OPS = (
+    "add", "mul", "div.no_rounding_mode", "exp", "tanh", "sigmoid", "pow", "where", "clamp",
+    "nn.functional.gelu", "nn.functional.silu", "sum", "mean", "var", "amax", "softmax", "log_softmax",
+    "logsumexp", "cumsum", "nn.functional.layer_norm", "nn.functional.group_norm", "nn.functional.batch_norm",
+    "nn.functional.cross_entropy", "nn.functional.embedding", "gather", "index_select", "scatter_add",
+    "nn.functional.conv2d", "nn.functional.max_pool2d", "nn.functional.avg_pool2d", "matmul", "bmm",
+    "nn.functional.scaled_dot_product_attention", "cat", "flip", "permute", "kron", "linalg.solve",
 )
 
 TOLERANCES = {F32: {"rtol": 1.3e-6, "atol": 1e-5}, BF16: {"rtol": 1.6e-2, "atol": 1e-2},
@@ -179,6 +193,9 @@ def _grads(out: Any, inputs: Any) -> tuple[Any, ...]:
     gen = torch.Generator().manual_seed(1)
     cotangents = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(o.dtype) for o in outs]
     return torch.autograd.grad(outs, leaves, cotangents, allow_unused=True)
+
+
+_GRADS = _grads  # the gradient mode's own, which test_opinfo_grad wraps to count
 
 
 def _compare(actual: Any, expected: Any, shape_only: bool) -> None:
@@ -354,6 +371,25 @@ def _verdict(op: OpInfo, dtype: torch.dtype, target: str, limit: int | None) -> 
                                                 for case in _cases((target,), DTYPES if FULL else CI_DTYPES[target])])
 def test_opinfo(op: OpInfo, dtype: torch.dtype, target: str) -> None:
     _verdict(op, dtype, target, CI_SAMPLES[target])
+
+
+@pytest.mark.parametrize("op, dtype, target", list(_cases(("cpp",), (F32,), GRAD_OPS)))
+def test_opinfo_grad(op: OpInfo, dtype: torch.dtype, target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRAD_OPS with their gradients, as COIL_OPINFO_GRAD=1 runs every op."""
+    if not op.supports_autograd:
+        pytest.skip("no autograd")
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "GRAD", True)
+    taken: list[int] = []
+
+    def grads(out: Any, inputs: Any) -> tuple[Any, ...]:
+        got = _GRADS(out, inputs)
+        taken.append(len(got))
+        return got
+
+    monkeypatch.setattr(module, "_grads", grads)
+    _verdict(op, dtype, target, CI_SAMPLES[target])
+    assert max(taken, default=0) > 0, "no gradient was taken"
 
 
 @pytest.mark.parametrize("op, dtype, target", list(_cases(("triton",), (F32,), TRITON_OPS)))
