@@ -433,12 +433,7 @@ def guard_rules(equalities: Iterable[sympy.Expr],
     solved: dict[sympy.Expr, dict[sympy.Expr, sympy.Rational]] = {}  # pivot -> the rest of its row (pivot = -rest)
     leftovers: list[dict[sympy.Expr, sympy.Rational]] = []  # rows over plain symbols only
     for row in rows:
-        for p, rest in solved.items():  # reduce by the rules so far
-            if p in row:
-                c = row.pop(p)
-                for m, v in rest.items():
-                    row[m] = row.get(m, sympy.Integer(0)) - c * v
-                row = {m: v for m, v in row.items() if v != 0}
+        row = _eliminate(row, solved)  # reduce by the rules so far
         if not row:
             continue
         pivot = min(row, key=_pivot_key)
@@ -448,11 +443,7 @@ def guard_rules(equalities: Iterable[sympy.Expr],
         c = row.pop(pivot)
         rest = {m: v / c for m, v in row.items()}
         for q, other in solved.items():  # keep the rules reduced: no rule's value holds a pivot
-            if pivot in other:
-                k = other.pop(pivot)
-                for m, v in rest.items():
-                    other[m] = other.get(m, sympy.Integer(0)) - k * v
-                solved[q] = {m: v for m, v in other.items() if v != 0}
+            solved[q] = _eliminate(other, {pivot: rest})
         solved[pivot] = rest
     rules = []
     for p in sorted(solved, key=_pivot_key):
@@ -462,12 +453,7 @@ def guard_rules(equalities: Iterable[sympy.Expr],
     rules = _canonical(rules)
     pins: dict[sympy.Symbol, int] = {}
     for row in leftovers:  # reduced by every rule: a pin is `c*s + d = 0`
-        for p, rest in solved.items():
-            if p in row:
-                c = row.pop(p)
-                for m, v in rest.items():
-                    row[m] = row.get(m, sympy.Integer(0)) - c * v
-        row = {m: v for m, v in row.items() if v != 0}
+        row = _eliminate(row, solved)
         syms = [m for m in row if m != 1]
         if len(syms) == 1 and syms[0].is_Symbol and (v := -row.get(sympy.Integer(1), 0) / row[syms[0]]).is_Integer:
             pins[syms[0]] = int(v)
@@ -478,6 +464,19 @@ def guard_rules(equalities: Iterable[sympy.Expr],
     except (KeyError, ValueError, TypeError):
         return (), {}
     return tuple(rules), pins
+
+
+def _eliminate(row: Mapping[sympy.Expr, sympy.Rational],
+               solved: Mapping[sympy.Expr, Mapping[sympy.Expr, sympy.Rational]]) -> dict[sympy.Expr, sympy.Rational]:
+    """`row` (terms of an expression that is 0) with each solved term `p = -rest`
+    substituted, in `solved`'s order; zero coefficients dropped."""
+    out = dict(row)
+    for p, rest in solved.items():
+        if p in out:
+            c = out.pop(p)
+            for m, v in rest.items():
+                out[m] = out.get(m, sympy.Integer(0)) - c * v
+    return {m: v for m, v in out.items() if v != 0}
 
 
 def _canonical(rules: list[SizeRule]) -> list[SizeRule]:
