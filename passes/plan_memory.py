@@ -42,7 +42,7 @@ from coil.ir.expr import IndirectLoad, Load, read_names, walk
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
 from coil.ir.memory import MemoryPlan, Order, PlannedStep, collective_spans, in_flight_at
-from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names
+from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names, viewed_storages
 from coil.ir.shapes import Size, norm
 from coil.options import Options
 from coil.passes.kernel_model import load_position, node_role, store_position, var_map
@@ -70,15 +70,14 @@ def removed_buffers(s: FusedSchedule) -> frozenset[str]:
 
 
 def _alias_bases(g: BufferGraph, names: Sequence[str | None]) -> set[str]:
+    """The storages the values of `names` may lie in (viewed_storages): an
+    output's bases, and the arguments of an extern whose returned pieces are
+    outputs (the rows of aten.split_with_sizes at symbolic sizes), which no later
+    buffer may reuse."""
     out: set[str] = set()
-    todo = [n for n in names if n is not None]
-    while todo:
-        b = g.get(todo.pop())
-        if isinstance(b, AliasBuffer) and b.base not in out:
-            out.add(b.base)
-            todo.append(b.base)
-        if isinstance(b, MultiOutputBuffer) and b.extern not in out:
-            out.add(b.extern)
+    for n in names:
+        if n is not None:
+            out |= viewed_storages(g, n)
     return out
 
 
