@@ -103,7 +103,7 @@ def _symbol_ranges(example_inputs: Sequence[Any]) -> list[str]:
     # pin, and the SymInt inputs compiled for one value (two graphs of one FX code may differ
     # in these alone, and code compiled under one set must not serve the other)
     return ([f.show().split(" hint ")[0] for f in sm.shapes.facts] + [r.show() for r in sm.shapes.rules]
-            + [f"pinned {k}: {v}" for k, v in sorted(sm.names.items(), key=str) if isinstance(v, sympy.Integer)]
+            + [f"solved {k}: {v}" for k, v in sorted(sm.names.items(), key=str) if not isinstance(v, sympy.Symbol)]
             + [f"fixed {k}: {v}" for k, v in sorted(sm.fixed.items(), key=str)])
 
 

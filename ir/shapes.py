@@ -407,17 +407,18 @@ def _pivot_key(m: sympy.Expr) -> tuple[int, int, int, str]:
 
 
 def guard_rules(equalities: Iterable[sympy.Expr],
-                shapes: ShapeInfo) -> tuple[tuple[SizeRule, ...], dict[sympy.Symbol, int]]:
+                shapes: ShapeInfo) -> tuple[tuple[SizeRule, ...], dict[sympy.Symbol, Size]]:
     """The rules of equalities `e == 0` among sizes (each true wherever the graph
     runs: Dynamo's guards), by Gauss-Jordan elimination over their terms, each
     term (`(s0//8 - 1)//2`, `s0*(s1//2)`) an unknown: each rule solves for the
     most complex term left, a term with an integer function in it, in terms of
-    simpler ones.  An equality left among plain symbols gives no rule (Dynamo
-    replaced such symbols already), except one that pins a symbol to a value
-    (`s0 - 24 = 0`): returned apart, {symbol: value}.  Each modulo `a mod k` met
-    brings its identity `a mod k = a - k*(a//k)` along, so `a mod k = 0` also
-    gives `a//k = a/k`.  Every rule and pin is checked at the hints; none is
-    returned if one fails there."""
+    simpler ones.  An equality left among plain symbols solves for a symbol
+    instead, returned apart as {symbol: value} (`symbol_solutions`): one that pins
+    a symbol to a value (`s0 - 24 = 0`), or a linear one (`u0 + u1 + u2 + 18 =
+    64`, which Dynamo left unreplaced) for its last symbol with a unit
+    coefficient.  Each modulo `a mod k` met brings its identity `a mod k = a -
+    k*(a//k)` along, so `a mod k = 0` also gives `a//k = a/k`.  Every rule and
+    solution is checked at the hints; none is returned if one fails there."""
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     rows: list[dict[sympy.Expr, sympy.Rational]] = []
@@ -451,19 +452,45 @@ def guard_rules(equalities: Iterable[sympy.Expr],
         integral = all(c.is_Integer for c in solved[p].values())
         rules.append(SizeRule(p, norm(value) if integral else value, integral))
     rules = _canonical(rules)
-    pins: dict[sympy.Symbol, int] = {}
-    for row in leftovers:  # reduced by every rule: a pin is `c*s + d = 0`
-        row = _eliminate(row, solved)
-        syms = [m for m in row if m != 1]
-        if len(syms) == 1 and syms[0].is_Symbol and (v := -row.get(sympy.Integer(1), 0) / row[syms[0]]).is_Integer:
-            pins[syms[0]] = int(v)
+    solutions = symbol_solutions([_eliminate(row, solved) for row in leftovers])
     try:
         if any(shapes.hint(r.atom) != shapes.hint(r.value) for r in rules if r.integral) or \
-                any(shapes.hint(s) != v for s, v in pins.items()):
+                any(shapes.hint(s) != shapes.hint(v) for s, v in solutions.items()):
             return (), {}
     except (KeyError, ValueError, TypeError):
         return (), {}
-    return tuple(rules), pins
+    return tuple(rules), solutions
+
+
+def symbol_solutions(rows: Iterable[Mapping[sympy.Expr, sympy.Rational]]) -> dict[sympy.Symbol, Size]:
+    """Solutions of linear equalities among plain symbols (rows of {term:
+    coefficient} that are 0): a row with one symbol left pins it (`2*s0 - 48`:
+    s0 = 24, where the value is whole); a row with several solves for its last
+    symbol (coil's order: `u*` after `s*`, the weaker facts) whose coefficient is
+    1 or -1, so the value is a size with integer coefficients.  Each solution is
+    substituted into the rows after it and the solutions before it; a row with a
+    product of symbols or no unit coefficient gives none."""
+    out: dict[sympy.Symbol, sympy.Expr] = {}
+    for row in rows:
+        row = _eliminate(row, {s: _terms(-v) for s, v in out.items()})
+        syms = [m for m in row if m != 1]
+        if not syms or not all(m.is_Symbol for m in syms):
+            continue
+        if len(syms) == 1:
+            v = -row.get(sympy.Integer(1), 0) / row[syms[0]]
+            if not v.is_Integer:
+                continue
+            s, value = syms[0], int(v)
+        else:
+            units = [m for m in syms if abs(row[m]) == 1]
+            if not units:
+                continue
+            s = max(units, key=symbol_key)
+            c = row.pop(s)
+            value = norm(-_from_terms(row) / c)
+        out = {k: norm(sympy.sympify(v).xreplace({s: value})) for k, v in out.items()}
+        out[s] = value
+    return out
 
 
 def _eliminate(row: Mapping[sympy.Expr, sympy.Rational],

@@ -14,7 +14,7 @@ A static graph's SizeMap is empty, and its `size` is the identity on ints.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 import sympy
@@ -107,24 +107,28 @@ class SizeMap:
     def of(cls, inputs: Sequence[Any]) -> "SizeMap":
         """The map of a graph's inputs: their symbols renamed in order, with their
         facts and the rules of Dynamo's guarded equalities.  A symbol those
-        equalities pin to one value (`s0 = 2*((s0 - 1)//2) + 2` with
-        `(s0 - 1)//2 = 11`) is that constant, as a symbol whose range is one value
-        is: Dynamo's guards admit no other."""
-        pinned: dict[sympy.Symbol, int] = {}
+        equalities solve for (guard_rules' solutions) is its value: a constant
+        where they pin it (`s0 = 2*((s0 - 1)//2) + 2` with `(s0 - 1)//2 = 11`), as a
+        symbol whose range is one value is, or an expression of the other symbols
+        (`s93 + s15 + s5 + 18 = 64`, split sizes a guard sums to the rows: the
+        third is 46 - u0 - u1), so that sizes made of them meet.  Dynamo's guards
+        admit no other value."""
+        solved: dict[sympy.Symbol, int | sympy.Expr] = {}  # ShapeEnv symbol -> value over ShapeEnv symbols
         while True:
-            out = cls._of(inputs, pinned)
+            out = cls._of(inputs, solved)
             if out.env is None:
                 return out
-            rules, pins = guard_rules(out._guarded_equalities(), out.shapes)
+            rules, solutions = guard_rules(out._guarded_equalities(), out.shapes)
             back = {v: k for k, v in out.names.items() if isinstance(v, sympy.Symbol)}
-            new = {back[s]: v for s, v in pins.items() if s in back and back[s] not in pinned}
+            new = {back[s]: (v if isinstance(v, int) else v.xreplace(back)) for s, v in solutions.items()
+                   if s in back and back[s] not in solved}
             if not new:
                 out.shapes = attrs.evolve(out.shapes, rules=rules)
                 return out
-            pinned.update(new)
+            solved = {k: (v if isinstance(v, int) else v.xreplace(new)) for k, v in solved.items()} | new
 
     @classmethod
-    def _of(cls, inputs: Sequence[Any], pinned: dict[sympy.Symbol, int]) -> "SizeMap":
+    def _of(cls, inputs: Sequence[Any], solved: Mapping[sympy.Symbol, int | sympy.Expr]) -> "SizeMap":
         env = shape_env(inputs)
         if env is None:
             return cls()
@@ -140,15 +144,15 @@ class SizeMap:
                     continue
                 expr = env.replace(leaf.node.expr)
                 for s in sorted(expr.free_symbols, key=str):
-                    if s in names:
+                    if s in names or (s in solved and not isinstance(solved[s], int)):
                         continue
                     hint = _hint_of(env, s)
                     if hint is None:
                         raise CoilError(f"input size {expr} depends on data (unbacked symbol {s}): not supported yet",
                                         stage="lower")
                     lo, hi = _range_of(env, s, sizes=False)
-                    if s in pinned:
-                        lo = hi = pinned[s]
+                    if s in solved:
+                        lo = hi = int(solved[s])
                     if hi is not None and hi == lo:  # specialized: a constant
                         names[s] = sympy.Integer(lo)
                         continue
@@ -178,6 +182,9 @@ class SizeMap:
                     coil = size_symbol(sum(1 for f in facts if f.backed))
                     names[s] = coil
                     facts.append(SymbolFacts(coil, hint, max(lo, 0), hi))
+        for s, v in solved.items():  # a symbol solved for another's value: that value, renamed
+            if not isinstance(v, int) and all(f in names for f in v.free_symbols):
+                names[s] = sympy.expand(v.xreplace(names))
         facts.sort(key=lambda f: symbol_key(f.symbol))  # ShapeInfo's order: `s*`, then `u*`
         return cls(env, names, ShapeInfo(tuple(facts)), fixed)
 

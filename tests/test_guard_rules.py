@@ -189,3 +189,43 @@ def test_sizes_computed_in_the_graph_are_simplified_as_input_sizes_are():
     assert _size_op(ctx, torch.sym_min, (256, s0)) == s0
     assert _size_op(ctx, operator.floordiv, (s1 + 1, 2)) == FloorDiv(s1, 2)
 
+
+
+def test_a_linear_equality_of_plain_symbols_solves_for_its_last_symbol():
+    """Dynamo leaves `u0 + u1 + u2 + 18 = 64` unreplaced (the split sizes of
+    JetMoE's experts, summed to the rows): solved for the last symbol with a unit
+    coefficient, substituted into later rows and earlier solutions; a row with no
+    unit coefficient, or a product of symbols, gives nothing."""
+    from coil.ir.shapes import symbol_solutions, unbacked_symbol
+
+    u0, u1, u2 = (unbacked_symbol(i) for i in range(3))
+    info = ShapeInfo(tuple(SymbolFacts(u, h, 0, None, backed=False) for u, h in ((u0, 14), (u1, 15), (u2, 17))))
+    rules, solved = guard_rules([u0 + u1 + u2 + 18 - 64], info)
+    assert rules == () and solved == {u2: 46 - u0 - u1}
+    # a chain: s1 = s0 + 1 and s2 = s1 + s0 give s2 = 2*s0 + 1, in terms of s0 alone
+    info3 = _info((s0, 4, 2, None), (s1, 5, 2, None), (s2, 9, 2, None))
+    _, solved = guard_rules([s1 - s0 - 1, s2 - s1 - s0], info3)
+    assert solved == {s1: s0 + 1, s2: 2 * s0 + 1}
+    assert symbol_solutions([{s0: 2, s1: 2, sympy.Integer(1): -8}]) == {}  # 2*s0 + 2*s1 = 8: no unit coefficient
+    assert symbol_solutions([{s0 * s1: 1, s2: -1}]) == {}  # s0*s1 = s2: a product
+    # false at the hints: none at all
+    assert guard_rules([s1 - s0 - 2], info3) == ((), {})
+
+
+def _experts(x, sizes):
+    # JetMoE's experts: rows split by counts (ints Dynamo makes symbolic after a
+    # recompile, but for one that stays 18), then joined and added to the rows
+    parts = x.split(sizes, 0)
+    return torch.cat([p * (i + 1) for i, p in enumerate(parts)]) + x
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_split_sizes_that_a_guard_sums_to_the_rows_broadcast_against_them(target):
+    """Refused before (`cannot broadcast sizes [(u0 + u1 + u2 + 18, 8), (64, 8)]`)."""
+    if not target_available(target):
+        pytest.skip(f"{target} not available")
+    torch._dynamo.reset()
+    g = torch.compile(_experts, backend="coil", options={"target": target})
+    for sizes in ([14, 18, 15, 17], [13, 18, 17, 16], [12, 18, 20, 14], [20, 18, 6, 20]):
+        x = torch.randn(64, 8)
+        torch.testing.assert_close(g(x, sizes), _experts(x, sizes))
