@@ -468,29 +468,44 @@ def symbol_solutions(rows: Iterable[Mapping[sympy.Expr, sympy.Rational]]) -> dic
     s0 = 24, where the value is whole); a row with several solves for its last
     symbol (coil's order: `u*` after `s*`, the weaker facts) whose coefficient is
     1 or -1, so the value is a size with integer coefficients.  Each solution is
-    substituted into the rows after it and the solutions before it; a row with a
-    product of symbols or no unit coefficient gives none."""
-    out: dict[sympy.Symbol, sympy.Expr] = {}
-    for row in rows:
-        row = _eliminate(row, {s: _terms(-v) for s, v in out.items()})
-        syms = [m for m in row if m != 1]
-        if not syms or not all(m.is_Symbol for m in syms):
-            continue
-        if len(syms) == 1:
-            v = -row.get(sympy.Integer(1), 0) / row[syms[0]]
-            if not v.is_Integer:
+    substituted into the other rows and the solutions so far, and the rows are
+    walked again until none solves more; a row with a product of symbols or no
+    unit coefficient gives none."""
+    out: dict[sympy.Symbol, Size] = {}
+    pending = [dict(r) for r in rows]
+    progress = True
+    while progress:  # a row solved later may make an earlier one solvable (2*s0 + 2*s1 = 8, s1 = s0)
+        progress, left = False, []
+        for row in pending:
+            row = _eliminate(row, {s: _terms(-v) for s, v in out.items()})
+            solved = _solve_row(row)
+            if solved is None:
+                if row:
+                    left.append(row)
                 continue
-            s, value = syms[0], int(v)
-        else:
-            units = [m for m in syms if abs(row[m]) == 1]
-            if not units:
-                continue
-            s = max(units, key=symbol_key)
-            c = row.pop(s)
-            value = norm(-_from_terms(row) / c)
-        out = {k: norm(sympy.sympify(v).xreplace({s: value})) for k, v in out.items()}
-        out[s] = value
+            s, value = solved
+            out = {k: norm(sympy.sympify(v).xreplace({s: value})) for k, v in out.items()}
+            out[s] = value
+            progress = True
+        pending = left
     return out
+
+
+def _solve_row(row: dict[sympy.Expr, sympy.Rational]) -> tuple[sympy.Symbol, Size] | None:
+    """symbol_solutions' solution of one row (its terms, a linear form that is 0),
+    or None."""
+    syms = [m for m in row if m != 1]
+    if not syms or not all(m.is_Symbol for m in syms):
+        return None
+    if len(syms) == 1:
+        v = -row.get(sympy.Integer(1), 0) / row[syms[0]]
+        return (syms[0], int(v)) if v.is_Integer else None
+    units = [m for m in syms if abs(row[m]) == 1]
+    if not units:
+        return None
+    s = max(units, key=symbol_key)
+    rest = {m: c for m, c in row.items() if m != s}
+    return s, norm(-_from_terms(rest) / row[s])
 
 
 def _eliminate(row: Mapping[sympy.Expr, sympy.Rational],

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import sympy
 import torch
 
@@ -207,6 +209,8 @@ def test_a_linear_equality_of_plain_symbols_solves_for_its_last_symbol():
     _, solved = guard_rules([s1 - s0 - 1, s2 - s1 - s0], info3)
     assert solved == {s1: s0 + 1, s2: 2 * s0 + 1}
     assert symbol_solutions([{s0: 2, s1: 2, sympy.Integer(1): -8}]) == {}  # 2*s0 + 2*s1 = 8: no unit coefficient
+    # ... until a later row solves s1 = s0: then 4*s0 = 8 pins s0, and s1 with it
+    assert symbol_solutions([{s0: 2, s1: 2, sympy.Integer(1): -8}, {s1: 1, s0: -1}]) == {s0: 2, s1: 2}
     assert symbol_solutions([{s0 * s1: 1, s2: -1}]) == {}  # s0*s1 = s2: a product
     # false at the hints: none at all
     assert guard_rules([s1 - s0 - 2], info3) == ((), {})
@@ -229,3 +233,39 @@ def test_split_sizes_that_a_guard_sums_to_the_rows_broadcast_against_them(target
     for sizes in ([14, 18, 15, 17], [13, 18, 17, 16], [12, 18, 20, 14], [20, 18, 6, 20]):
         x = torch.randn(64, 8)
         torch.testing.assert_close(g(x, sizes), _experts(x, sizes))
+
+
+@st.composite
+def _linear_system(draw):
+    """Hints for three symbols and equalities over them that hold at the hints
+    (`sum c_i*s_i = sum c_i*hint_i`), as Dynamo's guards do at the call."""
+    syms = (s0, s1, s2)
+    hints = [draw(st.integers(2, 40)) for _ in syms]
+    rows = []
+    for _ in range(draw(st.integers(1, 3))):
+        cs = [draw(st.integers(-2, 2)) for _ in syms]
+        rows.append(sum(c * s for c, s in zip(cs, syms)) - sum(c * h for c, h in zip(cs, hints)))
+    return hints, rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(_linear_system())
+def test_symbol_solutions_hold_at_the_hints_and_satisfy_the_equalities(drawn):
+    """Every solution is true at the hints, writes its symbol with integer
+    coefficients in terms of symbols left unsolved, and each equality with the
+    solutions substituted is 0 or a row no unit coefficient solves."""
+    hints, rows = drawn
+    info = _info(*((s, h, 2, None) for s, h in zip((s0, s1, s2), hints)))
+    rules, solved = guard_rules(rows, info)
+    assert rules == ()
+    at = dict(zip((s0, s1, s2), hints))
+    for s, v in solved.items():
+        v = sympy.sympify(v)
+        assert v.xreplace(at) == at[s]
+        assert not (v.free_symbols & set(solved))
+        assert all(c.is_Integer for c in sympy.Poly(v, *sorted(v.free_symbols, key=str) or [s0]).coeffs())
+    for e in rows:
+        left = sympy.expand(sympy.sympify(e).xreplace({k: sympy.sympify(v) for k, v in solved.items()}))
+        if left != 0:  # two symbols or more left, none with a unit coefficient
+            terms = {m: c for m, c in left.as_coefficients_dict().items() if m != 1}
+            assert len(terms) >= 2 and not any(abs(c) == 1 for c in terms.values()), left
