@@ -531,6 +531,17 @@ def _select(draw: st.DrawFn, b: GraphBuilder, x: Value, cfg: Config) -> None:
     _view_of(b, aten.select.int, x, dim, draw(st.integers(-x.shape[dim], x.shape[dim] - 1)))
 
 
+def _split(draw: st.DrawFn, b: GraphBuilder, x: Value, cfg: Config) -> None:
+    """aten.split into pieces of `k` rows (the last shorter): views of x, each a
+    value of its own that later ops read or the graph returns.  At a symbolic dim
+    coil keeps the split as an Extern whose pieces alias its argument, whose
+    storage must outlive every piece."""
+    dim = draw(st.sampled_from([d for d in range(x.ndim) if x.shape[d] >= 2]))
+    n = x.shape[dim]
+    k = draw(st.integers(1, n - 1))
+    b.call_multi(aten.split.Tensor, (x, k, dim), None, (x.exact,) * len(range(0, n, k)))
+
+
 def _reshape_target(draw: st.DrawFn, x: Value, cfg: Config) -> list[int]:
     """A shape of the same numel: merge two adjacent dims, split one, or flatten."""
     shape = list(x.shape)
@@ -596,6 +607,7 @@ VIEWS: dict[str, tuple[Callable[[Value, Config], bool], Callable[[st.DrawFn, Gra
     "reshape": (lambda x, c: x.numel() > 0, _reshape),
     "unfold": (lambda x, c: 1 <= x.ndim < c.max_rank, _unfold),
     "diagonal": (lambda x, c: x.ndim >= 2, _diagonal),
+    "split": (lambda x, c: any(s >= 2 for s in x.shape), _split),
 }
 
 
