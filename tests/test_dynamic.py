@@ -687,3 +687,29 @@ def test_pieces_of_an_extern_that_are_outputs_keep_their_base(target: str) -> No
     got = torch.compile(_pieces_returned, backend="coil", dynamic=True, options={"target": target})(x)
     for g, w in zip(got, _pieces_returned(x)):
         torch.testing.assert_close(g, w)
+
+
+def _bag(w: torch.Tensor, idx: torch.Tensor, offsets: torch.Tensor, psw: torch.Tensor) -> torch.Tensor:
+    return F.embedding_bag(idx, w, offsets, mode="sum", per_sample_weights=psw)
+
+
+def test_a_backward_input_only_externs_read_is_taken_at_its_real_size() -> None:
+    """bf16 embedding_bag's offset2bag, saved for the backward, comes back empty
+    on the CPU where its meta function says one row per index: the backward
+    graph's check refused the call (`compiled for size [s1] = [5] here, called
+    with size [0]`, OpInfo under dynamic=True with gradients).  Only externs read
+    it and no symbol is read from it, so it is taken as eager takes it."""
+    torch.manual_seed(0)
+    w = torch.randn(10, 5, dtype=torch.bfloat16, requires_grad=True)
+    idx, offsets = torch.tensor([1, 4, 2, 7, 0]), torch.tensor([0, 3])
+    psw = torch.randn(5, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(2, 5, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(_bag, backend="coil", dynamic=True, options={"target": "cpp"})
+    got = compiled(w, idx, offsets, psw)
+    got_grads = torch.autograd.grad(got, (w, psw), g)
+    want = _bag(w, idx, offsets, psw)
+    want_grads = torch.autograd.grad(want, (w, psw), g)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b)
