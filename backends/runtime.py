@@ -156,6 +156,7 @@ class CompiledFn:
         # symbolic sizes: the call's arguments are the SymInt inputs and the tensors, in
         # placeholder order; `check` reads the symbols from them, then checks every input
         self.sizes = bg.sizes
+        self._bind_sources: frozenset[str] = frozenset()  # the inputs a symbol is read from
         if bg.sizes:
             by_name = dict(zip(self.input_names, self.input_layouts))
             self.input_names = tuple(n for n in bg.sizes.order)
@@ -174,8 +175,6 @@ class CompiledFn:
         self.constants = tuple(i.value for i in bg.inputs if i.value is not None)
         self._tokens = frozenset(i.name for i in bg.inputs if i.token)
         self._restrided: set[str] = set()
-        if not bg.sizes:
-            self._bind_sources = frozenset()
         from coil.ir.wrapper import indexed_by_layout
 
         self._indexed = indexed_by_layout(module.program.lines)
