@@ -50,6 +50,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from coil.passes.higher_order import HOST_DECIDES, hop_name
+
 log = logging.getLogger("coil")
 
 # recordings of one compiled graph with one set of static input addresses (another is made
@@ -74,7 +76,9 @@ def capture_verdict(example_inputs: Sequence[Any], copied: frozenset[int], mutat
     copied into placeholders; `mutated`: the inputs the graph writes into;
     `syncs`: the ops that wait for the GPU."""
     if syncs:
-        return f"{syncs[0]} waits for the GPU (its result's size depends on the data)"
+        why = ("the host reads a tensor to choose what runs next" if syncs[0].startswith("higher_order.")
+               else "its result's size depends on the data")
+        return f"{syncs[0]} waits for the GPU ({why})"
     from coil.passes.symbolic import has_symbols
 
     if has_symbols(example_inputs):
@@ -491,6 +495,8 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> tuple[frozenset[int], fr
         name = str(n.target)
         if any(s in name for s in ("nonzero", "masked_select", "_local_scalar_dense", "unique", "repeat_interleave")):
             syncs.append(name)
+        elif hop_name(n.target) in HOST_DECIDES:  # torch.cond's branch, while_loop's end
+            syncs.append(f"higher_order.{hop_name(n.target)}")
     return static, frozenset(mutated), syncs
 
 

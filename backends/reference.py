@@ -19,7 +19,7 @@ from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuff
 from coil.ir.expr import Cast, Check, Constant, IndexExpr, IndirectLoad, Load, Op, check_error, evaluate, indsym, rsyms, xsyms
 from coil.ir.indexing import FloorDiv, ModularIndexing
 from coil.ir.layout import Layout
-from coil.ir.lowered import TensorRef, resolve_kernel
+from coil.ir.lowered import MapArg, PyTuple, Subgraph, TensorRef, resolve_kernel
 
 
 def eval_index(e: sympy.Expr, env: Mapping[sympy.Symbol, torch.Tensor]) -> Any:
@@ -226,8 +226,14 @@ def call_extern(kernel: str, args: Any, kwargs: Any, values: Mapping[str, torch.
     def sub(a: Any) -> Any:
         if isinstance(a, TensorRef):
             return values[a.name]
+        if isinstance(a, PyTuple):
+            return tuple(sub(x) for x in a)
         if isinstance(a, tuple):
             return [sub(x) for x in a]
+        if isinstance(a, MapArg):
+            return {k: sub(v) for k, v in a.items}
+        if isinstance(a, Subgraph):  # the interpreter runs a subgraph as FX, in eager
+            return a.gm
         return a
 
     return resolve_kernel(kernel)(*[sub(a) for a in args], **{k: sub(v) for k, v in kwargs})

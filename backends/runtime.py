@@ -13,6 +13,7 @@ import torch
 
 from coil.errors import CoilError
 from coil.ir.layout import Layout
+from coil.ir.lowered import Subgraph
 from coil.ir.shapes import GraphSizes, py_size
 from coil.ir.module import CompiledModule
 
@@ -499,11 +500,14 @@ def _warn_uncached(why: str) -> None:
         log.warning("coil: %s; output_code.py runs without a copy in the cache", why)
 
 
-def load_module(module: CompiledModule, directory: str | None = None) -> CompiledFn:
+def load_module(module: CompiledModule, directory: str | None = None,
+                compile_subgraph: Callable[[Subgraph], CompiledFn] | None = None) -> CompiledFn:
     """Write output_code.py to the cache dir `directory` (Options.cache_dir; Triton
     reads kernel source from files) and run it as a fresh module, compiled from
     the text in hand, never from a file or a .pyc someone else could have put
-    there; wrap its `call`."""
+    there; wrap its `call`.  Its higher-order ops' subgraphs are bound then
+    (`bind_subgraphs`): `compile_subgraph` compiles one (by default
+    coil.compile_graph with the environment's options)."""
     import hashlib
     import linecache
     import types
@@ -516,4 +520,63 @@ def load_module(module: CompiledModule, directory: str | None = None) -> Compile
     mod = types.ModuleType(f"coil_output_{key}")
     mod.__file__ = path
     exec(compile(module.source, path, "exec"), mod.__dict__)  # noqa: S102 - coil's own generated code
+    bind_subgraphs(module, mod.__dict__, compile_subgraph)
     return CompiledFn(module, mod.__dict__)
+
+
+def bind_subgraphs(module: CompiledModule, namespace: dict[str, Any],
+                   compile_subgraph: Callable[[Subgraph], CompiledFn] | None) -> None:
+    """Bind each subgraph output_code.py names (passes/higher_order.py), once per
+    name: a compiled one to a SubgraphFn of its compile, an FX one to its
+    GraphModule.  A subgraph coil cannot compile runs as its FX graph, with a log
+    line: the op still gets a function that computes the same values."""
+    from coil.backends.wrapper import subgraph_symbol
+    from coil.ir.lowered import extern_subgraphs
+    from coil.ir.wrapper import ExternCall
+
+    for ln in module.program.lines:
+        if not isinstance(ln, ExternCall):
+            continue
+        for sub in extern_subgraphs((ln.args, tuple(v for _, v in ln.kwargs))):
+            symbol = subgraph_symbol(sub.name)
+            if namespace.get(symbol) is not None:
+                continue
+            namespace[symbol] = sub.gm
+            if not sub.compiled:
+                continue
+            try:
+                if compile_subgraph is None:
+                    import coil
+
+                    fn = coil.compile_graph(sub.gm, sub.inputs, kind="subgraph")
+                else:
+                    fn = compile_subgraph(sub)
+                namespace[symbol] = SubgraphFn(fn, sub.gm, sub.takes, sub.arity)
+            except CoilError as e:
+                log.warning("coil: subgraph %s of %s was not compiled (%s): it runs as its FX graph, in eager",
+                            sub.name, ln.kernel, e)
+
+
+class SubgraphFn:
+    """A compiled subgraph as its higher-order op calls it: with all the subgraph's
+    inputs (of which it takes those at `takes`), any strides (copied into those
+    compiled for where a kernel indexes them, as a backward's are), returning what
+    the FX graph returns (one tensor, a tuple or a list)."""
+
+    def __init__(self, compiled: CompiledFn, gm: torch.fx.GraphModule, takes: Sequence[int], arity: int) -> None:
+        self.compiled = compiled
+        out = gm.graph.output_node().args[0]
+        self._shape = "one" if not isinstance(out, (tuple, list)) else type(out).__name__
+        self._takes = None if list(takes) == list(range(arity)) else tuple(takes)
+        self._arity = arity
+
+    def __call__(self, *inputs: Any) -> Any:
+        if len(inputs) != self._arity:
+            raise CoilError(f"a subgraph of {self._arity} inputs called with {len(inputs)}")
+        args = list(inputs) if self._takes is None else [inputs[k] for k in self._takes]
+        self.compiled.check(args, restride=True)
+        args.extend(self.compiled.constants)
+        out = self.compiled._call(args)
+        if self._shape == "one":
+            return out[0]
+        return list(out) if self._shape == "list" else tuple(out)

@@ -13,7 +13,7 @@ import torch
 from coil.backends.common import KernelBackend
 from coil.ir.buffers import ComputedBuffer, ExternBuffer
 from coil.ir.layout import Layout
-from coil.ir.lowered import TensorRef, returns_alias
+from coil.ir.lowered import MapArg, PyTuple, Subgraph, TensorRef, extern_subgraphs, returns_alias
 from coil.ir.module import KernelSource
 from coil.ir.shapes import UNBACKED_PREFIX, Size, gt, norm, py_size
 from coil.ir.wrapper import (
@@ -37,6 +37,8 @@ def py_value(v: Any) -> str:
     """A Python literal for an extern argument."""
     if isinstance(v, TensorRef):
         return v.name
+    if isinstance(v, PyTuple):
+        return "(" + ", ".join(py_value(x) for x in v) + ("," if len(v) == 1 else "") + ")"
     if isinstance(v, tuple):
         return "[" + ", ".join(py_value(x) for x in v) + "]"
     if isinstance(v, torch.dtype):
@@ -51,7 +53,27 @@ def py_value(v: Any) -> str:
         return py_size(norm(v))
     if isinstance(v, sympy.core.relational.Relational):  # a condition on sizes (what _assert_scalar checks)
         return f"({py_size(norm(v.lhs))} {v.rel_op} {py_size(norm(v.rhs))})"
+    if isinstance(v, MapArg):
+        return "{" + ", ".join(f"{k!r}: {py_value(x)}" for k, x in v.items) + "}"
+    if isinstance(v, Subgraph):  # bound by load_module (subgraph_bindings)
+        return subgraph_symbol(v.name)
+    if isinstance(v, torch._ops.OpOverload):  # the op a higher-order op calls (auto_functionalized's)
+        return f"torch.ops.{v}"
     return repr(v)
+
+
+def subgraph_symbol(name: str) -> str:
+    """The module-level name output_code.py calls a higher-order op's subgraph by."""
+    return "subgraph_" + re.sub(r"\W", "_", name)
+
+
+def subgraph_bindings(program: WrapperProgram) -> list[str]:
+    """Each subgraph's module-level name, None in the text: load_module binds it to
+    the compiled subgraph, or to the FX graph (see passes/higher_order.py)."""
+    subs = {s.name: s for ln in program.lines if isinstance(ln, ExternCall)
+            for s in extern_subgraphs((ln.args, tuple(v for _, v in ln.kwargs)))}
+    return [f"{subgraph_symbol(s.name)} = None  # {'compiled by coil' if s.compiled else 'its FX graph, in eager'}, "
+            "bound when the module loads" for s in subs.values()]
 
 
 def owns_storage(program: WrapperProgram, name: str) -> bool:
@@ -188,7 +210,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 if ln.name not in ensure_after:
                     out += _ensure_layout(program, ln.name, indexed)
             case MultiOutputLine():
-                out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i}]' for i in ln.index)}")
+                out.append(f"    {ln.name} = {ln.extern}{''.join(f'[{i!r}]' for i in ln.index)}")
                 if ln.name not in ensure_after:
                     out += _ensure_layout(program, ln.name, indexed)
             case Free():
@@ -262,4 +284,7 @@ def render_module(program: WrapperProgram, backend: KernelBackend, kernels: tupl
     bindings = extern_bindings(program)
     if bindings:
         body += ["", "# the externs, called through their operators", *bindings]
+    subgraphs = subgraph_bindings(program)
+    if subgraphs:
+        body += ["", "# the higher-order ops' subgraphs", *subgraphs]
     return "\n".join(head + [""] + body + [""] + render_call(program, backend, options) + render_main(program)) + "\n"

@@ -45,7 +45,12 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
         module = (pipeline or default_pipeline()).run(gm, example_inputs, options=opts, kind=kind)
         if key:
             graph_cache.store(key, module, opts.cache_dir)
-    compiled = load_module(module, opts.cache_dir)
+    # a higher-order op's subgraph (cond's branches, a loop's body) compiles as this
+    # graph did, with what is this graph's own dropped: its donated inputs, its free
+    # output strides, its CUDA graphs (the outer graph's recording holds the subgraph's)
+    sub_opts = opts.replace(donated_inputs=(), free_output_strides=(), aligned_inputs=(), cuda_graphs=False)
+    compiled = load_module(module, opts.cache_dir,
+                           lambda sub: compile_graph(sub.gm, sub.inputs, sub_opts, pipeline, kind=f"subgraph-{sub.name}"))
     compiled.cache_key = key
     return compiled
 

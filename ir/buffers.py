@@ -151,7 +151,7 @@ class ExternBuffer:
 class MultiOutputBuffer:
     name: str
     extern: str
-    index: tuple[int, ...]
+    index: tuple[int | str, ...]  # a str: a key of a dict result
     layout: Layout
     rule: Rule
     origins: tuple[str, ...]

@@ -13,7 +13,9 @@ Grammar::
             | View(name, base, ranges, index)          element x of the view is
                                                        element `index` of base
             | Extern(name, kernel, args, kwargs, layout, mutated, sized_by_data)
-                                                       an aten call kept whole; layout
+                                                       an aten call kept whole, or a
+                                                       higher-order op's (args may hold
+                                                       MapArg and Subgraph); layout
                                                        None: a tuple, or no result
             | MultiOutput(name, extern, index, layout) one result of a tuple Extern
 
@@ -127,6 +129,48 @@ class TensorRef:
     name: str
 
 
+class PyTuple(tuple):  # type: ignore[type-arg]
+    """An Extern argument that is a Python tuple where the op wants one (a
+    higher-order op's operands, flex_attention's block mask); any other tuple in an
+    Extern's args stands for a list, as aten's int[] and Tensor[] take them."""
+
+    __slots__ = ()
+
+
+@attrs.frozen(cache_hash=True)
+class MapArg:
+    """An Extern argument that is a dict (flex_attention's kernel options, the
+    tensors a user's Triton kernel takes by name): its items in order, values
+    nested as any argument's."""
+
+    items: tuple[tuple[str, Any], ...]
+
+
+@attrs.frozen(eq=False)
+class Subgraph:
+    """An Extern argument that is a higher-order op's subgraph (cond's branches, a
+    loop's body, a scan's combine function, flex_attention's score_mod): its FX
+    graph, the fake values of its inputs, and how the call gets it.  `compiled`:
+    coil compiles it (once per name in a module) and the op calls that; else the
+    op calls the FX graph as it is, in eager (flex_attention vmaps its score_mod,
+    which a compiled kernel cannot be).  Compared by identity: two graphs are
+    never taken for one."""
+
+    name: str
+    gm: torch.fx.GraphModule = attrs.field(repr=False)
+    inputs: tuple[Any, ...] = attrs.field(repr=False)
+    compiled: bool
+    # a compiled one: the positions of the op's inputs it takes (those it reads), of `arity`
+    takes: tuple[int, ...] = ()
+    arity: int = 0
+
+    def __repr__(self) -> str:
+        if not self.compiled:
+            return f"subgraph({self.name}, eager)"
+        some = "" if len(self.takes) == self.arity else f", takes inputs {list(self.takes)} of {self.arity}"
+        return f"subgraph({self.name}, compiled{some})"
+
+
 @attrs.frozen(cache_hash=True)
 class Extern:
     name: str
@@ -159,7 +203,7 @@ class Extern:
 class MultiOutput:
     name: str
     extern: str
-    index: tuple[int, ...]
+    index: tuple[int | str, ...]  # a str: a key of a dict result
     layout: Layout
     origin: str
     op: str
@@ -205,7 +249,21 @@ def extern_tensor_names(args: Any) -> list[str]:
     elif isinstance(args, (tuple, list)):
         for a in args:
             out.extend(extern_tensor_names(a))
+    elif isinstance(args, MapArg):
+        for _, a in args.items:
+            out.extend(extern_tensor_names(a))
     return out
+
+
+def extern_subgraphs(args: Any) -> list[Subgraph]:
+    """The Subgraphs inside nested Extern args, in order."""
+    if isinstance(args, Subgraph):
+        return [args]
+    if isinstance(args, (tuple, list)):
+        return [s for a in args for s in extern_subgraphs(a)]
+    if isinstance(args, MapArg):
+        return [s for _, a in args.items for s in extern_subgraphs(a)]
+    return []
 
 
 def resolve_kernel(kernel: str) -> Any:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.expr import Expr, dtype_name, result_name, show_expr
-from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, Pointwise, Reduction, TensorRef, View
+from coil.ir.lowered import Extern, Input, LoweredGraph, MapArg, MultiOutput, PyTuple, Pointwise, Reduction, TensorRef, View
 from coil.ir.schedule import ScheduleGraph
 
 
@@ -36,8 +36,12 @@ def body_lines(body: Expr, indent: str = "    ") -> list[str]:
 def fmt_arg(a: Any) -> str:
     if isinstance(a, TensorRef):
         return a.name
+    if isinstance(a, PyTuple):
+        return "(" + ", ".join(fmt_arg(x) for x in a) + ("," if len(a) == 1 else "") + ")"
     if isinstance(a, tuple):
         return "[" + ", ".join(fmt_arg(x) for x in a) + "]"
+    if isinstance(a, MapArg):
+        return "{" + ", ".join(f"{k!r}: {fmt_arg(v)}" for k, v in a.items) + "}"
     return repr(a)
 
 

@@ -122,7 +122,7 @@ class ExternCall:
 class MultiOutputLine:
     name: str
     extern: str
-    index: tuple[int, ...]
+    index: tuple[int | str, ...]  # a str: a key of a dict result
 
 
 class FreeKind(enum.StrEnum):

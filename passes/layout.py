@@ -275,7 +275,7 @@ def prefer_channels_last(g: LoweredGraph, options: Options) -> LoweredGraph:
     nodes: list[LNode] = []
     conv_names = {c.name for c in convs}
     # the layouts a tuple-returning convolution's meta function gives its results, by index
-    results: dict[str, dict[tuple[int, ...], Layout]] = {}
+    results: dict[str, dict[tuple[int | str, ...], Layout]] = {}
     copies: dict[str, str] = {}  # a node a convolution reads a channels-last copy of -> that copy's view
     for n in g.nodes:
         if isinstance(n, (Pointwise, Reduction)) and n.name in prefer and _permutable(n.size):
@@ -313,7 +313,7 @@ def _saved_copies(g: LoweredGraph, copies: dict[str, str]) -> tuple[str | None, 
 
 
 def _channels_last_conv(c: Extern, layouts: dict[str, Layout], nodes: list[LNode], taken: set[str],
-                        results: dict[str, dict[tuple[int, ...], Layout]], copies: dict[str, str]) -> Extern:
+                        results: dict[str, dict[tuple[int | str, ...], Layout]], copies: dict[str, str]) -> Extern:
     """The convolution reading a channels-last copy of an input that is not one,
     with the layout its meta function gives (for a tuple result, into `results`,
     which the MultiOutputs that follow take); each copy's view by what it copies

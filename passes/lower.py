@@ -40,6 +40,7 @@ from coil.ir.layout import Layout
 from coil.ir.shapes import NO_SIZES, GraphSizes, Size, norm
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
+from coil.passes.higher_order import SubgraphAttr, hop_name, lower_higher_order
 from coil.passes.layout import attention_input_strides, prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering, xsyms
@@ -155,9 +156,6 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
     kernel = str(target) if isinstance(target, torch._ops.OpOverload) else _short(target)
     if not isinstance(target, torch._ops.OpOverload):
         raise CoilError(f"cannot call {target!r} as an extern (not an aten op)", stage="lower", node=ctx.origin)
-    if any(is_float_size(a) for a in torch.utils._pytree.tree_leaves((args, kwargs))):
-        raise CoilError(f"{kernel}: an argument is a float computed from sizes, which only kernels take",
-                        stage="lower", node=ctx.origin)
     mutated = tuple(
         a.name
         for arg, a in zip(target._schema.arguments, args)
@@ -165,26 +163,39 @@ def lower_extern(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[s
     )
     refs = tuple(_to_ref(a) for a in args)
     kw = tuple(sorted((k, _to_ref(v)) for k, v in kwargs.items()))
-    sized = _sized_by_data(target, args, kwargs)
+    if val is None and not target._schema.returns:  # called for its effect (a check that raises)
+        make_extern(ctx, kernel, refs, kw, None, mutated)
+        return None
+    return make_extern(ctx, kernel, refs, kw, val, mutated, _sized_by_data(target, args, kwargs),
+                       _eager_strides(kernel, args, arg_vals))
+
+
+def make_extern(ctx: LowerCtx, kernel: str, refs: tuple[Any, ...], kw: tuple[tuple[str, Any], ...], val: Any,
+                mutated: tuple[str, ...], sized: bool = False,
+                arg_strides: tuple[tuple[int, ...] | None, ...] = ()) -> Any:
+    """The Extern of `kernel` called with `refs` and `kw` (arguments as the IR holds
+    them), its result(s) laid out as the fake value `val` says: a tensor; None for
+    a call made for its effect; a tuple, list or dict of MultiOutputs (a result that
+    is not a tensor is None there)."""
+    if any(is_float_size(a) for a in torch.utils._pytree.tree_leaves((refs, kw))):
+        raise CoilError(f"{kernel}: an argument is a float computed from sizes, which only kernels take",
+                        stage="lower", node=ctx.origin)
     if ctx.sizes is not STATIC:  # the sizes only its run knows become u0, u1, ... (SizeMap.admit_unbacked)
         ctx.sizes.admit_unbacked(val)
     if isinstance(val, torch.Tensor):
-        return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device, ctx.sizes), ctx.origin, ctx.op, mutated,
-                              sized, _eager_strides(kernel, args, arg_vals)))
-    if val is None and not target._schema.returns:  # called for its effect (a check that raises)
+        return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device, ctx.sizes), ctx.origin,
+                              ctx.op, mutated, sized, arg_strides))
+    if val is None:
         ctx.append(Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated))
         return None
-    if isinstance(val, (tuple, list)):
-        ext = Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated, sized,
-                     _eager_strides(kernel, args, arg_vals))
+    if isinstance(val, (tuple, list, dict)):
+        ext = Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated, sized, arg_strides)
         ctx.append(ext)
-        outs: list[Any] = []
-        for i, v in enumerate(val):
-            if isinstance(v, torch.Tensor):
-                outs.append(ctx.add(MultiOutput(ctx.fresh(), ext.name, (i,), _layout_of_val(v, ctx.device, ctx.sizes), ctx.origin, ctx.op)))
-            else:
-                outs.append(None)
-        return tuple(outs)
+        items = val.items() if isinstance(val, dict) else enumerate(val)
+        outs = {i: ctx.add(MultiOutput(ctx.fresh(), ext.name, (i,), _layout_of_val(v, ctx.device, ctx.sizes),
+                                       ctx.origin, ctx.op)) if isinstance(v, torch.Tensor) else None
+                for i, v in items}
+        return outs if isinstance(val, dict) else tuple(outs.values())
     raise CoilError(f"extern {kernel} returns {type(val).__name__}, not a tensor", stage="lower", node=ctx.origin)
 
 
@@ -453,6 +464,8 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         return tuple(args)
     if target is torch.ops.higher_order.with_effects:
         return _lower_with_effects(ctx, node, args, kwargs, vals)
+    if hop_name(target) is not None:
+        return lower_higher_order(ctx, target, args, kwargs, vals.get(node.name))
     if isinstance(target, torch._ops.OpOverload) and not kernels_take((args, kwargs), vals.get(node.name)):
         log.debug("lower %s: %s -> extern fallback (a dtype kernels do not handle)", node.name, target)
         return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
@@ -675,7 +688,7 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
                 env[n] = x
         elif n.op == "get_attr":
             env[n] = _constant(ctx, fx, n, device)
-            seen_constant = True
+            seen_constant = seen_constant or not isinstance(env[n], SubgraphAttr)
         elif n.op == "call_function":
             a, k = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: env[m])
             ctx.at(n.name, _short(n.target), device)
@@ -733,9 +746,11 @@ def _constant(ctx: LowerCtx, fx: FxGraph, n: torch.fx.Node, device: str) -> Any:
     value: Any = fx.gm
     for part in str(n.target).split("."):
         value = getattr(value, part, None)
+    if isinstance(value, torch.fx.GraphModule):  # a higher-order op's subgraph (passes/higher_order.py)
+        return SubgraphAttr(str(n.target), value)
     if not isinstance(value, torch.Tensor):
-        raise CoilError(f"get_attr {n.target} is a {type(value).__name__}, not a tensor (a higher-order op's "
-                        "subgraph?): coil cannot take this graph", stage="lower", node=n.name)
+        raise CoilError(f"get_attr {n.target} is a {type(value).__name__}, not a tensor or a higher-order op's "
+                        "subgraph: coil cannot take this graph", stage="lower", node=n.name)
     if value.dim() == 0 and value.device.type == "cpu" and device != "cpu":
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -71,6 +71,7 @@ from coil.ir.lowered import (
     Input,
     LNode,
     LoweredGraph,
+    MapArg,
     MultiOutput,
     Pointwise,
     Reduction,
@@ -434,8 +435,10 @@ class _Realizer:
         def arg(a: Any) -> Any:
             if isinstance(a, TensorRef):
                 return TensorRef(self.materialize(a.name, Rule.EXTERN_INPUT))
-            if isinstance(a, tuple):
-                return tuple(arg(x) for x in a)
+            if isinstance(a, tuple):  # a PyTuple stays one
+                return type(a)(arg(x) for x in a)
+            if isinstance(a, MapArg):
+                return MapArg(tuple((k, arg(v)) for k, v in a.items))
             return a
 
         args = arg(n.args)

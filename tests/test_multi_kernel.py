@@ -179,8 +179,8 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[tu
     count: collections.Counter[tuple[str, int]] = collections.Counter()
     load = runtime.load_module
 
-    def counting(module: Any, directory: str | None = None) -> Any:
-        fn = load(module, directory)
+    def counting(module: Any, directory: str | None = None, compile_subgraph: Any = None) -> Any:
+        fn = load(module, directory, compile_subgraph)
         for k in module.kernels:
             fn.namespace[k.name] = _Counted(fn.namespace[k.name], k.name, count)
         return fn

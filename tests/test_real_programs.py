@@ -486,9 +486,14 @@ def test_batch_norm_with_update_in_bfloat16(target):
 
 # ---- whole-graph fallback -----------------------------------------------------------
 
-def test_a_graph_coil_cannot_take_runs_eagerly_with_one_warning(caplog):
-    """A higher-order op's subgraph (torch.cond) is not an aten call: the graph
-    runs eagerly, and the warning names the reason."""
+def test_a_graph_coil_cannot_take_runs_eagerly_with_one_warning(caplog, monkeypatch):
+    """A higher-order op coil does not take (here torch.cond, taken out of
+    passes/higher_order.py's table): the graph runs eagerly, and the warning
+    names the reason."""
+    from coil.passes import higher_order
+
+    monkeypatch.delitem(higher_order.HIGHER_ORDER, "cond")
+
     def f(x):
         return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,)) + 1
 
@@ -496,8 +501,8 @@ def test_a_graph_coil_cannot_take_runs_eagerly_with_one_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="coil"):
         torch.testing.assert_close(compiled(f, "cpp", eager_fallback=True)(x), f(x))
     warnings = [r.getMessage() for r in caplog.records if "running it eagerly" in r.getMessage()]
-    assert len(warnings) == 1 and "not a tensor" in warnings[0], warnings
-    with pytest.raises(Exception, match="not a tensor"):
+    assert len(warnings) == 1 and "higher-order op cond is not one coil takes" in warnings[0], warnings
+    with pytest.raises(Exception, match="higher-order op cond is not one coil takes"):
         compiled(f, "cpp", eager_fallback=False)(x)
 
 
