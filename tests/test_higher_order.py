@@ -291,3 +291,27 @@ def test_drawn_graphs_as_cond_branches_match_eager(target):
         torch.testing.assert_close(list(fn(*other)), list(drawn.gm(*flipped(drawn))), equal_nan=True)
 
     check()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Dynamo cannot trace a Triton kernel "
+                    "under Triton's CPU interpreter)")
+def test_a_user_triton_kernel_inside_the_graph():
+    """triton_kernel_wrapper_functional: the user's kernel runs between coil's."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        tl.store(out_ptr + i, tl.load(x_ptr + i, mask=mask) + tl.load(y_ptr + i, mask=mask), mask=mask)
+
+    def fn(x, y):
+        a = x.sin()
+        out = torch.empty_like(a)
+        add_kernel[(triton.cdiv(a.numel(), 128),)](a, y, out, a.numel(), BLOCK=128)
+        return out * 2
+
+    x, y = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
+    torch.testing.assert_close(compiled(fn, "triton")(x, y), fn(x, y))
+    assert_compiled()
