@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, MultiOutputBuffer
 from coil.ir.expr import Expr, dtype_name, result_name, show_expr
 from coil.ir.lowered import Extern, Input, LoweredGraph, MapArg, MultiOutput, PyTuple, Pointwise, Reduction, TensorRef, View
@@ -42,6 +44,8 @@ def fmt_arg(a: Any) -> str:
         return "[" + ", ".join(fmt_arg(x) for x in a) + "]"
     if isinstance(a, MapArg):
         return "{" + ", ".join(f"{k!r}: {fmt_arg(v)}" for k, v in a.items) + "}"
+    if isinstance(a, torch._ops.OpOverload):  # the op a higher-order op calls
+        return str(a)
     return repr(a)
 
 

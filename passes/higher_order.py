@@ -30,7 +30,7 @@ import attrs
 import torch
 
 from coil.errors import CoilError
-from coil.ir.lowered import MapArg, PyTuple, Subgraph, TensorRef
+from coil.ir.lowered import MapArg, Pointwise, PyTuple, Reduction, Subgraph, TensorRef
 from coil.passes.lowerings.registry import LowerCtx, TensorValue
 
 
@@ -109,7 +109,44 @@ def _arg(a: Any, compiled: bool) -> Any:
     return a
 
 
-def lower_higher_order(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[str, Any], val: Any) -> Any:
+def _writable(ctx: LowerCtx, fx_arg: Any, value: Any, node: torch.fx.Node) -> bool:
+    """Whether the op may write into `value` in place of a clone of it: a tensor one
+    of coil's kernels computes (not an input, a view or an extern's result, which
+    may share storage with what others read) that nothing but this op reads."""
+    if not isinstance(fx_arg, torch.fx.Node) or not isinstance(value, TensorValue) or set(fx_arg.users) != {node}:
+        return False
+    made = next((n for n in reversed(ctx.nodes) if n.name == value.name), None)
+    return isinstance(made, (Pointwise, Reduction))
+
+
+def reinplace(ctx: LowerCtx, name: str, node: torch.fx.Node, kwargs: dict[str, Any]
+              ) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A functional wrapper of a mutating op clones what the op writes into.  Where
+    that tensor is a temporary nothing else reads, the op writes into it instead
+    (Inductor's reinplacing of these wrappers): auto_functionalized_v2's
+    `_only_clone_these_bases`; the op then returns such a base as it is, and its
+    readers read that result (a MultiOutput, after the Extern).  Returns the kwargs
+    and the tensors now written in place (the Extern's `mutated`).
+
+    triton_kernel_wrapper_functional is not reinplaced: with fewer
+    `tensors_to_clone` it returns only the clones, and coil's IR has no name for
+    "this buffer, after that Extern wrote it" to give the readers of the others."""
+    if name == "auto_functionalized_v2":
+        bases, fx_bases = kwargs.get("_all_bases") or [], node.kwargs.get("_all_bases") or []
+        cloned = kwargs.get("_only_clone_these_bases")
+        cloned = tuple(range(len(bases))) if cloned is None else tuple(cloned)
+        twice = {b.name for b in bases if isinstance(b, TensorValue) and sum(c is b for c in bases) > 1}
+        keep = tuple(i for i in cloned if i >= len(fx_bases) or getattr(bases[i], "name", None) in twice
+                     or not _writable(ctx, fx_bases[i], bases[i], node))
+        if keep == cloned:
+            return kwargs, ()
+        inplace = tuple(bases[i].name for i in cloned if i not in keep)
+        return {**kwargs, "_only_clone_these_bases": keep}, inplace
+    return kwargs, ()
+
+
+def lower_higher_order(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: dict[str, Any], val: Any,
+                       node: torch.fx.Node) -> Any:
     """A higher-order op as one Extern (`higher_order.<name>`) whose results are its
     MultiOutputs; its subgraph arguments are Subgraphs (see the module's doc)."""
     from coil.passes.lower import make_extern
@@ -119,6 +156,7 @@ def lower_higher_order(ctx: LowerCtx, target: Any, args: Sequence[Any], kwargs: 
         raise CoilError(f"the higher-order op {name} is not one coil takes (passes/higher_order.py: HIGHER_ORDER)",
                         stage="lower", node=ctx.origin)
     compiled = HIGHER_ORDER[name]
+    kwargs, mutated = reinplace(ctx, name, node, kwargs)
     refs = tuple(_arg(a, compiled) for a in args)
     kw = tuple(sorted((k, _arg(v, compiled)) for k, v in kwargs.items()))
-    return make_extern(ctx, f"higher_order.{name}", refs, kw, val, ())
+    return make_extern(ctx, f"higher_order.{name}", refs, kw, val, mutated)

@@ -465,7 +465,7 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
     if target is torch.ops.higher_order.with_effects:
         return _lower_with_effects(ctx, node, args, kwargs, vals)
     if hop_name(target) is not None:
-        return lower_higher_order(ctx, target, args, kwargs, vals.get(node.name))
+        return lower_higher_order(ctx, target, args, kwargs, vals.get(node.name), node)
     if isinstance(target, torch._ops.OpOverload) and not kernels_take((args, kwargs), vals.get(node.name)):
         log.debug("lower %s: %s -> extern fallback (a dtype kernels do not handle)", node.name, target)
         return lower_extern(ctx, target, args, kwargs, vals.get(node.name))

@@ -192,23 +192,38 @@ def scale_(x: torch.Tensor, s: float) -> None:
     x.mul_(s)
 
 
+def _mutations(x, w):
+    y = x * 2
+    scale_(y, 3.0)  # a temporary nothing else reads: written in place
+    z = x.cos()
+    scale_(z[:, 1:3], -1.0)  # a slice of one: in place too
+    q = x.exp()
+    r = q + 1
+    scale_(q, 2.0)  # read before by r: cloned
+    scale_(w, 0.5)  # an input: cloned, and copied back into the caller's tensor
+    return y + 1, z.sum(0), q * r
+
+
+def test_a_mutating_custom_op_writes_into_temporaries_in_place():
+    gm, inputs = forward_graph(_mutations, torch.randn(6, 6), torch.randn(6))
+    text = show(coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target="cpp")))
+    calls = [ln.split(" = ", 1)[1] for ln in text.splitlines() if "Extern higher_order.auto_functionalized_v2" in ln]
+    assert [("_only_clone_these_bases=()" in c, c.split(" -> ")[1].split(" from")[0]) for c in calls] == [
+        (True, "tuple mutates ['mul']"), (True, "tuple mutates ['cos']"), (False, "tuple"), (False, "tuple")]
+    assert calls[0].startswith("Extern higher_order.auto_functionalized_v2(coil_test.scale_.default, "), calls[0]
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_custom_op_that_mutates(target):
-    """auto_functionalized_v2: on a temporary, on a slice of one, on an input."""
-
-    def fn(x, w):
-        y = x * 2
-        scale_(y, 3.0)
-        z = x.cos()
-        scale_(z[:, 1:3], -1.0)
-        scale_(w, 0.5)
-        return y + 1, z.sum(0)
-
+    """auto_functionalized_v2: on a temporary, on a slice of one, on one read
+    elsewhere, on an input; sanitized, so a freed buffer read shows."""
     x = torch.randn(6, 6)
     w1 = torch.randn(6)
     w2 = w1.clone()
-    got = compiled(fn, target)(x, w1)
-    torch.testing.assert_close(got, fn(x, w2))
+    torch._dynamo.reset()
+    counters.clear()
+    c = torch.compile(_mutations, backend="coil", options={"target": target, "graph_cache": False, "sanitize": True})
+    torch.testing.assert_close(c(x, w1), _mutations(x, w2))
     torch.testing.assert_close(w1, w2)  # the input's mutation reaches the caller
     assert_compiled()
 
@@ -291,6 +306,46 @@ def test_drawn_graphs_as_cond_branches_match_eager(target):
         torch.testing.assert_close(list(fn(*other)), list(drawn.gm(*flipped(drawn))), equal_nan=True)
 
     check()
+
+
+@pytest.mark.parametrize("target", [*TARGETS, "triton"])
+def test_a_user_triton_kernel_through_its_functional_wrapper(target):
+    """triton_kernel_wrapper_functional (what AOTAutograd makes of a user's Triton
+    kernel), traced with make_fx: a dict-valued Extern (its MultiOutput reads the
+    key) whose kwargs are a dict, run here under Triton's interpreter."""
+    import os
+
+    import triton
+    import triton.language as tl
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_functional
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the Triton kernel on the CPU: needs TRITON_INTERPRET=1")
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        tl.store(out_ptr + i, tl.load(x_ptr + i, mask=mask) + tl.load(y_ptr + i, mask=mask), mask=mask)
+
+    kernel, constants = kernel_side_table.add_kernel(add_kernel), kernel_side_table.add_constant_args({"BLOCK": 64})
+
+    def fn(x, y):
+        a = x.sin()
+        out = torch.zeros_like(a)
+        res = triton_kernel_wrapper_functional(
+            kernel_idx=kernel, constant_args_idx=constants, grid=[(2, 1, 1)], tma_descriptor_metadata={},
+            kwargs={"x_ptr": a, "y_ptr": y, "out_ptr": out, "n": 100}, tensors_to_clone=["out_ptr"])
+        return (res["out_ptr"] * 2,)
+
+    x, y = torch.randn(100), torch.randn(100)
+    gm = make_fx(fn, tracing_mode="fake")(x, y)
+    opts = coil.Options(target=target, graph_cache=False, sanitize=True)
+    text = show(coil.default_pipeline().run(gm, [x, y], until="lower", options=opts))
+    assert "kwargs={'x_ptr': sin, 'y_ptr': y_1, 'out_ptr': zeros_like, 'n': 100}" in text, text
+    assert "MultiOutput triton_kernel_wrapper_functional_proxy['out_ptr']" in text, text
+    torch.testing.assert_close(coil.compile_graph(gm, [x, y], opts)(x, y)[0], fn(x, y)[0])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Dynamo cannot trace a Triton kernel "

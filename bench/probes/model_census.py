@@ -15,7 +15,9 @@ cannot run at this size: not counted).  Run from the repository root.  SEQS=16,2
 runs each step at those sequence lengths in turn (audio: 250 samples a token;
 images keep their size) through one compiled model, so the second length makes
 Dynamo recompile with the lengths symbolic, as fine-tuning on padded batches of
-varying length does.
+varying length does.  ATTN=flex_attention (or sdpa, eager) builds the models with
+that attention implementation (a model without it: `eager fails`, not counted);
+MODES=infer runs inference only.
 
 Session 29 (2026-12-04, the 2-vCPU VM, torch 2.13, transformers 5.17), 54 model
 types, inference and training: every step ok but four.
@@ -271,7 +273,8 @@ def build(model_type: str, auto: str) -> torch.nn.Module:
     if getattr(cfg, "architectures", None) is None:  # auto classes with two candidates read it: take the first
         cfg.architectures = []
     torch.manual_seed(0)
-    model = getattr(transformers, auto).from_config(cfg)
+    attn = os.environ.get("ATTN")  # transformers' attn_implementation (flex_attention, sdpa, eager)
+    model = getattr(transformers, auto).from_config(cfg, **({"attn_implementation": attn} if attn else {}))
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -379,7 +382,7 @@ def main() -> None:
     rows = [r for r in every if r[0] in wanted] if wanted else \
         list(CENSUS_MORE if os.environ.get("MORE") else CENSUS)
     for model_type, auto, kind in rows:
-        for mode in ("infer", "train"):
+        for mode in os.environ.get("MODES", "infer,train").split(","):
             got = one(model_type, auto, kind, mode, "coil", seqs)
             line = f"{model_type:16s} {mode:5s} coil: {got}"
             if os.environ.get("INDUCTOR") and not got.startswith(("ok", "eager fails")):
