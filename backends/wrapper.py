@@ -252,6 +252,9 @@ def render_main(program: WrapperProgram) -> list[str]:
         if name in size_in:
             lines.append(f"        {hint(size_in[name])},")
             continue
+        if name not in by_name:  # an input the graph passes on untouched (a nested int)
+            lines.append("        None,")
+            continue
         lay = by_name[name].layout
         at = Layout(bg.sizes.shapes.hints(lay.size), bg.sizes.shapes.hints(lay.stride), lay.dtype, lay.device,
                     hint(lay.offset))

@@ -44,7 +44,7 @@ from coil.passes.higher_order import SubgraphAttr, hop_name, lower_higher_order
 from coil.passes.layout import attention_input_strides, prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering, xsyms
-from coil.passes.symbolic import STATIC, SizeMap, is_float_size, size_arith
+from coil.passes.symbolic import STATIC, SizeMap, is_float_size, is_nested_int, size_arith
 
 log = logging.getLogger("coil.trace")
 
@@ -678,6 +678,9 @@ def lower(fx: FxGraph, options: Options) -> LoweredGraph:
                                                                  sm.size(x.storage_offset()))
                 env[n] = ctx.add(Input(n.name, lay, token=n in tokens, donated=n.name in donated))
                 log.debug("lower %s: placeholder -> Input", n.name)
+            elif is_nested_int(x):  # a jagged tensor's ragged dim: no size here, passed on as it is
+                env[n] = x
+                log.debug("lower %s: placeholder -> a nested int, not a size", n.name)
             elif isinstance(x, torch.SymInt):
                 env[n] = sm.size(x)
                 size_inputs.append((n.name, env[n]))

@@ -67,7 +67,25 @@ def _hint_of(env: Any, s: sympy.Symbol) -> int | None:
     if table is None:  # torch before 2.13
         table = env.var_to_val
     v = table.get(s)
-    return None if v is None else int(v)
+    return None if v is None or is_nested_int_hint(v) else int(v)
+
+
+def is_nested_int_hint(v: Any) -> bool:
+    """A nested int's value (a jagged tensor's ragged dim, `j1`): not a number."""
+    return type(v).__name__ == "SingletonInt"
+
+
+def is_nested_int(x: Any) -> bool:
+    """A SymInt that is a nested int: AOTAutograd hands a jagged tensor's ragged
+    dim to the graph as an input, which no size of the graph's dense tensors uses."""
+    if not isinstance(x, torch.SymInt):
+        return False
+    env = x.node.shape_env
+    if env is None:
+        return False
+    expr = env.replace(x.node.expr)
+    table = getattr(env, "backed_var_to_val", None) or env.var_to_val
+    return isinstance(expr, sympy.Symbol) and is_nested_int_hint(table.get(expr))
 
 
 def size_leaves(v: Any) -> list[Any]:
@@ -139,6 +157,8 @@ class SizeMap:
         given = {e for x in inputs if isinstance(x, torch.SymInt)
                  and isinstance(e := env.replace(x.node.expr), sympy.Symbol)}
         for x in inputs:
+            if is_nested_int(x):  # not a size of this graph (lower passes it on untouched)
+                continue
             for leaf in size_leaves(x):
                 if not isinstance(leaf, torch.SymInt):
                     continue

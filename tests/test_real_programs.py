@@ -632,3 +632,31 @@ def test_greedy_generation_through_coil_matches_eager(kind, cache):
     for g, w in zip(got.scores, want.scores):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     assert torch.equal(got.sequences, want.sequences)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_jagged_nested_tensors_compile(target):
+    """A jagged NestedTensor (torch.nested, layout=torch.jagged): AOTAutograd hands
+    the graph its ragged dim as a nested-int SymInt input that no dense size uses;
+    coil passes it on untouched (before: a TypeError reading its hint).  Forward
+    and backward, a linear layer and a layer_norm over the jagged batch."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    parts = [torch.randn(3, 8), torch.randn(5, 8)]
+    w, nw = torch.randn(4, 8), torch.randn(4)
+
+    def fn(nt, w, nw):
+        y = torch.nn.functional.linear(nt, w).relu()
+        return torch.nn.functional.layer_norm(y, (4,), nw) + y.sin()
+
+    def run(f):
+        nt = torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
+        wg = w.clone().requires_grad_()
+        out = f(nt, wg, nw)
+        out.values().square().sum().backward()
+        return [*out.unbind(), wg.grad, *nt.grad.unbind()]
+
+    counters.clear()
+    torch.testing.assert_close(run(compiled(fn, target)), run(fn), rtol=1e-4, atol=1e-4)
+    assert counters["coil"]["compiled"] == 2 and not counters["coil"]["eager"], dict(counters["coil"])
