@@ -65,6 +65,9 @@ class NestTraits:
     tile: int  # side of a pointwise kernel's tiles when it reads transposed
     block: int  # a pointwise kernel's innermost loop cut into blocks of this many elements ...
     block_below: int  # ... when the loops outside it have fewer iterations than this
+    # a float sum's r loop longer than this runs in blocks this long, each summed apart
+    # (LoopNest.rblock): its rounding error then stays near eager's cascaded sum's
+    sum_block: int = 0
 
 
 @attrs.frozen
@@ -242,8 +245,11 @@ TRITON_SPLITS = SplitTraits(row_min=16384, max_rows=128, programs=1024, min_chun
 # registers): each tile row is 256 contiguous bytes of every stream, and a float32
 # tile (16 KiB) still sits in L1 (x + y.t(), 2048x2048 float32, one thread: 2.45 ms at
 # 64, 2.56 at 32, 3.1 at 128)
+# sum_block: x.sum() of 2^20 float32 elements was 470x further from the float64 sum
+# than eager's (one serial add chain a part); in blocks of 1024 under omp simd it is
+# within a few times eager's (tests/test_cpp_target.py)
 CPP_NESTS = NestTraits(parallel_min_work=32768, parallel_chunks=64, split_below_rows=16, split_parts=64, lanes=64,
-                       tile=64, block=4096, block_below=64)
+                       tile=64, block=4096, block_below=64, sum_block=1024)
 # the C++ target's: runs of 8 columns at least; a kernel that stores along its rows stays
 # on them, as it did while any read along r kept it there: layer_norm of
 # gelu(x).permute(0, 2, 1) + a position embedding, x of (B, C, T), one thread, on rows

@@ -332,7 +332,8 @@ class LoopNest:
     """xindex as nested loops of `xsizes`, rindex of `rsizes` (outermost first;
     loop i's variable ixi, iri), and the kernel's nodes in those variables, in
     kernel order.  A pointwise kernel's innermost loop may run in blocks of
-    `block` elements or, with an outer loop, in tiles."""
+    `block` elements or, with an outer loop, in tiles; a reduction's r loop in
+    blocks of `rblock`."""
 
     xsizes: tuple[int, ...]
     rsizes: tuple[int, ...]
@@ -344,6 +345,11 @@ class LoopNest:
     # bodies that read the innermost loop's variable alone, each computed once per
     # call into a table that long and read from it
     tables: tuple[Expr, ...] = ()
+    # a reduction's one r loop run in blocks of this many elements (a split's part, in
+    # blocks of its own), each block summed into fresh accumulators that are then folded
+    # into the row's: a float sum's rounding error then grows with the block and the
+    # number of blocks, not with the whole row (eager's sums cascade); 0: one loop
+    rblock: int = 0
 
 
 @attrs.frozen

@@ -71,6 +71,8 @@ def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
     out = [f"{indent}nest: x loops {list(nest.xsizes)}{rs}"]
     if nest.block:
         out.append(f"{indent}  innermost x loop in blocks of {nest.block}")
+    if nest.rblock:
+        out.append(f"{indent}  r loop in blocks of {nest.rblock}, each summed apart, then folded in")
     if nest.tile is not None:
         t = nest.tile
         reads = ", ".join(f"{r.buffer} at {r.offset} (stride {r.stride})" for r in t.staged)

@@ -608,3 +608,32 @@ def test_kernels_of_the_same_source_are_compiled_once() -> None:
     source = compiled.module.source
     assert f'void {names[1]}(' in source and f'void {names[2]}(' not in source
     assert f"\n{names[2]} = {names[1]}  # the same kernel's source\n" in source
+
+
+@pytest.mark.parametrize("shape", [(1 << 20,), (64, 16384), (8, 1 << 18)])
+def test_long_float_sums_stay_near_eager_accuracy(shape: tuple[int, ...]) -> None:
+    """A float32 sum over many elements: on rows or a split's parts, in blocks of
+    NestTraits.sum_block under `omp simd`, the parts folded pairwise.  Before, a
+    split's part was one serial add chain: x.sum() of 2^20 elements of about 3 was
+    5.1 off the float64 sum where eager was 0.011 off (470x); now each result is
+    within a few times eager's distance from float64 (or 2 float32 ulps of it)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g) + 3
+
+    def fn(x):
+        return x.sum(), x.clamp(-1, 4).sum(-1), torch.var_mean(x, -1)[0]
+
+    got = coil.compile_graph(make_fx(fn)(x), [x], coil.Options(target="cpp", graph_cache=False))(x)
+    want, exact = fn(x), fn(x.double())
+    for g_, w, e in zip(got, want, exact):
+        ours, eagers = (g_.double() - e).abs().max().item(), (w.double() - e).abs().max().item()
+        ulp = torch.finfo(torch.float32).eps * e.abs().max().item()
+        assert ours <= max(4 * eagers, 2 * ulp), (ours, eagers, ulp)
+
+
+def test_a_split_sum_runs_its_parts_as_simd_blocks() -> None:
+    x = torch.randn(1 << 20)
+    fn = coil.compile_graph(make_fx(lambda x: (x.sum(),))(x), [x], coil.Options(target="cpp", graph_cache=False))
+    kernel = fn.source[fn.source.find('extern "C"'):]
+    assert "#pragma omp simd reduction(+:acc0)" in kernel and "ir0_b += 1024" in kernel, kernel[:2000]
+    assert "acc0_p[c] += acc0_p[c + s];" in kernel  # the parts folded pairwise

@@ -204,6 +204,11 @@ def update(a: Accumulator, v: str, index: str, mean: str | None) -> str:
     raise AssertionError(a.kind)
 
 
+def pairwise(a: Accumulator) -> bool:
+    """Whether a split's parts of this accumulator fold pairwise (a float sum)."""
+    return a.kind in ("sum", "welford_m2") and a.dtype.is_floating_point
+
+
 def combine(a: Accumulator, part: str, part_index: str) -> str:
     """Fold one chunk's partial result into the accumulator (split mode)."""
     if a.kind == "welford_m2":
@@ -388,7 +393,7 @@ class ReductionEmitter:
         body: list[str] = []
         h = self.handler(body, loop)
         checks: list[LoopCheck] = []
-        if self.lanes is None and not self.split:  # the r-loop is the `omp simd` loop
+        if self.lanes is None:  # the r-loop (a split's part of it) is the `omp simd` loop
             h.loop_checks = checks
         rindex = cpp_index(self.plan.nest.rflat)
         h.memo.update({a.expr: element(a, rindex) for a in self.scratch if a.first < loop <= a.last})
@@ -405,14 +410,36 @@ class ReductionEmitter:
         loops = [Loop(str(d.sym), "0", dim_bound(self.plan.nest, i, True)) for i, d in enumerate(self.plan.nest.rdims)]
         if self.lanes is not None:
             self.lines += render_loops(loops, self.lanes.loop(body))
-        elif self.split:
-            self.lines += self.split_loop(loops, body, accs)
+            self.finish(accs)
+            return
+        clauses = [simd_clause(a) for a in accs]
+        if all(c is not None for c in clauses):
+            loops[-1] = attrs.evolve(loops[-1], pragma=" ".join(["omp simd", *(c for c in clauses if c)]))
+        if self.split:
+            self.lines += self.split_loop(loops, body, accs, checks)
         else:
-            clauses = [simd_clause(a) for a in accs]
-            if all(c is not None for c in clauses):
-                loops[-1] = attrs.evolve(loops[-1], pragma=" ".join(["omp simd", *(c for c in clauses if c)]))
-            self.lines += render_loops(loops[:-1], checked_loop(loops[-1], body, checks))
+            self.lines += render_loops(loops[:-1], self.inner_loop(loops[-1], body, accs, checks))
         self.finish(accs)
+
+    def inner_loop(self, loop: Loop, body: list[str], accs: Sequence[Accumulator], checks: list[LoopCheck]
+                   ) -> list[str]:
+        """The innermost r loop around `body`, its checks as reductions; with the
+        nest's `rblock` (one r loop, accumulators that simd splits) in blocks, each
+        into accumulators of its own that shadow the row's, folded into them after
+        the block (a float sum's error grows with the block, not the row)."""
+        block = self.plan.loops.rblock
+        if not block or len(self.plan.nest.rdims) != 1 or any(simd_clause(a) is None for a in accs) \
+                or not any(pairwise(a) for a in accs):
+            return checked_loop(loop, body, checks)
+        start, end = f"{loop.var}_b", f"{loop.var}_e"
+        inner = attrs.evolve(loop, lo=start, hi=end)
+        scope = [f"const int64_t {end} = {start} + {block} < ({loop.hi}) ? {start} + {block} : ({loop.hi});"]
+        scope += [f"{a.ctype} {a.name} = {identity(a.kind, a.dtype)};" for a in accs]
+        scope += checked_loop(inner, body, checks)
+        scope += [f"{a.name}_k = {a.name};" for a in accs]
+        fold = [f"{a.ctype} {a.name}_k;" for a in accs] + ["{", *("  " + ln for ln in scope), "}"]
+        fold += [combine(a, f"{a.name}_k", "0") for a in accs]
+        return render_loops([Loop(start, loop.lo, loop.hi, step=block)], fold)
 
     def declare(self, accs: Sequence[Accumulator]) -> None:
         if self.lanes is None:
@@ -433,11 +460,13 @@ class ReductionEmitter:
         if init:
             self.lines += self.lanes.loop(init)
 
-    def split_loop(self, loops: list[Loop], body: list[str], accs: Sequence[Accumulator]) -> list[str]:
+    def split_loop(self, loops: list[Loop], body: list[str], accs: Sequence[Accumulator],
+                   checks: list[LoopCheck]) -> list[str]:
         """The r-loop cut into the split's parts of its outermost dim that threads
         run in parallel, each into its own accumulators (which shadow the outer
-        ones, so the loop body is unchanged); the partials are then combined in
-        part order, which keeps argmax's first index on ties."""
+        ones, so the loop body is unchanged), its innermost loop `omp simd` as a
+        row's is; the partials are then combined in part order, which keeps
+        argmax's first index on ties."""
         space, par = self.plan.spec.space, self.plan.loops.parallel
         assert isinstance(space, Split) and par is not None
         chunks = space.parts
@@ -452,11 +481,21 @@ class ReductionEmitter:
             if a.is_arg:
                 out.append(f"int64_t {a.name}_pi[{chunks}];")
                 chunk.append(f"int64_t {a.name}_i = ({lo}) * {inner};")
-            merge.append(combine(a, f"{a.name}_p[c]", f"{a.name}_pi[c]"))
-        chunk += render_loops([attrs.evolve(loops[0], lo=lo, hi=hi), *loops[1:]], body)
+            if not pairwise(a):
+                merge.append(combine(a, f"{a.name}_p[c]", f"{a.name}_pi[c]"))
+        parted = [attrs.evolve(loops[0], lo=lo, hi=hi), *loops[1:]]
+        chunk += render_loops(parted[:-1], self.inner_loop(parted[-1], body, accs, checks))
         chunk += [f"{a.name}_p[c] = {a.name};" for a in accs]
         chunk += [f"{a.name}_pi[c] = {a.name}_i;" for a in accs if a.is_arg]
         out += render_loops([Loop("c", "0", str(chunks), parallel_pragma(par, self.options))], chunk)
+        summed = [a for a in accs if pairwise(a)]
+        if summed:  # float sums fold their parts pairwise: the last adds are few and of like sizes
+            fold = [f"{a.name}_p[c] += {a.name}_p[c + s];" for a in summed]
+            out += [
+                f"for (int64_t s = 1; s < {chunks}; s *= 2) {{",
+                f"  for (int64_t c = 0; c + s < {chunks}; c += 2 * s) {{",
+                *("    " + ln for ln in fold), "  }", "}"]
+            out += [f"{a.acc} += {a.name}_p[0];" for a in summed]
         if merge:  # a second pass over the row (no accumulators) has nothing to merge
             out += render_loops([Loop("c", "0", str(chunks))], merge)
         return out
