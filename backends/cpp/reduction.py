@@ -409,7 +409,7 @@ class ReductionEmitter:
         body += [f"{element(a, rindex)} = {h.memo[a.expr]};" for a in self.scratch if a.first == loop]
         loops = [Loop(str(d.sym), "0", dim_bound(self.plan.nest, i, True)) for i, d in enumerate(self.plan.nest.rdims)]
         if self.lanes is not None:
-            self.lines += render_loops(loops, self.lanes.loop(body))
+            self.lines += self.lane_loops(loops, body, accs)
             self.finish(accs)
             return
         clauses = [simd_clause(a) for a in accs]
@@ -420,6 +420,28 @@ class ReductionEmitter:
         else:
             self.lines += render_loops(loops[:-1], self.inner_loop(loops[-1], body, accs, checks))
         self.finish(accs)
+
+    def lane_loops(self, loops: list[Loop], body: list[str], accs: Sequence[Accumulator]) -> list[str]:
+        """Column mode's r loop, each step an `omp simd` loop over the lanes; with the
+        nest's `rblock`, in blocks of rows, each into lane arrays of its own that
+        shadow the row's and are folded into them after the block (a column's
+        float sum then rounds as a row's does in inner_loop)."""
+        assert self.lanes is not None
+        lanes = self.lanes
+        block = self.plan.loops.rblock
+        if not block or len(loops) != 1 or not any(pairwise(a) for a in accs) or any(a.is_arg for a in accs):
+            return render_loops(loops, lanes.loop(body))
+        loop = loops[0]
+        start, end = f"{loop.var}_b", f"{loop.var}_e"
+        scope = [f"{a.ctype} {a.name}[{lanes.width}];" for a in accs]
+        scope += lanes.loop([f"{a.acc} = {identity(a.kind, a.dtype)};" for a in accs])
+        scope += render_loops([attrs.evolve(loop, lo=start, hi=end)], lanes.loop(body))
+        scope += lanes.loop([f"{a.name}_k[xl] = {a.acc};" for a in accs])
+        fold = [f"const int64_t {end} = {start} + {block} < ({loop.hi}) ? {start} + {block} : ({loop.hi});"]
+        fold += [f"{a.ctype} {a.name}_k[{lanes.width}];" for a in accs]
+        fold += ["{", *("  " + ln for ln in scope), "}"]
+        fold += lanes.loop([combine(a, f"{a.name}_k[xl]", "0") for a in accs])
+        return render_loops([Loop(start, loop.lo, loop.hi, step=block)], fold)
 
     def inner_loop(self, loop: Loop, body: list[str], accs: Sequence[Accumulator], checks: list[LoopCheck]
                    ) -> list[str]:

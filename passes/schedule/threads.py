@@ -103,16 +103,16 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     else:
         par = row_parallel(nest, lanes, traits)
     run = -(-rsizes[0] // parts) if parts else rsizes[0]  # what one r loop walks
-    rblock = sum_block(bufs, rsizes, run, lanes, traits)
+    rblock = sum_block(bufs, rsizes, run, traits)
     return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par, nodes=in_loops,
                                                          rblock=rblock))
 
 
-def sum_block(bufs: Sequence[ComputedBuffer], rsizes: tuple[int, ...], run: int, lanes: int, traits: NestTraits) -> int:
+def sum_block(bufs: Sequence[ComputedBuffer], rsizes: tuple[int, ...], run: int, traits: NestTraits) -> int:
     """LoopNest.rblock: NestTraits.sum_block where a float sum (or a variance's sum of
-    squares) runs along one r loop longer than it, on rows or a split's parts (a
-    column nest's lanes each sum down a column already); else 0."""
-    if not traits.sum_block or lanes or len(rsizes) != 1 or run <= traits.sum_block:
+    squares) runs along one r loop longer than it: a row, a split's part, or the
+    rows a column nest's lanes sum down; else 0."""
+    if not traits.sum_block or len(rsizes) != 1 or run <= traits.sum_block:
         return 0
     sums = [b for b in bufs if b.reduction_type in ("sum", "welford_m2") and b.layout.dtype.is_floating_point]
     return traits.sum_block if sums else 0
