@@ -103,7 +103,15 @@ mm has no double kernel; Inductor mismatches too); coil's alone: JetMoE (sizes
 Both lists again at 7423c3e (SEQS=16,24): the 54, 104 of 108 ok (the same 4
 mismatches, none eager); MORE=1, 128 of 140 ok, 4 run eagerly with right
 results (JetMoE, Pegasus-X), 3 mismatch (PhiMoE, NLLB-MoE, HGNet-V2 training),
-4 errors (DeepSeek-V2/V3: Dynamo's), and RecurrentGemma's training fails eagerly."""
+4 errors (DeepSeek-V2/V3: Dynamo's), and RecurrentGemma's training fails eagerly.
+
+Session 33, flex attention (`ATTN=flex_attention MODES=infer SEQS=16,24`, the 54):
+before, every graph holding flex_attention ran eagerly (a higher-order op's
+subgraph); with passes/higher_order.py, 25 of the 25 model types that transformers
+builds with flex attention are ok (flex_attention one Extern, its score_mod and
+mask_mod FX graphs); 29 have no flex attention in transformers (`eager fails`,
+not counted; mT5's eager run fails inside the Inductor-compiled flex kernel
+transformers uses)."""
 from __future__ import annotations
 
 import copy
