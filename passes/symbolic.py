@@ -286,6 +286,10 @@ class SizeMap:
         out = out.replace(lambda x: isinstance(x, tf.CeilToInt) and isinstance(x.args[0], tf.IntTrueDiv),
                           lambda x: FloorDiv(x.args[0].args[0] + x.args[0].args[1] - 1, x.args[0].args[1]))
         out = out.replace(tf.CeilDiv, lambda a, b: FloorDiv(a + b - 1, b))
+        # an int of a float of sizes (TruncToInt(1.5*ToFloat(s0)): interpolate's size at a
+        # scale factor), where the float is exactly a ratio of sizes (_rounded_size)
+        for fn, name in ((tf.TruncToInt, "trunc"), (tf.FloorToInt, "floor"), (tf.CeilToInt, "ceil")):
+            out = out.replace(fn, lambda a, name=name: _rounded_size(name, _sympy_rational(a, e)))
         # max/min of sizes where one side is provably the larger for every size (a
         # contiguous stride max(1, n) of an n never 0): that side
         out = out.replace(lambda x: isinstance(x, (tf.Max, tf.Min, sympy.Max, sympy.Min)), self._extreme)
@@ -383,6 +387,97 @@ def _float_arith(target: Any, args: Sequence[Any]) -> Any:
     return Op(name, (_float_value(args[0]), _float_value(args[1])), torch.float64)
 
 
+# a float constant taken exactly in a size only with a denominator at most this (1.5 = 3/2,
+# 0.25): its product with a size below 2^32 is then exact in float64, as Python computed it
+_EXACT_DENOMINATOR = 1 << 20
+
+
+def _exact_rational(v: Any, top: bool = True) -> sympy.Expr | None:
+    """A float value of sizes as the exact rational expression of the sizes it
+    equals (`sym_float(s0) * 1.5` -> 3*s0/2), where every step Python took in
+    float64 was exact (sizes below 2^32 times constants of small denominators),
+    but for a last division, whose rounding cannot carry a ratio of sizes below
+    2^20 across an integer; else None (`s0 * 0.6666666666666666`, `s0 / 3 * 3`)."""
+    if isinstance(v, Constant):
+        r = sympy.Rational(v.value) if isinstance(v.value, (int, float)) and v.value == v.value else None
+        return r if r is not None and r.q <= _EXACT_DENOMINATOR and abs(r.p) < 1 << 40 else None
+    if isinstance(v, Cast) and isinstance(v.arg, IndexExpr):
+        return v.arg.expr
+    if isinstance(v, Cast):
+        return _exact_rational(v.arg, top)
+    if isinstance(v, Op) and v.name in ("add", "sub", "mul", "truediv") and len(v.args) == 2:
+        a, b = (_exact_rational(x, False) for x in v.args)
+        if a is None or b is None:
+            return None
+        exact = b.is_Integer and b > 0 and (int(b) & (int(b) - 1)) == 0  # by a power of two
+        if v.name == "truediv" and (b == 0 or not (top or exact)):
+            return None  # an inexact quotient that later steps would carry on with
+        return {"add": a + b, "sub": a - b, "mul": a * b, "truediv": a / b}[v.name]
+    return None
+
+
+# Python's float -> int of a value of sizes (math.trunc(sym_float(h) * 1.5): interpolate's
+# output size at a scale factor)
+_ROUNDINGS = {"trunc", "floor", "ceil", "sym_int"}
+
+
+def _sympy_rational(a: sympy.Expr, whole: sympy.Expr) -> sympy.Expr:
+    """A ShapeEnv float expression of sizes (ToFloat(s0)*1.5, FloatTrueDiv) as the
+    exact rational it equals (`_exact_rational`'s rule for its float constants); a
+    CoilError where it is not exact."""
+    from torch.utils._sympy import functions as tf
+
+    divisions = [d for d in a.atoms(tf.FloatTrueDiv, tf.IntTrueDiv) if d is not a]
+    if divisions:  # an inexact quotient that later steps carry on with
+        raise CoilError(f"size {whole}: a float division inside a float of sizes", stage="lower")
+    out = a.replace(tf.ToFloat, lambda x: x).replace(tf.FloatTrueDiv, lambda x, y: x / y)
+    out = out.replace(tf.IntTrueDiv, lambda x, y: x / y)
+    for f in out.atoms(sympy.Float):
+        r = sympy.Rational(f)
+        if r.q > _EXACT_DENOMINATOR or abs(r.p) >= 1 << 40:
+            raise CoilError(f"size {whole}: the float {f} is not exact in it", stage="lower")
+        out = out.xreplace({f: r})
+    bad = [g for g in out.atoms(sympy.Function) if not isinstance(g, (FloorDiv, ModularIndexing))]
+    if bad:
+        raise CoilError(f"size {whole} uses {type(bad[0]).__name__} under a float", stage="lower")
+    return out
+
+
+def _rounded_size(name: str, v: sympy.Expr) -> sympy.Expr:
+    """floor / trunc / ceil of an exact rational expression of sizes, as a size."""
+    p, q = sympy.fraction(sympy.together(sympy.expand(v)))
+    p, q = sympy.expand(p), sympy.expand(q)
+    if q.is_number and q < 0:
+        p, q = -p, -q
+    nonneg = all(c > 0 for c in sympy.Poly(p, *p.free_symbols).coeffs()) if p.free_symbols else bool(p >= 0)
+    if not (q.is_positive or (q.free_symbols and all(c > 0 for c in sympy.Poly(q, *q.free_symbols).coeffs()))):
+        raise CoilError(f"{name} of {v}: a denominator that may be 0 or negative", stage="lower")
+    if name in ("trunc", "sym_int") and not nonneg:
+        raise CoilError(f"{name} of {v}, which may be negative", stage="lower")
+    if q == 1:
+        return p
+    return FloorDiv(p + q - 1, q) if name == "ceil" else FloorDiv(p, q)
+
+
+def _rounded(target: Any, args: Sequence[Any]) -> Any:
+    """`math.trunc` / `math.floor` / `math.ceil` / `torch.sym_int` of a float value
+    of sizes as an integer size, where `_exact_rational` takes it exactly (a ratio
+    p / q of sizes with a whole or size denominator): floor is FloorDiv(p, q),
+    trunc too where p and q cannot be negative (sizes are at least 0), ceil
+    FloorDiv(p + q - 1, q).  None for anything else; a CoilError where the value
+    is not exact (lower then refuses the graph, which runs eagerly)."""
+    import math
+
+    name = {math.trunc: "trunc", math.floor: "floor", math.ceil: "ceil", torch.sym_int: "sym_int"}.get(target)
+    if name is None or len(args) != 1 or not is_float_size(args[0]):
+        return None
+    v = _exact_rational(args[0])
+    if v is None:
+        raise CoilError(f"{name} of a float of sizes that float64 does not hold exactly ({args[0]}): "
+                        "not a size coil computes", stage="lower")
+    return norm(_rounded_size(name, v))
+
+
 def size_arith(target: Any, args: Sequence[Any]) -> Any:
     """The value of a Python size operation (`operator.mul` of two sizes, ...) on
     coil sizes, or a comparison of sizes as a sympy condition; None when `target`
@@ -397,6 +492,8 @@ def size_arith(target: Any, args: Sequence[Any]) -> Any:
         target = operator.pos
     if (f := _float_arith(target, args)) is not None:
         return f
+    if (r := _rounded(target, args)) is not None:
+        return r
     fn = _ARITHMETIC.get(target)
     if fn is None or not all(isinstance(a, (int, sympy.Expr)) and not isinstance(a, bool) for a in args):
         return None

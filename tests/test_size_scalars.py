@@ -344,3 +344,52 @@ def test_powers_of_sizes_are_scalars_of_the_kernels(target):
         x = torch.randn(shape)
         for got, want in zip(g(x), _powers_of_sizes(x)):
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_interpolate_at_a_scale_factor_under_dynamic_sizes(target, mode, coil_log):
+    """F.interpolate(x, scale_factor=1.5 or 0.5): its output size is
+    `math.trunc(sym_float(h) * 1.5)`, and the ShapeEnv spells the tensors' sizes
+    TruncToInt(1.5*ToFloat(s0)).  Both become FloorDiv(3*s0, 2) (the float is
+    exactly 3/2); before, the graph ran eagerly.  Odd sizes check the floor,
+    training the backward (upsample's gradient)."""
+    import torch.nn.functional as F
+
+    def fn(x):
+        up = F.interpolate(x, scale_factor=1.5, mode=mode)
+        down = F.interpolate(x, scale_factor=0.5, mode=mode)
+        return up.sin().sum((-1, -2)) + down.cos().mean((-1, -2))
+
+    c = _compile(fn, target)
+    for h, w in ((8, 10), (7, 9), (12, 5)):
+        x = torch.randn(2, 3, h, w, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        want, got = fn(x), c(x2)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-4, atol=1e-4)
+    assert not _eager_fallbacks(coil_log)
+
+
+def test_a_float_of_sizes_is_rounded_to_a_size_only_where_exact():
+    import math
+
+    from coil.errors import CoilError
+    from coil.ir.expr import Cast, Constant, IndexExpr, Op
+    from coil.ir.indexing import FloorDiv
+    from coil.passes.symbolic import size_arith
+
+    s0 = size_symbol(0)
+    h = Cast(IndexExpr(s0), torch.float64)
+    f64 = torch.float64
+    assert size_arith(math.trunc, [Op("mul", (h, Constant(1.5, f64)), f64)]) == FloorDiv(3 * s0, 2)
+    assert size_arith(math.ceil, [Op("mul", (h, Constant(0.5, f64)), f64)]) == FloorDiv(s0 + 1, 2)
+    assert size_arith(math.floor, [Op("truediv", (h, Constant(3.0, f64)), f64)]) == FloorDiv(s0, 3)
+    with pytest.raises(CoilError, match="does not hold exactly"):  # 2/3 is no float
+        size_arith(math.trunc, [Op("mul", (h, Constant(0.6666666666666666, f64)), f64)])
+    with pytest.raises(CoilError, match="does not hold exactly"):  # s0 / 3 rounded, then carried on
+        size_arith(math.trunc, [Op("mul", (Op("truediv", (h, Constant(3.0, f64)), f64), Constant(3.0, f64)), f64)])
+    with pytest.raises(CoilError, match="may be negative"):
+        size_arith(math.trunc, [Op("sub", (Constant(2.0, f64), h), f64)])
