@@ -449,8 +449,19 @@ def _rounded_size(name: str, v: sympy.Expr) -> sympy.Expr:
     p, q = sympy.expand(p), sympy.expand(q)
     if q.is_number and q < 0:
         p, q = -p, -q
-    nonneg = all(c > 0 for c in sympy.Poly(p, *p.free_symbols).coeffs()) if p.free_symbols else bool(p >= 0)
-    if not (q.is_positive or (q.free_symbols and all(c > 0 for c in sympy.Poly(q, *q.free_symbols).coeffs()))):
+    def nonneg_size(e: sympy.Expr) -> bool:  # provably at least 0: sums and products of sizes, whole parts of them
+        if e.is_number:
+            return bool(e >= 0)
+        if isinstance(e, sympy.Symbol):
+            return True  # a size symbol
+        if isinstance(e, (sympy.Add, sympy.Mul)):
+            return all(nonneg_size(a) for a in e.args)
+        if isinstance(e, FloorDiv):
+            return nonneg_size(e.args[0]) and nonneg_size(e.args[1])
+        return False
+
+    nonneg = nonneg_size(p)
+    if not (q.is_positive or (q.free_symbols and nonneg_size(q))):
         raise CoilError(f"{name} of {v}: a denominator that may be 0 or negative", stage="lower")
     if name in ("trunc", "sym_int") and not nonneg:
         raise CoilError(f"{name} of {v}, which may be negative", stage="lower")

@@ -393,3 +393,10 @@ def test_a_float_of_sizes_is_rounded_to_a_size_only_where_exact():
         size_arith(math.trunc, [Op("mul", (Op("truediv", (h, Constant(3.0, f64)), f64), Constant(3.0, f64)), f64)])
     with pytest.raises(CoilError, match="may be negative"):
         size_arith(math.trunc, [Op("sub", (Constant(2.0, f64), h), f64)])
+    # MobileViT's `math.ceil(h_patches / 2)` of a patch count FloorDiv(s0 - 1, 8) + 1: ceil
+    # holds whatever the sign; trunc of it is refused (FloorDiv(-1, 8) is -1 at s0 = 0)
+    patches = Cast(IndexExpr(FloorDiv(s0 - 1, 8) + 1), torch.float64)
+    assert size_arith(math.ceil, [Op("truediv", (patches, Constant(2.0, f64)), f64)]) == \
+        FloorDiv(FloorDiv(s0 - 1, 8) + 2, 2)
+    with pytest.raises(CoilError, match="may be negative"):
+        size_arith(math.trunc, [Op("mul", (Cast(IndexExpr(FloorDiv(s0 - 1, 8)), f64), Constant(1.5, f64)), f64)])
