@@ -135,8 +135,9 @@ def reinplace(ctx: LowerCtx, name: str, node: torch.fx.Node, kwargs: dict[str, A
         bases, fx_bases = kwargs.get("_all_bases") or [], node.kwargs.get("_all_bases") or []
         cloned = kwargs.get("_only_clone_these_bases")
         cloned = tuple(range(len(bases))) if cloned is None else tuple(cloned)
-        twice = {b.name for b in bases if isinstance(b, TensorValue) and sum(c is b for c in bases) > 1}
-        keep = tuple(i for i in cloned if i >= len(fx_bases) or getattr(bases[i], "name", None) in twice
+        names = [b.name if isinstance(b, TensorValue) else None for b in bases]
+        twice = {n for n in names if n is not None and names.count(n) > 1}
+        keep = tuple(i for i in cloned if i >= len(fx_bases) or names[i] in twice
                      or not _writable(ctx, fx_bases[i], bases[i], node))
         if keep == cloned:
             return kwargs, ()
