@@ -155,6 +155,14 @@ def _regions(x, w):
     return _region(_region(x, w), w).sum(1)
 
 
+def _nested(x, n):
+    """A cond inside a loop's body: the body's compile meets the cond's subgraphs."""
+    def body(i, v):
+        return i + 1, torch.cond(v.sum() > 0, lambda a: a * 0.5 - 1, lambda a: a.cos() + 1, (v,))
+
+    return while_loop(lambda i, v: i < n, body, (torch.zeros((), dtype=torch.int64), x))[1]
+
+
 CASES = {
     "cond_true": (cond_fn, lambda: (torch.randn(8, 16).abs(), torch.randn(8, 16))),
     "cond_false": (cond_fn, lambda: (-torch.randn(8, 16).abs(), torch.randn(8, 16))),
@@ -162,6 +170,7 @@ CASES = {
     "scan": (_scan, lambda: (torch.randn(4), torch.randn(6, 4))),
     "map": (_map, lambda: (torch.randn(3, 4, 4), torch.randn(4))),
     "nested_compile_region": (_regions, lambda: (torch.randn(8, 8), torch.randn(8, 8))),
+    "cond_in_a_loop": (_nested, lambda: (torch.randn(4, 4), torch.tensor(5))),
 }
 
 
