@@ -145,6 +145,7 @@ class ExternBuffer:
     ops: tuple[str, ...]
     mutated: tuple[str, ...] = ()
     collective: Collective | None = None  # set when this is a collective or its wait
+    scalar: Any = None  # its result is a number: the data-dependent size it gives (Extern.scalar)
 
 
 @attrs.frozen(cache_hash=True)

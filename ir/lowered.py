@@ -187,6 +187,9 @@ class Extern:
     # an attention kernel's: the strides eager handed each top-level argument (None: not a
     # tensor), which its meta function computed the result's layout for (passes/layout.py)
     arg_strides: tuple[tuple[int, ...] | None, ...] = ()
+    # its result is a number, not a tensor: the data-dependent size `u0` it gives
+    # (`.item()` under capture_scalar_outputs), which the wrapper binds from it
+    scalar: Any = None
 
     @property
     def size(self) -> tuple[int, ...]:

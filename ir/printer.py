@@ -74,7 +74,7 @@ def show_lowered(g: LoweredGraph) -> str:
                 out.append(f"  {n.name} = View[{dtype_name(n.dtype)}{fmt_size(n.ranges)}] of {n.base}[{idx}] from {n.origin} ({n.op})")
             case Extern():
                 args = ", ".join([fmt_arg(a) for a in n.args] + [f"{k}={fmt_arg(v)}" for k, v in n.kwargs])
-                lay = n.layout.show() if n.layout else "tuple"
+                lay = n.layout.show() if n.layout else f"the size {n.scalar}" if n.scalar is not None else "tuple"
                 mut = f" mutates {list(n.mutated)}" if n.mutated else ""
                 sized = " sized_by_data" if n.sized_by_data else ""
                 eager = (" eager strides [" + ", ".join("-" if st is None else str(list(st)) for st in n.arg_strides)
@@ -99,7 +99,7 @@ def show_buffers(g: BufferGraph) -> str:
                 out += body_lines(b.body)
             case ExternBuffer():
                 args = ", ".join([fmt_arg(a) for a in b.args] + [f"{k}={fmt_arg(v)}" for k, v in b.kwargs])
-                lay = b.layout.show() if b.layout else "tuple"
+                lay = b.layout.show() if b.layout else f"the size {b.scalar}" if b.scalar is not None else "tuple"
                 coll = f"  {b.collective.show()}" if b.collective is not None else ""
                 out.append(f"  {b.name}: ExternBuffer {b.kernel}({args}) -> {lay}  rule={b.rule}  origins=[{origins}]{coll}")
             case MultiOutputBuffer():

@@ -154,6 +154,8 @@ def _unbacked_sources(g: BufferGraph) -> dict[sympy.Symbol, str]:
             for v in b.layout.size:
                 if v in unbacked:
                     out.setdefault(v, b.name)
+        if isinstance(b, ExternBuffer) and b.scalar in unbacked:  # `.item()`: the number it returns
+            out.setdefault(b.scalar, b.name)
     return out
 
 

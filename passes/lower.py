@@ -37,7 +37,7 @@ import torch.fx
 from coil.errors import CoilError
 from coil.ir.indexing import numel
 from coil.ir.layout import Layout
-from coil.ir.shapes import NO_SIZES, GraphSizes, Size, norm
+from coil.ir.shapes import NO_SIZES, GraphSizes, Size, is_unbacked_symbol, norm
 from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
 from coil.passes.higher_order import SubgraphAttr, hop_name, lower_higher_order
@@ -185,6 +185,13 @@ def make_extern(ctx: LowerCtx, kernel: str, refs: tuple[Any, ...], kw: tuple[tup
     if isinstance(val, torch.Tensor):
         return ctx.add(Extern(ctx.fresh(), kernel, refs, kw, _layout_of_val(val, ctx.device, ctx.sizes), ctx.origin,
                               ctx.op, mutated, sized, arg_strides))
+    if isinstance(val, torch.SymInt) and ctx.sizes is not STATIC:  # `.item()` of an int: a size its run gives
+        size = ctx.sizes.size(val)
+        if not (isinstance(size, sympy.Symbol) and is_unbacked_symbol(size)):
+            raise CoilError(f"extern {kernel} returns the size {size}, not a data-dependent symbol of its own",
+                            stage="lower", node=ctx.origin)
+        ctx.append(Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated, scalar=size))
+        return size
     if val is None:
         ctx.append(Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated))
         return None
@@ -252,19 +259,44 @@ def _mutable(x: Any) -> Any:
     return x
 
 
+def loose_size(a: Any, flat: Sequence[Any]) -> bool:
+    """A SymInt argument no tensor among `flat` has in its sizes (`.item()`'s u0 given to
+    new_full): make_fx cannot trace it from them, so a decomposition takes it as an
+    input of its own, after the tensors before it."""
+    if not isinstance(a, torch.SymInt):
+        return False
+    env = a.node.shape_env
+    known = {s for t in flat if isinstance(t, torch.Tensor)
+             for v in (*t.shape, *t.stride()) if isinstance(v, torch.SymInt) for s in v.node.expr.free_symbols}
+    return env is not None and bool(a.node.expr.free_symbols - known)
+
+
+def decompose_inputs(node: torch.fx.Node, vals: dict[str, Any], args: Any, kwargs: Any) -> list[Any]:
+    """What lower hands a decomposition's graph (decompose) for its placeholders: the
+    node's tensors and its loose sizes (loose_size), in argument order."""
+    fake = torch.utils._pytree.tree_leaves(torch.fx.node.map_arg((node.args, node.kwargs), lambda m: vals.get(m.name)))
+    ours = torch.utils._pytree.tree_leaves((args, kwargs))
+    if len(fake) != len(ours):
+        return [a for a in ours if isinstance(a, TensorValue)]
+    return [o for f, o in zip(fake, ours) if isinstance(o, TensorValue) or loose_size(f, fake)]
+
+
 def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = None) -> torch.fx.Graph:
     """Trace the decomposition of one node on meta tensors into a small FX graph.
     The node's lists reach it as plain lists: some decompositions write into
     theirs (`_unsafe_masked_index_put_accumulate` clamps its indices in place)."""
     fakes = [vals[a.name] for a in node.all_input_nodes if isinstance(vals.get(a.name), torch.Tensor)]
-    if any(isinstance(s, torch.SymInt) for t in fakes for s in (*t.shape, *t.stride())):
+    sized = any(isinstance(vals.get(a.name), torch.SymInt) for a in node.all_input_nodes)  # new_full((u0,), ...)
+    if sized or any(isinstance(s, torch.SymInt) for t in fakes for s in (*t.shape, *t.stride())):
         # symbolic sizes: trace on the graph's own fake tensors, under its fake mode, so the
         # sizes stay the ShapeEnv's symbols (a guard the decomposition takes is Dynamo's to keep)
         from torch._guards import detect_fake_mode
 
-        args, kwargs = torch.fx.node.map_arg((_mutable(node.args), _mutable(node.kwargs)), lambda m: vals[m.name])
-        with detect_fake_mode(fakes):  # type: ignore[union-attr]
-            return trace_decomposition(node.target, args, kwargs, device)
+        mode = detect_fake_mode(fakes)
+        if mode is not None:
+            args, kwargs = torch.fx.node.map_arg((_mutable(node.args), _mutable(node.kwargs)), lambda m: vals[m.name])
+            with mode:
+                return trace_decomposition(node.target, args, kwargs, device)
     args, kwargs = torch.utils._pytree.tree_map(lambda a: _meta_arg(a, vals), (_mutable(node.args), _mutable(node.kwargs)))
     key = _trace_key(node.target, args, kwargs, device)
     if key is not None and (graph := _TRACED.get(key)) is not None:
@@ -323,7 +355,7 @@ def trace_decomposition(target: Any, args: Any, kwargs: Any, device: str | None 
     tensors with static sizes a plain recorder does it (`_record`); anything it does
     not know (a tensor from outside the trace, a symbolic size) goes to make_fx."""
     flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
-    tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) or loose_size(a, flat)]
     decomp = DECOMPOSITIONS[target]
 
     def run(*tensors: torch.Tensor) -> Any:
@@ -497,8 +529,7 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
     if target in DECOMPOSITIONS and depth < 8:
         log.debug("lower %s: %s -> decomposition", node.name, target)
         sub = decompose(node, vals, ctx.device)
-        flat_args = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorValue)]
-        return _lower_graph_into(ctx, sub, flat_args, depth + 1)
+        return _lower_graph_into(ctx, sub, decompose_inputs(node, vals, args, kwargs), depth + 1)
     log.debug("lower %s: %s -> extern fallback", node.name, target)
     arg_vals = [vals.get(a.name) if isinstance(a, torch.fx.Node) else None for a in node.args]
     return lower_extern(ctx, target, args, kwargs, vals.get(node.name), arg_vals)

@@ -446,7 +446,8 @@ class _Realizer:
         mutated = tuple(self.materialize(m, Rule.EXTERN_INPUT) for m in n.mutated)
         rule = Rule.DATA_DEPENDENT if n.op in DATA_DEPENDENT else Rule.EXTERN
         self.register(
-            lambda name: ExternBuffer(name, n.kernel, args, kwargs, n.layout, rule, (n.origin,), (n.op,), mutated),
+            lambda name: ExternBuffer(name, n.kernel, args, kwargs, n.layout, rule, (n.origin,), (n.op,), mutated,
+                                      scalar=n.scalar),
             n.name, rule, n.origin, "Extern",
         )
 

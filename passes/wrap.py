@@ -234,11 +234,15 @@ def bind_unbacked(lines: list[Line], program: KernelProgram) -> list[Line]:
                             "line binds them", stage="wrap")
         out.append(ln)
         if isinstance(ln, (ExternCall, MultiOutputLine)):
-            lay = bg.get(ln.name).layout
+            b = bg.get(ln.name)
+            lay = b.layout
             for d, v in enumerate(lay.size if lay is not None else ()):
                 if isinstance(v, sympy.Symbol) and v in unbacked and v not in bound:
                     bound.add(v)
                     out.append(Bind(v.name, ln.name, "size", d))
+            if isinstance(b, ExternBuffer) and b.scalar in unbacked and b.scalar not in bound:
+                bound.add(b.scalar)  # `.item()`: the number the extern returned (`u0 = buf3`)
+                out.append(Bind(b.scalar.name, ln.name, "value"))
     return out
 
 

@@ -2,7 +2,8 @@
 nonzero, masked_select and x[mask] in the graph, their results sized by a symbol
 (`u0`) that only the run knows.  coil runs the op as an Extern, `call` binds `u0`
 from its result (and checks its range), and the kernels after it take `u0` like any
-size, 0 included.
+size, 0 included.  With capture_scalar_outputs, an `.item()` used as a size is one
+too: its Extern returns the number, and `call` binds `u0 = buf0` from it.
 
 Each case runs at inputs that select no element, one, and many, on every target;
 the counters say coil compiled the graph (none ran eagerly) and the results match
@@ -181,3 +182,41 @@ def test_unbacked_symbols_are_sizes_that_may_be_zero() -> None:
 
     r0 = sympy.Symbol("r0", integer=True, nonnegative=True)
     assert simplify_index(ModularIndexing(r0, 1, u0), {r0: u0}) == r0
+
+
+def _item_head(x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    k = n.item()
+    torch._check(k >= 0)
+    torch._check(k <= x.shape[0])
+    return x[:k].sum(0) * 2, torch.arange(k) * 2, x.new_full((k,), 1.5).cumsum(0)
+
+
+@pytest.mark.parametrize("target", ["cpp", "reference"])
+def test_an_item_used_as_a_size_is_bound_from_its_extern(target: str) -> None:
+    """`.item()` of an int tensor used as a size (before: `returns SymInt, not a
+    tensor`, and the graph ran eagerly): the Extern's number is the size u0, bound
+    right after it and checked against the range torch._check gave it."""
+    import coil
+    from coil.ir.printer import show
+
+    got: list[Any] = []
+
+    def grab(gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        got.append((gm, inputs))
+        return gm.forward
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch._dynamo.reset()
+    torch.compile(_item_head, backend=aot_autograd(fw_compiler=grab))(torch.randn(6, 4), torch.tensor(3))
+    gm, inputs = got[0]
+    opts = Options(target=target, graph_cache=False)
+    text = show(coil.default_pipeline().run(gm, inputs, until="realize", options=opts))
+    assert "ExternBuffer aten._local_scalar_dense.default(arg0_1) -> the size u0" in text, text
+    source = coil.compile_graph(gm, inputs, opts).source
+    assert "    u0 = buf0\n    if not 0 <= u0 <= 6: raise RuntimeError" in source, source
+    fn = compiled_counted(_item_head, target)
+    for k in (3, 0, 6, 1):
+        x, n = torch.randn(6, 4), torch.tensor(k)
+        torch.testing.assert_close(fn(x, n), _item_head(x, n))
+    assert counters["coil"]["compiled"] >= 1 and not counters["coil"]["eager"], dict(counters["coil"])
