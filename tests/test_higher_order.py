@@ -174,7 +174,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", [*TARGETS, "triton"])  # triton: the interpreter on the CPU (CI)
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_eager(case, target):
     fn, make = CASES[case]
