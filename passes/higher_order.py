@@ -3,9 +3,10 @@
 A graph that holds control flow (`torch.cond`, `while_loop`, `scan`, `map`), a
 region compiled once and called many times (`torch.compiler.nested_compile_region`:
 `invoke_subgraph`), flex_attention, a custom op that mutates its arguments
-(AOTAutograd wraps it in `auto_functionalized_v2`) or a user's Triton kernel
-(`triton_kernel_wrapper_functional`) still compiles: the op is an Extern in
-graph order, and the rest of the graph fuses around it.  Inductor lowers these
+(AOTAutograd wraps it in `auto_functionalized_v2`), a user's Triton kernel
+(`triton_kernel_wrapper_functional`) or an int8 matmul into int32 (`out_dtype`)
+still compiles: the op is an Extern in graph order, and the rest of the graph
+fuses around it.  Inductor lowers these
 too (its `Conditional`, `WhileLoop`, `InvokeSubgraph`, the flex templates, the
 auto_functionalized decomposition).
 
@@ -58,6 +59,7 @@ HIGHER_ORDER: dict[str, bool] = {
     "triton_kernel_wrapper_functional": False,  # a user's Triton kernel, its outputs cloned first
     "run_and_save_rng_state": False,  # activation checkpointing's recomputed random ops
     "run_with_rng_state": False,
+    "out_dtype": False,  # an op computed into another dtype (int8 matmuls accumulating in int32)
 }
 
 # ops whose call waits for the GPU: the host reads a tensor to choose the branch

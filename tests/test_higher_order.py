@@ -196,6 +196,23 @@ def test_flex_attention(target):
     assert_compiled()
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_out_dtype_int8_matmul(target):
+    """out_dtype(mm, int32, a_int8, b_int8): an int8 matmul accumulating in int32, as
+    int8 weight quantization writes it; its scale fuses after it."""
+    from torch._higher_order_ops.out_dtype import out_dtype
+
+    def fn(a, b, s):
+        return out_dtype(torch.ops.aten.mm.default, torch.int32, a, b).float() * s
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 127, (8, 16), dtype=torch.int8, generator=g)
+    b = torch.randint(-128, 127, (16, 4), dtype=torch.int8, generator=g)
+    s = torch.rand(4, generator=g)
+    torch.testing.assert_close(compiled(fn, target)(a, b, s), fn(a, b, s))
+    assert_compiled()
+
+
 @torch.library.custom_op("coil_test::scale_", mutates_args=("x",))
 def scale_(x: torch.Tensor, s: float) -> None:
     x.mul_(s)
