@@ -6,8 +6,8 @@ Session 33 (2026-12-05, the 2-vCPU VM, one thread, medians of 7 x 10 calls), bef
 (703a714) / after the blocked sums (8d1f888, 30db2cf), ms: x.sum() of 2^20 float32
 0.619 / 0.145 (eager 0.150), of 2^24 16.1 / 2.70 (eager 2.59), var_mean over rows of
 2^18 (8 rows) 2.41 / 0.48 (eager 12.0); rows of 16384, softmax and layer_norm
-unchanged.  Distance from float64 (before / after / eager): x.sum() of (64, 16384)
-values near 3, its clamp's sum 5.12 / 0.030 / 0.011; a column sum of (65536, 64)
+unchanged.  Distance from float64 (before / after / eager): the sum of (64, 16384)
+values near 3 clamped to +-0.0447, 5.12 / 0.030 / 0.011; a column sum of (65536, 64)
 2.36 / 0.067 / 0.036.  Before, a split's part was one scalar add chain (no omp simd)
 and a column one add chain per lane."""
 import os
