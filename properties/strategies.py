@@ -210,13 +210,19 @@ class DrawnGraph:
         return tuple(self.gm(*self.fresh_inputs()))
 
     def eager_float64(self) -> tuple[Any, ...] | None:
-        """The graph run with float inputs in float64: the yardstick for how far a
-        low-precision result may stray.  None when the graph does not run so."""
+        """The graph run with float inputs in float64, and float64 the default dtype
+        (so an int input's reciprocal is computed in float64 too): the yardstick for
+        how far a low-precision result may stray.  None when the graph does not run
+        so."""
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
         try:
             return tuple(self.gm(*[t.to(torch.float64) if isinstance(t, torch.Tensor) and is_float(t.dtype) else t
                                    for t in self.fresh_inputs()]))
         except RuntimeError:
             return None
+        finally:
+            torch.set_default_dtype(before)
 
     def reproducer(self, options: Options | None = None) -> str:
         """A self-contained script that rebuilds the graph and inputs and compares
