@@ -55,7 +55,7 @@ def py_value(v: Any) -> str:
         return f"({py_size(norm(v.lhs))} {v.rel_op} {py_size(norm(v.rhs))})"
     if isinstance(v, MapArg):
         return "{" + ", ".join(f"{k!r}: {py_value(x)}" for k, x in v.items) + "}"
-    if isinstance(v, Subgraph):  # bound by load_module (subgraph_bindings)
+    if isinstance(v, Subgraph):  # a module-level name (subgraph_bindings), bound as the module loads
         return subgraph_symbol(v.name)
     if isinstance(v, torch._ops.OpOverload):  # the op a higher-order op calls (auto_functionalized's)
         return f"torch.ops.{v}"
