@@ -345,10 +345,11 @@ class LoopNest:
     # bodies that read the innermost loop's variable alone, each computed once per
     # call into a table that long and read from it
     tables: tuple[Expr, ...] = ()
-    # a reduction's one r loop run in blocks of this many elements (a split's part, in
-    # blocks of its own), each block summed into fresh accumulators that are then folded
-    # into the row's: a float sum's rounding error then grows with the block and the
-    # number of blocks, not with the whole row (eager's sums cascade); 0: one loop
+    # a reduction's r loop run in blocks of this many elements (a split's part, in
+    # blocks of its own; on a column nest, of this many steps of its outermost r loop),
+    # each block summed into fresh accumulators that are then folded into the row's: a
+    # float sum's rounding error then grows with the block and the number of blocks, not
+    # with the whole row (eager's sums cascade); 0: one loop
     rblock: int = 0
 
 

@@ -638,3 +638,25 @@ def test_a_split_sum_runs_its_parts_as_simd_blocks() -> None:
     kernel = fn.source[fn.source.find('extern "C"'):]
     assert "#pragma omp simd reduction(+:acc0)" in kernel and "ir0_b += 1024" in kernel, kernel[:2000]
     assert "acc0_p[c] += acc0_p[c + s];" in kernel  # the parts folded pairwise
+
+
+def test_a_column_sum_over_two_dims_runs_in_blocks_of_its_outer_rows() -> None:
+    """Found by `coil fuzz --target cpp`: (1 / (|a| + 1)).sum([0, -2]) of an int
+    (23, 29, 8) tensor runs down 8 columns in lanes over two r loops, each lane
+    one add chain of 667 values: 16 float32 ulps off float64 where eager was 1.
+    The outer r loop now runs in blocks (one step of 29 rows each), summed apart."""
+    bad = []
+    for seed in range(10):
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randint(-2, 3, (23 * 240 + 8,), generator=g, dtype=torch.int32).as_strided((23, 29, 8), (240, 8, 1), 8)
+
+        def fn(a):
+            return ((1.0 / (a.abs() + 1)).sum([0, -2]),)
+
+        got = coil.compile_graph(make_fx(fn)(a), [a], coil.Options(target="cpp", graph_cache=False))(a)[0]
+        exact = (1.0 / (a.abs().double() + 1)).sum([0, -2])
+        ours, eagers = (got.double() - exact).abs().max().item(), (fn(a)[0].double() - exact).abs().max().item()
+        ulp = torch.finfo(torch.float32).eps * exact.abs().max().item()
+        if ours > max(4 * eagers, 2 * ulp):
+            bad.append((seed, ours, eagers, ulp))
+    assert not bad, bad

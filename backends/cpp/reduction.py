@@ -429,13 +429,13 @@ class ReductionEmitter:
         assert self.lanes is not None
         lanes = self.lanes
         block = self.plan.loops.rblock
-        if not block or len(loops) != 1 or not any(pairwise(a) for a in accs) or any(a.is_arg for a in accs):
+        if not block or not any(pairwise(a) for a in accs) or any(a.is_arg for a in accs):
             return render_loops(loops, lanes.loop(body))
-        loop = loops[0]
+        loop = loops[0]  # the outermost r loop, in blocks of `block` steps
         start, end = f"{loop.var}_b", f"{loop.var}_e"
         scope = [f"{a.ctype} {a.name}[{lanes.width}];" for a in accs]
         scope += lanes.loop([f"{a.acc} = {identity(a.kind, a.dtype)};" for a in accs])
-        scope += render_loops([attrs.evolve(loop, lo=start, hi=end)], lanes.loop(body))
+        scope += render_loops([attrs.evolve(loop, lo=start, hi=end), *loops[1:]], lanes.loop(body))
         scope += lanes.loop([f"{a.name}_k[xl] = {a.acc};" for a in accs])
         fold = [f"const int64_t {end} = {start} + {block} < ({loop.hi}) ? {start} + {block} : ({loop.hi});"]
         fold += [f"{a.ctype} {a.name}_k[{lanes.width}];" for a in accs]

@@ -103,19 +103,28 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     else:
         par = row_parallel(nest, lanes, traits)
     run = -(-rsizes[0] // parts) if parts else rsizes[0]  # what one r loop walks
-    rblock = sum_block(bufs, rsizes, run, traits)
+    rblock = sum_block(bufs, rsizes, run, bool(lanes), traits)
     return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par, nodes=in_loops,
                                                          rblock=rblock))
 
 
-def sum_block(bufs: Sequence[ComputedBuffer], rsizes: tuple[int, ...], run: int, traits: NestTraits) -> int:
-    """LoopNest.rblock: NestTraits.sum_block where a float sum (or a variance's sum of
-    squares) runs along one r loop longer than it: a row, a split's part, or the
-    rows a column nest's lanes sum down; else 0."""
-    if not traits.sum_block or len(rsizes) != 1 or run <= traits.sum_block:
+def sum_block(bufs: Sequence[ComputedBuffer], rsizes: tuple[int, ...], run: int, lanes: bool,
+              traits: NestTraits) -> int:
+    """LoopNest.rblock where a float sum (or a variance's sum of squares) runs along
+    one r loop longer than the block, else 0.  On a row or a split's part, whose loop
+    `omp simd` spreads over vector lanes, NestTraits.sum_block; on a column nest,
+    where each lane is one column's add chain down the rows, the power of two near
+    the square root of the rows (at least 16), so that the chain in a block and the
+    chain of block sums are about as long; there the block counts steps of the
+    outermost r loop, the rows of the loops inside it each step's."""
+    if not traits.sum_block or (len(rsizes) != 1 and not lanes):
+        return 0
+    inner = math.prod(rsizes[1:])  # a column nest's rows a step of its outermost r loop
+    block = max(1, (1 << max(4, (run * inner).bit_length() // 2)) // inner) if lanes else traits.sum_block
+    if run <= block:
         return 0
     sums = [b for b in bufs if b.reduction_type in ("sum", "welford_m2") and b.layout.dtype.is_floating_point]
-    return traits.sum_block if sums else 0
+    return block if sums else 0
 
 
 def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> Parallel | None:
