@@ -259,26 +259,25 @@ def _mutable(x: Any) -> Any:
     return x
 
 
-def loose_size(a: Any, flat: Sequence[Any]) -> bool:
-    """A SymInt argument no tensor among `flat` has in its sizes (`.item()`'s u0 given to
-    new_full): make_fx cannot trace it from them, so a decomposition takes it as an
-    input of its own, after the tensors before it."""
-    if not isinstance(a, torch.SymInt):
-        return False
-    env = a.node.shape_env
+def loose_sizes(flat: Sequence[Any]) -> list[bool]:
+    """For each of a call's flattened arguments, whether it is a SymInt that no tensor
+    among them has in its sizes (`.item()`'s u0 given to new_full): make_fx cannot
+    trace it from them, so a decomposition takes it as an input of its own, in
+    argument order with the tensors."""
     known = {s for t in flat if isinstance(t, torch.Tensor)
              for v in (*t.shape, *t.stride()) if isinstance(v, torch.SymInt) for s in v.node.expr.free_symbols}
-    return env is not None and bool(a.node.expr.free_symbols - known)
+    return [isinstance(a, torch.SymInt) and a.node.shape_env is not None and bool(a.node.expr.free_symbols - known)
+            for a in flat]
 
 
 def decompose_inputs(node: torch.fx.Node, vals: dict[str, Any], args: Any, kwargs: Any) -> list[Any]:
     """What lower hands a decomposition's graph (decompose) for its placeholders: the
-    node's tensors and its loose sizes (loose_size), in argument order."""
+    node's tensors and its loose sizes (loose_sizes), in argument order."""
     fake = torch.utils._pytree.tree_leaves(torch.fx.node.map_arg((node.args, node.kwargs), lambda m: vals.get(m.name)))
     ours = torch.utils._pytree.tree_leaves((args, kwargs))
     if len(fake) != len(ours):
         return [a for a in ours if isinstance(a, TensorValue)]
-    return [o for f, o in zip(fake, ours) if isinstance(o, TensorValue) or loose_size(f, fake)]
+    return [o for o, loose in zip(ours, loose_sizes(fake)) if isinstance(o, TensorValue) or loose]
 
 
 def decompose(node: torch.fx.Node, vals: dict[str, Any], device: str | None = None) -> torch.fx.Graph:
@@ -355,7 +354,7 @@ def trace_decomposition(target: Any, args: Any, kwargs: Any, device: str | None 
     tensors with static sizes a plain recorder does it (`_record`); anything it does
     not know (a tensor from outside the trace, a symbolic size) goes to make_fx."""
     flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
-    tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) or loose_size(a, flat)]
+    tensor_pos = [i for i, (a, loose) in enumerate(zip(flat, loose_sizes(flat))) if isinstance(a, torch.Tensor) or loose]
     decomp = DECOMPOSITIONS[target]
 
     def run(*tensors: torch.Tensor) -> Any:

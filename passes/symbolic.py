@@ -13,6 +13,7 @@ A static graph's SizeMap is empty, and its `size` is the identity on ints.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -62,11 +63,16 @@ def has_symbols(values: Iterable[Any]) -> bool:
     return False
 
 
-def _hint_of(env: Any, s: sympy.Symbol) -> int | None:
+def _hint_value(env: Any, s: sympy.Symbol) -> Any:
+    """The ShapeEnv's value of symbol s at the first call (None: data-dependent)."""
     table = getattr(env, "backed_var_to_val", None)
     if table is None:  # torch before 2.13
         table = env.var_to_val
-    v = table.get(s)
+    return table.get(s)
+
+
+def _hint_of(env: Any, s: sympy.Symbol) -> int | None:
+    v = _hint_value(env, s)
     return None if v is None or is_nested_int_hint(v) else int(v)
 
 
@@ -84,8 +90,7 @@ def is_nested_int(x: Any) -> bool:
     if env is None:
         return False
     expr = env.replace(x.node.expr)
-    table = getattr(env, "backed_var_to_val", None) or env.var_to_val
-    return isinstance(expr, sympy.Symbol) and is_nested_int_hint(table.get(expr))
+    return isinstance(expr, sympy.Symbol) and is_nested_int_hint(_hint_value(env, expr))
 
 
 def size_leaves(v: Any) -> list[Any]:
@@ -418,7 +423,7 @@ def _exact_rational(v: Any, top: bool = True) -> sympy.Expr | None:
 
 # Python's float -> int of a value of sizes (math.trunc(sym_float(h) * 1.5): interpolate's
 # output size at a scale factor)
-_ROUNDINGS = {"trunc", "floor", "ceil", "sym_int"}
+_ROUNDINGS: dict[Any, str] = {math.trunc: "trunc", math.floor: "floor", math.ceil: "ceil", torch.sym_int: "sym_int"}
 
 
 def _sympy_rational(a: sympy.Expr, whole: sympy.Expr) -> sympy.Expr:
@@ -443,27 +448,29 @@ def _sympy_rational(a: sympy.Expr, whole: sympy.Expr) -> sympy.Expr:
     return out
 
 
+def _nonneg_size(e: sympy.Expr) -> bool:
+    """Provably at least 0: a sum or product of sizes (symbols, numbers at least 0)
+    and of whole parts of them."""
+    if e.is_number:
+        return bool(e >= 0)
+    if isinstance(e, sympy.Symbol):
+        return True  # a size symbol
+    if isinstance(e, (sympy.Add, sympy.Mul)):
+        return all(_nonneg_size(a) for a in e.args)
+    if isinstance(e, FloorDiv):
+        return _nonneg_size(e.args[0]) and _nonneg_size(e.args[1])
+    return False
+
+
 def _rounded_size(name: str, v: sympy.Expr) -> sympy.Expr:
     """floor / trunc / ceil of an exact rational expression of sizes, as a size."""
     p, q = sympy.fraction(sympy.together(sympy.expand(v)))
     p, q = sympy.expand(p), sympy.expand(q)
     if q.is_number and q < 0:
         p, q = -p, -q
-    def nonneg_size(e: sympy.Expr) -> bool:  # provably at least 0: sums and products of sizes, whole parts of them
-        if e.is_number:
-            return bool(e >= 0)
-        if isinstance(e, sympy.Symbol):
-            return True  # a size symbol
-        if isinstance(e, (sympy.Add, sympy.Mul)):
-            return all(nonneg_size(a) for a in e.args)
-        if isinstance(e, FloorDiv):
-            return nonneg_size(e.args[0]) and nonneg_size(e.args[1])
-        return False
-
-    nonneg = nonneg_size(p)
-    if not (q.is_positive or (q.free_symbols and nonneg_size(q))):
+    if not (q.is_positive or (q.free_symbols and _nonneg_size(q))):
         raise CoilError(f"{name} of {v}: a denominator that may be 0 or negative", stage="lower")
-    if name in ("trunc", "sym_int") and not nonneg:
+    if name in ("trunc", "sym_int") and not _nonneg_size(p):
         raise CoilError(f"{name} of {v}, which may be negative", stage="lower")
     if q == 1:
         return p
@@ -477,9 +484,7 @@ def _rounded(target: Any, args: Sequence[Any]) -> Any:
     trunc too where p and q cannot be negative (sizes are at least 0), ceil
     FloorDiv(p + q - 1, q).  None for anything else; a CoilError where the value
     is not exact (lower then refuses the graph, which runs eagerly)."""
-    import math
-
-    name = {math.trunc: "trunc", math.floor: "floor", math.ceil: "ceil", torch.sym_int: "sym_int"}.get(target)
+    name = _ROUNDINGS.get(target)
     if name is None or len(args) != 1 or not is_float_size(args[0]):
         return None
     v = _exact_rational(args[0])

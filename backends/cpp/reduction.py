@@ -29,7 +29,7 @@ Three layouts of the same schedule, as the spec's space says
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import torch
@@ -422,46 +422,49 @@ class ReductionEmitter:
         self.finish(accs)
 
     def lane_loops(self, loops: list[Loop], body: list[str], accs: Sequence[Accumulator]) -> list[str]:
-        """Column mode's r loop, each step an `omp simd` loop over the lanes; with the
-        nest's `rblock`, in blocks of rows, each into lane arrays of its own that
-        shadow the row's and are folded into them after the block (a column's
-        float sum then rounds as a row's does in inner_loop)."""
+        """Column mode's r loops, each step an `omp simd` loop over the lanes; with
+        the nest's `rblock`, the outermost in blocks (`in_blocks`: a column's float
+        sum then rounds as a row's does in inner_loop)."""
         assert self.lanes is not None
-        lanes = self.lanes
-        block = self.plan.loops.rblock
+        lanes, block = self.lanes, self.plan.loops.rblock
         if not block or not any(pairwise(a) for a in accs) or any(a.is_arg for a in accs):
             return render_loops(loops, lanes.loop(body))
-        loop = loops[0]  # the outermost r loop, in blocks of `block` steps
-        start, end = f"{loop.var}_b", f"{loop.var}_e"
-        scope = [f"{a.ctype} {a.name}[{lanes.width}];" for a in accs]
-        scope += lanes.loop([f"{a.acc} = {identity(a.kind, a.dtype)};" for a in accs])
-        scope += render_loops([attrs.evolve(loop, lo=start, hi=end), *loops[1:]], lanes.loop(body))
-        scope += lanes.loop([f"{a.name}_k[xl] = {a.acc};" for a in accs])
-        fold = [f"const int64_t {end} = {start} + {block} < ({loop.hi}) ? {start} + {block} : ({loop.hi});"]
-        fold += [f"{a.ctype} {a.name}_k[{lanes.width}];" for a in accs]
-        fold += ["{", *("  " + ln for ln in scope), "}"]
-        fold += lanes.loop([combine(a, f"{a.name}_k[xl]", "0") for a in accs])
-        return render_loops([Loop(start, loop.lo, loop.hi, step=block)], fold)
+        return self.in_blocks(loops[0], lambda part: render_loops([part, *loops[1:]], lanes.loop(body)), accs, block)
 
     def inner_loop(self, loop: Loop, body: list[str], accs: Sequence[Accumulator], checks: list[LoopCheck]
                    ) -> list[str]:
         """The innermost r loop around `body`, its checks as reductions; with the
-        nest's `rblock` (one r loop, accumulators that simd splits) in blocks, each
-        into accumulators of its own that shadow the row's, folded into them after
-        the block (a float sum's error grows with the block, not the row)."""
+        nest's `rblock` (one r loop, accumulators that simd splits) in blocks
+        (`in_blocks`: a float sum's error grows with the block, not the row)."""
         block = self.plan.loops.rblock
         if not block or len(self.plan.nest.rdims) != 1 or any(simd_clause(a) is None for a in accs) \
                 or not any(pairwise(a) for a in accs):
             return checked_loop(loop, body, checks)
+        return self.in_blocks(loop, lambda part: checked_loop(part, body, checks), accs, block)
+
+    def in_blocks(self, loop: Loop, render: Callable[[Loop], list[str]], accs: Sequence[Accumulator],
+                  block: int) -> list[str]:
+        """`loop` in blocks of `block` steps, `render` making each block's loops from
+        the block's part of it: each block runs into accumulators of its own (lane
+        arrays in column mode) that shadow the row's, kept in `<acc>_k` and folded
+        into the row's after the block."""
         start, end = f"{loop.var}_b", f"{loop.var}_e"
-        inner = attrs.evolve(loop, lo=start, hi=end)
-        scope = [f"const int64_t {end} = {start} + {block} < ({loop.hi}) ? {start} + {block} : ({loop.hi});"]
-        scope += [f"{a.ctype} {a.name} = {identity(a.kind, a.dtype)};" for a in accs]
-        scope += checked_loop(inner, body, checks)
-        scope += [f"{a.name}_k = {a.name};" for a in accs]
-        fold = [f"{a.ctype} {a.name}_k;" for a in accs] + ["{", *("  " + ln for ln in scope), "}"]
-        fold += [combine(a, f"{a.name}_k", "0") for a in accs]
-        return render_loops([Loop(start, loop.lo, loop.hi, step=block)], fold)
+        lanes = self.lanes
+        if lanes is None:
+            held = [f"{a.ctype} {a.name}_k;" for a in accs]
+            fresh = [f"{a.ctype} {a.name} = {identity(a.kind, a.dtype)};" for a in accs]
+            keep = [f"{a.name}_k = {a.name};" for a in accs]
+            fold = [combine(a, f"{a.name}_k", "0") for a in accs]
+        else:
+            held = [f"{a.ctype} {a.name}_k[{lanes.width}];" for a in accs]
+            fresh = [f"{a.ctype} {a.name}[{lanes.width}];" for a in accs]
+            fresh += lanes.loop([f"{a.acc} = {identity(a.kind, a.dtype)};" for a in accs])
+            keep = lanes.loop([f"{a.name}_k[xl] = {a.acc};" for a in accs])
+            fold = lanes.loop([combine(a, f"{a.name}_k[xl]", "0") for a in accs])
+        scope = [*fresh, *render(attrs.evolve(loop, lo=start, hi=end)), *keep]
+        lines = [f"const int64_t {end} = {start} + {block} < ({loop.hi}) ? {start} + {block} : ({loop.hi});",
+                 *held, "{", *("  " + ln for ln in scope), "}", *fold]
+        return render_loops([Loop(start, loop.lo, loop.hi, step=block)], lines)
 
     def declare(self, accs: Sequence[Accumulator]) -> None:
         if self.lanes is None:
