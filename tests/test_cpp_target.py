@@ -613,7 +613,7 @@ def test_kernels_of_the_same_source_are_compiled_once() -> None:
 @pytest.mark.parametrize("shape", [(1 << 20,), (64, 16384), (8, 1 << 18), (65536, 64)])
 def test_long_float_sums_stay_near_eager_accuracy(shape: tuple[int, ...]) -> None:
     """A float32 sum over many elements: on rows, a split's parts or down columns
-    (lanes), in blocks of NestTraits.sum_block, the parts folded pairwise.  Before,
+    (lanes), in blocks (LoopNest.rblock), the parts folded pairwise.  Before,
     each was one serial add chain: x.sum() of 2^20 elements of about 3 was 5.1 off
     the float64 sum where eager was 0.011 off (470x), a column sum of 65536 rows 2.36
     where eager was 0.036; now each result is within a few times eager's distance
