@@ -345,6 +345,10 @@ class LoopNest:
     # bodies that read the innermost loop's variable alone, each computed once per
     # call into a table that long and read from it
     tables: tuple[Expr, ...] = ()
+    # a pointwise nest's invariants (passes/schedule/lanes.py): subtrees of its nodes'
+    # bodies that read no loop variable (an Adam step's bias corrections of its 0-d
+    # step count), each computed once per call, before the loops
+    invariants: tuple[Expr, ...] = ()
     # a reduction's r loop run in blocks of this many elements (a split's part, in
     # blocks of its own; on a column nest, of this many steps of its outermost r loop),
     # each block summed into fresh accumulators that are then folded into the row's: a

@@ -79,6 +79,8 @@ def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
         out.append(f"{indent}  x loops {t.u} and {t.v} in {t.side}x{t.side} tiles, staging {reads}")
     for k, table in enumerate(nest.tables):
         out.append(f"{indent}  lane table {k}: " + " ".join(ln.strip() for ln in body_lines(table, "")))
+    for k, value in enumerate(nest.invariants):
+        out.append(f"{indent}  invariant {k}, once per call: " + " ".join(ln.strip() for ln in body_lines(value, "")))
     par = nest.parallel
     if par is None:
         out.append(f"{indent}  one thread")

@@ -36,7 +36,9 @@ K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
 K10 streams, scratch arrays and hoisted values need a loop nest; a lane table is a
    subtree of a node's body in a nest of static innermost x loop, no r loops and no
    tiles, that reads the innermost loop's variable alone and nothing the kernel
-   computes, no indirect load and no check.  Streamed stores
+   computes, no indirect load and no check; an invariant is one that reads no loop
+   variable, in a static nest with iterations, no r loops and no tiles, and
+   divides no integers.  Streamed stores
    are a kernel's without r loops, of nodes it stores (parameters it writes), each
    named once, staged in positive chunks.  A scratch array is stored in a loop (a
    Loop stage's level) that computes a node whose body in the nest has its
@@ -375,8 +377,34 @@ def _table_problem(k: KernelSpec) -> str | None:
     return None
 
 
+def _invariant_problem(k: KernelSpec) -> str | None:
+    """Why the nest's invariants break K10, or None."""
+    nest = k.nest
+    if nest is None or not nest.invariants:
+        return None
+    if (nest.rsizes or nest.tile is not None or not all(isinstance(s, int) for s in nest.xsizes)
+            or math.prod(nest.xsizes) == 0):
+        return "invariants in a nest with r loops, tiles, symbolic sizes or no iterations"
+    computed = {n.name for n in nest.nodes}
+    subtrees = {s for n in nest.nodes for s in walk(n.body)}
+    for e in nest.invariants:
+        if e not in subtrees:
+            return "an invariant that is no subtree of the nest's bodies"
+        for s in walk(e):
+            if isinstance(s, (IndirectLoad, Check)) or (isinstance(s, Load) and s.name in computed):
+                return "an invariant reading a computed value, an indirect load or a check"
+            if isinstance(s, Op) and s.name in ("floordiv", "truncdiv", "fmod", "remainder", "truediv") \
+                    and not s.dtype.is_floating_point:
+                return f"an invariant dividing integers ({s.name})"
+            syms = ({v for i in s.index for v in i.free_symbols} if isinstance(s, Load)
+                    else s.expr.free_symbols if isinstance(s, IndexExpr) else set())
+            if any(str(v).startswith("ix") for v in syms):
+                return f"an invariant reading loop variables {sorted(map(str, syms))}"
+    return None
+
+
 def _verify_row_work(p: KernelProgram, stage: str, k: KernelSpec) -> None:
-    if (why := _table_problem(k)) is not None:
+    if (why := _table_problem(k) or _invariant_problem(k)) is not None:
         fail(p, stage, k.name, f"K10 {why}")
     nest = k.nest
     if nest is None:

@@ -42,7 +42,7 @@ from coil.ir.lowered import Extern, Input, LoweredGraph, MultiOutput, TensorRef
 from coil.options import Options
 from coil.passes.higher_order import SubgraphAttr, hop_name, lower_higher_order
 from coil.passes.layout import attention_input_strides, prefer_channels_last
-from coil.passes.lowerings import DECOMPOSITIONS
+from coil.passes.lowerings import DECOMPOSITIONS, ONE_DEVICE_DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering, xsyms
 from coil.passes.symbolic import STATIC, SizeMap, is_float_size, is_nested_int, size_arith
 
@@ -525,13 +525,24 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
         del ctx.nodes[mark:]  # the lowering declined this call: run the aten op
         log.debug("lower %s: %s -> extern fallback (lowering declined)", node.name, target)
         return lower_extern(ctx, target, args, kwargs, vals.get(node.name))
-    if target in DECOMPOSITIONS and depth < 8:
+    if target in DECOMPOSITIONS and depth < 8 and not (target in ONE_DEVICE_DECOMPOSITIONS
+                                                      and _spans_devices(node, vals, ctx.device)):
         log.debug("lower %s: %s -> decomposition", node.name, target)
         sub = decompose(node, vals, ctx.device)
         return _lower_graph_into(ctx, sub, decompose_inputs(node, vals, args, kwargs), depth + 1)
     log.debug("lower %s: %s -> extern fallback", node.name, target)
     arg_vals = [vals.get(a.name) if isinstance(a, torch.fx.Node) else None for a in node.args]
     return lower_extern(ctx, target, args, kwargs, vals.get(node.name), arg_vals)
+
+
+def _spans_devices(node: torch.fx.Node, vals: dict[str, Any], device: str) -> bool:
+    """Whether a tensor the node takes or makes is on a device other than the
+    graph's (eager's values say where): a CUDA optimizer's step counters on the CPU."""
+    dev = torch.device(device)
+    seen = [vals.get(a.name) for a in node.all_input_nodes] + [vals.get(node.name)]
+    return any(isinstance(t, torch.Tensor) and t.device.type != "meta"
+               and (t.device.type, t.device.index or 0) != (dev.type, dev.index or 0)
+               for v in seen for t in torch.utils._pytree.tree_leaves(v))
 
 
 def _peeled_convolution(ctx: LowerCtx, args: Sequence[Any], val: Any) -> TensorValue:

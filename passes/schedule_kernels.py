@@ -117,7 +117,7 @@ def _scheduled(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[P
                 spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
             spec = rows.row_work(spec, traits)
             if traits.lane_tables is not None:
-                spec = lanes.lane_tables(spec, traits.lane_tables)
+                spec = lanes.invariants(lanes.lane_tables(spec, traits.lane_tables), traits.lane_tables)
     if plan.shapes:
         spec = attrs.evolve(spec, symbols=_symbols_used(spec, layouts))
     return spec

@@ -10,7 +10,8 @@ compute loop reads contiguous memory; ragged edge tiles use plain loads.  The
 outputs the spec streams (KernelSpec.streams) are computed a chunk (a full tile)
 at a time into local buffers and written out by streaming stores.  The nest's lane
 tables (LoopNest.tables: values that vary along the innermost loop alone) are
-computed before the loops, one array each, and read there.
+computed before the loops, one array each, and read there; its invariants
+(LoopNest.invariants: values that vary along no loop) once, as constants.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
     if plan.loops.tile is not None:
         return tiled_body(plan, ctx, options, plan.loops.tile)
     loops = pointwise_loops(plan, options)
+    once, fixed = invariant_values(plan, ctx)
     first, tables = lane_tables(plan, ctx)
+    first, tables = once + first, {**fixed, **tables}
     out = streams(plan)
     if out:
         return first + render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], out, tables))
@@ -81,6 +84,22 @@ def lane_tables(plan: KernelPlan, ctx: KernelContext) -> tuple[list[str], dict[E
         body.append(f"{name}[{var}] = {h.value(t)};")
         tables[t] = f"{name}[{var}]"
     return lines + render_loops([Loop(var, "0", str(size), "omp simd")], body), tables
+
+
+def invariant_values(plan: KernelPlan, ctx: KernelContext) -> tuple[list[str], dict[Expr, str]]:
+    """The nest's invariants (LoopNest.invariants), each computed once before the
+    loops into a constant of its compute dtype, and what reads each in the loops."""
+    nest = plan.spec.nest
+    if nest is None or not nest.invariants:
+        return [], {}
+    lines: list[str] = []
+    h = CppHandler(ctx, {}, {}, lines)
+    fixed: dict[Expr, str] = {}
+    for e in nest.invariants:
+        name = ctx.fresh("inv")
+        lines.append(f"const {prelude.compute_type(e.dtype)} {name} = {h.value(e)};")
+        fixed[e] = name
+    return lines, fixed
 
 
 def streamed_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, out: Sequence[Stream],

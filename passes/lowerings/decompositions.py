@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from coil.passes.lowerings.foreach import FOREACH_DECOMPOSITIONS, ONE_DEVICE
+
 aten = torch.ops.aten
 
 # Ops that decompose into what coil fuses well (softmax, norms, activations, ...).
@@ -247,6 +249,7 @@ def _table() -> dict[Any, Callable[..., Any]]:
     table[aten.copy.default] = copy
     table[aten._weight_norm_interface_backward.default] = weight_norm_interface_backward
     table[aten.embedding_dense_backward.default] = embedding_dense_backward
+    table.update(FOREACH_DECOMPOSITIONS)
     for packet in _KEEP_EXTERN:
         for name in packet.overloads():
             table.pop(getattr(packet, name), None)
@@ -254,3 +257,6 @@ def _table() -> dict[Any, Callable[..., Any]]:
 
 
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = _table()
+
+# decompositions lower takes only where every tensor of the call is on the graph's device
+ONE_DEVICE_DECOMPOSITIONS: frozenset[Any] = ONE_DEVICE

@@ -1,5 +1,6 @@
-"""Lane tables: the costly values of a pointwise kernel on a loop nest that vary
-along its innermost loop alone (TargetTraits.lane_tables: the C++ target).
+"""Lane tables and invariants: the costly values of a pointwise kernel on a loop
+nest that vary along its innermost loop alone, or along no loop at all
+(TargetTraits.lane_tables: the C++ target).
 
 A channels-last BatchNorm in inference computes `(x - mean[c]) * (w[c] / sqrt(var[c]
 + eps)) + b[c]` with the channels innermost: every pixel divides and takes a square
@@ -19,6 +20,16 @@ nest without r loops or tiles, whose innermost loop is at most `max_length` long
 and whose outer loops run at least `min_outer` iterations; a kernel's tables
 together within `max_bytes`.  A table holds the value's compute dtype, so the
 results are bit for bit those computed in place.
+
+Invariants (`LoopNest.invariants`): each maximal subtree that reads no loop
+variable at all, and otherwise qualifies as a table's value does, is computed once
+per call before the loops, as one value.  A compiled Adam step reads its step
+count, a 0-d tensor, and computes `sqrt(1 - 0.999 ** step)` from it for every
+element of every parameter: two `powf` calls an element that GCC neither hoists
+nor vectorises (the loop's stores may alias the count, as far as it knows), which
+made coil's step 3x Inductor's on the CPU.  Integer divisions and remainders stay
+in the loop (hoisted, a division by zero a `where` never takes would trap), and so
+does everything of a nest with no iterations.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ import math
 
 import attrs
 
-from coil.ir.expr import Check, Constant, Expr, IndirectLoad, Load, children, loads, walk
+from coil.ir.expr import Check, Constant, Expr, IndirectLoad, Load, Op, children, loads, walk
 from coil.ir.kernel import KernelSpec
 from coil.options import LaneTableTraits
 from coil.passes.schedule.loads import value_symbols
@@ -84,3 +95,44 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
         return spec
     return attrs.evolve(spec, nest=attrs.evolve(nest, tables=tuple(kept)))
 
+
+
+# integer ops that trap on a zero divisor: never evaluated where the loop would not
+TRAPPING = frozenset({"floordiv", "truncdiv", "fmod", "remainder", "truediv"})
+
+
+def invariants(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
+    """The spec with its nest's invariants (module docstring): a static pointwise
+    nest with iterations, no r loops and no tiles."""
+    nest = spec.nest
+    if (nest is None or nest.rsizes or nest.tile is not None or not nest.xsizes
+            or not all(isinstance(s, int) for s in nest.xsizes) or math.prod(nest.xsizes) == 0):
+        return spec
+    computed = {n.name for n in nest.nodes}
+    found: dict[Expr, None] = {}
+    verdict: dict[Expr, bool] = {}
+
+    def qualifies(e: Expr) -> bool:
+        if e not in verdict:
+            below = walk(e)
+            verdict[e] = (not isinstance(e, (Load, Constant))
+                          and not any(isinstance(s, (IndirectLoad, Check)) for s in below)
+                          and not any(isinstance(s, Op) and s.name in TRAPPING and not s.dtype.is_floating_point
+                                      for s in below)
+                          and not value_symbols((e,))
+                          and not any(isinstance(s, Load) and s.name in computed for s in below)
+                          and cost(e) >= traits.min_cost)
+        return verdict[e]
+
+    def visit(e: Expr) -> None:
+        if qualifies(e):
+            found.setdefault(e, None)
+            return
+        for c in children(e):
+            visit(c)
+
+    for n in nest.nodes:
+        visit(n.body)
+    if not found:
+        return spec
+    return attrs.evolve(spec, nest=attrs.evolve(nest, invariants=tuple(found)))
