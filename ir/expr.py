@@ -70,6 +70,9 @@ BINARY_OPS = frozenset(
 )
 TERNARY_OPS = frozenset({"where"})
 OP_NAMES = UNARY_OPS | BINARY_OPS | TERNARY_OPS
+
+# ops that divide: on integers, a zero divisor traps (coil checks it: a divisor Check)
+DIVIDING_OPS = frozenset({"floordiv", "truncdiv", "fmod", "remainder", "truediv"})
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
 

@@ -83,7 +83,7 @@ import math
 import attrs
 import sympy
 
-from coil.ir.expr import Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
+from coil.ir.expr import DIVIDING_OPS, Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
 from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
     RINDEX,
@@ -393,8 +393,7 @@ def _invariant_problem(k: KernelSpec) -> str | None:
         for s in walk(e):
             if isinstance(s, (IndirectLoad, Check)) or (isinstance(s, Load) and s.name in computed):
                 return "an invariant reading a computed value, an indirect load or a check"
-            if isinstance(s, Op) and s.name in ("floordiv", "truncdiv", "fmod", "remainder", "truediv") \
-                    and not s.dtype.is_floating_point:
+            if isinstance(s, Op) and s.name in DIVIDING_OPS and not s.dtype.is_floating_point:
                 return f"an invariant dividing integers ({s.name})"
             syms = ({v for i in s.index for v in i.free_symbols} if isinstance(s, Load)
                     else s.expr.free_symbols if isinstance(s, IndexExpr) else set())

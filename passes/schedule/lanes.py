@@ -38,7 +38,7 @@ import math
 
 import attrs
 
-from coil.ir.expr import Check, Constant, Expr, IndirectLoad, Load, Op, children, loads, walk
+from coil.ir.expr import DIVIDING_OPS, Check, Constant, Expr, IndirectLoad, Load, Op, children, loads, walk
 from coil.ir.kernel import KernelSpec
 from coil.options import LaneTableTraits
 from coil.passes.schedule.loads import value_symbols
@@ -97,10 +97,6 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
 
 
 
-# integer ops that trap on a zero divisor: never evaluated where the loop would not
-TRAPPING = frozenset({"floordiv", "truncdiv", "fmod", "remainder", "truediv"})
-
-
 def invariants(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
     """The spec with its nest's invariants (module docstring): a static pointwise
     nest with iterations, no r loops and no tiles."""
@@ -117,7 +113,7 @@ def invariants(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
             below = walk(e)
             verdict[e] = (not isinstance(e, (Load, Constant))
                           and not any(isinstance(s, (IndirectLoad, Check)) for s in below)
-                          and not any(isinstance(s, Op) and s.name in TRAPPING and not s.dtype.is_floating_point
+                          and not any(isinstance(s, Op) and s.name in DIVIDING_OPS and not s.dtype.is_floating_point
                                       for s in below)
                           and not value_symbols((e,))
                           and not any(isinstance(s, Load) and s.name in computed for s in below)
