@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
@@ -251,3 +253,35 @@ def test_a_compiled_adamw_step_makes_no_copy_and_no_foreach_call(tmp_path) -> No
         wrapper = code.read_text()
         call = wrapper[wrapper.index("def call("):]
         assert "copy_" not in call and "_foreach" not in call, call[:3000]
+
+
+_UNARY_FNS = [torch.exp, torch.sqrt, torch.log1p, torch.tanh, torch.sigmoid, torch.reciprocal, torch.rsqrt,
+              lambda v: v * 2 + 1, lambda v: 1 - v, lambda v: torch.pow(0.9, v)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, len(_UNARY_FNS) - 1), min_size=1, max_size=5),
+       st.lists(st.integers(0, len(_UNARY_FNS) - 1), min_size=0, max_size=3),
+       st.sampled_from(["add", "mul", "div", "where"]), st.integers(1, 3))
+def test_values_of_0d_tensors_hoisted_or_not_match_eager(chain, inner, combine, rank) -> None:
+    """Property: a chain of costly ops on 0-d tensors (a step count, a scale),
+    combined with full tensors, computes eager's values on the cpp target whether
+    the chain is hoisted (LoopNest.invariants) or not."""
+    shape = (3, 5, 7)[:rank]
+
+    def fn(x, s, t):
+        v = s.abs() + 0.5
+        for k in chain:
+            v = _UNARY_FNS[k](v)
+        w = x
+        for k in inner:
+            w = _UNARY_FNS[k](w.abs() + 0.5)
+        out = {"add": lambda: w + v, "mul": lambda: w * v, "div": lambda: w / (v + t),
+               "where": lambda: torch.where(x > 0, v, w)}[combine]()
+        return (out, v * t)
+
+    g = torch.Generator().manual_seed(len(chain) * 7 + rank)
+    x, s, t = torch.randn(shape, generator=g), torch.rand((), generator=g), torch.rand((), generator=g) + 1
+    got = coil.compile_graph(make_fx(fn)(x, s, t), [x, s, t], coil.Options(target="cpp", graph_cache=False))(x, s, t)
+    for a, b in zip(got, fn(x, s, t)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
