@@ -660,3 +660,16 @@ def test_a_column_sum_over_two_dims_runs_in_blocks_of_its_outer_rows() -> None:
         if ours > max(4 * eagers, 2 * ulp):
             bad.append((seed, ours, eagers, ulp))
     assert not bad, bad
+
+
+def test_the_negation_of_a_negative_constant_compiles() -> None:
+    """Found by `coil fuzz --target cpp` (seed 20261206): neg(full(-1)) was spelt
+    `(--1.0f)`, a decrement, and g++ refused the kernel."""
+    x = torch.randn(3)
+
+    def fn(x):
+        return (torch.neg(torch.full((3,), -1.0)).exp() + x, -torch.full((2,), -2, dtype=torch.int64))
+
+    got = coil.compile_graph(make_fx(fn)(x), [x], coil.Options(target="cpp", graph_cache=False))(x)
+    for a, b in zip(got, fn(x)):
+        torch.testing.assert_close(a, b)

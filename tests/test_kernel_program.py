@@ -156,10 +156,10 @@ def test_cpp_column_sum_runs_columns_in_lanes() -> None:
     """x.sum(0): the innermost x loop walks memory, the r loop strides it: 64
     neighbouring columns run together, one vector lane each, and every x loop
     is shared among threads, the lanes' loop in blocks; each column's float sum
-    runs in blocks of 32 rows (about the square root of its 600), summed apart."""
+    runs in blocks of 64 rows (the power of two near 600 ** (2/3)), summed apart."""
     (k,) = CPP_GOLDEN["column_sum"]().specs
     assert k.space == Rows(70, 600, looped=True, columns=True, lanes=64)
-    assert _loops(k) == LoopNest((70,), (600,), parallel=Parallel(1, 2, 1), rblock=32)
+    assert _loops(k) == LoopNest((70,), (600,), parallel=Parallel(1, 2, 1), rblock=64)
     (narrow,) = program(lambda a: a.sum(0), [torch.randn(600, 7)], target="cpp").specs
     assert narrow.space == Rows(7, 600, looped=True) and narrow.nest is not None and narrow.nest.parallel is None
 

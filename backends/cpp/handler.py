@@ -316,8 +316,8 @@ def op_expr(node: Op, args: tuple[str, ...]) -> str:
 def _unary(name: str, a: str, T: str, arg_dt: torch.dtype, fp: bool) -> str:
     arg_fp = arg_dt.is_floating_point
     match name:
-        case "neg":
-            return f"(-{a})"
+        case "neg":  # of a negative constant: `--1.0f` would be a decrement
+            return f"(-({a}))" if a.startswith("-") else f"(-{a})"
         case "isnan":
             return f"({a} != {a})" if arg_fp else "false"
         case "isinf":
