@@ -11,6 +11,8 @@ called powf twice per element.  bench/probes/optimizer_step.py measures it."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -285,3 +287,44 @@ def test_values_of_0d_tensors_hoisted_or_not_match_eager(chain, inner, combine, 
     got = coil.compile_graph(make_fx(fn)(x, s, t), [x, s, t], coil.Options(target="cpp", graph_cache=False))(x, s, t)
     for a, b in zip(got, fn(x, s, t)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_a_transformers_training_step_with_adamw_matches_eager() -> None:
+    """A Llama from bench/hf_models.py at the CPU size (random weights, dropout 0):
+    forward, backward and AdamW in one compiled function, two steps, against
+    eager.  Parameters whose gradient is next to zero (an attention key's bias:
+    softmax ignores it, so its gradient is rounding noise) are left out: Adam
+    turns noise into a full step of either sign, with Inductor as with coil."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    pytest.importorskip("transformers")
+    from bench.hf_models import MODELS, SIZES
+
+    spec, size = MODELS["llama"], SIZES["cpu"]
+    torch.manual_seed(0)
+    ref = spec.build(size, "sdpa").train()
+    ours = copy.deepcopy(ref)
+    o_ref, o_ours = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (ref, ours))
+
+    def step(m, o, inputs):
+        o.zero_grad(set_to_none=True)
+        loss = m(**inputs).loss
+        loss.backward()
+        o.step()
+        return loss.detach()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="coil", options={"target": "cpp", "graph_cache": False})
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        inputs = spec.inputs(size, g, True)
+        torch.testing.assert_close(compiled(ours, o_ours, inputs), step(ref, o_ref, inputs))
+    checked = 0
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+        if p.grad is None or p.grad.abs().max() < 1e-6:
+            continue
+        checked += 1
+        assert (q - p).abs().max() <= 1e-3 * p.abs().max(), name
+    assert checked > 10
