@@ -68,6 +68,9 @@ class NestTraits:
     # a float sum's r loop longer than this runs in blocks this long, each summed apart
     # (LoopNest.rblock): its rounding error then stays near eager's cascaded sum's
     sum_block: int = 0
+    # float32 lanes an `omp simd` sum spreads its row over: a row over several r loops
+    # whose innermost is shorter fills fewer, so its blocks hold fewer elements
+    sum_lanes: int = 8
 
 
 @attrs.frozen

@@ -72,7 +72,8 @@ def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
     if nest.block:
         out.append(f"{indent}  innermost x loop in blocks of {nest.block}")
     if nest.rblock:
-        out.append(f"{indent}  r loop in blocks of {nest.rblock}, each summed apart, then folded in")
+        what = "r loop" if len(nest.rsizes) == 1 else "outermost r loop"
+        out.append(f"{indent}  {what} in blocks of {nest.rblock}, each summed apart, then folded in")
     if nest.tile is not None:
         t = nest.tile
         reads = ", ".join(f"{r.buffer} at {r.offset} (stride {r.stride})" for r in t.staged)

@@ -418,7 +418,7 @@ class ReductionEmitter:
         if self.split:
             self.lines += self.split_loop(loops, body, accs, checks)
         else:
-            self.lines += render_loops(loops[:-1], self.inner_loop(loops[-1], body, accs, checks))
+            self.lines += self.row_loops(loops, body, accs, checks)
         self.finish(accs)
 
     def lane_loops(self, loops: list[Loop], body: list[str], accs: Sequence[Accumulator]) -> list[str]:
@@ -430,6 +430,19 @@ class ReductionEmitter:
         if not block or not any(pairwise(a) for a in accs) or any(a.is_arg for a in accs):
             return render_loops(loops, lanes.loop(body))
         return self.in_blocks(loops[0], lambda part: render_loops([part, *loops[1:]], lanes.loop(body)), accs, block)
+
+    def row_loops(self, loops: list[Loop], body: list[str], accs: Sequence[Accumulator], checks: list[LoopCheck]
+                  ) -> list[str]:
+        """A row's r loops around `body`; over several r loops, with the nest's
+        `rblock`, the outermost in blocks of that many steps (`in_blocks`), else
+        the innermost as inner_loop makes it."""
+        block = self.plan.loops.rblock
+        if len(loops) > 1 and block and all(simd_clause(a) is not None for a in accs) \
+                and any(pairwise(a) for a in accs):
+            return self.in_blocks(loops[0], lambda part: render_loops([part, *loops[1:-1]],
+                                                                      checked_loop(loops[-1], body, checks)),
+                                  accs, block)
+        return render_loops(loops[:-1], self.inner_loop(loops[-1], body, accs, checks))
 
     def inner_loop(self, loop: Loop, body: list[str], accs: Sequence[Accumulator], checks: list[LoopCheck]
                    ) -> list[str]:
@@ -509,7 +522,7 @@ class ReductionEmitter:
             if not pairwise(a):
                 merge.append(combine(a, f"{a.name}_p[c]", f"{a.name}_pi[c]"))
         parted = [attrs.evolve(loops[0], lo=lo, hi=hi), *loops[1:]]
-        chunk += render_loops(parted[:-1], self.inner_loop(parted[-1], body, accs, checks))
+        chunk += self.row_loops(parted, body, accs, checks)
         chunk += [f"{a.name}_p[c] = {a.name};" for a in accs]
         chunk += [f"{a.name}_pi[c] = {a.name}_i;" for a in accs if a.is_arg]
         out += render_loops([Loop("c", "0", str(chunks), parallel_pragma(par, self.options))], chunk)
