@@ -39,7 +39,7 @@ import math
 import attrs
 
 from coil.ir.expr import DIVIDING_OPS, Check, Constant, Expr, IndirectLoad, Load, Op, children, loads, walk
-from coil.ir.kernel import KernelSpec
+from coil.ir.kernel import KernelSpec, LoopNest
 from coil.options import LaneTableTraits
 from coil.passes.schedule.loads import value_symbols
 from coil.passes.schedule.nest import loop_symbol
@@ -52,16 +52,12 @@ def cost(e: Expr) -> int:
     return compute_cost((e,)) + len(set(loads(e)))
 
 
-def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
-    """The spec with its nest's lane tables (module docstring)."""
-    nest = spec.nest
-    if (nest is None or nest.rsizes or nest.tile is not None or len(nest.xsizes) < 2
-            or not all(isinstance(s, int) for s in nest.xsizes)):
-        return spec
-    inner_size = nest.xsizes[-1]
-    if not 1 < inner_size <= traits.max_length or math.prod(nest.xsizes[:-1]) < traits.min_outer:
-        return spec
-    inner = loop_symbol("ix", len(nest.xsizes) - 1)
+def maximal_subtrees(nest: LoopNest, reads: set[object], min_cost: int, integer_division: bool = True) -> list[Expr]:
+    """Each maximal subtree of the nest's bodies (in the order the bodies reach
+    them) that reads exactly the loop variables `reads`, and nothing the kernel
+    computes, no indirect load and no check, that is no bare load or constant and
+    costs at least `min_cost`; without `integer_division`, none that divides
+    integers."""
     computed = {n.name for n in nest.nodes}
     found: dict[Expr, None] = {}
     verdict: dict[Expr, bool] = {}
@@ -71,9 +67,11 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
             below = walk(e)
             verdict[e] = (not isinstance(e, (Load, Constant))
                           and not any(isinstance(s, (IndirectLoad, Check)) for s in below)
-                          and value_symbols((e,)) == {inner}
+                          and (integer_division or not any(isinstance(s, Op) and s.name in DIVIDING_OPS
+                                                           and not s.dtype.is_floating_point for s in below))
+                          and value_symbols((e,)) == reads
                           and not any(isinstance(s, Load) and s.name in computed for s in below)
-                          and cost(e) >= traits.min_cost)
+                          and cost(e) >= min_cost)
         return verdict[e]
 
     def visit(e: Expr) -> None:
@@ -85,6 +83,19 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
 
     for n in nest.nodes:
         visit(n.body)
+    return list(found)
+
+
+def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
+    """The spec with its nest's lane tables (module docstring)."""
+    nest = spec.nest
+    if (nest is None or nest.rsizes or nest.tile is not None or len(nest.xsizes) < 2
+            or not all(isinstance(s, int) for s in nest.xsizes)):
+        return spec
+    inner_size = nest.xsizes[-1]
+    if not 1 < inner_size <= traits.max_length or math.prod(nest.xsizes[:-1]) < traits.min_outer:
+        return spec
+    found = maximal_subtrees(nest, {loop_symbol("ix", len(nest.xsizes) - 1)}, traits.min_cost)
     kept, used = [], 0
     for e in found:  # in the order the bodies reach them, while they fit max_bytes
         size = inner_size * compute_dtype(e.dtype).itemsize
@@ -96,7 +107,6 @@ def lane_tables(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
     return attrs.evolve(spec, nest=attrs.evolve(nest, tables=tuple(kept)))
 
 
-
 def invariants(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
     """The spec with its nest's invariants (module docstring): a static pointwise
     nest with iterations, no r loops and no tiles."""
@@ -104,31 +114,7 @@ def invariants(spec: KernelSpec, traits: LaneTableTraits) -> KernelSpec:
     if (nest is None or nest.rsizes or nest.tile is not None or not nest.xsizes
             or not all(isinstance(s, int) for s in nest.xsizes) or math.prod(nest.xsizes) == 0):
         return spec
-    computed = {n.name for n in nest.nodes}
-    found: dict[Expr, None] = {}
-    verdict: dict[Expr, bool] = {}
-
-    def qualifies(e: Expr) -> bool:
-        if e not in verdict:
-            below = walk(e)
-            verdict[e] = (not isinstance(e, (Load, Constant))
-                          and not any(isinstance(s, (IndirectLoad, Check)) for s in below)
-                          and not any(isinstance(s, Op) and s.name in DIVIDING_OPS and not s.dtype.is_floating_point
-                                      for s in below)
-                          and not value_symbols((e,))
-                          and not any(isinstance(s, Load) and s.name in computed for s in below)
-                          and cost(e) >= traits.min_cost)
-        return verdict[e]
-
-    def visit(e: Expr) -> None:
-        if qualifies(e):
-            found.setdefault(e, None)
-            return
-        for c in children(e):
-            visit(c)
-
-    for n in nest.nodes:
-        visit(n.body)
+    found = maximal_subtrees(nest, set(), traits.min_cost, integer_division=False)
     if not found:
         return spec
     return attrs.evolve(spec, nest=attrs.evolve(nest, invariants=tuple(found)))
