@@ -39,7 +39,8 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
     from coil.backends.runtime import load_module
 
     opts = options or Options.from_env()
-    key = graph_cache.graph_key(gm, example_inputs, opts) if pipeline is None else None
+    key = (graph_cache.graph_key(gm, example_inputs, opts, subgraph=kind.startswith("subgraph"))
+           if pipeline is None else None)
     module = graph_cache.load(key, opts.cache_dir) if key else None
     if module is None:
         module = (pipeline or default_pipeline()).run(gm, example_inputs, options=opts, kind=kind)

@@ -19,7 +19,13 @@ show its stages (debug_dir, trace) or run through a custom pipeline does not use
 the cache.  A graph's tensor constants (get_attr nodes, which the compiled module
 holds as inputs) are keyed by their layout and a hash of their bytes; a graph
 with a constant over CONSTANT_KEY_MAX elements, or one that is not a plain
-tensor, is not cached.
+tensor, is not cached.  A higher-order op's subgraph (cond's branches, a scan's
+combine function) is keyed by its graph's text (graph_text: FX renames the nodes
+of a pickled GraphModule) and its own constants and subgraphs; the module pickles
+it with its fake inputs as layouts (ir/lowered.py: Subgraph), and the subgraph's
+own compile is a cache entry of its own.  A subgraph of symbolic sizes does not
+pickle (the graph is not cached), nor is a graph that calls a user's Triton
+kernel (its kernel_idx indexes a table of this process).
 An entry that does not load (truncated, written by another version of a class)
 is compiled again and overwritten, never trusted.  Since loading a pickle runs
 code, the folder is checked first (backends/runtime.py: secure_dir): one that
@@ -112,9 +118,28 @@ def _interpreter() -> str:
     return f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
 
 
-def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> str | None:
+def graph_text(gm: torch.fx.GraphModule) -> str:
+    """The graph's meaning as text, whatever its nodes are named: each node's op,
+    target and arguments, a node named by its position.  A higher-order op's
+    subgraph that a cached module held comes back from pickle with other names
+    (`sin_default` for `sin`: FX traces its code again), so its key is made of
+    this, not of its code."""
+    at = {n: k for k, n in enumerate(gm.graph.nodes)}
+    lines = []
+    for n in gm.graph.nodes:
+        args = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: f"%{at[m]}")
+        target = n.target if isinstance(n.target, str) else getattr(n.target, "__qualname__", None) or str(n.target)
+        if n.op == "placeholder":
+            target = ""  # a placeholder's target is its name
+        lines.append(f"{n.op} {getattr(n.target, '__module__', '')}.{target} {args!r}")
+    return "\n".join(lines)
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
+              subgraph: bool = False) -> str | None:
     """The cache key of compiling gm for these inputs with these options, or None
-    when this compile does not use the cache."""
+    when this compile does not use the cache.  A higher-order op's `subgraph` is
+    keyed by graph_text, any other graph by its code."""
     if not options.graph_cache or options.debug_dir or options.trace:
         return None
     constants = _constant_keys(gm)
@@ -122,7 +147,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: 
         return None
     opts = {k: v for k, v in attrs.asdict(options).items() if k not in _UNCACHED}
     # torch's deterministic mode changes what lower makes (embedding gradients: embedding_dense_backward)
-    parts = [coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(), gm.code,
+    parts = [coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(),
+             graph_text(gm) if subgraph else gm.code,
              f"deterministic={torch.are_deterministic_algorithms_enabled()}",
              *map(_input_key, example_inputs), *constants, repr(sorted(opts.items())),
              *_symbol_ranges(example_inputs)]
@@ -137,19 +163,30 @@ CONSTANT_KEY_MAX = 1 << 20
 def _constant_keys(gm: torch.fx.GraphModule) -> list[str] | None:
     """What the key takes of the graph's tensor constants (get_attr nodes, which
     lower makes inputs the compiled module holds, so the cached module holds
-    them too): each one's name, layout and a hash of its bytes.  None where the
-    graph is not cached: a constant that is not a plain dense tensor (a fake,
-    sparse, quantized or meta one, a subclass, a submodule's attribute) or too
-    large to hash for nothing."""
+    them too): each one's name, layout and a hash of its bytes; and of its
+    higher-order ops' subgraphs: each one's name and a hash of its code and, in
+    turn, of its own constants and subgraphs.  None where the graph is not
+    cached: a constant that is not a plain dense tensor (a fake, sparse,
+    quantized or meta one, a subclass, a submodule's attribute) or too large to
+    hash for nothing, or a user's Triton kernel (its `kernel_idx` indexes this
+    process's table of kernels)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     out: list[str] = []
     for n in gm.graph.nodes:
+        if n.op == "call_function" and "triton_kernel_wrapper" in str(n.target):
+            return None  # its kernel_idx indexes a table of this process's kernels
         if n.op != "get_attr":
             continue
         value: Any = gm
         for part in str(n.target).split("."):
             value = getattr(value, part, None)
+        if isinstance(value, torch.fx.GraphModule):  # a higher-order op's subgraph: its code and its own constants
+            inner = _constant_keys(value)
+            if inner is None:
+                return None
+            out.append(f"G{n.target}:" + hashlib.sha256("\0".join([graph_text(value), *inner]).encode()).hexdigest())
+            continue
         if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.layout != torch.strided \
                 or value.is_quantized or value.device.type == "meta" or value.numel() > CONSTANT_KEY_MAX:
             return None

@@ -164,11 +164,48 @@ class Subgraph:
     takes: tuple[int, ...] = ()
     arity: int = 0
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (the graph cache keeps compiled modules): the fake inputs as their
+        layouts, made fake again on load.  A symbolic size does not pickle."""
+        return (_subgraph, (self.name, self.gm, tuple(map(_fake_spec, self.inputs)), self.compiled, self.takes,
+                            self.arity))
+
     def __repr__(self) -> str:
         if not self.compiled:
             return f"subgraph({self.name}, eager)"
         some = "" if len(self.takes) == self.arity else f", takes inputs {list(self.takes)} of {self.arity}"
         return f"subgraph({self.name}, compiled{some})"
+
+
+def _fake_spec(x: Any) -> Any:
+    """A subgraph's input as pickle keeps it: a tensor as its layout, else itself."""
+    if not isinstance(x, torch.Tensor):
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise TypeError("a subgraph of symbolic sizes is not pickled")
+        return x
+    if any(isinstance(v, torch.SymInt) for v in (*x.shape, *x.stride(), x.storage_offset())):
+        raise TypeError("a subgraph of symbolic sizes is not pickled")
+    return ("fake tensor", tuple(x.shape), tuple(x.stride()), x.storage_offset(), x.dtype, str(x.device),
+            x.requires_grad)
+
+
+def _subgraph(name: str, gm: torch.fx.GraphModule, specs: tuple[Any, ...], compiled: bool, takes: tuple[int, ...],
+              arity: int) -> "Subgraph":
+    """A pickled Subgraph, its inputs fake tensors again (one fake mode for them all)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+
+    def fake(spec: Any) -> Any:
+        if not (isinstance(spec, tuple) and spec and spec[0] == "fake tensor"):
+            return spec
+        _, size, stride, offset, dtype, device, grad = spec
+        extent = offset + 1 + sum((n - 1) * st for n, st in zip(size, stride)) if all(size) else 0
+        with mode:
+            t = torch.empty(extent, dtype=dtype, device=device).as_strided(size, stride, offset)
+            return t.requires_grad_(grad) if grad else t
+
+    return Subgraph(name, gm, tuple(map(fake, specs)), compiled, takes, arity)
 
 
 @attrs.frozen(cache_hash=True)

@@ -394,3 +394,92 @@ def test_a_link_that_cannot_be_written_does_not_fail_the_compile(tmp_path: Path,
     x, y = torch.randn(8, 12), torch.randn(12, 8)
     torch.testing.assert_close(_through_dynamo(two_outputs, [x, y], tmp_path), two_outputs(x, y))
     assert not _links(tmp_path) and list((tmp_path / "graphs").glob("*.pkl"))
+
+
+def _cond_and_scan(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from torch._higher_order_ops.scan import scan
+
+    a = torch.cond(x.sum() > 0, lambda x: x.sin() * 2, lambda x: x.cos() + 1, (x,))
+
+    def combine(c: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = c + v * 2
+        return n, n.clone()
+
+    return a, scan(combine, y[0], y)[1]
+
+
+def _aot_forward(fn: Callable[..., Any], *args: torch.Tensor) -> tuple[torch.fx.GraphModule, list[Any]]:
+    from torch._dynamo.backends.common import aot_autograd
+
+    got: list[Any] = []
+
+    def grab(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        got.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=aot_autograd(fw_compiler=grab))(*args)
+    return got[0]
+
+
+def test_a_graph_with_higher_order_ops_is_cached_with_its_subgraphs(tmp_path: Path,
+                                                                     no_pipeline: Callable[[], None]) -> None:
+    """cond's branches and scan's combine function: the module is pickled with its
+    subgraphs (their fake inputs as layouts), keyed by each subgraph's text, and
+    each subgraph's own compile is cached too.  The second compile runs no pass."""
+    x, y = torch.randn(8), torch.randn(5, 3)
+    gm, inputs = _aot_forward(_cond_and_scan, x, y)
+    opts = coil.Options(target="cpp", cache_dir=str(tmp_path))
+    first = coil.compile_graph(gm, inputs, opts)
+    assert len(list((tmp_path / "graphs").glob("*.pkl"))) == 4  # the graph, two branches, the combine function
+    no_pipeline()
+    second = coil.compile_graph(gm, inputs, opts)
+    for s in (1.0, -1.0):
+        for got, want in zip(second(x * s, y), _cond_and_scan(x * s, y)):
+            torch.testing.assert_close(got, want)
+    assert second.source == first.source
+
+
+def test_a_subgraph_is_keyed_by_its_meaning_not_its_node_names() -> None:
+    """FX traces a pickled GraphModule's code again, which renames its nodes
+    (`sin` becomes `sin_default`): the key of a subgraph's compile holds the
+    graph's text, the same before and after."""
+    import pickle
+
+    gm = make_fx(lambda x: (x.sin() * 2,))(torch.randn(4))
+    again = pickle.loads(pickle.dumps(gm))
+    assert gm.code != again.code
+    assert graph_cache.graph_text(gm) == graph_cache.graph_text(again)
+    other = make_fx(lambda x: (x.cos() * 2,))(torch.randn(4))
+    assert graph_cache.graph_text(other) != graph_cache.graph_text(gm)
+
+
+def test_a_graph_with_higher_order_ops_loads_in_another_process(tmp_path: Path) -> None:
+    """What the cache is for: a second process compiles nothing (the pipeline is
+    forbidden there) and computes eager's values, both branches."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(Path(__file__).parent)!r}]
+        import torch, coil
+        from coil.passes.pipeline import Pipeline
+        from test_graph_cache import _cond_and_scan
+        if sys.argv[1] == "second":
+            def run(*a, **k):
+                raise AssertionError("the pipeline ran")
+            Pipeline.run = run
+        x, y = torch.randn(8), torch.randn(5, 3)
+        c = torch.compile(_cond_and_scan, backend="coil", options={{"target": "cpp", "cache_dir": {str(tmp_path)!r}}})
+        for s in (1.0, -1.0):
+            for got, want in zip(c(x * s, y), _cond_and_scan(x * s, y)):
+                torch.testing.assert_close(got, want)
+        print("ok", sys.argv[1])
+    """))
+    env = {**__import__("os").environ, "COIL_EAGER_FALLBACK": "0"}
+    for run in ("first", "second"):
+        done = subprocess.run([sys.executable, str(script), run], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0 and f"ok {run}" in done.stdout, done.stderr[-3000:]

@@ -372,6 +372,10 @@ def test_a_user_triton_kernel_through_its_functional_wrapper(target):
     assert "kwargs={'x_ptr': sin, 'y_ptr': y_1, 'out_ptr': zeros_like, 'n': 100}" in text, text
     assert "MultiOutput triton_kernel_wrapper_functional_proxy['out_ptr']" in text, text
     torch.testing.assert_close(coil.compile_graph(gm, [x, y], opts)(x, y)[0], fn(x, y)[0])
+    # its kernel_idx indexes this process's table of kernels: such a graph is never cached
+    from coil import graph_cache
+
+    assert graph_cache.graph_key(gm, [x, y], opts.replace(graph_cache=True)) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Dynamo cannot trace a Triton kernel "
