@@ -165,10 +165,13 @@ class Subgraph:
     arity: int = 0
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled (the graph cache keeps compiled modules): the fake inputs as their
-        layouts, made fake again on load.  A symbolic size does not pickle."""
-        return (_subgraph, (self.name, self.gm, tuple(map(_fake_spec, self.inputs)), self.compiled, self.takes,
-                            self.arity))
+        """Pickled (the graph cache keeps compiled modules): the graph node by node
+        (graph_state; GraphModule's own pickle traces its code again, which runs a
+        factory op such as `rand` once and keeps its result as a constant), the
+        fake inputs as their layouts, made fake again on load.  A symbolic size
+        does not pickle."""
+        return (_subgraph, (self.name, graph_state(self.gm), tuple(map(_fake_spec, self.inputs)), self.compiled,
+                            self.takes, self.arity))
 
     def __repr__(self) -> str:
         if not self.compiled:
@@ -189,10 +192,86 @@ def _fake_spec(x: Any) -> Any:
             x.requires_grad)
 
 
-def _subgraph(name: str, gm: torch.fx.GraphModule, specs: tuple[Any, ...], compiled: bool, takes: tuple[int, ...],
+def _target_state(target: Any) -> Any:
+    """An FX node's target as pickle can keep it: an aten (or other namespace's) op
+    and a higher-order op by name, anything else (operator.getitem) as itself."""
+    if isinstance(target, torch._ops.OpOverload):
+        return ("op", target.namespace, target._schema.name.split("::")[1], target._overloadname)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return ("hop", target.name())
+    return ("py", target)
+
+
+def _target(state: Any) -> Any:
+    kind, *rest = state
+    if kind == "op":
+        namespace, name, overload = rest
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    if kind == "hop":
+        return getattr(torch.ops.higher_order, rest[0])
+    return rest[0]
+
+
+def graph_state(gm: torch.fx.GraphModule) -> tuple[Any, ...]:
+    """A GraphModule as pickle keeps it, node by node with their names: (nodes,
+    attributes), each node (op, name, target, args, kwargs) with the nodes it
+    reads as their names; the attributes its get_attr nodes read, a subgraph in
+    turn as its own state.  graph_module makes it again."""
+    nodes, attributes = [], {}
+    for n in gm.graph.nodes:
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: _NodeName(m.name))
+        target = n.target if n.op in ("placeholder", "output", "get_attr", "call_method") else _target_state(n.target)
+        nodes.append((n.op, n.name, target, args, kwargs))
+        if n.op == "get_attr":
+            value: Any = gm
+            for part in str(n.target).split("."):
+                value = getattr(value, part)
+            attributes[str(n.target)] = ("graph", graph_state(value)) if isinstance(value, torch.fx.GraphModule) \
+                else ("value", value)
+    return tuple(nodes), attributes
+
+
+@attrs.frozen
+class _NodeName:
+    """A node an argument names, in graph_state."""
+
+    name: str
+
+
+def graph_module(state: tuple[Any, ...]) -> torch.fx.GraphModule:
+    """The GraphModule graph_state describes: its nodes, names and attributes."""
+    nodes, attributes = state
+    graph = torch.fx.Graph()
+    made: dict[str, torch.fx.Node] = {}
+    for op, name, target, args, kwargs in nodes:
+        a, k = _node_args((args, kwargs), made)
+        if op == "output":
+            graph.output(a[0])
+            continue
+        node = graph.create_node(op, target if op in ("placeholder", "get_attr", "call_method") else _target(target),
+                                 a, k, name=name)
+        made[name] = node
+    root = {path: graph_module(v) if kind == "graph" else v for path, (kind, v) in attributes.items()}
+    return torch.fx.GraphModule(root, graph)
+
+
+def _node_args(x: Any, made: dict[str, torch.fx.Node]) -> Any:
+    if isinstance(x, _NodeName):
+        return made[x.name]
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        items = [_node_args(v, made) for v in x]
+        return items if isinstance(x, list) else tuple(items)
+    if isinstance(x, dict):
+        return {key: _node_args(v, made) for key, v in x.items()}
+    return x
+
+
+def _subgraph(name: str, state: tuple[Any, ...], specs: tuple[Any, ...], compiled: bool, takes: tuple[int, ...],
               arity: int) -> "Subgraph":
     """A pickled Subgraph, its inputs fake tensors again (one fake mode for them all)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gm = graph_module(state)
 
     mode = FakeTensorMode()
 

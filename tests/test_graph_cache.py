@@ -441,9 +441,9 @@ def test_a_graph_with_higher_order_ops_is_cached_with_its_subgraphs(tmp_path: Pa
 
 
 def test_a_subgraph_is_keyed_by_its_meaning_not_its_node_names() -> None:
-    """FX traces a pickled GraphModule's code again, which renames its nodes
-    (`sin` becomes `sin_default`): the key of a subgraph's compile holds the
-    graph's text, the same before and after."""
+    """A subgraph's key holds its graph's text (graph_text), which neither node
+    names nor node metadata change: FX's own pickle of a GraphModule traces its
+    code again and renames its nodes (`sin` becomes `sin_default`)."""
     import pickle
 
     gm = make_fx(lambda x: (x.sin() * 2,))(torch.randn(4))
@@ -483,3 +483,21 @@ def test_a_graph_with_higher_order_ops_loads_in_another_process(tmp_path: Path) 
     for run in ("first", "second"):
         done = subprocess.run([sys.executable, str(script), run], capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0 and f"ok {run}" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_cached_subgraph_keeps_its_random_ops(tmp_path: Path, no_pipeline: Callable[[], None]) -> None:
+    """A subgraph is pickled node by node (ir/lowered.py: graph_state): FX's own
+    pickle of a GraphModule traces its code again, which would run `rand` once and
+    keep its values as a constant, so the cached branch would give the same
+    'random' numbers at every call."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda x: x + torch.rand(8), lambda x: x - 1, (x,))
+
+    x = torch.ones(8)
+    gm, inputs = _aot_forward(fn, x)
+    opts = coil.Options(target="cpp", cache_dir=str(tmp_path))
+    coil.compile_graph(gm, inputs, opts)
+    no_pipeline()
+    loaded = coil.compile_graph(gm, inputs, opts)
+    a, b = loaded(x)[0], loaded(x)[0]
+    assert not torch.equal(a, b) and ((a - 1) >= 0).all() and ((a - 1) < 1).all()
