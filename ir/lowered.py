@@ -219,6 +219,8 @@ def graph_state(gm: torch.fx.GraphModule) -> tuple[Any, ...]:
     turn as its own state.  graph_module makes it again."""
     nodes, attributes = [], {}
     for n in gm.graph.nodes:
+        if n.op == "call_module":  # a submodule's state is more than a graph: not pickled
+            raise TypeError(f"a subgraph that calls a module ({n.target}) is not pickled")
         args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: _NodeName(m.name))
         target = n.target if n.op in ("placeholder", "output", "get_attr", "call_method") else _target_state(n.target)
         nodes.append((n.op, n.name, target, args, kwargs))

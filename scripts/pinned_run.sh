@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 15's one-version models run, pinned to one commit while main moves on.
+#
+#   bash scripts/pinned_run.sh prepare     (here: builds devsnap/, git-ignored)
+#   then, through the device tool, with carry ["devsnap"]:
+#   T=570 B=440 bash devsnap/devrun.sh     (there: resumes the run that matches the card)
+#
+# devsnap/ is `git archive` of PINNED with the committed results of both runs
+# copied in, so `--resume` measures only the cases still missing.  devrun.sh picks
+# the results file by the card's name: h200-models-full on an H200,
+# h100-models-full on an H100; it never resumes one card's run on another card.
+# Copy what comes back (files_at/r/*) to bench/results/ and devsnap/bench/results/,
+# and commit after each call.  T: the run's time limit (s), B: the bench's budget
+# (s) for starting cases, C: cases warmed per chunk.  The call's timeout_s must
+# exceed T by about 40 s (the install and the copies); with less, the call is
+# killed and only the cases finished so far come back.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PINNED=${PINNED:-0feee52}  # coil_source c20c724c15db
+case "${1:-}" in
+prepare)
+    rm -rf devsnap && mkdir devsnap
+    git archive "$PINNED" | tar -x -C devsnap
+    cp bench/results/h200-models-full.* bench/results/h100-models-full.* devsnap/bench/results/ 2>/dev/null || true
+    cat > devsnap/devrun.sh <<'EOF'
+cd devsnap
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+dev=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
+echo "device: $dev"
+case "$dev" in *H200*) N=h200-models-full;; *H100*) N=h100-models-full;; *) echo "neither card: stop"; exit 3;; esac
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+mkdir -p $OUT/r
+cp bench/results/$N.* $OUT/r/ 2>/dev/null; echo "resuming $N"
+python3 -c "from coil.graph_cache import coil_source_hash; print('source', coil_source_hash()[:12])"
+timeout ${T:-520} python3 -m bench --suite models --device cuda --size both --compile-mode default \
+    --compile-mode reduce-overhead --resume --name $N --out $OUT/r --budget-s ${B:-430} --warm-jobs 14 \
+    --warm-chunk ${C:-7} 2>&1 | grep -v Warning | tail -12
+EOF
+    du -sh devsnap
+    ;;
+*)
+    echo "usage: bash scripts/pinned_run.sh prepare" >&2
+    exit 2
+    ;;
+esac
