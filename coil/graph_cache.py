@@ -20,8 +20,8 @@ the cache.  A graph's tensor constants (get_attr nodes, which the compiled modul
 holds as inputs) are keyed by their layout and a hash of their bytes; a graph
 with a constant over CONSTANT_KEY_MAX elements, or one that is not a plain
 tensor, is not cached.  A higher-order op's subgraph (cond's branches, a scan's
-combine function) is keyed by its graph's text (graph_text: FX renames the nodes
-of a pickled GraphModule) and its own constants and subgraphs; the module pickles
+combine function) is keyed by its graph's text (graph_text, which neither node
+names nor node metadata change) and its own constants and subgraphs; the module pickles
 it with its fake inputs as layouts (ir/lowered.py: Subgraph), and the subgraph's
 own compile is a cache entry of its own.  A subgraph of symbolic sizes does not
 pickle (the graph is not cached), nor is a graph that calls a user's Triton
@@ -119,19 +119,27 @@ def _interpreter() -> str:
 
 
 def graph_text(gm: torch.fx.GraphModule) -> str:
-    """The graph's meaning as text, whatever its nodes are named: each node's op,
-    target and arguments, a node named by its position.  A higher-order op's
-    subgraph that a cached module held comes back from pickle with other names
-    (`sin_default` for `sin`: FX traces its code again), so its key is made of
-    this, not of its code."""
+    """The graph's meaning as text, whatever its nodes are named and whatever
+    metadata they carry: each node's op, target (an op with its overload) and
+    arguments, a node named by its position.  A higher-order op's subgraph is keyed
+    by this, not by its code: a subgraph that a cached module held is rebuilt
+    without its nodes' metadata (ir/lowered.py: graph_module), from which a
+    graph's code takes annotations and comments, and FX's own pickle renames
+    nodes (`sin_default` for `sin`)."""
     at = {n: k for k, n in enumerate(gm.graph.nodes)}
     lines = []
     for n in gm.graph.nodes:
         args = torch.fx.node.map_arg((n.args, n.kwargs), lambda m: f"%{at[m]}")
-        target = n.target if isinstance(n.target, str) else getattr(n.target, "__qualname__", None) or str(n.target)
+        t = n.target
         if n.op == "placeholder":
             target = ""  # a placeholder's target is its name
-        lines.append(f"{n.op} {getattr(n.target, '__module__', '')}.{target} {args!r}")
+        elif isinstance(t, str):
+            target = t
+        elif isinstance(t, (torch._ops.OpOverload, torch._ops.HigherOrderOperator, torch._ops.OpOverloadPacket)):
+            target = f"{type(t).__name__} {t}"  # aten.add.Tensor, not add.Scalar's name too
+        else:
+            target = f"{getattr(t, '__module__', '')}.{getattr(t, '__qualname__', t)}"
+        lines.append(f"{n.op} {target} {args!r}")
     return "\n".join(lines)
 
 

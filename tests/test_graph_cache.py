@@ -501,3 +501,11 @@ def test_a_cached_subgraph_keeps_its_random_ops(tmp_path: Path, no_pipeline: Cal
     loaded = coil.compile_graph(gm, inputs, opts)
     a, b = loaded(x)[0], loaded(x)[0]
     assert not torch.equal(a, b) and ((a - 1) >= 0).all() and ((a - 1) < 1).all()
+
+
+def test_graph_text_tells_overloads_apart() -> None:
+    """add.Tensor and add.Scalar (one op, two overloads) are two graphs."""
+    x = torch.randn(4)
+    tensor = make_fx(lambda x: (torch.ops.aten.add.Tensor(x, x),))(x)
+    scalar = make_fx(lambda x: (torch.ops.aten.add.Scalar(x, 2),))(x)
+    assert "aten.add.Tensor" in graph_cache.graph_text(tensor) and "aten.add.Scalar" in graph_cache.graph_text(scalar)
