@@ -425,3 +425,34 @@ def test_a_compiled_cond_calls_its_branch_without_the_ops_dispatch(monkeypatch):
     monkeypatch.setattr(type(torch.ops.higher_order.cond), "__call__", dispatched)
     for s, w in want.items():
         torch.testing.assert_close(fn(x.abs() * s)[0], w)
+
+
+def test_a_compiled_while_loop_runs_without_the_ops_dispatch(monkeypatch):
+    """runtime.run_while_loop: torch 2.13's dense implementation, without the op's
+    dispatch (16 steps of a one-kernel body on the CPU: 163 -> 110 µs, Inductor 72),
+    at 0, 1 and 5 steps; with no step it returns fresh tensors, as eager does."""
+    from coil.backends.runtime import aten_op, run_while_loop
+
+    assert aten_op(torch.ops.higher_order.while_loop) is run_while_loop
+
+    def looping(n):
+        def f(x):
+            return while_loop(lambda i, x: i < n, lambda i, x: (i + 1, x * 0.5 + 1), (torch.tensor(0), x))
+        return f
+
+    x = torch.randn(8)
+    compiled = {}
+    for n in (0, 1, 5):
+        gm, inputs = forward_graph(looping(n), x)
+        compiled[n] = (coil.compile_graph(gm, inputs, coil.Options(target="cpp", graph_cache=False)), looping(n)(x))
+
+    def dispatched(*_a, **_k):
+        raise AssertionError("the higher-order op was dispatched")
+
+    monkeypatch.setattr(type(torch.ops.higher_order.while_loop), "__call__", dispatched)
+    for n, (fn, want) in compiled.items():
+        got = fn(x)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        if n == 0:
+            assert got[-1].data_ptr() != x.data_ptr()
