@@ -175,10 +175,11 @@ def test_foreach_ops_lower_to_kernels_and_match_eager(case: str) -> None:
             torch.testing.assert_close(x, y, msg=lambda m, k=k: f"{target} output {k}: {m}")
 
 
-def test_a_foreach_op_over_tensors_of_another_device_stays_extern() -> None:
-    """A CUDA optimizer's step counts live on the CPU: a foreach op over them (or
-    mixing them with the device's tensors) is not decomposed into the graph's
-    kernels, which run on the graph's device, but stays an Extern on the CPU."""
+def test_the_device_rule_tells_a_cpu_step_count_from_the_graphs_device() -> None:
+    """A CUDA optimizer's step counts may live on the CPU: lower decomposes a
+    foreach op only where `_spans_devices` finds every tensor of the call on the
+    graph's device, else the op stays an Extern.  This checks the rule on CPU
+    tensors against a CUDA graph's device name; no CUDA graph has run it."""
     steps = [torch.tensor(1.0), torch.tensor(2.0)]
     gm = make_fx(lambda a, b: tuple(aten._foreach_pow.ScalarAndTensor(0.9, [a, b])))(*steps)
     vals = ensure_meta(FxGraph(gm, tuple(steps)))

@@ -131,17 +131,22 @@ def sum_block(bufs: Sequence[ComputedBuffer], rsizes: tuple[int, ...], run: int,
         return 0
     inner = math.prod(rsizes[1:])  # the elements (a column nest's rows) a step of the outermost r loop
     if lanes:
-        block = max(1, (1 << max(4, round(math.log2(run * inner) * 2 / 3))) // inner)
+        block = max(1, _two_thirds(run * inner, down=False) // inner)
     elif len(rsizes) == 1:
         block = traits.sum_block
     else:  # a row over several r loops: steps of the outermost, each lane's chain cut as a column's
         filled = min(rsizes[-1], traits.sum_lanes)
-        chain = max(run * inner // filled, 1)
-        block = max(1, (1 << max(4, int(math.log2(chain) * 2 / 3))) * filled // inner)
+        block = max(1, _two_thirds(run * inner // filled, down=True) * filled // inner)
     if run <= block:
         return 0
     sums = [b for b in bufs if b.reduction_type in ("sum", "welford_m2") and b.layout.dtype.is_floating_point]
     return block if sums else 0
+
+
+def _two_thirds(n: int, down: bool) -> int:
+    """The power of two near n ** (2/3) (rounded down with `down`), at least 16."""
+    e = math.log2(max(n, 1)) * 2 / 3
+    return 1 << max(4, int(e) if down else round(e))
 
 
 def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> Parallel | None:
