@@ -108,32 +108,37 @@ def _same_length(*lists: Sequence[Any]) -> None:
         raise RuntimeError(f"foreach op: lists of lengths {[len(x) for x in lists]}")
 
 
+def _overload(name: str, overload: str = "default") -> Any:
+    """`aten.<name>.<overload>`, or None where this torch has no such op: the foreach family grows between
+    releases (`_foreach_clone` is newer than torch 2.11), and an op this torch lacks can never reach lower."""
+    packet = getattr(aten, name, None)
+    if packet is None or overload not in packet.overloads():
+        return None
+    return getattr(packet, overload)
+
+
 def _table() -> dict[Any, Decomposition]:
-    table: dict[Any, Decomposition] = {}
+    entries: list[tuple[Any, Decomposition]] = []
     for name in _UNARY:
-        table[getattr(aten, f"_foreach_{name}").default] = _unary(getattr(aten, name).default)
-    table[aten._foreach_zero.default] = _unary(aten.zeros_like.default)
-    table[aten._foreach_clone.default] = _unary(aten.clone.default)
-    table[aten._foreach_max.default] = _unary(aten.max.default)
+        entries.append((_overload(f"_foreach_{name}"), _unary(getattr(aten, name).default)))
+    entries.append((_overload("_foreach_zero"), _unary(aten.zeros_like.default)))
+    entries.append((_overload("_foreach_clone"), _unary(aten.clone.default)))
+    entries.append((_overload("_foreach_max"), _unary(aten.max.default)))
     for name, (with_tensor, with_number) in _BINARY.items():
-        packet = getattr(aten, f"_foreach_{name}")
-        overloads = set(packet.overloads())
-        if "List" in overloads:
-            table[packet.List] = _zip_list(with_tensor)
-        if "Tensor" in overloads:  # one tensor (a 0-d one, as a rule) for every element
-            table[packet.Tensor] = _zip_list(with_tensor)
+        # List: op(x_i, y_i); Tensor: one tensor (a 0-d one, as a rule) for every element
+        for overload in ("List", "Tensor"):
+            entries.append((_overload(f"_foreach_{name}", overload), _zip_list(with_tensor)))
         for overload in ("Scalar", "ScalarList"):
-            if overload in overloads:
-                table[getattr(packet, overload)] = _zip_scalars(with_number)
-    table[aten._foreach_pow.ScalarAndTensor] = _pow_scalar_and_tensor
+            entries.append((_overload(f"_foreach_{name}", overload), _zip_scalars(with_number)))
+    entries.append((_overload("_foreach_pow", "ScalarAndTensor"), _pow_scalar_and_tensor))
     for name in ("addcmul", "addcdiv"):
-        packet = getattr(aten, f"_foreach_{name}")
-        table[packet.Scalar] = table[packet.ScalarList] = _pointwise3(getattr(aten, name).default)
+        for overload in ("Scalar", "ScalarList"):
+            entries.append((_overload(f"_foreach_{name}", overload), _pointwise3(getattr(aten, name).default)))
     for overload in ("Scalar", "ScalarList", "List"):
-        table[getattr(aten._foreach_lerp, overload)] = _lerp
-    table[aten._foreach_copy.default] = _copy
-    table[aten._foreach_norm.Scalar] = _norm
-    return table
+        entries.append((_overload("_foreach_lerp", overload), _lerp))
+    entries.append((_overload("_foreach_copy"), _copy))
+    entries.append((_overload("_foreach_norm", "Scalar"), _norm))
+    return {op: decomposition for op, decomposition in entries if op is not None}
 
 
 FOREACH_DECOMPOSITIONS: dict[Any, Decomposition] = _table()
