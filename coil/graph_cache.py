@@ -159,8 +159,16 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: 
              graph_text(gm) if subgraph else gm.code,
              f"deterministic={torch.are_deterministic_algorithms_enabled()}",
              *map(_input_key, example_inputs), *constants, repr(sorted(opts.items())),
-             *_symbol_ranges(example_inputs)]
+             *_symbol_ranges(example_inputs), *_origin_keys(gm)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _origin_keys(gm: torch.fx.GraphModule) -> list[str]:
+    """The nodes whose `original_aten` lower reads (a decomposed nll_loss's gather
+    raises nll_loss's error), which gm.code does not show: by position."""
+    from coil.passes.lowerings.indirect import origin_errors
+
+    return [f"origin {k} {n.meta['original_aten']}" for k, n in enumerate(gm.graph.nodes) if origin_errors(n)]
 
 
 # a graph whose tensor constants hold more elements than this is not cached: hashing

@@ -44,6 +44,7 @@ from coil.passes.higher_order import SubgraphAttr, hop_name, lower_higher_order
 from coil.passes.layout import attention_input_strides, prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS, ONE_DEVICE_DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering, xsyms
+from coil.passes.lowerings.indirect import origin_errors, retag_checks
 from coil.passes.symbolic import STATIC, SizeMap, is_float_size, is_nested_int, size_arith
 
 log = logging.getLogger("coil.trace")
@@ -521,6 +522,8 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
             out = NotImplemented
         if out is not NotImplemented:
             log.debug("lower %s: %s -> lowering %s", node.name, target, fn.__name__)
+            if (errors := origin_errors(node)) is not None:
+                retag_checks(ctx, mark, *errors)  # a decomposed nll_loss's gather raises nll_loss's error
             return _guard_spelled(ctx, out)
         del ctx.nodes[mark:]  # the lowering declined this call: run the aten op
         log.debug("lower %s: %s -> extern fallback (lowering declined)", node.name, target)

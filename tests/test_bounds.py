@@ -171,6 +171,28 @@ def test_out_of_range_raises_eagers_error(case: tuple[Any, ...], target: str) ->
 
 
 @pytest.mark.parametrize("target", ["cpp", "reference"])
+def test_a_training_cross_entropy_raises_nll_losss_error(target: str) -> None:
+    """In training AOTAutograd decomposes nll_loss_forward (so the partitioner saves
+    the logits, not the log-softmax): its gather's check still raises eager's
+    IndexError for a bad target, not gather's RuntimeError.  Gradients match."""
+    def f(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(x * 2, t)
+
+    torch._dynamo.reset()
+    g = torch.compile(f, backend="coil", options={"target": target, "eager_fallback": False, "graph_cache": False})
+    x = torch.randn(4, 3, requires_grad=True)
+    ref = x.detach().clone().requires_grad_()
+    g(x, torch.tensor([0, 1, 2, 1])).backward()
+    f(ref, torch.tensor([0, 1, 2, 1])).backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+    with pytest.raises(IndexError, match=r"^Target 5 is out of bounds\.$"):
+        g(x, torch.tensor([0, 1, 5, 1]))
+    with pytest.raises(IndexError, match=r"^Target -1 is out of bounds\.$"):
+        g(x, torch.tensor([0, -1, 2, 1]))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("target", ["cpp", "reference"])
 def test_the_error_names_the_bad_value(target: str) -> None:
     f = compiled(_cross_entropy, target)
     with pytest.raises(IndexError, match=r"^Target 5 is out of bounds\.$"):

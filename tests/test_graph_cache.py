@@ -166,6 +166,24 @@ def test_the_key_follows_coil_source_and_options() -> None:
     assert len(graph_cache.coil_source_hash()) == 64
 
 
+
+def test_the_key_follows_the_origins_lower_reads() -> None:
+    """A gather that came from a decomposed nll_loss raises nll_loss's error
+    (lower reads the node's `original_aten`, which gm.code does not show): a plain
+    gather of the same code must not load its compiled module."""
+    def gather(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.gather(x, 1, i)
+
+    inputs = [torch.randn(4, 3), torch.tensor([[0], [2], [1], [1]])]
+    gm = make_fx(gather)(*inputs)
+    plain = graph_cache.graph_key(gm, inputs, coil.Options(target="cpp"))
+    node = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.gather.default)
+    node.meta["original_aten"] = torch.ops.aten.nll_loss_forward.default
+    assert graph_cache.graph_key(gm, inputs, coil.Options(target="cpp")) != plain
+    node.meta["original_aten"] = torch.ops.aten.gather.default  # an origin lower does not read
+    assert graph_cache.graph_key(gm, inputs, coil.Options(target="cpp")) == plain
+
+
 # Dynamo graphs: the link that lets a warm compile skip AOTAutograd
 
 

@@ -142,15 +142,33 @@ def nll_loss_forward(ctx: LowerCtx, x: TensorValue, target: TensorValue, weight:
         return NotImplemented
     mark = len(ctx.nodes)
     out = _lower_decomposition(ctx, aten.nll_loss_forward.default, (x, target, weight, reduction, ignore_index))
+    retag_checks(ctx, mark, *ERRORS_BY_ORIGIN["aten.nll_loss_forward.default"])
+    return out
 
+
+# An op that AOTAutograd decomposes before coil sees it (backends/dynamo.py:
+# AOT_ONLY_DECOMPOSITIONS) still raises its own error: the checks of the reads its
+# decomposition makes are retagged by the op the FX node came from (its
+# `original_aten`, by name: the meta's OpOverload need not be the object
+# torch.ops holds), from the error on the left to the one on the right.
+ERRORS_BY_ORIGIN: dict[str, tuple[str, str]] = {"aten.nll_loss_forward.default": ("gather", "nll_loss")}
+
+
+def origin_errors(node: Any) -> tuple[str, str] | None:
+    """ERRORS_BY_ORIGIN's entry for an FX node's `original_aten`, if any."""
+    origin = node.meta.get("original_aten")
+    return None if origin is None else ERRORS_BY_ORIGIN.get(str(origin))
+
+
+def retag_checks(ctx: LowerCtx, mark: int, old: str, new: str) -> None:
+    """The index checks of the nodes lowered since `mark` raise error `new` where they raised `old`."""
     def retag(e: Expr) -> Expr | None:
-        return attrs.evolve(e, error="nll_loss") if isinstance(e, Check) and e.error == "gather" else None
+        return attrs.evolve(e, error=new) if isinstance(e, Check) and e.error == old else None
 
     for i in range(mark, len(ctx.nodes)):
         n = ctx.nodes[i]
         if isinstance(n, (Pointwise, Reduction)):
             ctx.nodes[i] = attrs.evolve(n, body=rewrite(n.body, retag))
-    return out
 
 
 def _lower_decomposition(ctx: LowerCtx, target: Any, args: tuple[Any, ...]) -> Any:
