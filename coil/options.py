@@ -71,6 +71,12 @@ class NestTraits:
     # float32 lanes an `omp simd` sum spreads its row over: a row over several r loops
     # whose innermost is shorter fills fewer, so its blocks hold fewer elements
     sum_lanes: int = 8
+    # ops spelled as calls the compiler will not if-convert a loop around (GCC 12: any
+    # call but a builtin's; coil's sin and cos go by other names), so a masked read or a
+    # select in such a loop keeps it scalar: a pointwise nest that applies one has its
+    # innermost loop cut into pieces where its comparisons are constants
+    # (passes/schedule/pieces.py)
+    opaque_calls: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -252,7 +258,7 @@ TRITON_SPLITS = SplitTraits(row_min=16384, max_rows=128, programs=1024, min_chun
 # than eager's (one serial add chain a part); in blocks of 1024 under omp simd it is
 # within a few times eager's (tests/test_cpp_target.py)
 CPP_NESTS = NestTraits(parallel_min_work=32768, parallel_chunks=64, split_below_rows=16, split_parts=64, lanes=64,
-                       tile=64, block=4096, block_below=64, sum_block=1024)
+                       tile=64, block=4096, block_below=64, sum_block=1024, opaque_calls=("sin", "cos"))
 # the C++ target's: runs of 8 columns at least; a kernel that stores along its rows stays
 # on them, as it did while any read along r kept it there: layer_norm of
 # gelu(x).permute(0, 2, 1) + a position embedding, x of (B, C, T), one thread, on rows

@@ -383,6 +383,19 @@ def _int_op_range(name: str, rs: list[IntRange]) -> IntRange | None:
     return None
 
 
+_COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def _compare(name: str, a: IntRange, b: IntRange) -> IntRange:
+    """A comparison's range: [1, 1] where it holds for every pair of values, [0, 0]
+    where for none, else [0, 1]."""
+    always = {"lt": a[1] < b[0], "le": a[1] <= b[0], "gt": a[0] > b[1], "ge": a[0] >= b[1],
+              "eq": a[0] == a[1] == b[0] == b[1], "ne": a[1] < b[0] or b[1] < a[0]}[name]
+    never = {"lt": a[0] >= b[1], "le": a[0] > b[1], "gt": a[1] <= b[0], "ge": a[1] < b[0],
+             "eq": a[1] < b[0] or b[1] < a[0], "ne": a[0] == a[1] == b[0] == b[1]}[name]
+    return (1, 1) if always else (0, 0) if never else (0, 1)
+
+
 class RangeHandler:
     """evaluate's handler: each subtree's range (None: floating, or unknown)."""
 
@@ -406,6 +419,8 @@ class RangeHandler:
 
     def op(self, node: Op, args: tuple[Range | None, ...]) -> Range | None:
         if node.dtype == torch.bool:
+            if node.name in _COMPARISONS and all(a is not None and _static(a) for a in args):
+                return _compare(node.name, *cast(list[IntRange], args))  # decided for every value: a constant
             return (0, 1)
         if node.dtype.is_floating_point or node.dtype.is_complex:
             return None

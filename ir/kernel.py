@@ -349,6 +349,10 @@ class LoopNest:
     # bodies that read no loop variable (an Adam step's bias corrections of its 0-d
     # step count), each computed once per call, before the loops
     invariants: tuple[Expr, ...] = ()
+    # a pointwise nest's innermost loop cut at these points, one loop a piece, in each
+    # of which the comparisons of that loop's variable are constants, so its masks and
+    # selects fold away (passes/schedule/pieces.py)
+    cuts: tuple[int, ...] = ()
     # a reduction's r loop run in blocks of this many elements (a split's part, in
     # blocks of its own; on a column nest, of this many steps of its outermost r loop),
     # each block summed into fresh accumulators that are then folded into the row's: a

@@ -82,6 +82,10 @@ def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
         out.append(f"{indent}  lane table {k}: " + " ".join(ln.strip() for ln in body_lines(table, "")))
     for k, value in enumerate(nest.invariants):
         out.append(f"{indent}  invariant {k}, once per call: " + " ".join(ln.strip() for ln in body_lines(value, "")))
+    if nest.cuts:
+        bounds = (0, *nest.cuts, nest.xsizes[-1])
+        spans = ", ".join(f"[{a}, {b})" for a, b in zip(bounds, bounds[1:]))
+        out.append(f"{indent}  innermost x loop in pieces {spans}, its comparisons constant in each")
     par = nest.parallel
     if par is None:
         out.append(f"{indent}  one thread")

@@ -38,7 +38,9 @@ K10 streams, scratch arrays and hoisted values need a loop nest; a lane table is
    tiles, that reads the innermost loop's variable alone and nothing the kernel
    computes, no indirect load and no check; an invariant is one that reads no loop
    variable, in a static nest with iterations, no r loops and no tiles, and
-   divides no integers.  Streamed stores
+   divides no integers.  Cuts of the innermost x loop are a static pointwise nest's
+   (no r loops, tile, blocks or streams), strictly increasing inside that loop, and
+   each comparison of that loop's variable alone is one value in every piece.  Streamed stores
    are a kernel's without r loops, of nodes it stores (parameters it writes), each
    named once, staged in positive chunks.  A scratch array is stored in a loop (a
    Loop stage's level) that computes a node whose body in the nest has its
@@ -83,7 +85,8 @@ import math
 import attrs
 import sympy
 
-from coil.ir.expr import DIVIDING_OPS, Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
+from coil.ir.bounds import value_range
+from coil.ir.expr import DIVIDING_OPS, Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, substitute_symbols, walk
 from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
     RINDEX,
@@ -402,8 +405,41 @@ def _invariant_problem(k: KernelSpec) -> str | None:
     return None
 
 
+def _cuts_problem(k: KernelSpec) -> str | None:
+    """Why the nest's cuts break K10, or None: a static pointwise nest without tiles
+    or blocks, cuts strictly inside its innermost loop, in increasing order, and in
+    each piece every comparison of that loop's variable alone one value."""
+    nest = k.nest
+    if nest is None or not nest.cuts:
+        return None
+    if (nest.rsizes or nest.tile is not None or nest.block or k.streams is not None
+            or not all(isinstance(s, int) for s in nest.xsizes)):
+        return "cuts in a nest with r loops, a tile, blocks, streams or symbolic sizes"
+    n = nest.xsizes[-1]
+    bounds = (0, *nest.cuts, n)
+    if any(a >= b for a, b in zip(bounds, bounds[1:])):
+        return f"cuts {list(nest.cuts)} not increasing inside the innermost loop of {n}"
+    sym = sympy.Symbol(f"ix{len(nest.xsizes) - 1}", integer=True, nonnegative=True)
+    t = sympy.Symbol("piece_t", integer=True, nonnegative=True)
+    for s in {s for nd in nest.nodes for s in walk(nd.body)}:
+        if not (isinstance(s, Op) and s.name in ("lt", "le", "gt", "ge", "eq", "ne")):
+            continue
+        subs = list(walk(s))
+        if any(isinstance(x, (Load, IndirectLoad, Check)) for x in subs):
+            continue
+        if {v for x in subs if isinstance(x, IndexExpr) for v in x.expr.free_symbols} != {sym}:
+            continue
+        for a, b in zip(bounds, bounds[1:]):
+            r = value_range(substitute_symbols(s, {sym: t + a}), {t: b - a})
+            if r is None or r[0] != r[1]:
+                return f"a comparison ({s.name}) of {sym} that varies in piece [{a}, {b})"
+    return None
+
+
 def _verify_row_work(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     if (why := _table_problem(k) or _invariant_problem(k)) is not None:
+        fail(p, stage, k.name, f"K10 {why}")
+    if (why := _cuts_problem(k)) is not None:
         fail(p, stage, k.name, f"K10 {why}")
     nest = k.nest
     if nest is None:

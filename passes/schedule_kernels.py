@@ -77,7 +77,7 @@ from coil.passes.kernel_model import (
     store_position,
     var_map,
 )
-from coil.passes.schedule import lanes, launch, loads, loops, rows, split, streams, threads, tiling
+from coil.passes.schedule import lanes, launch, loads, loops, rows, split, streams, threads, tiling, pieces
 
 # index math in int64 from this offset or iteration space on
 INT32_LIMIT = 2**31
@@ -118,6 +118,7 @@ def _scheduled(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[P
             spec = rows.row_work(spec, traits)
             if traits.lane_tables is not None:
                 spec = lanes.invariants(lanes.lane_tables(spec, traits.lane_tables), traits.lane_tables)
+            spec = pieces.pieces(spec, traits.nests.opaque_calls)
     if plan.shapes:
         spec = attrs.evolve(spec, symbols=_symbols_used(spec, layouts))
     return spec

@@ -631,3 +631,25 @@ def test_scatter_of_one_index_a_row_raises_as_eager(target: str) -> None:
             fn(x, bad)
         with pytest.raises(RuntimeError, match="out of bounds"):
             f(x, bad)
+
+
+def test_a_comparison_decided_over_its_ranges_is_a_constant() -> None:
+    """value_range of a comparison is [1, 1] where it holds for every value, [0, 0]
+    where for none, else [0, 1] (the C++ target's pieces fold comparisons so)."""
+    import coil.ir.bounds as bounds
+
+    i = sympy.Symbol("ix0", integer=True, nonnegative=True)
+    idx = IndexExpr(i)
+
+    def cmp(name: str, k: int) -> Op:
+        return Op(name, (idx, Constant(k, torch.int64)), torch.bool)
+
+    r = {i: 16}  # i in [0, 15]
+    assert bounds.value_range(cmp("lt", 16), r) == (1, 1)
+    assert bounds.value_range(cmp("ge", 16), r) == (0, 0)
+    assert bounds.value_range(cmp("lt", 8), r) == (0, 1)
+    assert bounds.value_range(cmp("le", 15), r) == (1, 1)
+    assert bounds.value_range(cmp("gt", 15), r) == (0, 0)
+    assert bounds.value_range(cmp("ne", 20), r) == (1, 1)
+    assert bounds.value_range(cmp("eq", 20), r) == (0, 0)
+    assert bounds.value_range(cmp("eq", 3), {i: 1}) == (0, 0) and bounds.value_range(cmp("eq", 0), {i: 1}) == (1, 1)

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -703,3 +705,88 @@ def test_a_row_over_several_r_loops_sums_in_blocks_of_its_outer_loop() -> None:
 
     text = show(run_until(fn, [a, b], "schedule_kernels", target="cpp"))
     assert "outermost r loop in blocks of 1, each summed apart" in text, text
+
+
+# ---- pieces: the innermost loop cut where its comparisons change (passes/schedule/pieces.py) -----
+
+
+def _rotary(x: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor]:
+    half = x.shape[-1] // 2
+    return (x * p.cos() + torch.cat((-x[..., half:], x[..., :half]), -1) * p.sin(),)
+
+
+# name, fn, inputs, the pieces of the innermost loop (None: not cut)
+PIECE_CASES: list[tuple[str, Callable[..., Any], list[torch.Tensor], str | None]] = [
+    ("rotary", _rotary, [torch.randn(3, 2, 8, 32), torch.randn(8, 32)], "[0, 16), [16, 32)"),
+    ("uneven_cat", lambda x, y: (torch.cat((x.sin(), y.cos()), -1),), [torch.randn(4, 5), torch.randn(4, 11)],
+     "[0, 5), [5, 16)"),
+    ("pad_both_ends", lambda x: (F.pad(x.sin(), (2, 3), value=0.5),), [torch.randn(6, 7)], "[0, 2), [2, 9), [9, 12)"),
+    ("no_call", lambda x, y: (torch.cat((x.exp(), y), -1),), [torch.randn(4, 5), torch.randn(4, 3)], None),
+    ("cut_along_an_outer_dim", lambda x, y: (torch.cat((x, y), 0).sin(),), [torch.randn(3, 8), torch.randn(2, 8)],
+     None),
+]
+
+
+@pytest.mark.parametrize("case", PIECE_CASES, ids=[c[0] for c in PIECE_CASES])
+def test_a_loop_with_sin_or_cos_runs_in_pieces_without_masks(case: Any) -> None:
+    """GCC 12 vectorises no loop that reads through a mask or selects and also calls
+    sin or cos (coil's names are no builtins, so it does not if-convert): such a
+    nest's innermost loop runs in pieces, each with its comparisons folded, so the
+    C++ loops hold no `?` at all.  Without sin or cos (GCC's masked loads then
+    work), or with the comparisons along an outer loop, the nest stays whole."""
+    from tests_helpers import run_until
+
+    from coil.ir.printer import show
+
+    _, fn, inputs, spans = case
+    program = run_until(fn, inputs, "schedule_kernels", target="cpp")
+    text = show(program)
+    compiled = coil.compile_graph(make_fx(fn)(*inputs), inputs, coil.Options(target="cpp", graph_cache=False))
+    kernel = compiled.source[compiled.source.find('extern "C"'):compiled.source.find("'''\n")]
+    if spans is None:
+        assert "in pieces" not in text, text
+    else:
+        assert f"innermost x loop in pieces {spans}, its comparisons constant in each" in text, text
+        assert "?" not in kernel and kernel.count("#pragma omp simd") == spans.count("["), kernel
+    for got, want in zip(compiled(*inputs), fn(*inputs)):
+        torch.testing.assert_close(got, want)
+
+
+def test_the_verifier_refuses_cuts_that_leave_a_comparison_varying() -> None:
+    import attrs
+    from tests_helpers import run_until
+
+    from coil.ir.verify_kernel import verify_kernel_program
+
+    x, p = torch.randn(2, 4, 32), torch.randn(4, 32)
+    program = run_until(_rotary, [x, p], "schedule_kernels", target="cpp")
+    verify_kernel_program(program, "schedule_kernels")
+    spec = next(s for s in program.specs if s.nest is not None and s.nest.cuts)
+    for cuts, word in (((8,), "varies in piece"), ((16, 16), "not increasing"), ((40,), "not increasing")):
+        bad = attrs.evolve(spec, nest=attrs.evolve(spec.nest, cuts=cuts))
+        with pytest.raises(coil.CoilError, match=f"K10 .*{word}"):
+            verify_kernel_program(attrs.evolve(program, specs=tuple(bad if s is spec else s for s in program.specs)),
+                                  "schedule_kernels")
+
+
+@settings(max_examples=25, deadline=None)
+@given(widths=st.lists(st.integers(1, 9), min_size=1, max_size=3), pad=st.tuples(st.integers(-2, 4), st.integers(-2, 4)),
+       rows=st.integers(1, 4), unary=st.sampled_from(["sin", "cos"]), neg_half=st.booleans())
+def test_pieces_of_cats_and_pads_under_sin_and_cos_match_eager(widths: list[int], pad: tuple[int, int], rows: int,
+                                                                unary: str, neg_half: bool) -> None:
+    """Any cat of a few widths along the innermost dim, padded (or cropped, by a
+    negative pad) at either end, through sin or cos, with a rotary-style negated
+    half: whether its loop is cut into pieces or not, the values are eager's."""
+    parts = [torch.randn(rows, w) for w in widths]
+
+    def fn(*xs: torch.Tensor) -> tuple[torch.Tensor]:
+        ys = [getattr(x, unary)() if k % 2 == 0 else x for k, x in enumerate(xs)]
+        if neg_half:
+            ys[0] = -ys[0]
+        y = torch.cat(ys, -1)
+        if y.shape[-1] + min(pad[0], 0) + min(pad[1], 0) <= 0:  # cropped away
+            return (y.sin(),)
+        return (getattr(F.pad(y, pad, value=0.25), unary)() * y.sum(-1, keepdim=True).cos(),)
+
+    got = coil.compile_graph(make_fx(fn)(*parts), parts, coil.Options(target="cpp", graph_cache=False))(*parts)
+    torch.testing.assert_close(got[0], fn(*parts)[0])

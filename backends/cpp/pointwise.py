@@ -39,6 +39,7 @@ from coil.backends.cpp.plan import (
 from coil.ir.expr import Expr
 from coil.ir.kernel import NestTile
 from coil.options import Options
+from coil.passes.schedule.pieces import fold_piece, inner_symbol
 
 
 def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, str] | None = None,
@@ -61,9 +62,25 @@ def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
     out = streams(plan)
     if out:
         return first + render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], out, tables))
+    if plan.loops.cuts:
+        return first + render_loops(loops[:-1], piece_loops(plan, ctx, loops[-1], tables))
     checks: list[LoopCheck] = []
     scope = pointwise_scope(plan, ctx, checks=checks, tables=tables)
     return first + render_loops(loops[:-1], checked_loop(loops[-1], scope, checks))
+
+
+def piece_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str]) -> list[str]:
+    """The innermost loop as one loop a piece (LoopNest.cuts), each over the nodes'
+    bodies with that piece's comparisons folded (passes/schedule/pieces.py)."""
+    sym = inner_symbol(plan.loops)
+    bounds = (0, *plan.loops.cuts, plan.loops.xsizes[-1])
+    out: list[str] = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        nodes = tuple(attrs.evolve(nd, body=fold_piece(nd.body, sym, lo, hi)) for nd in plan.nodes)
+        checks: list[LoopCheck] = []
+        scope = pointwise_scope(attrs.evolve(plan, nodes=nodes), ctx, checks=checks, tables=tables)
+        out += checked_loop(attrs.evolve(inner, lo=str(lo), hi=str(hi)), scope, checks)
+    return out
 
 
 def lane_tables(plan: KernelPlan, ctx: KernelContext) -> tuple[list[str], dict[Expr, str]]:

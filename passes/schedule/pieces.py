@@ -1,0 +1,166 @@
+"""Pieces: a pointwise nest's innermost loop cut where its comparisons change
+(NestTraits.opaque_calls: the C++ target).
+
+`torch.cat` of halves along the innermost dim (a rotary embedding's
+`cat(-x2, x1)`, its backward's `slice_scatter`s) reads each half through a
+mask, `ix < 16` or `ix >= 16`, and selects between them.  GCC vectorises such a
+loop with masked loads once it has if-converted it, but GCC 12 if-converts no loop
+that calls a function other than a builtin, and coil calls sin and cos by names
+GCC does not take for builtins (so that a rotary embedding's sin and cos of one
+value stay two vector calls, not one scalar sincosf; backends/cpp/include/
+coil_prelude.h): Llama's rotary kernel then ran scalar, 7 ns an element on one
+thread, and ModernBERT's rotary backward 277 us a call against Inductor's 38.
+
+Here, in a static pointwise nest (no r loops, tile or blocks, nothing streamed)
+whose bodies apply an op of `opaque_calls`, the comparisons that read the
+innermost loop variable alone (an index expression of it, linear, against a
+constant) give the cut points (`LoopNest.cuts`): the innermost loop runs as one
+loop a piece, and in each piece every such comparison is a constant
+(`fold_piece`, proved by interval arithmetic over the piece: ir/bounds.py), so its
+masks, selects and the bool ops of them fold away and each piece is a plain
+vector loop.  At most
+`MAX_PIECES` pieces; a cut that leaves some comparison varying inside a piece is
+no cut (the nest stays whole).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import sympy
+import torch
+
+from coil.ir.bounds import value_range
+from coil.ir.expr import Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, rewrite, substitute_symbols, walk
+from coil.ir.kernel import KernelSpec, LoopNest
+from coil.passes.schedule.nest import loop_symbol
+
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+MAX_PIECES = 4
+# bool ops of folded comparisons (a pad's `ix >= 2 and ix < 9`), folded in turn
+_LOGIC = {"logical_and": lambda a, b: a and b, "logical_or": lambda a, b: a or b, "logical_not": lambda a: not a,
+          "logical_xor": lambda a, b: a != b, "bitwise_and": lambda a, b: a and b, "bitwise_or": lambda a, b: a or b,
+          "bitwise_xor": lambda a, b: a != b, "bitwise_not": lambda a: not a}
+_T = sympy.Symbol("piece_t", integer=True, nonnegative=True)
+
+
+def inner_symbol(nest: LoopNest) -> sympy.Symbol:
+    return loop_symbol("ix", len(nest.xsizes) - 1)
+
+
+def _index_only(e: Expr, sym: sympy.Symbol) -> bool:
+    """Whether `e` reads memory nowhere and no symbol but `sym` (and reads it)."""
+    syms: set[sympy.Basic] = set()
+    for s in walk(e):
+        if isinstance(s, (Load, IndirectLoad, Check)):
+            return False
+        if isinstance(s, IndexExpr):
+            syms |= s.expr.free_symbols
+    return syms == {sym}
+
+
+def comparisons(nest: LoopNest, sym: sympy.Symbol) -> list[Op]:
+    """The comparisons of the nest's bodies that read `sym` alone."""
+    out: list[Op] = []
+    for n in nest.nodes:
+        for s in walk(n.body):
+            if isinstance(s, Op) and s.name in COMPARISONS and s not in out and _index_only(s, sym):
+                out.append(s)
+    return out
+
+
+def _truth(c: Op, sym: sympy.Symbol, lo: int, hi: int) -> bool | None:
+    """The comparison's value over sym in [lo, hi), where it is one value."""
+    r = value_range(substitute_symbols(c, {sym: _T + lo}), {_T: hi - lo})
+    if r is None or r[0] != r[1]:
+        return None
+    return bool(r[0])
+
+
+def fold_piece(body: Expr, sym: sympy.Symbol, lo: int, hi: int) -> Expr:
+    """`body` over sym in [lo, hi): each comparison of sym alone that is one value
+    there is that constant, and the masks and selects it decides are folded (a
+    load whose mask is true reads unmasked; one whose mask is false is 0)."""
+    def fold(e: Expr) -> Expr | None:
+        if isinstance(e, Op) and e.name in COMPARISONS and _index_only(e, sym):
+            v = _truth(e, sym, lo, hi)
+            return None if v is None else Constant(v, torch.bool)
+        if (isinstance(e, Op) and e.dtype == torch.bool and e.name in _LOGIC
+                and all(isinstance(a, Constant) for a in e.args)):
+            return Constant(_LOGIC[e.name](*(bool(a.value) for a in e.args)), torch.bool)  # type: ignore[union-attr]
+        if isinstance(e, Op) and e.dtype == torch.bool and e.name in _ABSORB and len(e.args) == 2:
+            return _absorb(e)
+        if isinstance(e, Load) and isinstance(e.mask, Constant):
+            return attrs.evolve(e, mask=None) if e.mask.value else Constant(0, e.dtype)
+        if isinstance(e, Op) and e.name == "where" and isinstance(e.args[0], Constant):
+            return e.args[1] if e.args[0].value else e.args[2]
+        return None
+
+    return rewrite(body, fold)
+
+
+# and / or with one constant side: the other side, or the constant that decides it
+_ABSORB = {"logical_and": False, "bitwise_and": False, "logical_or": True, "bitwise_or": True}
+
+
+def _absorb(e: Op) -> Expr | None:
+    """`x and True` is x, `x and False` False; `x or False` x, `x or True` True
+    (x a bool: the op is a bool op)."""
+    decides = _ABSORB[e.name]
+    for k, a in enumerate(e.args):
+        other = e.args[1 - k]
+        if isinstance(a, Constant) and other.dtype == torch.bool:
+            return Constant(decides, torch.bool) if bool(a.value) == decides else other
+    return None
+
+
+def _candidates(c: Op, sym: sympy.Symbol, n: int) -> set[int]:
+    """Where comparison c may change value along sym in (0, n): the integers around
+    the solution of its index expression (linear in sym) against its constant."""
+    out: set[int] = set()
+    sides = c.args
+    for a, b in ((sides[0], sides[1]), (sides[1], sides[0])):
+        if isinstance(a, IndexExpr) and isinstance(b, Constant) and isinstance(b.value, int):
+            e = sympy.expand(a.expr)
+            k, d = e.coeff(sym), e.subs(sym, 0)
+            if not (k.is_Integer and d.is_Integer) or k == 0 or sympy.expand(k * sym + d - e) != 0:
+                continue
+            x = sympy.Rational(b.value - int(d), int(k))
+            out |= {int(sympy.floor(x)), int(sympy.floor(x)) + 1, int(sympy.ceiling(x))}
+    return {v for v in out if 0 < v < n}
+
+
+def cut_points(nest: LoopNest) -> tuple[int, ...]:
+    """The cuts of the nest's innermost loop (module docstring), or () for none."""
+    if (nest.rsizes or nest.tile is not None or nest.block or not nest.xsizes
+            or not all(isinstance(s, int) for s in nest.xsizes) or math.prod(nest.xsizes) == 0):
+        return ()
+    sym, n = inner_symbol(nest), int(nest.xsizes[-1])
+    comps = comparisons(nest, sym)
+    if not comps:
+        return ()
+    points: set[int] = set()
+    for c in comps:
+        points |= _candidates(c, sym, n)
+    cuts = tuple(sorted(points))
+    bounds = (0, *cuts, n)
+    # only the cuts where some comparison changes value; each piece decides every one
+    values = [[_truth(c, sym, lo, hi) for c in comps] for lo, hi in zip(bounds, bounds[1:])]
+    if any(v is None for row in values for v in row):
+        return ()
+    kept = tuple(cut for k, cut in enumerate(cuts) if values[k] != values[k + 1])
+    if not kept or len(kept) + 1 > MAX_PIECES:
+        return ()
+    return kept
+
+
+def pieces(spec: KernelSpec, opaque_calls: tuple[str, ...]) -> KernelSpec:
+    """The spec with its nest's cuts (module docstring)."""
+    nest = spec.nest
+    if nest is None or not opaque_calls or spec.streams is not None:
+        return spec
+    if not any(isinstance(s, Op) and s.name in opaque_calls for n in nest.nodes for s in walk(n.body)):
+        return spec
+    cuts = cut_points(nest)
+    return spec if not cuts else attrs.evolve(spec, nest=attrs.evolve(nest, cuts=cuts))
