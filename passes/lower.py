@@ -45,6 +45,7 @@ from coil.passes.layout import attention_input_strides, prefer_channels_last
 from coil.passes.lowerings import DECOMPOSITIONS, ONE_DEVICE_DECOMPOSITIONS
 from coil.passes.lowerings.registry import LowerCtx, NeedsStaticSizes, TensorValue, find_lowering, xsyms
 from coil.passes.lowerings.indirect import origin_errors, retag_checks
+from coil.passes.lowerings.scatters import index_add_into_addend
 from coil.passes.symbolic import STATIC, SizeMap, is_float_size, is_nested_int, size_arith
 
 log = logging.getLogger("coil.trace")
@@ -692,6 +693,8 @@ def _lower_graph_into(ctx: LowerCtx, graph: torch.fx.Graph, inputs: Sequence[Any
 
 def lower(fx: FxGraph, options: Options) -> LoweredGraph:
     """Lower every FX node to IR nodes; nothing is inlined or named bufN yet."""
+    if (rewritten := index_add_into_addend(fx.gm)) is not None:  # a tied embedding's gradient
+        fx = attrs.evolve(fx, gm=rewritten)
     vals = ensure_meta(fx)
     device = fx.device()
     ctx = LowerCtx("", "", device)

@@ -237,3 +237,86 @@ def test_index_add_leaves_its_input_alone(target: str) -> None:
     got = coil.compile_graph(gm, inputs, coil.Options(target=target))(*inputs)
     for g, w in zip(got, f(*inputs)):
         torch.testing.assert_close(g, w)
+
+
+def _tied_sum(a: torch.Tensor, b: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor]:
+    """A tied embedding's gradient: the projection's (a matmul, read transposed) plus
+    the embedding's (an index_add into zeros, seen through a view)."""
+    table = torch.zeros(b.shape[1], a.shape[1]).index_add(0, idx, src).view(b.shape[1], a.shape[1])
+    return ((a.t() @ b).t() + table,)
+
+
+def test_a_sum_with_an_index_add_into_zeros_adds_into_a_copy_of_the_addend() -> None:
+    """x + index_add(zeros, ...) is index_add(x, ...): the table's zeros are never
+    written and the sum never read back; index_add's lowering copies x in a
+    kernel and aten adds the rows into it.  Values are eager's (up to the order
+    of additions where an index repeats)."""
+    from coil.passes.lowerings.scatters import index_add_into_addend
+
+    a, b = torch.randn(6, 4), torch.randn(6, 10)
+    idx, src = torch.tensor([1, 7, 1, 3, 9]), torch.randn(5, 4)
+    gm = make_fx(_tied_sum)(a, b, idx, src)
+    new = index_add_into_addend(gm)
+    assert new is not None
+    targets = [n.target for n in new.graph.nodes if n.op == "call_function"]
+    assert aten.zeros.default not in targets and aten.full.default not in targets, new.code
+    assert aten.add.Tensor not in targets and targets.count(aten.index_add.default) == 1, new.code
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"].count(aten.add.Tensor) == 1  # gm unchanged
+    torch.testing.assert_close(new(a, b, idx, src)[0], _tied_sum(a, b, idx, src)[0])
+    for target in ("cpp", "reference"):
+        got = coil.compile_graph(gm, [a, b, idx, src], coil.Options(target=target, graph_cache=False))(a, b, idx, src)
+        want = _tied_sum(a, b, idx, src)[0]
+        torch.testing.assert_close(got[0], want)
+        assert got[0].stride() == want.stride()
+
+
+def test_a_tied_embeddings_training_step_matches_eager() -> None:
+    """A language model whose output projection is its embedding table: the
+    table's gradient is the projection's plus the embedding's, and its vocabulary
+    is large enough for the index_add gradient; through torch.compile both
+    gradients are eager's."""
+    import torch.nn as nn
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(3000, 32)
+            self.norm = nn.LayerNorm(32)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            h = self.norm(self.emb(ids))
+            logits = h @ self.emb.weight.t()
+            return nn.functional.cross_entropy(logits.view(-1, 3000), ids.view(-1))
+
+    torch.manual_seed(0)
+    ours, ref = Tied(), Tied()
+    ref.load_state_dict(ours.state_dict())
+    ids = torch.randint(0, 3000, (4, 64))
+    ids[0, :8] = 5  # repeated rows
+    torch._dynamo.reset()
+    f = torch.compile(ours, backend="coil", options={"target": "cpp", "eager_fallback": False, "graph_cache": False})
+    f(ids).backward()
+    ref(ids).backward()
+    torch._dynamo.reset()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["other_reader", "two_dtypes", "nonzero_fill"])
+def test_a_sum_that_is_not_that_pattern_is_left_alone(case: str) -> None:
+    from coil.passes.lowerings.scatters import index_add_into_addend
+
+    x, idx, src = torch.randn(10, 4), torch.tensor([1, 7, 1]), torch.randn(3, 4)
+
+    def other_reader(x, idx, src):
+        t = torch.zeros(10, 4).index_add(0, idx, src)
+        return x + t, t * 2
+
+    def two_dtypes(x, idx, src):
+        return (x.double() + torch.zeros(10, 4).index_add(0, idx, src),)
+
+    def nonzero_fill(x, idx, src):
+        return (x + torch.ones(10, 4).index_add(0, idx, src),)
+
+    fn = {"other_reader": other_reader, "two_dtypes": two_dtypes, "nonzero_fill": nonzero_fill}[case]
+    assert index_add_into_addend(make_fx(fn)(x, idx, src)) is None

@@ -149,3 +149,90 @@ def index_add(ctx: LowerCtx, x: Any, dim: int, index: Any, source: Any, *, alpha
     fresh = ctx.pointwise(x.size, x.load(xsyms(len(x.size))), x.dtype)
     kwargs = {} if alpha == 1 else {"alpha": alpha}
     return lower_extern(ctx, aten.index_add_.default, [fresh, dim, index, source], kwargs, val)
+
+
+_RESHAPES = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def index_add_into_addend(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
+    """A copy of gm where `x + index_add(zeros, dim, index, source)` (through views
+    that keep its shape) is `index_add(x, dim, index, source)`, or None where gm has
+    no such sum.  A tied embedding's gradient is one: the output projection's
+    gradient plus the embedding's, an index_add into fresh zeros.  As it was, the
+    zeros were written (the whole table), the rows added by aten, then the table
+    read again for the sum; now index_add's lowering copies x (fused with what
+    makes it) and aten adds the rows into that copy.  Only where every tensor of it
+    has one dtype, the zeros and the index_add have no other reader, and the sum has
+    x's strides (as index_add's result has).
+    The sum's rounding may differ where an index repeats: its rows are added to x
+    one by one, where eager sums them first (Inductor's fused embedding backward
+    does the same)."""
+    found = [m for m in (_zero_index_add_sum(n) for n in gm.graph.nodes) if m is not None]
+    if not found:
+        return None
+    return torch.fx.GraphModule(gm, _rewritten(gm.graph, found))
+
+
+def _zero_index_add_sum(n: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node] | None:
+    """(the sum, its index_add, its other addend) where n is such a sum."""
+    if n.op != "call_function" or n.target is not aten.add.Tensor or len(n.args) != 2 or n.kwargs:
+        return None
+    out = n.meta.get("val")
+    if not isinstance(out, torch.Tensor):
+        return None
+    for k in (0, 1):
+        chain, other = n.args[k], n.args[1 - k]
+        if not isinstance(chain, torch.fx.Node) or not isinstance(other, torch.fx.Node):
+            continue
+        while (chain.op == "call_function" and chain.target in _RESHAPES and len(chain.users) == 1
+               and isinstance(chain.args[0], torch.fx.Node)):
+            chain = chain.args[0]
+        if chain.op != "call_function" or chain.target is not aten.index_add.default or len(chain.users) != 1:
+            continue
+        zeros = chain.args[0]
+        ia = chain.meta.get("val")
+        if not (isinstance(zeros, torch.fx.Node) and len(zeros.users) == 1 and _is_zeros(zeros)
+                and isinstance(ia, torch.Tensor) and tuple(ia.shape) == tuple(out.shape)):
+            continue
+        x = other.meta.get("val")
+        if (isinstance(x, torch.Tensor) and x.dtype == ia.dtype == out.dtype and tuple(x.shape) == tuple(out.shape)
+                and x.device == out.device and x.stride() == out.stride()):
+            return n, chain, other
+    return None
+
+
+def _is_zeros(n: torch.fx.Node) -> bool:
+    if n.op != "call_function":
+        return False
+    if n.target is aten.zeros.default:
+        return True
+    return n.target is aten.full.default and len(n.args) >= 2 and n.args[1] == 0 and not isinstance(n.args[1], bool)
+
+
+def _rewritten(graph: torch.fx.Graph, found: list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]
+               ) -> torch.fx.Graph:
+    """A copy of graph with each found sum rewritten (index_add_into_addend), and
+    the zeros, index_add and views it replaces left out (they have no other reader)."""
+    new = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    sums = {s: (ia, other) for s, ia, other in found}
+    dropped: set[torch.fx.Node] = set()
+    for s, ia, _ in found:
+        dropped |= {ia, ia.args[0]}
+        n = next(a for a in s.args if isinstance(a, torch.fx.Node) and a is not sums[s][1])
+        while n is not ia:
+            dropped.add(n)
+            n = n.args[0]
+    for n in graph.nodes:
+        if n in dropped:
+            continue
+        if n in sums:
+            ia, other = sums[n]
+            args = (env[other], *(torch.fx.node.map_arg(a, lambda m: env[m]) for a in ia.args[1:]))
+            kwargs = torch.fx.node.map_arg(dict(ia.kwargs), lambda m: env[m])
+            out = new.call_function(aten.index_add.default, args, kwargs)
+            out.meta = dict(n.meta)
+            env[n] = out
+            continue
+        env[n] = new.node_copy(n, lambda m: env[m])
+    return new
