@@ -26,6 +26,7 @@ no cut (the nest stays whole).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import attrs
 import sympy
@@ -39,7 +40,7 @@ from coil.passes.schedule.nest import loop_symbol
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 MAX_PIECES = 4
 # bool ops of folded comparisons (a pad's `ix >= 2 and ix < 9`), folded in turn
-_LOGIC = {"logical_and": lambda a, b: a and b, "logical_or": lambda a, b: a or b, "logical_not": lambda a: not a,
+_LOGIC: dict[str, Callable[..., bool]] = {"logical_and": lambda a, b: a and b, "logical_or": lambda a, b: a or b, "logical_not": lambda a: not a,
           "logical_xor": lambda a, b: a != b, "bitwise_and": lambda a, b: a and b, "bitwise_or": lambda a, b: a or b,
           "bitwise_xor": lambda a, b: a != b, "bitwise_not": lambda a: not a}
 _T = sympy.Symbol("piece_t", integer=True, nonnegative=True)
@@ -88,7 +89,7 @@ def fold_piece(body: Expr, sym: sympy.Symbol, lo: int, hi: int) -> Expr:
             return None if v is None else Constant(v, torch.bool)
         if (isinstance(e, Op) and e.dtype == torch.bool and e.name in _LOGIC
                 and all(isinstance(a, Constant) for a in e.args)):
-            return Constant(_LOGIC[e.name](*(bool(a.value) for a in e.args)), torch.bool)  # type: ignore[union-attr]
+            return Constant(_LOGIC[e.name](*(bool(a.value) for a in e.args if isinstance(a, Constant))), torch.bool)
         if isinstance(e, Op) and e.dtype == torch.bool and e.name in _ABSORB and len(e.args) == 2:
             return _absorb(e)
         if isinstance(e, Load) and isinstance(e.mask, Constant):
