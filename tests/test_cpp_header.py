@@ -235,3 +235,19 @@ def test_exp_over_its_whole_range_as_eager(tmp_path: Path) -> None:
     got, want = c(s, mask)[0], soft(s, mask)[0]
     torch.testing.assert_close(got, want)
     assert torch.equal(got[:, mask < 0], torch.zeros_like(got[:, mask < 0]))
+
+
+def test_kernels_use_512_bit_vectors_where_the_cpu_has_avx512(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GCC vectorises for 256-bit registers on an AVX-512 CPU unless asked; coil
+    asks where -march=native enables AVX-512 (the flags key every cached build), and
+    COIL_CPP_VECTOR_WIDTH overrides the choice."""
+    from coil.backends.cpp import build
+
+    monkeypatch.delenv("COIL_CPP_VECTOR_WIDTH", raising=False)
+    for isa, wide in (("  -mavx512f                   \t\t[enabled]\n", True),
+                      ("  -mavx512f                   \t\t[disabled]\n", False)):
+        monkeypatch.setattr(build, "cpu_isa", lambda cxx, isa=isa: isa)
+        assert ("-mprefer-vector-width=512" in build.compile_flags()) == wide
+    monkeypatch.setenv("COIL_CPP_VECTOR_WIDTH", "256")
+    assert "-mprefer-vector-width=256" in build.compile_flags()
+    assert "-mprefer-vector-width=512" not in build.compile_flags()
