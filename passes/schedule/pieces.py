@@ -33,7 +33,7 @@ import sympy
 import torch
 
 from coil.ir.bounds import value_range
-from coil.ir.expr import Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, rewrite, substitute_symbols, walk
+from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, rewrite, substitute_symbols, walk
 from coil.ir.kernel import KernelSpec, LoopNest
 from coil.passes.schedule.nest import loop_symbol
 
@@ -95,7 +95,8 @@ def fold_piece(body: Expr, sym: sympy.Symbol, lo: int, hi: int) -> Expr:
         if isinstance(e, Load) and isinstance(e.mask, Constant):
             return attrs.evolve(e, mask=None) if e.mask.value else Constant(0, e.dtype)
         if isinstance(e, Op) and e.name == "where" and isinstance(e.args[0], Constant):
-            return e.args[1] if e.args[0].value else e.args[2]
+            arm = e.args[1] if e.args[0].value else e.args[2]
+            return arm if arm.dtype == e.dtype else Cast(arm, e.dtype)  # the where's dtype, as its value had
         return None
 
     return rewrite(body, fold)
