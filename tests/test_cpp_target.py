@@ -790,3 +790,34 @@ def test_pieces_of_cats_and_pads_under_sin_and_cos_match_eager(widths: list[int]
 
     got = coil.compile_graph(make_fx(fn)(*parts), parts, coil.Options(target="cpp", graph_cache=False))(*parts)
     torch.testing.assert_close(got[0], fn(*parts)[0])
+
+
+def _clamped_sum(c: float) -> Callable[[torch.Tensor], tuple[torch.Tensor]]:
+    def fn(a: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.clamp(a.abs() + 1, -c, c).sum(),)
+
+    return fn
+
+
+@pytest.mark.parametrize("case", ["blocks", "even_split"])
+def test_a_sum_over_several_r_loops_of_equal_values_rounds_once(case: str) -> None:
+    """Found by `coil fuzz --target cpp` (seed 20261210, 3 of 500): many equal
+    values (a clamp to a small constant) summed over several r loops, a transposed
+    input's (a row in blocks of its outer r loop) or a cat of expanded ones' (a
+    split dealt out evenly to threads).  Each block or part added its inner runs'
+    partials into one float, one after another, and every rounding went the same
+    way: 1.7e-6 off, relative, where eager's cascade is 5e-8.  They now sum and fold
+    in double, rounded to float once."""
+    if case == "blocks":
+        c, a = 0.06993006993006994, torch.randn(50, 26, 11).transpose(0, 1)  # 14300 values
+    else:
+        x = torch.randn(19, 26, 1).expand(19, 26, 61)
+        c, a = 0.016592553262095973, torch.cat([x, x.round()], 0)  # 60268 values
+        a = a.permute(2, 0, 1)  # read across its expanded dim
+    fn = _clamped_sum(c)
+    compiled = coil.compile_graph(make_fx(fn)(a), [a], coil.Options(target="cpp", graph_cache=False))
+    assert "double acc" in compiled.source, compiled.source
+    exact = torch.tensor(c, dtype=torch.float32).double() * a.numel()
+    got = compiled(a)[0].double()
+    assert abs(got - exact) / exact < 1e-7, (got, exact)
+    torch.testing.assert_close(compiled(a)[0], fn(a)[0])
