@@ -302,7 +302,7 @@ def test_a_tied_embeddings_training_step_matches_eager() -> None:
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["other_reader", "two_dtypes", "nonzero_fill"])
+@pytest.mark.parametrize("case", ["other_reader", "two_dtypes", "nonzero_fill", "doubled"])
 def test_a_sum_that_is_not_that_pattern_is_left_alone(case: str) -> None:
     from coil.passes.lowerings.scatters import index_add_into_addend
 
@@ -318,5 +318,10 @@ def test_a_sum_that_is_not_that_pattern_is_left_alone(case: str) -> None:
     def nonzero_fill(x, idx, src):
         return (x + torch.ones(10, 4).index_add(0, idx, src),)
 
-    fn = {"other_reader": other_reader, "two_dtypes": two_dtypes, "nonzero_fill": nonzero_fill}[case]
+    def doubled(x, idx, src):
+        t = torch.zeros(10, 4).index_add(0, idx, src)
+        return (t + t,)
+
+    fn = {"other_reader": other_reader, "two_dtypes": two_dtypes, "nonzero_fill": nonzero_fill,
+          "doubled": doubled}[case]
     assert index_add_into_addend(make_fx(fn)(x, idx, src)) is None

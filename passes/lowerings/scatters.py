@@ -184,10 +184,13 @@ def _zero_index_add_sum(n: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node,
         chain, other = n.args[k], n.args[1 - k]
         if not isinstance(chain, torch.fx.Node) or not isinstance(other, torch.fx.Node):
             continue
+        seen = {chain}
         while (chain.op == "call_function" and chain.target in _RESHAPES and len(chain.users) == 1
                and isinstance(chain.args[0], torch.fx.Node)):
             chain = chain.args[0]
-        if chain.op != "call_function" or chain.target is not aten.index_add.default or len(chain.users) != 1:
+            seen.add(chain)
+        if (chain.op != "call_function" or chain.target is not aten.index_add.default or len(chain.users) != 1
+                or other in seen):  # t + t: the other term is the sum's own index_add
             continue
         zeros = chain.args[0]
         ia = chain.meta.get("val")
