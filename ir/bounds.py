@@ -39,7 +39,8 @@ from typing import Mapping, Sequence, cast
 import sympy
 import torch
 
-from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rewrite, walk
+from coil.ir.expr import (Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rewrite,
+                          substitute_symbols, walk)
 from coil.ir.indexing import FloorDiv, ModularIndexing
 from coil.ir.shapes import EMPTY, ShapeInfo, Size, _to_torch, is_size_symbol, is_unbacked_symbol, norm
 
@@ -383,7 +384,37 @@ def _int_op_range(name: str, rs: list[IntRange]) -> IntRange | None:
     return None
 
 
-_COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+_PIECE = sympy.Symbol("piece_t", integer=True, nonnegative=True)
+
+
+def reads_only(e: Expr, sym: sympy.Symbol) -> bool:
+    """Whether `e` reads memory nowhere and no symbol but `sym` (and reads it)."""
+    syms: set[sympy.Basic] = set()
+    for s in walk(e):
+        if isinstance(s, (Load, IndirectLoad, Check)):
+            return False
+        if isinstance(s, IndexExpr):
+            syms |= s.expr.free_symbols
+    return syms == {sym}
+
+
+def comparisons_of(bodies: Sequence[Expr], sym: sympy.Symbol) -> list[Op]:
+    """The comparisons in `bodies` that read `sym` alone, each once, in order."""
+    out: dict[Op, None] = {}
+    for body in bodies:
+        for s in walk(body):
+            if isinstance(s, Op) and s.name in COMPARISONS and s not in out and reads_only(s, sym):
+                out[s] = None
+    return list(out)
+
+
+def value_over(c: Expr, sym: sympy.Symbol, lo: int, hi: int) -> bool | None:
+    """A comparison's value while sym runs over [lo, hi), where it is one value."""
+    r = value_range(substitute_symbols(c, {sym: _PIECE + lo}), {_PIECE: hi - lo})
+    if r is None or r[0] != r[1]:
+        return None
+    return bool(r[0])
 
 
 def _compare(name: str, a: IntRange, b: IntRange) -> IntRange:
@@ -419,7 +450,7 @@ class RangeHandler:
 
     def op(self, node: Op, args: tuple[Range | None, ...]) -> Range | None:
         if node.dtype == torch.bool:
-            if node.name in _COMPARISONS and all(a is not None and _static(a) for a in args):
+            if node.name in COMPARISONS and all(a is not None and _static(a) for a in args):
                 return _compare(node.name, *cast(list[IntRange], args))  # decided for every value: a constant
             return (0, 1)
         if node.dtype.is_floating_point or node.dtype.is_complex:

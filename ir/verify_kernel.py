@@ -85,8 +85,8 @@ import math
 import attrs
 import sympy
 
-from coil.ir.bounds import value_range
-from coil.ir.expr import DIVIDING_OPS, Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, substitute_symbols, walk
+from coil.ir.bounds import comparisons_of, value_over
+from coil.ir.expr import DIVIDING_OPS, Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
 from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
     RINDEX,
@@ -420,19 +420,10 @@ def _cuts_problem(k: KernelSpec) -> str | None:
     if any(a >= b for a, b in zip(bounds, bounds[1:])):
         return f"cuts {list(nest.cuts)} not increasing inside the innermost loop of {n}"
     sym = sympy.Symbol(f"ix{len(nest.xsizes) - 1}", integer=True, nonnegative=True)
-    t = sympy.Symbol("piece_t", integer=True, nonnegative=True)
-    for s in {s for nd in nest.nodes for s in walk(nd.body)}:
-        if not (isinstance(s, Op) and s.name in ("lt", "le", "gt", "ge", "eq", "ne")):
-            continue
-        subs = list(walk(s))
-        if any(isinstance(x, (Load, IndirectLoad, Check)) for x in subs):
-            continue
-        if {v for x in subs if isinstance(x, IndexExpr) for v in x.expr.free_symbols} != {sym}:
-            continue
+    for c in comparisons_of([nd.body for nd in nest.nodes], sym):
         for a, b in zip(bounds, bounds[1:]):
-            r = value_range(substitute_symbols(s, {sym: t + a}), {t: b - a})
-            if r is None or r[0] != r[1]:
-                return f"a comparison ({s.name}) of {sym} that varies in piece [{a}, {b})"
+            if value_over(c, sym, a, b) is None:
+                return f"a comparison ({c.name}) of {sym} that varies in piece [{a}, {b})"
     return None
 
 

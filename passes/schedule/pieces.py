@@ -32,51 +32,25 @@ import attrs
 import sympy
 import torch
 
-from coil.ir.bounds import value_range
-from coil.ir.expr import Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, rewrite, substitute_symbols, walk
+from coil.ir.bounds import COMPARISONS, comparisons_of, reads_only, value_over
+from coil.ir.expr import Cast, Constant, Expr, IndexExpr, Load, Op, rewrite, walk
 from coil.ir.kernel import KernelSpec, LoopNest
 from coil.passes.schedule.nest import loop_symbol
 
-COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 MAX_PIECES = 4
 # bool ops of folded comparisons (a pad's `ix >= 2 and ix < 9`), folded in turn
 _LOGIC: dict[str, Callable[..., bool]] = {"logical_and": lambda a, b: a and b, "logical_or": lambda a, b: a or b, "logical_not": lambda a: not a,
           "logical_xor": lambda a, b: a != b, "bitwise_and": lambda a, b: a and b, "bitwise_or": lambda a, b: a or b,
           "bitwise_xor": lambda a, b: a != b, "bitwise_not": lambda a: not a}
-_T = sympy.Symbol("piece_t", integer=True, nonnegative=True)
 
 
 def inner_symbol(nest: LoopNest) -> sympy.Symbol:
     return loop_symbol("ix", len(nest.xsizes) - 1)
 
 
-def _index_only(e: Expr, sym: sympy.Symbol) -> bool:
-    """Whether `e` reads memory nowhere and no symbol but `sym` (and reads it)."""
-    syms: set[sympy.Basic] = set()
-    for s in walk(e):
-        if isinstance(s, (Load, IndirectLoad, Check)):
-            return False
-        if isinstance(s, IndexExpr):
-            syms |= s.expr.free_symbols
-    return syms == {sym}
-
-
 def comparisons(nest: LoopNest, sym: sympy.Symbol) -> list[Op]:
     """The comparisons of the nest's bodies that read `sym` alone."""
-    out: list[Op] = []
-    for n in nest.nodes:
-        for s in walk(n.body):
-            if isinstance(s, Op) and s.name in COMPARISONS and s not in out and _index_only(s, sym):
-                out.append(s)
-    return out
-
-
-def _truth(c: Op, sym: sympy.Symbol, lo: int, hi: int) -> bool | None:
-    """The comparison's value over sym in [lo, hi), where it is one value."""
-    r = value_range(substitute_symbols(c, {sym: _T + lo}), {_T: hi - lo})
-    if r is None or r[0] != r[1]:
-        return None
-    return bool(r[0])
+    return comparisons_of([n.body for n in nest.nodes], sym)
 
 
 def fold_piece(body: Expr, sym: sympy.Symbol, lo: int, hi: int) -> Expr:
@@ -84,8 +58,8 @@ def fold_piece(body: Expr, sym: sympy.Symbol, lo: int, hi: int) -> Expr:
     there is that constant, and the masks and selects it decides are folded (a
     load whose mask is true reads unmasked; one whose mask is false is 0)."""
     def fold(e: Expr) -> Expr | None:
-        if isinstance(e, Op) and e.name in COMPARISONS and _index_only(e, sym):
-            v = _truth(e, sym, lo, hi)
+        if isinstance(e, Op) and e.name in COMPARISONS and reads_only(e, sym):
+            v = value_over(e, sym, lo, hi)
             return None if v is None else Constant(v, torch.bool)
         if (isinstance(e, Op) and e.dtype == torch.bool and e.name in _LOGIC
                 and all(isinstance(a, Constant) for a in e.args)):
@@ -148,7 +122,7 @@ def cut_points(nest: LoopNest) -> tuple[int, ...]:
     cuts = tuple(sorted(points))
     bounds = (0, *cuts, n)
     # only the cuts where some comparison changes value; each piece decides every one
-    values = [[_truth(c, sym, lo, hi) for c in comps] for lo, hi in zip(bounds, bounds[1:])]
+    values = [[value_over(c, sym, lo, hi) for c in comps] for lo, hi in zip(bounds, bounds[1:])]
     if any(v is None for row in values for v in row):
         return ()
     kept = tuple(cut for k, cut in enumerate(cuts) if values[k] != values[k + 1])
