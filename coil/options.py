@@ -119,6 +119,16 @@ class LaneTableTraits:
 
 
 @attrs.frozen
+class ComboTraits:
+    """Launching several independent pointwise kernels as one (passes/combine.py):
+    a combo takes at most this many members and pointer arguments (each member's
+    body is inlined into the combo's one kernel, so its compile time grows with them)."""
+
+    max_members: int
+    max_pointers: int
+
+
+@attrs.frozen
 class LaunchTraits:
     """The block sizes and warps the launch heuristics choose from
     (passes/schedule/launch.py).  Every block size is a power of two."""
@@ -181,6 +191,8 @@ class TargetTraits:
     tiles: TileTraits | None = None
     # launch configs are chosen at compile time, with their tails
     launch: LaunchTraits | None = None
+    # neighbouring independent static pointwise kernels may launch as one (Options.combo_launches)
+    combos: ComboTraits | None = None
     # a looped sum of exp(v - max v) runs in its max's loop, rescaled as the max grows
     online_softmax: bool = False
     # with Options.emulate_precision_casts off, a float32 -> half -> float32 round trip
@@ -288,6 +300,11 @@ TRITON_LAUNCH = LaunchTraits(pointwise_block=1024, min_block=16, tile_block=64, 
 # coil keeps one; rows of 256 were not timed apart).  Rows of 2048 gained less
 # (11.17 -> 10.53) and a backward holds more of a row a thread: they keep the usual rule.
 
+# combos: a compiled SGD step over 48 parameters launched 48 kernels of a few
+# thousand elements each (bench/probes/optimizer_step.py, H100: 0.485 ms against
+# Inductor's 0.379, whose foreach kernels update many parameters a launch)
+TRITON_COMBOS = ComboTraits(max_members=16, max_pointers=128)
+
 # each target's traits: triton's limits are the GPU's (registers for 8192-wide rows;
 # a long chain runs faster at 128 nodes a kernel than at 64, bench/probes/README.md);
 # the C++ target's compile time grows with a kernel's size, and mkldnn's
@@ -299,7 +316,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
                            device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True,
-                           conv_bias_in_kernels=True, pointer_arguments=True),
+                           conv_bias_in_kernels=True, pointer_arguments=True, combos=TRITON_COMBOS),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
                         scratch=CPP_SCRATCH, lane_tables=CPP_LANE_TABLES, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True,
@@ -367,6 +384,10 @@ class Options:
     # ops, as Inductor computes them, and round only where they are stored)
     emulate_precision_casts: bool = False
     autotune: bool = False
+    # triton, static sizes, no autotuning: neighbouring independent pointwise kernels
+    # launch as one combo kernel (passes/combine.py).  Off by default until it is
+    # measured on a GPU
+    combo_launches: bool = False
     # triton on CUDA: compile every kernel when output_code.py loads, one thread per
     # CPU core (Triton releases the GIL while it compiles), not each at its first launch
     precompile: bool = True

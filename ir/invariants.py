@@ -15,6 +15,10 @@ with itself.
     check_indirect_reads(w)         a buffer a kernel reads through an IndirectLoad is
                                     written by an earlier step, never by that kernel,
                                     and never kept in registers (removed)
+    check_combos(w)                 each combo launches kernels of the program that no call
+                                    launches alone, each in one combo, none writing a
+                                    storage another reads or writes (followed through the
+                                    reuses and views), their programs laid end to end
     check_views_as_base(w)          a view bound to its base's tensor (as_base) is not
                                     returned, keeps its base's dtype and pointer, and
                                     whatever reads it other than a kernel (an extern, a
@@ -30,6 +34,7 @@ from coil.errors import CoilError
 from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer
 from coil.ir.expr import indirect_loads
 from coil.ir.fused import FusedSchedule
+from coil.ir.kernel import Combo
 from coil.ir.lowered import extern_tensor_names
 from coil.ir.schedule import WeakDep
 from coil.ir.shapes import Size, norm
@@ -210,17 +215,68 @@ def check_peak(w: WrapperProgram) -> None:
 def check_kernel_params(w: WrapperProgram) -> None:
     g = w.schedule_graph
     kernels = {k.name: k for k in w.kernels}
+    combos = {c.name: c.space.members for c in w.combos if isinstance(c.space, Combo)}
     for ln in w.lines:
         if not isinstance(ln, KernelCall):
             continue
-        k = kernels[ln.kernel]
         want: set[str] = set()
-        for n in k.nodes:
-            rw = g.node(n).read_writes
-            want |= {d.name for d in (*rw.reads, *rw.writes) if not isinstance(d, WeakDep)}
+        for name in combos.get(ln.kernel, (ln.kernel,)):  # a combo's: its members'
+            for n in kernels[name].nodes:
+                rw = g.node(n).read_writes
+                want |= {d.name for d in (*rw.reads, *rw.writes) if not isinstance(d, WeakDep)}
         want -= w.plan.removed
         if set(ln.args) != want or len(ln.args) != len(set(ln.args)):
             raise InvariantError(f"{ln.kernel}: arguments {sorted(ln.args)} != read_writes minus removed {sorted(want)}")
+
+
+def check_combos(w: WrapperProgram) -> None:
+    g = w.schedule_graph
+    kernels = {k.name: k for k in w.kernels}
+    called = [ln.kernel for ln in w.lines if isinstance(ln, KernelCall)]
+    owner: dict[str, str] = {}
+    storage: dict[str, str] = {}  # a name a reuse or view binds -> the name owning its storage
+    for ln in w.lines:
+        if isinstance(ln, Reuse):
+            storage[ln.new] = storage.get(ln.old, ln.old)
+        elif isinstance(ln, ReinterpretView):
+            storage[ln.name] = storage.get(ln.base, ln.base)
+    for c in w.combos:
+        if not isinstance(c.space, Combo):
+            raise InvariantError(f"{c.name}: a combo of space {type(c.space).__name__}")
+        if called.count(c.name) != 1:
+            raise InvariantError(f"{c.name}: a combo called {called.count(c.name)} times")
+        end = 0
+        touched: dict[str, str] = {}
+        written: dict[str, str] = {}
+        for m, start in zip(c.space.members, c.space.starts, strict=True):
+            if m not in kernels:
+                raise InvariantError(f"{c.name}: member {m} is no kernel of the program")
+            if m in owner or m in called:
+                raise InvariantError(f"{c.name}: member {m} is launched also by {owner.get(m, 'its own call')}")
+            owner[m] = c.name
+            k = w.spec(m)
+            if len(k.launches) != 1 or k.launches[0].grid[1:] != (1, 1) or start != end:
+                raise InvariantError(f"{c.name}: member {m} starts at program {start}, not where the one "
+                                     f"before ends ({end}), or has no one flat launch")
+            end += k.launches[0].grid[0]
+            names: set[str] = set()
+            writes: set[str] = set()
+            for n in kernels[m].nodes:
+                rw = g.node(n).read_writes
+                names |= {d.name for d in (*rw.reads, *rw.writes) if not isinstance(d, WeakDep)}
+                writes |= {d.name for d in rw.writes if not isinstance(d, WeakDep)}
+            roots = {storage.get(n, n) for n in names - w.plan.removed}
+            wroots = {storage.get(n, n) for n in writes - w.plan.removed}
+            for r in sorted(roots):
+                if r in written or (r in wroots and r in touched):
+                    raise InvariantError(f"{c.name}: {m} and {written.get(r) or touched[r]} both touch {r}, "
+                                         "which one of them writes, at the same time")
+            for r in roots:
+                touched.setdefault(r, m)
+            for r in wroots:
+                written.setdefault(r, m)
+        if c.launches[0].grid != (end, 1, 1):
+            raise InvariantError(f"{c.name}: launches {c.launches[0].grid[0]} programs, its members {end}")
 
 
 def check_indirect_reads(w: WrapperProgram) -> None:
@@ -271,5 +327,6 @@ def check_all(w: WrapperProgram) -> None:
     check_reuse(w)
     check_peak(w)
     check_kernel_params(w)
+    check_combos(w)
     check_indirect_reads(w)
     check_views_as_base(w)

@@ -36,6 +36,8 @@ Grammar::
                                              RBLOCK steps; columns: a kernel row is a
                                              column in memory (lanes: a block of that
                                              many columns runs together on a nest)
+            | Combo(members, starts)         only a WrapperProgram's combos: several
+                                             pointwise kernels' programs in one launch
             | Split(xnumel, rnumel, parts, chunk, xblock, columns, workspaces, even, prelude)
                                              each row (a block of xblock rows) reduced
                                              in `parts` chunks by as many programs,
@@ -178,6 +180,7 @@ class LaunchRule(str, enum.Enum):
     COLUMNS = "columns"  # looped down the columns: a block of neighbouring columns a program
     SPLIT = "split"  # partial results of a row's chunks
     COMBINE = "combine"  # the partial results merged, a row (a block of columns) a program
+    COMBO = "combo"  # several pointwise kernels' programs in one launch (Combo)
 
 
 class ParamRole(enum.StrEnum):
@@ -282,7 +285,19 @@ class Split:
         return -(-self.xnumel // self.xblock)
 
 
-Space = Union[Flat, Tiled, Rows, Split]
+@attrs.frozen
+class Combo:
+    """Several static pointwise kernels, none touching what another writes, in one
+    launch (WrapperProgram.combos; never a KernelProgram's space): program p runs
+    member i, where starts[i] <= p < starts[i + 1] (the last member's end is the
+    launch's grid), as program p - starts[i] of that member's own launch, with
+    that member's XBLOCK."""
+
+    members: tuple[str, ...]  # the member kernels, specs of the kernel program
+    starts: tuple[int, ...]  # the first program of each
+
+
+Space = Union[Flat, Tiled, Rows, Split, Combo]
 
 
 @attrs.frozen

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, NopStep
 from coil.ir.memory import MemoryPlan
+from coil.ir.kernel import Combo
 from coil.ir.module import CompiledModule
 from coil.ir.printer import fmt_arg
 from coil.ir.wrapper import (
@@ -91,7 +92,12 @@ def show_wrapper(w: WrapperProgram) -> str:
                 args = ", ".join(ln.args + ln.sizes)
                 spec = w.spec(ln.kernel)
                 choice = spec.choice
-                if choice is None:
+                if isinstance(spec.space, Combo):  # one launch of its members' programs
+                    parts = ", ".join(f"{m} [{a}, {b})" for m, a, b in
+                                      zip(spec.space.members, spec.space.starts,
+                                          (*spec.space.starts[1:], spec.launches[0].grid[0])))
+                    calls = [f"  {ln.kernel}({args})  # combo: {parts}, num_warps={spec.launches[0].config.num_warps}"]
+                elif choice is None:
                     calls = [f"  {ln.kernel}({args})"]
                 else:  # the persistent variant where the row fits it (KernelSpec.choice)
                     calls = [f"  if {choice.test()}: {choice.persistent.name}({args})", f"  else: {ln.kernel}({args})"]

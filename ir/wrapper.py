@@ -6,7 +6,12 @@ vs KernelProgram: + one line per allocation, reuse, view, call, free and return;
 
 Grammar::
 
-    WrapperProgram ::= (inputs: name*, lines: Line*, kernel_program: KernelProgram)
+    WrapperProgram ::= (inputs: name*, lines: Line*, kernel_program: KernelProgram,
+                        combos: KernelSpec*)
+                                                 combos: kernels of Combo space, each
+                                                 launching several of the program's
+                                                 pointwise kernels at once; a KernelCall
+                                                 names one as it names a spec
     Line ::= Alloc(name, layout)                 bufN = empty_strided(...)
            | Reuse(new, old, layout, inplace, as_base)
                                                  bufB = bufA; del bufA  # reuse
@@ -32,7 +37,7 @@ from typing import Any, Union
 import attrs
 
 from coil.ir._delegate import ExtendsKernelProgram, PlanKernels
-from coil.ir.kernel import KernelProgram
+from coil.ir.kernel import Combo, KernelProgram, KernelSpec
 from coil.ir.layout import Layout
 
 
@@ -153,6 +158,20 @@ class WrapperProgram(ExtendsKernelProgram, PlanKernels):
     inputs: tuple[str, ...]  # the names `call` unpacks from its args (buffer_graph.inputs: their buffers)
     lines: tuple[Line, ...]
     kernel_program: KernelProgram  # the link to the earlier accessors (ir/_delegate.py)
+    # launches of several of the program's pointwise kernels at once (passes/combine.py):
+    # their KernelCalls name these instead of their members
+    combos: tuple[KernelSpec, ...] = ()
+
+    def spec(self, name: str) -> KernelSpec:
+        """A kernel a KernelCall may name: a combo, or a spec of the kernel program."""
+        for k in self.combos:
+            if k.name == name:
+                return k
+        return self.kernel_program.spec(name)
+
+    def combo_of(self, member: str) -> KernelSpec | None:
+        """The combo that launches the kernel program's spec `member`, if any."""
+        return next((k for k in self.combos if isinstance(k.space, Combo) and member in k.space.members), None)
 
 
 def indexed_by_layout(lines: Any) -> frozenset[str]:

@@ -3,7 +3,9 @@
 One line per allocation, reuse, view, call and free, in plan order, then Return;
 a kernel's call passes its spec's parameters.  Inputs are freed with FreeLine
 (`del argN_1`), buffers with FreeIfNotReusedLine (nothing is emitted when a later
-Reuse takes the storage)."""
+Reuse takes the storage).  Last, on a target that launches several kernels at once
+(Options.combo_launches, passes/combine.py), neighbouring independent pointwise
+kernels become one combo."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from coil.ir.wrapper import (
 )
 from coil.ir.shapes import free_size_symbols, is_unbacked_symbol
 from coil.options import Options
+from coil.passes.combine import combine_launches
 
 
 def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
@@ -85,7 +88,11 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
                  or isinstance(ln, Reuse) and ln.new in as_base else ln for ln in lines]
     sizes = bg.sizes
     if not sizes:
-        return WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)
+        out = WrapperProgram(tuple(i.name for i in bg.inputs), tuple(lines), program)
+        combos = options.traits().combos
+        if combos is not None and options.combo_launches and not options.autotune:
+            out = combine_launches(out, combos)  # static sizes only: a combo's grid is fixed
+        return out
     names = sizes.order + tuple(i.name for i in bg.inputs if i.name not in sizes.order)  # constants last
     return WrapperProgram(names, (*binds(bg), *bind_unbacked(lines, program)), program)
 

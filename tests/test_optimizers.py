@@ -32,16 +32,18 @@ def _model() -> torch.nn.Module:
                                torch.nn.Linear(20, 6))
 
 
-def _steps_match(make_opt, target: str, steps: int = 3, whole_step: bool = False) -> None:
+def _steps_match(make_opt, target: str, steps: int = 3, whole_step: bool = False,
+                 extra: dict | None = None) -> None:
     """`steps` optimizer steps, eager and with the step (or the whole training step)
     compiled by coil, from the same weights and data: parameters and every tensor
     of the optimizer's state agree with eager's, or are at most 4x as far as
     eager's from a float64 run's (a fused step rounds otherwise: RMSprop's centered
-    `square_avg - grad_avg ** 2` cancels, and Inductor's step is as far)."""
+    `square_avg - grad_avg ** 2` cancels, and Inductor's step is as far).  `extra`:
+    more of coil's options."""
     ref, ours, exact = _model(), _model(), _model().double()
     o_ref, o_ours, o_exact = make_opt(ref.parameters()), make_opt(ours.parameters()), make_opt(exact.parameters())
     torch._dynamo.reset()
-    opts = {"target": target, "graph_cache": False}
+    opts = {"target": target, "graph_cache": False, **(extra or {})}
 
     def train(m, o, x):
         o.zero_grad(set_to_none=True)

@@ -30,13 +30,13 @@ import torch
 
 from coil.backends.common import repeated_kernels
 from coil.backends.triton.helpers import helpers_for
-from coil.backends.triton.kernel import kernel_source
+from coil.backends.triton.kernel import combo_source, kernel_source
 from coil.backends.triton.runtime import Launch, interpreter_on
 from coil.backends.triton.split import split_source
 from coil.backends.wrapper import owns_storage
 from coil.ir.buffers import ExternBuffer
 from coil.ir.expr import check_error
-from coil.ir.kernel import KernelLaunch, KernelSpec, LaunchRule, Split, Tiled
+from coil.ir.kernel import Combo, KernelLaunch, KernelSpec, LaunchRule, Split, Tiled
 from coil.ir.lowered import returns_alias
 from coil.ir.module import KernelSource
 from coil.ir.wrapper import ExternCall, KernelCall, MultiOutputLine, ReinterpretView, WrapperProgram
@@ -88,7 +88,7 @@ def grid_text(k: KernelSpec, ln: KernelLaunch) -> str:
     c = ln.config
     if ln.rule is LaunchRule.SPLIT:
         return f"({ln.grid[0]}, {ln.grid[1]})"
-    if ln.rule is LaunchRule.COMBINE:
+    if ln.rule in (LaunchRule.COMBINE, LaunchRule.COMBO):
         return f"({ln.grid[0]},)"
     if isinstance(k.space, Tiled):
         one = ", one_axis=True" if k.space.one_axis else ""
@@ -230,8 +230,14 @@ def launch_decisions(program: WrapperProgram) -> list[tuple[str, str, str, str]]
             out.append((k.name, k.kind, "-", "nothing to compute: no launch"))
             continue
         for launch in k.launches:
-            kind = launch.rule.value if isinstance(k.space, Split) else k.config_kind
+            kind = launch.rule.value if isinstance(k.space, (Split, Combo)) else k.config_kind
             out.append((launch.function, kind, f"{grid_text(k, launch)} {launch.config.as_kwargs()}", launch.why))
+        if isinstance(k.space, Combo):  # each member's own launch, which the combo's programs run
+            for name, start in zip(k.space.members, k.space.starts):
+                m = program.spec(name)
+                own = m.launches[0]
+                out.append((name, m.config_kind, f"programs [{start}, {start + own.grid[0]}) of {k.name}, "
+                            f"XBLOCK={own.config.xblock}", own.why))
         if k.choice is not None:
             v = k.choice.persistent
             for launch, test in zip(k.choice.launches, k.choice.tests()):
@@ -260,7 +266,10 @@ class TritonBackend:
         """One source per spec, and after it its variants (KernelSpec.variants: a persistent
         variant, an int64 twin)."""
         specs = [v for k in program.specs for v in k.variants]
-        return tuple(split_source(k) if isinstance(k.space, Split) else kernel_source(k) for k in specs)
+        own = tuple(kernel_source(k, part=True) if program.combo_of(k.name) else
+                    split_source(k) if isinstance(k.space, Split) else kernel_source(k) for k in specs)
+        return own + tuple(combo_source(c, [program.spec(m) for m in c.space.members])  # type: ignore[union-attr]
+                           for c in program.combos)
 
     def definitions(self, kernels: Sequence[KernelSource], options: Options,
                     program: WrapperProgram) -> list[str]:

@@ -33,7 +33,7 @@ for the nodes after it; it is stored where the spec gives it a store position.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import attrs
 import sympy
@@ -47,6 +47,7 @@ from coil.ir.kernel import (
     XINDEX,
     YINDEX,
     Body,
+    Combo,
     Flat,
     KernelNode,
     KernelSpec,
@@ -70,10 +71,11 @@ class KernelContext:
 
     spec: KernelSpec
     reads: Mapping[Expr, Read]
+    part: bool = False  # a combo's member: its program id is an argument (kernel_source)
 
     @classmethod
-    def of(cls, spec: KernelSpec) -> "KernelContext":
-        return cls(spec, {r.load: r for r in spec.reads})
+    def of(cls, spec: KernelSpec, part: bool = False) -> "KernelContext":
+        return cls(spec, {r.load: r for r in spec.reads}, part)
 
     @property
     def tails(self) -> Tails:
@@ -84,15 +86,17 @@ class KernelContext:
 # ---- pieces every kind shares ----------------------------------------------------------------
 
 
-def signature(spec: KernelSpec, name: str = "", workspaces: int = 0) -> str:
+def signature(spec: KernelSpec, name: str = "", workspaces: int = 0, part: bool = False) -> str:
     """Pointers (in, then out, then a split's workspaces), the sizes, then the
-    block constexprs."""
+    block constexprs; a combo's member takes its program id after its sizes."""
     args = [p.arg for p in spec.params] + [f"ws_ptr{i}" for i in range(workspaces)]
     symbols = list(spec.symbols)  # symbolic sizes: after the numels, before the blocks
     if isinstance(spec.space, Tiled):
         args += ["ynumel", "xnumel", *symbols, "YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
+    elif isinstance(spec.space, Combo):  # its programs; each member's XBLOCK is its own (combo_source)
+        args += ["programs", "XBLOCK: tl.constexpr"]
     elif spec.kind == "pointwise":
-        args += ["xnumel", *symbols, "XBLOCK: tl.constexpr"]
+        args += ["xnumel", *symbols, *(["pid"] if part else []), "XBLOCK: tl.constexpr"]
     else:
         args += ["xnumel", "rnumel", *symbols, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
     return f"def {name or spec.name}({', '.join(args)}):"
@@ -120,6 +124,9 @@ def prologue(ctx: KernelContext, out: Emitter) -> None:
         out.emit("yxmask = ymask & xmask")
         return
     pid = "tl.program_id(0).to(tl.int64)" if ctx.spec.wide_index else "tl.program_id(0)"
+    if ctx.part:  # a combo's member (never int64 index math): the combo hands it its program
+        assert isinstance(ctx.spec.space, Flat) and not ctx.spec.wide_index, ctx.spec.name
+        pid = "pid"
     out.emit(f"xoffset = {pid} * XBLOCK")
     if isinstance(ctx.spec.space, Flat):
         out.emit("xindex = xoffset + tl.arange(0, XBLOCK)")
@@ -343,15 +350,38 @@ def reduction_type(n: KernelNode) -> str:
 # ---- the whole kernel ----------------------------------------------------------------------------
 
 
-def kernel_source(spec: KernelSpec) -> KernelSource:
+def kernel_source(spec: KernelSpec, part: bool = False) -> KernelSource:
+    """The kernel's @triton.jit function; `part`: as a combo's member, a function the
+    combo calls with the program id it is to run (combo_source)."""
     if spec.group[0] == 0:  # every buffer is empty: the wrapper does not launch it
         return KernelSource(spec.name, f"@triton.jit\n{signature(spec)}\n    pass  # xnumel = 0", "triton")
-    ctx = KernelContext.of(spec)
+    ctx = KernelContext.of(spec, part)
     out = Emitter()
     prologue(ctx, out)
     if looped(spec):
         emit_looped(ctx, out)
     else:
         emit_single_scope(ctx, out)
-    head = ["@triton.jit", signature(spec)]
+    head = ["@triton.jit", signature(spec, part=part)]
     return KernelSource(spec.name, "\n".join(head + out.lines), "triton")
+
+
+def combo_source(combo: KernelSpec, members: Sequence[KernelSpec]) -> KernelSource:
+    """A combo's kernel: each program calls the member whose programs it falls in
+    (Combo.starts), with the member's pointers among the combo's, its size, its
+    own program id and its XBLOCK."""
+    space = combo.space
+    assert isinstance(space, Combo) and tuple(m.name for m in members) == space.members
+    arg = {(p.name, p.role): p.arg for p in combo.params}
+    out = Emitter()
+    out.emit("pid = tl.program_id(0)")
+    for i, (m, start) in enumerate(zip(members, space.starts)):
+        ln = m.launches[0]
+        end = start + ln.grid[0]
+        args = [arg[(p.name, p.role)] for p in m.params] + [str(ln.sizes[0])]
+        args += [f"pid - {start}" if start else "pid", str(ln.config.xblock)]
+        test = "if" if i == 0 else "elif"
+        out.emit(f"{test} pid < {end}:" if i < len(members) - 1 else "else:")
+        out.emit(f"    {m.name}({', '.join(args)})")
+    head = ["@triton.jit", signature(combo)]
+    return KernelSource(combo.name, "\n".join(head + out.lines), "triton")
