@@ -110,8 +110,8 @@ def combo_spec(name: str, members: Sequence[KernelSpec]) -> KernelSpec:
     parts = ", ".join(f"{k.name} [{s}, {s + k.launches[0].grid[0]})" for k, s in zip(members, starts))
     why = (f"{len(members)} independent pointwise kernels in one launch, each program running one of a "
            f"member's own: {parts}; num_warps the most a member takes")
-    launch = KernelLaunch(name, (total, 1, 1), (total,), LaunchConfig(xblock, 0, warps), LaunchRule.COMBO, why,
-                          fixed="its members keep their own configs")
+    # not `fixed`: precompiling takes it (autotuning never meets a combo: wrap makes none under it)
+    launch = KernelLaunch(name, (total, 1, 1), (total,), LaunchConfig(xblock, 0, warps), LaunchRule.COMBO, why)
     numel = sum(k.group[0] for k in members)
     return KernelSpec(name, KernelKind.POINTWISE, (numel, 1), members[0].device,
                       Combo(tuple(k.name for k in members), tuple(starts)), params, (), (), False,

@@ -93,6 +93,19 @@ def test_the_combo_kernel_calls_each_member_with_its_own_program() -> None:
     assert "triton_combo_0[(2,)](a_1, b_1, buf0, buf1, 2, XBLOCK=512, num_warps=2)" in src
 
 
+def test_the_combo_is_compiled_ahead_and_its_members_are_not() -> None:
+    """On CUDA, output_code.py compiles its launches when it loads (runtime.precompile):
+    the combo's is one of them; its members are never launched alone."""
+    from coil.backends.triton.codegen import precompile_specs
+
+    specs = precompile_specs(_wrap(_three, _three_inputs()))
+    assert specs == [
+        "    (triton_combo_0, (torch.float32, torch.float32, torch.float32, torch.float32, 2,), "
+        "{'XBLOCK': 512, 'num_warps': 2}, 'cpu'),",
+        "    (triton_poi_fused_sin_2, (torch.float32, torch.float32, 4000,), {'XBLOCK': 1024, 'num_warps': 4}, 'cpu'),",
+    ]
+
+
 def test_combos_are_off_by_default_and_under_autotuning_and_on_other_targets() -> None:
     inputs = _three_inputs()
     for options in (coil.Options(target="triton"), COMBOS.replace(autotune=True),
