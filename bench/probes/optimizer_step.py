@@ -3,7 +3,7 @@ coil in one process, interleaved, on the parameters of a transformer encoder wit
 random gradients.  Runs from the repository root:
 
     python3 bench/probes/optimizer_step.py [--device cpu|cuda] [--layers 4] [--width 128]
-        [--threads 1] [--out bench/results/cpu-optimizers]
+        [--threads 1] [--out bench/results/cpu-optimizers] [--combos] [--only NAME]
 
 Per optimizer: the first call (a cold compile: empty Inductor and coil caches), the median step time over
 ROUNDS rounds of CALLS calls (interleaved: each round times eager, Inductor and
@@ -52,6 +52,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", action="append")
     p.add_argument("--out", default=None)
+    p.add_argument("--combos", action="store_true",
+                   help="also coil with Options.combo_launches (variant coil_combos; Triton only)")
     a = p.parse_args()
     from bench.harness import fresh_caches
 
@@ -74,7 +76,7 @@ def run(a: argparse.Namespace) -> None:
         if a.only and name not in a.only:
             continue
         steps, states = {}, {}
-        for variant in ("eager", "inductor", "coil"):
+        for variant in ("eager", "inductor", "coil", *(("coil_combos",) if a.combos else ())):
             ps = [q.clone().requires_grad_() for q in params]
             for q, g in zip(ps, grads):
                 q.grad = g.clone()
@@ -82,7 +84,8 @@ def run(a: argparse.Namespace) -> None:
             torch._dynamo.reset()
             step = (opt.step if variant == "eager" else
                     torch.compile(opt.step, backend="inductor") if variant == "inductor" else
-                    torch.compile(opt.step, backend="coil", options={"target": target}))
+                    torch.compile(opt.step, backend="coil", options={"target": target,
+                                                                      "combo_launches": variant == "coil_combos"}))
             t0 = time.perf_counter()
             step()
             sync()
@@ -97,8 +100,8 @@ def run(a: argparse.Namespace) -> None:
                     step()
                 sync()
                 times[variant].append((time.perf_counter() - t0) / CALLS * 1e3)
-        ok = all(torch.allclose(c, e, rtol=1e-4, atol=1e-6)
-                 for c, e in zip(states["coil"][0], states["eager"][0]))
+        ok = all(torch.allclose(c, e, rtol=1e-4, atol=1e-6) for v in steps if v.startswith("coil")
+                 for c, e in zip(states[v][0], states["eager"][0]))
         for variant in steps:
             records.append({"optimizer": name, "variant": variant, "ms": round(statistics.median(times[variant]), 4),
                             "first_call_s": round(states[variant][1], 2), "check": "ok" if ok else "MISMATCH",
@@ -108,7 +111,9 @@ def run(a: argparse.Namespace) -> None:
         print(f"{name:16} eager {row['eager']['ms']:.3f}  inductor {row['inductor']['ms']:.3f}  "
               f"coil {row['coil']['ms']:.3f} ms  coil/Ind {row['coil']['ms'] / row['inductor']['ms']:.2f}  "
               f"first call I {row['inductor']['first_call_s']} / c {row['coil']['first_call_s']} s  "
-              f"{row['coil']['check']}", flush=True)
+              + (f"coil_combos {row['coil_combos']['ms']:.3f} ms ({row['coil_combos']['ms'] / row['inductor']['ms']:.2f}, "
+                 f"first call {row['coil_combos']['first_call_s']} s)  " if "coil_combos" in row else "")
+              + f"{row['coil']['check']}", flush=True)
     if a.out:
         out = Path(a.out)
         out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
@@ -116,8 +121,9 @@ def run(a: argparse.Namespace) -> None:
                  f"{a.layers} TransformerEncoderLayers of width {a.width}: {len(params)} tensors, "
                  f"{sum(q.numel() for q in params)} values; median of {ROUNDS} rounds of {CALLS} steps, interleaved.",
                  "`python3 bench/probes/optimizer_step.py` writes this.", "",
-                 "| optimizer | eager ms | Inductor ms | coil ms | coil/Ind | first call s I / c | check |",
-                 "|---|--:|--:|--:|--:|--:|---|"]
+                 "| optimizer | eager ms | Inductor ms | coil ms | coil/Ind | first call s I / c | check |"
+                 + (" coil, combos ms | its /Ind | its first call s |" if a.combos else ""),
+                 "|---|--:|--:|--:|--:|--:|---|" + ("--:|--:|--:|" if a.combos else "")]
         by = {}
         for r in records:
             by.setdefault(r["optimizer"], {})[r["variant"]] = r
@@ -127,7 +133,9 @@ def run(a: argparse.Namespace) -> None:
             ratios.append(ratio)
             lines.append(f"| {name} | {row['eager']['ms']:.3f} | {row['inductor']['ms']:.3f} | {row['coil']['ms']:.3f} "
                          f"| {ratio:.2f} | {row['inductor']['first_call_s']} / {row['coil']['first_call_s']} "
-                         f"| {row['coil']['check']} |")
+                         f"| {row['coil']['check']} |"
+                         + (f" {row['coil_combos']['ms']:.3f} | {row['coil_combos']['ms'] / row['inductor']['ms']:.2f} "
+                            f"| {row['coil_combos']['first_call_s']} |" if "coil_combos" in row else ""))
         geo = statistics.geometric_mean(ratios) if ratios else float("nan")
         lines += ["", f"Geomean coil/Inductor: {geo:.2f} over {len(ratios)} optimizers."]
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")
