@@ -255,6 +255,9 @@ def check_combos(w: WrapperProgram) -> None:
                 raise InvariantError(f"{c.name}: member {m} is launched also by {owner.get(m, 'its own call')}")
             owner[m] = c.name
             k = w.spec(m)
+            if k.choice is not None or k.wide is not None or k.symbols:
+                raise InvariantError(f"{c.name}: member {m} chooses its kernel by call (a persistent variant, an "
+                                     "int64 twin, symbolic sizes): a combo runs one fixed kernel a member")
             if len(k.launches) != 1 or k.launches[0].grid[1:] != (1, 1) or start != end:
                 raise InvariantError(f"{c.name}: member {m} starts at program {start}, not where the one "
                                      f"before ends ({end}), or has no one flat launch")

@@ -165,6 +165,14 @@ def test_the_verifier_refuses_a_combo_of_dependent_kernels() -> None:
     shifted = attrs.evolve(spec, space=attrs.evolve(spec.space, starts=(0, 5)))
     with pytest.raises(InvariantError, match="starts at program 5"):
         check_combos(attrs.evolve(bad, combos=(shifted,)))
+    # a member whose kernel is chosen by call (here: symbolic sizes) cannot be one
+    good = _wrap(_chain, _chain_inputs(), COMBOS.replace(max_fusion_size=1))
+    check_combos(good)
+    kp = good.kernel_program
+    sized = attrs.evolve(kp, specs=tuple(attrs.evolve(k, symbols=("s0",)) if k.name == first.name else k
+                                         for k in kp.specs))
+    with pytest.raises(InvariantError, match="member triton_poi_fused_mul_0 chooses its kernel by call"):
+        check_combos(attrs.evolve(good, kernel_program=sized))
 
 
 def test_a_storage_reused_by_a_partner_counts_as_touched() -> None:
