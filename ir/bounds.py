@@ -399,6 +399,17 @@ def reads_only(e: Expr, sym: sympy.Symbol) -> bool:
     return syms == {sym}
 
 
+def reads_among(e: Expr, syms: set[sympy.Symbol]) -> bool:
+    """Whether `e` reads memory nowhere, some symbol, and no symbol outside `syms`."""
+    seen: set[sympy.Basic] = set()
+    for s in walk(e):
+        if isinstance(s, (Load, IndirectLoad, Check)):
+            return False
+        if isinstance(s, IndexExpr):
+            seen |= s.expr.free_symbols
+    return bool(seen) and seen <= syms
+
+
 def comparisons_of(bodies: Sequence[Expr], sym: sympy.Symbol) -> list[Op]:
     """The comparisons in `bodies` that read `sym` alone, each once, in order."""
     out: dict[Op, None] = {}

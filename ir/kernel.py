@@ -46,7 +46,10 @@ Grammar::
                                              prelude: the per-row nodes each program
                                              computes before its loop)
     LoopNest ::= (xsizes, rsizes, block, tile: NestTile | None, parallel: Parallel | None,
-                  nodes: NestNode*)
+                  nodes: NestNode*, ..., cuts, guards: Op*)
+                                             guards: comparisons of outer loop variables
+                                             that mask loads; the innermost loop runs in
+                                             one version for each of their values
     NestNode ::= (name, body, store)
     NestTile ::= (u, v, side, staged: StagedRead*)
     StagedRead ::= (buffer, offset, stride)
@@ -368,6 +371,11 @@ class LoopNest:
     # of which the comparisons of that loop's variable are constants, so its masks and
     # selects fold away (passes/schedule/pieces.py)
     cuts: tuple[int, ...] = ()
+    # comparisons of the outer loop variables alone that mask loads of a pointwise
+    # nest: computed once before its innermost loop, which runs in one version for
+    # each of their values, in which they are constants, so its masked loads are
+    # plain loads or none and the loop vectorizes (passes/schedule/pieces.py: guards)
+    guards: tuple[Expr, ...] = ()
     # a reduction's r loop run in blocks of this many elements (a split's part, in
     # blocks of its own; on a column nest, of this many steps of its outermost r loop),
     # each block summed into fresh accumulators that are then folded into the row's: a

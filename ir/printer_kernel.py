@@ -63,6 +63,19 @@ def show_space(space: Space) -> str:
     raise TypeError(f"no space {space!r}")
 
 
+_SIGNS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def comparison_text(c: Expr) -> str:
+    """A comparison of index expressions and constants as one infix line
+    (`2*ix1 - 1 >= 0`); anything else as its body's lines."""
+    if isinstance(c, Op) and c.name in _SIGNS and len(c.args) == 2 and all(
+            isinstance(a, (IndexExpr, Constant)) for a in c.args):
+        a, b = (str(x.expr) if isinstance(x, IndexExpr) else repr(x.value) for x in c.args)  # type: ignore[union-attr]
+        return f"({a} {_SIGNS[c.name]} {b})"
+    return " ".join(ln.strip() for ln in body_lines(c, ""))
+
+
 def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
     """The loop sizes (outermost first), how a pointwise kernel cuts its innermost
     loop, which loops run on threads, and (with `bodies`) each node in the loop
@@ -86,6 +99,10 @@ def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
         bounds = (0, *nest.cuts, nest.xsizes[-1])
         spans = ", ".join(f"[{a}, {b})" for a, b in zip(bounds, bounds[1:]))
         out.append(f"{indent}  innermost x loop in pieces {spans}, its comparisons constant in each")
+    if nest.guards:
+        shown = ", ".join(comparison_text(g) for g in nest.guards)
+        out.append(f"{indent}  innermost x loop in {2 ** len(nest.guards)} versions, one for each value of "
+                   f"the outer loops' {shown}")
     par = nest.parallel
     if par is None:
         out.append(f"{indent}  one thread")

@@ -40,7 +40,9 @@ K10 streams, scratch arrays and hoisted values need a loop nest; a lane table is
    variable, in a static nest with iterations, no r loops and no tiles, and
    divides no integers.  Cuts of the innermost x loop are a static pointwise nest's
    (no r loops, tile, blocks or streams), strictly increasing inside that loop, and
-   each comparison of that loop's variable alone is one value in every piece.  Streamed stores
+   each comparison of that loop's variable alone is one value in every piece.  Guards
+   are a static pointwise nest's of two x loops or more (no r loops, tile, blocks or
+   streams), distinct comparisons of its bodies that read outer loop variables alone.  Streamed stores
    are a kernel's without r loops, of nodes it stores (parameters it writes), each
    named once, staged in positive chunks.  A scratch array is stored in a loop (a
    Loop stage's level) that computes a node whose body in the nest has its
@@ -85,7 +87,7 @@ import math
 import attrs
 import sympy
 
-from coil.ir.bounds import comparisons_of, value_over
+from coil.ir.bounds import COMPARISONS, comparisons_of, reads_among, value_over
 from coil.ir.expr import DIVIDING_OPS, Check, Expr, IndexExpr, IndirectLoad, Load, Op, loads, walk
 from coil.ir.fused import KernelKind
 from coil.ir.kernel import (
@@ -427,10 +429,30 @@ def _cuts_problem(k: KernelSpec) -> str | None:
     return None
 
 
+def _guards_problem(k: KernelSpec) -> str | None:
+    """Why the nest's guards break K10, or None: a static pointwise nest of two x
+    loops or more, without tiles, blocks or streams, each guard a distinct
+    comparison of its bodies that reads outer loop variables and nothing else."""
+    nest = k.nest
+    if nest is None or not nest.guards:
+        return None
+    if (nest.rsizes or nest.tile is not None or nest.block or k.streams is not None or len(nest.xsizes) < 2
+            or not all(isinstance(s, int) for s in nest.xsizes)):
+        return "guards in a nest with r loops, a tile, blocks, streams, one x loop or symbolic sizes"
+    if len(set(nest.guards)) != len(nest.guards):
+        return "a guard twice"
+    outer = {sympy.Symbol(f"ix{i}", integer=True, nonnegative=True) for i in range(len(nest.xsizes) - 1)}
+    found = {s for nd in nest.nodes for s in walk(nd.body)}
+    for g in nest.guards:
+        if not (isinstance(g, Op) and g.name in COMPARISONS and g in found and reads_among(g, outer)):
+            return f"a guard that is no comparison of the bodies reading outer loop variables alone ({g})"
+    return None
+
+
 def _verify_row_work(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     if (why := _table_problem(k) or _invariant_problem(k)) is not None:
         fail(p, stage, k.name, f"K10 {why}")
-    if (why := _cuts_problem(k)) is not None:
+    if (why := _cuts_problem(k) or _guards_problem(k)) is not None:
         fail(p, stage, k.name, f"K10 {why}")
     nest = k.nest
     if nest is None:

@@ -118,7 +118,7 @@ def _scheduled(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[P
             spec = rows.row_work(spec, traits)
             if traits.lane_tables is not None:
                 spec = lanes.invariants(lanes.lane_tables(spec, traits.lane_tables), traits.lane_tables)
-            spec = pieces.pieces(spec, traits.nests.opaque_calls)
+            spec = pieces.guards(pieces.pieces(spec, traits.nests.opaque_calls))
     if plan.shapes:
         spec = attrs.evolve(spec, symbols=_symbols_used(spec, layouts))
     return spec

@@ -792,6 +792,108 @@ def test_pieces_of_cats_and_pads_under_sin_and_cos_match_eager(widths: list[int]
     torch.testing.assert_close(got[0], fn(*parts)[0])
 
 
+# ---- guards: the innermost loop in versions by comparisons of outer loops (pieces.py) ----------
+
+
+def _stem(x: torch.Tensor, w: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor]:
+    """ResNet's stem: the pool runs channels-last, channels innermost, its window's
+    masks along h and w (outer loops)."""
+    y = torch.relu(F.conv2d(x, w, stride=2, padding=3))
+    p = torch.ops.aten.max_pool2d_with_indices.default(y, [3, 3], [2, 2], [1, 1])[0]
+    return (F.conv2d(p, w2).sum(),)
+
+
+def _pool(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ops.aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], [1, 1])
+
+
+# name, fn, inputs, the guards as printed, whether every mask is an outer loop's
+GUARD_CASES: list[tuple[str, Callable[..., Any], list[torch.Tensor], str, bool]] = [
+    ("channels_last_pool", _stem, [torch.randn(1, 3, 32, 32), torch.randn(8, 3, 7, 7), torch.randn(8, 8, 1, 1)],
+     "4 versions, one for each value of the outer loops' (2*ix1 - 1 >= 0), (2*ix0 - 1 >= 0)", True),
+    # NCHW: its window's masks along w read the innermost loop and stay
+    ("pool_with_indices", _pool, [torch.randn(2, 4, 9, 11)],
+     "4 versions, one for each value of the outer loops' (2*ix1 + 1 < 9), (2*ix1 - 1 >= 0)", False),
+    ("cat_along_an_outer_dim", lambda x, y: (torch.cat((x, y), 0) * 2,), [torch.randn(3, 8), torch.randn(2, 8)],
+     "4 versions, one for each value of the outer loops' (ix0 < 3), (ix0 >= 3)", True),
+]
+
+
+@pytest.mark.parametrize("case", GUARD_CASES, ids=[c[0] for c in GUARD_CASES])
+def test_loads_masked_by_outer_loops_run_in_versions_of_the_inner_loop(case: Any) -> None:
+    """GCC 12 vectorizes no version of a loop whose loads are masked, even where
+    the mask is constant along it: a channels-last 3x3 max_pool2d over 64 channels
+    took 1344 us a call, 37 with the masks decided.  The comparisons of outer loops
+    that mask loads (LoopNest.guards) are computed before the innermost loop, which
+    runs in one version for each of their values: in the version where all hold,
+    no load is masked."""
+    from tests_helpers import run_until
+
+    from coil.ir.printer import show
+
+    _, fn, inputs, versions, outer_only = case
+    text = show(run_until(fn, inputs, "schedule_kernels", target="cpp"))
+    assert f"innermost x loop in {versions}" in text, text
+    compiled = coil.compile_graph(make_fx(fn)(*inputs), inputs, coil.Options(target="cpp", graph_cache=False))
+    source = compiled.source
+    n = int(versions.split()[0])
+    start = source.find("if (guard")
+    assert start > 0 and source.count("#pragma omp simd", start) >= n, source
+    first = source[start:source.find("} else if", start)]  # the version where every guard holds
+    assert ("? in_ptr" not in first) == outer_only, first
+    for got, want in zip(compiled(*inputs), fn(*inputs)):
+        if got.dtype == torch.int64:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_verifier_refuses_guards_of_the_innermost_loop_and_twice() -> None:
+    import attrs
+    from tests_helpers import run_until
+
+    from coil.ir.expr import IndexExpr, Op
+    from coil.ir.verify_kernel import verify_kernel_program
+
+    x = torch.randn(2, 4, 9, 11)
+    program = run_until(_pool, [x], "schedule_kernels", target="cpp")
+    verify_kernel_program(program, "schedule_kernels")
+    spec = next(s for s in program.specs if s.nest is not None and s.nest.guards)
+    nest = spec.nest
+    inner = next(s for nd in nest.nodes for s in coil.ir.expr.walk(nd.body)
+                 if isinstance(s, Op) and s.name == "ge" and isinstance(s.args[0], IndexExpr)
+                 and str(s.args[0].expr).endswith("ix2 - 1"))
+    for guards, word in (((nest.guards[0], nest.guards[0]), "a guard twice"),
+                         ((inner,), "reading outer loop variables alone")):
+        bad = attrs.evolve(spec, nest=attrs.evolve(nest, guards=guards))
+        with pytest.raises(coil.CoilError, match=f"K10 .*{word}"):
+            verify_kernel_program(attrs.evolve(program, specs=tuple(bad if s is spec else s for s in program.specs)),
+                                  "schedule_kernels")
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.tuples(st.integers(3, 9), st.integers(3, 9)), kernel=st.integers(1, 3), stride=st.integers(1, 3),
+       pad=st.integers(0, 1), channels_last=st.booleans(), cat=st.integers(1, 3))
+def test_pools_and_outer_cats_in_versions_match_eager(size: tuple[int, int], kernel: int, stride: int, pad: int,
+                                                      channels_last: bool, cat: int) -> None:
+    """max_pool2d of any small window, stride and padding, channels-last or not,
+    beside a cat along an outer dim: whatever versions the loops run in, the values
+    and indices are eager's."""
+    pad = min(pad, kernel // 2)
+    x = torch.randn(2, 3, *size)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    y = torch.randn(cat, 3, *size)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        v, i = torch.ops.aten.max_pool2d_with_indices.default(a, [kernel, kernel], [stride, stride], [pad, pad])
+        return v, i, torch.cat((a, b), 0).relu()
+
+    got = coil.compile_graph(make_fx(fn)(x, y), [x, y], coil.Options(target="cpp", graph_cache=False))(x, y)
+    for g, w in zip(got, fn(x, y)):
+        assert torch.equal(g, w)
+
+
 def _clamped_sum(c: float) -> Callable[[torch.Tensor], tuple[torch.Tensor]]:
     def fn(a: torch.Tensor) -> tuple[torch.Tensor]:
         return (torch.clamp(a.abs() + 1, -c, c).sum(),)

@@ -16,6 +16,7 @@ computed before the loops, one array each, and read there; its invariants
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -39,7 +40,7 @@ from coil.backends.cpp.plan import (
 from coil.ir.expr import Expr
 from coil.ir.kernel import NestTile
 from coil.options import Options
-from coil.passes.schedule.pieces import fold_piece, inner_symbol
+from coil.passes.schedule.pieces import fold_guards, fold_piece, inner_symbol
 
 
 def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, str] | None = None,
@@ -62,11 +63,40 @@ def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
     out = streams(plan)
     if out:
         return first + render_loops(loops[:-1], streamed_loop(plan, ctx, loops[-1], out, tables))
+    if plan.loops.guards:
+        return first + render_loops(loops[:-1], guarded_loops(plan, ctx, loops[-1], tables))
+    return first + render_loops(loops[:-1], inner_loop(plan, ctx, loops[-1], tables))
+
+
+def inner_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str]) -> list[str]:
+    """The innermost loop over the plan's nodes, in pieces where the nest is cut."""
     if plan.loops.cuts:
-        return first + render_loops(loops[:-1], piece_loops(plan, ctx, loops[-1], tables))
+        return piece_loops(plan, ctx, inner, tables)
     checks: list[LoopCheck] = []
     scope = pointwise_scope(plan, ctx, checks=checks, tables=tables)
-    return first + render_loops(loops[:-1], checked_loop(loops[-1], scope, checks))
+    return checked_loop(inner, scope, checks)
+
+
+def guarded_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str]) -> list[str]:
+    """The nest's guards (LoopNest.guards) computed before the innermost loop, then
+    one version of that loop for each of their values, with them folded
+    (passes/schedule/pieces.py)."""
+    guards = plan.loops.guards
+    lines: list[str] = []
+    h = CppHandler(ctx, {}, {}, lines)
+    names = []
+    for g in guards:
+        name = ctx.fresh("guard")
+        lines.append(f"const bool {name} = {h.value(g)};")
+        names.append(name)
+    combos = list(itertools.product((True, False), repeat=len(guards)))
+    for k, values in enumerate(combos):
+        test = " && ".join(n if v else f"!{n}" for n, v in zip(names, values))
+        head = "if" if k == 0 else "} else if"
+        lines.append(f"{head} ({test}) {{" if k < len(combos) - 1 else "} else {")
+        nodes = tuple(attrs.evolve(nd, body=fold_guards(nd.body, guards, values)) for nd in plan.nodes)
+        lines += ["  " + ln for ln in inner_loop(attrs.evolve(plan, nodes=nodes), ctx, inner, tables)]
+    return [*lines, "}"]
 
 
 def piece_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str]) -> list[str]:
