@@ -46,10 +46,11 @@ Grammar::
                                              prelude: the per-row nodes each program
                                              computes before its loop)
     LoopNest ::= (xsizes, rsizes, block, tile: NestTile | None, parallel: Parallel | None,
-                  nodes: NestNode*, ..., cuts, guards: Op*)
+                  nodes: NestNode*, ..., cuts, guards: Op*, versions)
                                              guards: comparisons of outer loop variables
                                              that mask loads; the innermost loop runs in
-                                             one version for each of their values
+                                             one version for each of their values the
+                                             loops reach (versions)
     NestNode ::= (name, body, store)
     NestTile ::= (u, v, side, staged: StagedRead*)
     StagedRead ::= (buffer, offset, stride)
@@ -376,6 +377,10 @@ class LoopNest:
     # each of their values, in which they are constants, so its masked loads are
     # plain loads or none and the loop vectorizes (passes/schedule/pieces.py: guards)
     guards: tuple[Expr, ...] = ()
+    # the guards' values the outer loops reach, one version of the innermost loop each
+    # (the first: every guard holds, where the loops reach that), in the order the
+    # renderer tests them; the last is taken where none of the others is
+    versions: tuple[tuple[bool, ...], ...] = ()
     # a reduction's r loop run in blocks of this many elements (a split's part, in
     # blocks of its own; on a column nest, of this many steps of its outermost r loop),
     # each block summed into fresh accumulators that are then folded into the row's: a

@@ -101,8 +101,8 @@ def show_nest(nest: LoopNest, indent: str, bodies: bool = True) -> list[str]:
         out.append(f"{indent}  innermost x loop in pieces {spans}, its comparisons constant in each")
     if nest.guards:
         shown = ", ".join(comparison_text(g) for g in nest.guards)
-        out.append(f"{indent}  innermost x loop in {2 ** len(nest.guards)} versions, one for each value of "
-                   f"the outer loops' {shown}")
+        out.append(f"{indent}  innermost x loop in {len(nest.versions)} versions (of {2 ** len(nest.guards)}), one for "
+                   f"each value the loops reach of the outer loops' {shown}")
     par = nest.parallel
     if par is None:
         out.append(f"{indent}  one thread")

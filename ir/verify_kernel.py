@@ -42,7 +42,8 @@ K10 streams, scratch arrays and hoisted values need a loop nest; a lane table is
    (no r loops, tile, blocks or streams), strictly increasing inside that loop, and
    each comparison of that loop's variable alone is one value in every piece.  Guards
    are a static pointwise nest's of two x loops or more (no r loops, tile, blocks or
-   streams), distinct comparisons of its bodies that read outer loop variables alone.  Streamed stores
+   streams), distinct comparisons of its bodies that read outer loop variables alone,
+   with at least one version, each a value for every guard, none twice.  Streamed stores
    are a kernel's without r loops, of nodes it stores (parameters it writes), each
    named once, staged in positive chunks.  A scratch array is stored in a loop (a
    Loop stage's level) that computes a node whose body in the nest has its
@@ -446,6 +447,9 @@ def _guards_problem(k: KernelSpec) -> str | None:
     for g in nest.guards:
         if not (isinstance(g, Op) and g.name in COMPARISONS and g in found and reads_among(g, outer)):
             return f"a guard that is no comparison of the bodies reading outer loop variables alone ({g})"
+    if not nest.versions or len(set(nest.versions)) != len(nest.versions) or any(
+            len(v) != len(nest.guards) for v in nest.versions):
+        return f"versions {list(nest.versions)}: none, one twice, or not one value a guard"
     return None
 
 

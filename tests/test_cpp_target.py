@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
@@ -810,14 +811,15 @@ def _pool(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # name, fn, inputs, the versions as printed (None: none), whether every mask is an outer loop's
 GUARD_CASES: list[tuple[str, Callable[..., Any], list[torch.Tensor], str | None, bool]] = [
     ("channels_last_pool", _stem, [torch.randn(1, 3, 32, 32), torch.randn(8, 3, 7, 7), torch.randn(8, 8, 1, 1)],
-     "4 versions, one for each value of the outer loops' (2*ix1 - 1 >= 0), (2*ix0 - 1 >= 0)", True),
+     "4 versions (of 4), one for each value the loops reach of the outer loops' (2*ix1 - 1 >= 0), (2*ix0 - 1 >= 0)",
+     True),
     # NCHW: its window's masks along w read the innermost loop: no versions (GCC
     # unswitches such a loop itself; with versions, MobileNetV2's pads vectorized not)
     ("pool_with_indices", _pool, [torch.randn(2, 4, 9, 11)], None, False),
     ("pad_along_the_last_two_dims", lambda x: (F.pad(x.relu(), (1, 1, 1, 1)),), [torch.randn(2, 3, 5, 6)], None,
      False),
     ("cat_along_an_outer_dim", lambda x, y: (torch.cat((x, y), 0) * 2,), [torch.randn(3, 8), torch.randn(2, 8)],
-     "4 versions, one for each value of the outer loops' (ix0 < 3), (ix0 >= 3)", True),
+     "2 versions (of 4), one for each value the loops reach of the outer loops' (ix0 < 3), (ix0 >= 3)", True),
 ]
 
 
@@ -853,11 +855,9 @@ def test_loads_masked_by_outer_loops_run_in_versions_of_the_inner_loop(case: Any
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_the_verifier_refuses_guards_of_the_innermost_loop_and_twice() -> None:
+def test_the_verifier_refuses_bad_guards_and_versions() -> None:
     import attrs
     from tests_helpers import run_until
-
-    import sympy
 
     from coil.ir.expr import Constant, IndexExpr, Op
     from coil.ir.verify_kernel import verify_kernel_program
@@ -869,9 +869,12 @@ def test_the_verifier_refuses_guards_of_the_innermost_loop_and_twice() -> None:
     nest = spec.nest
     inner = Op("ge", (IndexExpr(sympy.Symbol("ix2", integer=True, nonnegative=True) - 1, torch.int64),
                       Constant(0, torch.int64)), torch.bool)
-    for guards, word in (((nest.guards[0], nest.guards[0]), "a guard twice"),
-                         ((inner,), "reading outer loop variables alone")):
-        bad = attrs.evolve(spec, nest=attrs.evolve(nest, guards=guards))
+    for guards, versions, word in (((nest.guards[0], nest.guards[0]), nest.versions, "a guard twice"),
+                                   ((inner,), ((True,), (False,)), "reading outer loop variables alone"),
+                                   (nest.guards, (), "versions \\[\\]: none"),
+                                   (nest.guards, nest.versions[:1] * 2, "one twice"),
+                                   (nest.guards, ((True,),), "not one value a guard")):
+        bad = attrs.evolve(spec, nest=attrs.evolve(nest, guards=guards, versions=versions))
         with pytest.raises(coil.CoilError, match=f"K10 .*{word}"):
             verify_kernel_program(attrs.evolve(program, specs=tuple(bad if s is spec else s for s in program.specs)),
                                   "schedule_kernels")
@@ -898,6 +901,22 @@ def test_pools_and_outer_cats_in_versions_match_eager(size: tuple[int, int], ker
     got = coil.compile_graph(make_fx(fn)(x, y), [x, y], coil.Options(target="cpp", graph_cache=False))(x, y)
     for g, w in zip(got, fn(x, y)):
         assert torch.equal(g, w)
+    # every value of the guards that the outer loops reach, point by point, is a version
+    from tests_helpers import run_until
+
+    from coil.ir.bounds import value_over
+
+    for spec in run_until(fn, [x, y], "schedule_kernels", target="cpp").specs:
+        nest = spec.nest
+        if nest is None or not nest.guards:
+            continue
+        outer = [sympy.Symbol(f"ix{i}", integer=True, nonnegative=True) for i in range(len(nest.xsizes) - 1)]
+        for point in itertools.product(*(range(n) for n in nest.xsizes[:-1])):
+            values = []
+            for g in nest.guards:
+                e = coil.ir.expr.substitute_symbols(g, {s: sympy.Integer(v) for s, v in zip(outer[1:], point[1:])})
+                values.append(value_over(e, outer[0], point[0], point[0] + 1))
+            assert tuple(values) in nest.versions, (point, values, nest.versions)
 
 
 def _clamped_sum(c: float) -> Callable[[torch.Tensor], tuple[torch.Tensor]]:

@@ -16,7 +16,6 @@ computed before the loops, one array each, and read there; its invariants
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -79,9 +78,17 @@ def inner_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mappin
 
 def guarded_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str]) -> list[str]:
     """The nest's guards (LoopNest.guards) computed before the innermost loop, then
-    one version of that loop for each of their values, with them folded
-    (passes/schedule/pieces.py)."""
-    guards = plan.loops.guards
+    one version of that loop for each of their values the loops reach
+    (LoopNest.versions), with them folded (passes/schedule/pieces.py); the last
+    version is the `else`.  One version reached: that loop alone."""
+    guards, versions = plan.loops.guards, plan.loops.versions
+
+    def version(values: tuple[bool, ...]) -> list[str]:
+        nodes = tuple(attrs.evolve(nd, body=fold_guards(nd.body, guards, values)) for nd in plan.nodes)
+        return inner_loop(attrs.evolve(plan, nodes=nodes), ctx, inner, tables)
+
+    if len(versions) == 1:
+        return version(versions[0])
     lines: list[str] = []
     h = CppHandler(ctx, {}, {}, lines)
     names = []
@@ -89,13 +96,11 @@ def guarded_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Map
         name = ctx.fresh("guard")
         lines.append(f"const bool {name} = {h.value(g)};")
         names.append(name)
-    combos = list(itertools.product((True, False), repeat=len(guards)))
-    for k, values in enumerate(combos):
+    for k, values in enumerate(versions):
         test = " && ".join(n if v else f"!{n}" for n, v in zip(names, values))
         head = "if" if k == 0 else "} else if"
-        lines.append(f"{head} ({test}) {{" if k < len(combos) - 1 else "} else {")
-        nodes = tuple(attrs.evolve(nd, body=fold_guards(nd.body, guards, values)) for nd in plan.nodes)
-        lines += ["  " + ln for ln in inner_loop(attrs.evolve(plan, nodes=nodes), ctx, inner, tables)]
+        lines.append(f"{head} ({test}) {{" if k < len(versions) - 1 else "} else {")
+        lines += ["  " + ln for ln in version(values)]
     return [*lines, "}"]
 
 

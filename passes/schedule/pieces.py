@@ -36,6 +36,7 @@ values, each with them folded (`fold_guards`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable
 
@@ -202,4 +203,35 @@ def guards(spec: KernelSpec) -> KernelSpec:
     found = guard_comparisons(nest)
     if not found or len(found) > MAX_GUARDS:  # None or []: no guards
         return spec
-    return attrs.evolve(spec, nest=attrs.evolve(nest, guards=tuple(found)))
+    return attrs.evolve(spec, nest=attrs.evolve(nest, guards=tuple(found), versions=reached(nest, tuple(found))))
+
+
+def reached(nest: LoopNest, guards: tuple[Op, ...]) -> tuple[tuple[bool, ...], ...]:
+    """The guards' values the outer loops reach, every guard holding first: the
+    guards of one loop variable alone are one value each between their candidate
+    change points (`_candidates`, checked by interval arithmetic), so their values
+    are those of each such span; guards of several variables, or spans that do not
+    settle, may take either value.  Guards of different variables vary apart."""
+    by_sym: dict[sympy.Symbol, list[int]] = {}
+    free: list[int] = []
+    for k, g in enumerate(guards):
+        syms = {s for e in walk(g) if isinstance(e, IndexExpr) for s in e.expr.free_symbols}
+        (by_sym.setdefault(next(iter(syms)), []) if len(syms) == 1 else free).append(k)
+    parts: list[tuple[list[int], set[tuple[bool, ...]]]] = [([k], {(True,), (False,)}) for k in free]
+    for sym, ks in by_sym.items():
+        n = int(nest.xsizes[int(str(sym)[2:])])
+        points = sorted(set().union(*(_candidates(guards[k], sym, n) for k in ks)))
+        bounds = (0, *points, n)
+        seen: set[tuple[bool, ...]] = set()
+        for lo, hi in zip(bounds, bounds[1:]):
+            values = tuple(value_over(guards[k], sym, lo, hi) for k in ks)
+            if any(v is None for v in values):
+                seen = set(itertools.product((True, False), repeat=len(ks)))
+                break
+            seen.add(values)  # type: ignore[arg-type]
+        parts.append((ks, seen))
+    out = []
+    for combo in itertools.product((True, False), repeat=len(guards)):
+        if all(tuple(combo[k] for k in ks) in seen for ks, seen in parts):
+            out.append(combo)
+    return tuple(out)
