@@ -203,7 +203,11 @@ def guards(spec: KernelSpec) -> KernelSpec:
     found = guard_comparisons(nest)
     if not found or len(found) > MAX_GUARDS:  # None or []: no guards
         return spec
-    return attrs.evolve(spec, nest=attrs.evolve(nest, guards=tuple(found), versions=reached(nest, tuple(found))))
+    versions = reached(nest, tuple(found))
+    masks = [s.mask for n in nest.nodes for s in walk(n.body) if isinstance(s, (Load, IndirectLoad)) and s.mask is not None]
+    if not all(isinstance(fold_guards(m, tuple(found), v), Constant) for m in masks for v in versions):
+        return spec  # a mask the guards do not decide (a loaded bool in it): its versions would keep masked loads
+    return attrs.evolve(spec, nest=attrs.evolve(nest, guards=tuple(found), versions=versions))
 
 
 def reached(nest: LoopNest, guards: tuple[Op, ...]) -> tuple[tuple[bool, ...], ...]:
