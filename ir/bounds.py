@@ -388,26 +388,26 @@ COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 _PIECE = sympy.Symbol("piece_t", integer=True, nonnegative=True)
 
 
-def reads_only(e: Expr, sym: sympy.Symbol) -> bool:
-    """Whether `e` reads memory nowhere and no symbol but `sym` (and reads it)."""
+def _index_symbols(e: Expr) -> set[sympy.Basic] | None:
+    """The symbols `e`'s index expressions read, or None where it reads memory."""
     syms: set[sympy.Basic] = set()
     for s in walk(e):
         if isinstance(s, (Load, IndirectLoad, Check)):
-            return False
+            return None
         if isinstance(s, IndexExpr):
             syms |= s.expr.free_symbols
-    return syms == {sym}
+    return syms
+
+
+def reads_only(e: Expr, sym: sympy.Symbol) -> bool:
+    """Whether `e` reads memory nowhere and no symbol but `sym` (and reads it)."""
+    return _index_symbols(e) == {sym}
 
 
 def reads_among(e: Expr, syms: set[sympy.Symbol]) -> bool:
     """Whether `e` reads memory nowhere, some symbol, and no symbol outside `syms`."""
-    seen: set[sympy.Basic] = set()
-    for s in walk(e):
-        if isinstance(s, (Load, IndirectLoad, Check)):
-            return False
-        if isinstance(s, IndexExpr):
-            seen |= s.expr.free_symbols
-    return bool(seen) and seen <= syms
+    seen = _index_symbols(e)
+    return bool(seen) and seen is not None and seen <= syms
 
 
 def comparisons_of(bodies: Sequence[Expr], sym: sympy.Symbol) -> list[Op]:
