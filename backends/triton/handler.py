@@ -143,6 +143,10 @@ class TritonHandler:
             # a one-element block, never a scalar: scalars of int1 do not broadcast
             # in the interpreter, and blocks keep every value's rank the same
             return self.out.assign(f"tl.load({where} + tl.zeros([1], tl.int32))")
+        if not sympy.sympify(rd.offset).free_symbols:
+            # one element (an expanded input's) read under a mask: the pointer takes the
+            # mask's shape, as Triton loads no scalar pointer through a block mask
+            where += f" + tl.zeros_like({lanes}).to(tl.int32)"
         return self.out.assign(f"tl.load({where}, {lanes}, other=0)")
 
     def indirect_load(self, node: IndirectLoad, values: tuple[str, ...], mask: str | None) -> str:
@@ -225,12 +229,20 @@ def check_message(node: Check) -> str:
     return f"coil check: error={node.error} dim={node.dim} size={node.size}"
 
 
+def truth(arg: str, src: torch.dtype | None) -> str:
+    """Whether `arg` is nonzero.  A bfloat16 is compared as float32: the Triton
+    interpreter compares a bfloat16 with a constant by its bits (-0.0 != 0 gave
+    True there, and x < 0 False for every x); a GPU compares values, and the
+    conversion is one instruction."""
+    return f"{arg}.to(tl.float32) != 0" if src == torch.bfloat16 else f"{arg} != 0"
+
+
 def convert(arg: str, src: torch.dtype, dst: torch.dtype) -> str:
     """`arg` of dtype src as dst, with torch's conversion rules."""
     if src == dst:
         return arg
     if dst == torch.bool:
-        return f"{arg} != 0"
+        return truth(arg, src)
     if dst in (torch.float16, torch.bfloat16) and src != torch.float32:
         # as c10 does: through float (the interpreter converts other sources wrongly)
         arg = f"{arg}.to(tl.float32)"
@@ -325,7 +337,8 @@ def _minmax(greater: bool) -> OpFn:
 
 
 def _as_bool(h: TritonHandler, e: object, a: str) -> str:
-    return a if getattr(e, "dtype", None) == torch.bool else h.out.assign(f"{a} != 0")
+    dtype = getattr(e, "dtype", None)
+    return a if dtype == torch.bool else h.out.assign(truth(a, dtype))
 
 
 def _logical(sym: str) -> OpFn:
