@@ -301,6 +301,12 @@ class RowHandler(CppHandler):
         return self.emit(node.dtype, f"({r}_ok ? {a} * {r} : {a} / {b})")
 
 
+def sums_in_double(a: Accumulator) -> bool:
+    """Whether a row over several r loops sums this accumulator's blocks or parts in
+    double, rounded to float once (ReductionEmitter.in_blocks says why): a float sum."""
+    return a.kind == "sum" and a.ctype == "float"
+
+
 class ReductionEmitter:
     """Builds the code run once per xindex (or per block of lanes)."""
 
@@ -468,7 +474,7 @@ class ReductionEmitter:
         eager's cascade is 5e-8)."""
         start, end = f"{loop.var}_b", f"{loop.var}_e"
         lanes = self.lanes
-        doubled = {a.name for a in accs if wide and lanes is None and a.kind == "sum" and a.ctype == "float"}
+        doubled = {a.name for a in accs if wide and lanes is None and sums_in_double(a)}
         before: list[str] = [f"double {n}_w = 0;" for n in sorted(doubled)]
         after: list[str] = [f"{n} += static_cast<float>({n}_w);" for n in sorted(doubled)]
         if lanes is None:
@@ -524,8 +530,7 @@ class ReductionEmitter:
         out: list[str] = []
         chunk: list[str] = []
         merge: list[str] = []
-        ctype = {a.name: "double" if len(loops) > 1 and a.kind == "sum" and a.ctype == "float" else a.ctype
-                 for a in accs}
+        ctype = {a.name: "double" if len(loops) > 1 and sums_in_double(a) else a.ctype for a in accs}
         for a in accs:
             out.append(f"{ctype[a.name]} {a.name}_p[{chunks}];")
             chunk.append(f"{ctype[a.name]} {a.name} = {identity(a.kind, a.dtype)};")

@@ -134,10 +134,16 @@ def _candidates(c: Op, sym: sympy.Symbol, n: int) -> set[int]:
     return {v for v in out if 0 < v < n}
 
 
+def static_pointwise(nest: LoopNest) -> bool:
+    """Whether the nest is a static pointwise one with iterations, plain loops only
+    (no r loops, tile or blocks): what cuts and guards take."""
+    return not (nest.rsizes or nest.tile is not None or nest.block or not nest.xsizes
+                or not all(isinstance(s, int) for s in nest.xsizes) or math.prod(nest.xsizes) == 0)
+
+
 def cut_points(nest: LoopNest) -> tuple[int, ...]:
     """The cuts of the nest's innermost loop (module docstring), or () for none."""
-    if (nest.rsizes or nest.tile is not None or nest.block or not nest.xsizes
-            or not all(isinstance(s, int) for s in nest.xsizes) or math.prod(nest.xsizes) == 0):
+    if not static_pointwise(nest):
         return ()
     sym, n = inner_symbol(nest), int(nest.xsizes[-1])
     comps = comparisons(nest, sym)
@@ -196,9 +202,7 @@ def guard_comparisons(nest: LoopNest) -> list[Op] | None:
 def guards(spec: KernelSpec) -> KernelSpec:
     """The spec with its nest's guards (module docstring)."""
     nest = spec.nest
-    if (nest is None or spec.streams is not None or nest.rsizes or nest.tile is not None or nest.block
-            or len(nest.xsizes) < 2 or not all(isinstance(s, int) for s in nest.xsizes)
-            or math.prod(nest.xsizes) == 0):
+    if nest is None or spec.streams is not None or not static_pointwise(nest) or len(nest.xsizes) < 2:
         return spec
     found = guard_comparisons(nest)
     if not found or len(found) > MAX_GUARDS:  # None or []: no guards
@@ -216,6 +220,7 @@ def reached(nest: LoopNest, guards: tuple[Op, ...]) -> tuple[tuple[bool, ...], .
     change points (`_candidates`, checked by interval arithmetic), so their values
     are those of each such span; guards of several variables, or spans that do not
     settle, may take either value.  Guards of different variables vary apart."""
+    size = {loop_symbol("ix", i): int(n) for i, n in enumerate(nest.xsizes)}
     by_sym: dict[sympy.Symbol, list[int]] = {}
     free: list[int] = []
     for k, g in enumerate(guards):
@@ -223,7 +228,7 @@ def reached(nest: LoopNest, guards: tuple[Op, ...]) -> tuple[tuple[bool, ...], .
         (by_sym.setdefault(next(iter(syms)), []) if len(syms) == 1 else free).append(k)
     parts: list[tuple[list[int], set[tuple[bool, ...]]]] = [([k], {(True,), (False,)}) for k in free]
     for sym, ks in by_sym.items():
-        n = int(nest.xsizes[int(str(sym)[2:])])
+        n = size[sym]
         points = sorted(set().union(*(_candidates(guards[k], sym, n) for k in ks)))
         bounds = (0, *points, n)
         seen: set[tuple[bool, ...]] = set()
