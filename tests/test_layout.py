@@ -322,9 +322,15 @@ def test_peeled_bias_fuses_into_the_reader_and_matches_eager() -> None:
     (out,) = module(x, w, b)
     torch.testing.assert_close(out, _conv_gelu(x, w, b))
     # a launch is `triton_...[grid](...)` in the interpreter, `launch_triton_...(stream, ...)` on CUDA
-    launches = re.findall(r"^\s*(?:launch_)?(triton_\w+)[\[(]", module.source, re.M)
-    # the input's and the weight's channels-last copies, then one kernel for the rest
-    assert [k for k in launches if "channels_last" not in k] == launches[-1:], launches
+    wrapper = module.source[module.source.index("\ndef call("):]
+    launches = re.findall(r"^\s*(?:launch_)?(triton_\w+)[\[(]", wrapper, re.M)
+    # the input's and the weight's channels-last copies (launched at once, as one
+    # combo), then one kernel for the rest
+    combo = re.search(r"^def triton_combo_0\(.*?(?=^\S)", module.source, re.M | re.S)
+    assert combo is not None and launches[0] == "triton_combo_0", launches
+    assert re.findall(r"^\s+(triton_\w+)\(", combo.group(0), re.M) == [
+        "triton_poi_fused_channels_last_0", "triton_poi_fused_channels_last_1"]
+    assert len(launches) == 2, launches
     assert "convolution_gelu_mean" in launches[-1]
     assert "aten_convolution_default(buf2, buf3, None," in module.source
     conv = torch.nn.Conv2d(3, 8, 3, padding=1)

@@ -3,7 +3,7 @@ coil in one process, interleaved, on the parameters of a transformer encoder wit
 random gradients.  Runs from the repository root:
 
     python3 bench/probes/optimizer_step.py [--device cpu|cuda] [--layers 4] [--width 128]
-        [--threads 1] [--out bench/results/cpu-optimizers] [--combos] [--only NAME]
+        [--threads 1] [--out bench/results/cpu-optimizers] [--without-combos] [--only NAME]
 
 Per optimizer: the first call (a cold compile: empty Inductor and coil caches), the median step time over
 ROUNDS rounds of CALLS calls (interleaved: each round times eager, Inductor and
@@ -52,8 +52,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", action="append")
     p.add_argument("--out", default=None)
-    p.add_argument("--combos", action="store_true",
-                   help="also coil with Options.combo_launches (variant coil_combos; Triton only)")
+    p.add_argument("--without-combos", action="store_true",
+                   help="also coil with Options.combo_launches off (variant coil_no_combos; "
+                        "they are on by default on the Triton target)")
     a = p.parse_args()
     from bench.harness import fresh_caches
 
@@ -76,7 +77,7 @@ def run(a: argparse.Namespace) -> None:
         if a.only and name not in a.only:
             continue
         steps, states = {}, {}
-        for variant in ("eager", "inductor", "coil", *(("coil_combos",) if a.combos else ())):
+        for variant in ("eager", "inductor", "coil", *(("coil_no_combos",) if a.without_combos else ())):
             ps = [q.clone().requires_grad_() for q in params]
             for q, g in zip(ps, grads):
                 q.grad = g.clone()
@@ -84,8 +85,8 @@ def run(a: argparse.Namespace) -> None:
             torch._dynamo.reset()
             step = (opt.step if variant == "eager" else
                     torch.compile(opt.step, backend="inductor") if variant == "inductor" else
-                    torch.compile(opt.step, backend="coil", options={"target": target,
-                                                                      "combo_launches": variant == "coil_combos"}))
+                    torch.compile(opt.step, backend="coil", options={"target": target} if variant == "coil" else
+                                  {"target": target, "combo_launches": False}))
             t0 = time.perf_counter()
             step()
             sync()
@@ -111,34 +112,38 @@ def run(a: argparse.Namespace) -> None:
         print(f"{name:16} eager {row['eager']['ms']:.3f}  inductor {row['inductor']['ms']:.3f}  "
               f"coil {row['coil']['ms']:.3f} ms  coil/Ind {row['coil']['ms'] / row['inductor']['ms']:.2f}  "
               f"first call I {row['inductor']['first_call_s']} / c {row['coil']['first_call_s']} s  "
-              + (f"coil_combos {row['coil_combos']['ms']:.3f} ms ({row['coil_combos']['ms'] / row['inductor']['ms']:.2f}, "
-                 f"first call {row['coil_combos']['first_call_s']} s)  " if "coil_combos" in row else "")
+              + (f"without combos {row['coil_no_combos']['ms']:.3f} ms "
+                 f"({row['coil_no_combos']['ms'] / row['inductor']['ms']:.2f}, "
+                 f"first call {row['coil_no_combos']['first_call_s']} s)  " if "coil_no_combos" in row else "")
               + f"{row['coil']['check']}", flush=True)
-    if a.out:
-        out = Path(a.out)
-        out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
-        lines = [f"# Compiled optimizer steps ({a.device}, {a.threads} thread(s), torch {torch.__version__})", "",
-                 f"{a.layers} TransformerEncoderLayers of width {a.width}: {len(params)} tensors, "
-                 f"{sum(q.numel() for q in params)} values; median of {ROUNDS} rounds of {CALLS} steps, interleaved.",
-                 "`python3 bench/probes/optimizer_step.py` writes this.", "",
-                 "| optimizer | eager ms | Inductor ms | coil ms | coil/Ind | first call s I / c | check |"
-                 + (" coil, combos ms | its /Ind | its first call s |" if a.combos else ""),
-                 "|---|--:|--:|--:|--:|--:|---|" + ("--:|--:|--:|" if a.combos else "")]
-        by = {}
-        for r in records:
-            by.setdefault(r["optimizer"], {})[r["variant"]] = r
-        ratios = []
-        for name, row in by.items():
-            ratio = row["coil"]["ms"] / row["inductor"]["ms"]
-            ratios.append(ratio)
-            lines.append(f"| {name} | {row['eager']['ms']:.3f} | {row['inductor']['ms']:.3f} | {row['coil']['ms']:.3f} "
-                         f"| {ratio:.2f} | {row['inductor']['first_call_s']} / {row['coil']['first_call_s']} "
-                         f"| {row['coil']['check']} |"
-                         + (f" {row['coil_combos']['ms']:.3f} | {row['coil_combos']['ms'] / row['inductor']['ms']:.2f} "
-                            f"| {row['coil_combos']['first_call_s']} |" if "coil_combos" in row else ""))
-        geo = statistics.geometric_mean(ratios) if ratios else float("nan")
-        lines += ["", f"Geomean coil/Inductor: {geo:.2f} over {len(ratios)} optimizers."]
-        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        if a.out:  # after each optimizer: a run cut short keeps the rows it finished
+            write(Path(a.out), a, params, records)
+
+
+def write(out: Path, a: argparse.Namespace, params: list[torch.Tensor], records: list[dict]) -> None:
+    out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
+    lines = [f"# Compiled optimizer steps ({a.device}, {a.threads} thread(s), torch {torch.__version__})", "",
+             f"{a.layers} TransformerEncoderLayers of width {a.width}: {len(params)} tensors, "
+             f"{sum(q.numel() for q in params)} values; median of {ROUNDS} rounds of {CALLS} steps, interleaved.",
+             "`python3 bench/probes/optimizer_step.py` writes this.", "",
+             "| optimizer | eager ms | Inductor ms | coil ms | coil/Ind | first call s I / c | check |"
+             + (" coil without combos ms | its /Ind | its first call s |" if a.without_combos else ""),
+             "|---|--:|--:|--:|--:|--:|---|" + ("--:|--:|--:|" if a.without_combos else "")]
+    by = {}
+    for r in records:
+        by.setdefault(r["optimizer"], {})[r["variant"]] = r
+    ratios = []
+    for name, row in by.items():
+        ratio = row["coil"]["ms"] / row["inductor"]["ms"]
+        ratios.append(ratio)
+        lines.append(f"| {name} | {row['eager']['ms']:.3f} | {row['inductor']['ms']:.3f} | {row['coil']['ms']:.3f} "
+                     f"| {ratio:.2f} | {row['inductor']['first_call_s']} / {row['coil']['first_call_s']} "
+                     f"| {row['coil']['check']} |"
+                     + (f" {row['coil_no_combos']['ms']:.3f} | {row['coil_no_combos']['ms'] / row['inductor']['ms']:.2f} "
+                        f"| {row['coil_no_combos']['first_call_s']} |" if "coil_no_combos" in row else ""))
+    geo = statistics.geometric_mean(ratios) if ratios else float("nan")
+    lines += ["", f"Geomean coil/Inductor: {geo:.2f} over {len(ratios)} optimizers."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
