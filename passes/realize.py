@@ -11,7 +11,9 @@ realized a buffer is stored on it:
     reuse             several readers and more than one nontrivial read (a reader that
                       only reads it at data-dependent positions, directly or through
                       pointwise nodes that are read so, does not count: it
-                      recomputes a few elements, as cross_entropy's gather does);
+                      recomputes a few elements, as cross_entropy's gather does; a
+                      slice counts as the share it reads, so readers of disjoint
+                      slices, RoPE's halves or q, k and v, count once together);
                       unless Options.realize_reuse is off (Inductor recomputes
                       such nodes on a GPU)
     reads_threshold   several readers and more reads than realize_reads_threshold
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from fractions import Fraction
 from typing import Any, Mapping, Union
 
 import attrs
@@ -193,10 +196,15 @@ def _size_expr(e: sympy.Expr, shapes: ShapeInfo) -> bool:
     return (lo is not None and lo >= 0) or shapes.known_le(0, e)
 
 
-def _full_readers(g: LoweredGraph) -> dict[str, int]:
-    """For each node, how many readers read it at every position: readers that read
-    it only through an IndirectLoad do not count, nor do pointwise nodes and views
-    (not outputs) that only such readers read.  Views are transparent."""
+def _full_readers(g: LoweredGraph) -> dict[str, Fraction]:
+    """For each node, how many of its elements its readers would compute, were it
+    inlined into them, over its size: each reader that reads it at every position
+    counts 1; readers that read it only through an IndirectLoad do not count, nor
+    do pointwise nodes and views (not outputs) that only such readers read.  A
+    view counts as its own readers, times the share of its base it covers where
+    that is less than all (static sizes): the two halves of rotate_half, or q, k
+    and v sliced from one tensor, read it once over, and inlining it into them
+    computes no element more than realizing it would."""
     direct: dict[str, list[str]] = defaultdict(list)
     only_indirect: set[tuple[str, str]] = set()
     for n in g.nodes:
@@ -206,21 +214,31 @@ def _full_readers(g: LoweredGraph) -> dict[str, int]:
             plain = {ld.name for ld in loads(n.body)}
             only_indirect |= {(ld.name, n.name) for ld in indirect_loads(n.body) if ld.name not in plain}
     outputs = set(o for o in g.outputs if o is not None)
-    full: dict[str, int] = {}
+    full: dict[str, Fraction] = {}
     for n in reversed(g.nodes):
-        count = 0
+        count = Fraction(0)
         for r in direct.get(n.name, []):
             if (n.name, r) in only_indirect:
                 continue
             reader = g.node(r)
             if isinstance(reader, View):
-                count += full[r] + (r in outputs)
+                count += (full[r] + (r in outputs)) * _share(reader, n)
             elif isinstance(reader, Pointwise) and r not in outputs and full[r] == 0 and direct.get(r):
                 continue  # read only at data-dependent positions itself
             else:
                 count += 1
         full[n.name] = count
     return full
+
+
+def _share(view: View, base: LNode) -> Fraction:
+    """The part of `base` a view of it covers: its size over the base's where both
+    are static and the view's is smaller (a slice, a select), else 1 (an expand
+    or a reshape covers all of it)."""
+    mine, whole = numel(view.size), numel(base.size)
+    if not is_static((mine, whole)) or int(whole) == 0:
+        return Fraction(1)
+    return min(Fraction(int(mine), int(whole)), Fraction(1))
 
 
 class _Realizer:

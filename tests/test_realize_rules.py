@@ -213,3 +213,63 @@ def test_a_load_that_may_fall_outside_keeps_the_pads_mask():
     assert all(ld.mask is not None for ld in walk(out.body) if isinstance(ld, Load))
     compiled = coil.compile_graph(trace(fn, *inputs), inputs, coil.Options(target="cpp", graph_cache=False))
     torch.testing.assert_close(compiled(*inputs)[0], fn(*inputs)[0])
+
+
+def _rotate_half_backward(g, a, sin):
+    """rotate_half's gradient as autograd writes it: (g + a) * sin read by its two
+    halves, each a slice scattered back into the other half."""
+    t = (g + a) * sin
+    lo, hi = t[..., :16], t[..., 16:]
+    z = torch.zeros_like(t)
+    return (torch.slice_scatter(z, -hi, -1, 0, 16) + torch.slice_scatter(z, lo, -1, 16, 32),)
+
+
+def test_a_node_its_readers_read_in_disjoint_slices_is_inlined():
+    """Two readers that read (g + a) * sin in disjoint halves read each of its
+    elements once between them: inlining it recomputes nothing, so it is no buffer
+    (RoPE's backward: one kernel for the query's gradient, not two).  Slices that
+    overlap read some elements twice: the reuse rule realizes it."""
+    inputs = [torch.randn(4, 8, 32), torch.randn(4, 8, 32), torch.randn(8, 32)]
+    bg = run_until(_rotate_half_backward, inputs, "realize")
+    row = _row(bg, "mul")
+    assert not row.realized and row.rule.startswith("inlined into "), row
+    for got, want in zip(run_buffer_graph(bg, inputs), _rotate_half_backward(*inputs)):
+        torch.testing.assert_close(got, want)
+    assert len(run_until(_rotate_half_backward, inputs, "fuse").kernels) == 1
+
+    def overlapping(g, a, sin):
+        t = (g + a) * sin
+        return (t[..., :20].sum(-1), t[..., 12:].amax(-1))
+
+    bg = run_until(overlapping, inputs, "realize")
+    assert _row(bg, "mul").rule == "reuse"
+    for got, want in zip(run_buffer_graph(bg, inputs), overlapping(*inputs)):
+        torch.testing.assert_close(got, want)
+
+
+def test_the_reads_of_slices_are_counted_against_the_size_of_what_they_slice():
+    """Inlining computes as many elements as its readers read; realizing computes
+    every element once and writes it.  q, k and v sliced from one tensor read it
+    once over; one third of it read by two readers is two thirds of it (the rest is
+    never computed): both inline.  A reader of the whole and one of a third read
+    4/3 of it: the reuse rule realizes it."""
+    inputs = [torch.randn(6, 48), torch.randn(6, 48)]
+
+    def qkv(x, b):
+        t = x * b
+        q, k, v = t.split(16, -1)
+        return (q.sum(-1) + k.amax(-1) + v.mean(-1),)
+
+    def third_twice(x, b):
+        t = x * b
+        return (t[:, :16].sum(-1) + t[:, :16].amax(-1),)
+
+    def whole_and_third(x, b):
+        t = x * b
+        return (t.sum(-1) + t[:, :16].amax(-1),)
+
+    for fn, realized in ((qkv, False), (third_twice, False), (whole_and_third, True)):
+        bg = run_until(fn, inputs, "realize")
+        assert _row(bg, "mul").realized == realized, fn.__name__
+        assert realized == (_row(bg, "mul").rule == "reuse"), fn.__name__
+        torch.testing.assert_close(run_buffer_graph(bg, inputs)[0], fn(*inputs)[0])
