@@ -428,6 +428,22 @@ def value_over(c: Expr, sym: sympy.Symbol, lo: int, hi: int) -> bool | None:
     return bool(r[0])
 
 
+def value_among(c: Expr, spans: Mapping[sympy.Symbol, tuple[int, int]]) -> bool | None:
+    """A comparison's value while each symbol of `spans` runs over its [lo, hi),
+    where its index expressions read no other symbol (or none at all: `-1 < 0`)
+    and it is one value over them all, whatever the memory it reads holds (a
+    load's range is its dtype's: `where(x > y, i, j) < 0` is false for i, j >= 0)."""
+    seen = {v for e in walk(c) if isinstance(e, IndexExpr) for v in e.expr.free_symbols}
+    if not seen <= set(spans):
+        return None
+    starts = {s: sympy.Symbol(f"piece_{s}", integer=True, nonnegative=True) for s in seen}
+    moved = substitute_symbols(c, {s: starts[s] + spans[s][0] for s in seen})  # type: ignore[index]
+    r = value_range(moved, {starts[s]: spans[s][1] - spans[s][0] for s in seen})  # type: ignore[index]
+    if r is None or r[0] != r[1]:
+        return None
+    return bool(r[0])
+
+
 def _compare(name: str, a: IntRange, b: IntRange) -> IntRange:
     """A comparison's range: [1, 1] where it holds for every pair of values, [0, 0]
     where for none, else [0, 1]."""

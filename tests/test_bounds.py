@@ -653,3 +653,26 @@ def test_a_comparison_decided_over_its_ranges_is_a_constant() -> None:
     assert bounds.value_range(cmp("ne", 20), r) == (1, 1)
     assert bounds.value_range(cmp("eq", 20), r) == (0, 0)
     assert bounds.value_range(cmp("eq", 3), {i: 1}) == (0, 0) and bounds.value_range(cmp("eq", 0), {i: 1}) == (1, 1)
+
+
+def test_value_among_decides_comparisons_over_spans_of_several_loops() -> None:
+    """max_pool2d_with_indices' `index < 0` (no element of the window taken yet):
+    the index a select took is one of two loop expressions, each nonnegative over
+    the spans, whatever the loaded values chose; a comparison of constants is
+    decided anywhere; one reading a loop outside the spans, or a span where it
+    changes, is not."""
+    from coil.ir.bounds import value_among
+
+    x0, x1 = xsyms(2)
+    i64 = torch.int64
+    chosen = Op("where", (Op("gt", (Load("a", (x0, x1), torch.float32), Load("a", (x0, x1 + 1), torch.float32)),
+                                 torch.bool),
+                          IndexExpr(64 * x0 + 2 * x1 - 1), IndexExpr(64 * x0 + 2 * x1)), i64)
+    none_taken = Op("lt", (chosen, Constant(0, i64)), torch.bool)
+    assert value_among(none_taken, {x0: (0, 16), x1: (1, 16)}) is False
+    assert value_among(none_taken, {x0: (1, 16), x1: (0, 16)}) is False
+    assert value_among(none_taken, {x0: (0, 16), x1: (0, 16)}) is None  # x0 = x1 = 0 reads -1
+    assert value_among(none_taken, {x1: (1, 16)}) is None  # x0 unknown
+    assert value_among(Op("lt", (Constant(-1, i64), Constant(0, i64)), torch.bool), {}) is True
+    assert value_among(Op("gt", (Load("a", (x0,), torch.float32), Constant(0.0, torch.float32)), torch.bool),
+                       {x0: (0, 4)}) is None  # a loaded float

@@ -813,11 +813,18 @@ GUARD_CASES: list[tuple[str, Callable[..., Any], list[torch.Tensor], str | None,
     ("channels_last_pool", _stem, [torch.randn(1, 3, 32, 32), torch.randn(8, 3, 7, 7), torch.randn(8, 8, 1, 1)],
      "4 versions (of 4), one for each value the loops reach of the outer loops' (2*ix1 - 1 >= 0), (2*ix0 - 1 >= 0)",
      True),
-    # NCHW: its window's masks along w read the innermost loop: no versions (GCC
-    # unswitches such a loop itself; with versions, MobileNetV2's pads vectorized not)
-    ("pool_with_indices", _pool, [torch.randn(2, 4, 9, 11)], None, False),
-    ("pad_along_the_last_two_dims", lambda x: (F.pad(x.relu(), (1, 1, 1, 1)),), [torch.randn(2, 3, 5, 6)], None,
-     False),
+    # NCHW: its window's masks along w read the innermost loop, which runs in pieces
+    # in every version (versions alone kept masked loads, and MobileNetV2's pads
+    # vectorized not); where every guard holds, the middle piece reads unmasked
+    ("pool_with_indices", _pool, [torch.randn(2, 4, 9, 11)],
+     "3 versions (of 4), one for each value the loops reach of the outer loops' (2*ix1 + 1 < 9), (2*ix1 - 1 >= 0)",
+     True),
+    ("pad_along_the_last_two_dims", lambda x: (F.pad(x.relu(), (1, 1, 1, 1)),), [torch.randn(2, 3, 5, 6)],
+     "3 versions (of 4), one for each value the loops reach of the outer loops' (ix1 >= 1), (ix1 < 6)", True),
+    # a cat along the innermost dim: its masks read that loop alone: neither (GCC
+    # if-converts the loop and vectorizes it with masked loads)
+    ("cat_along_the_last_dim", lambda x, y: (torch.cat((x, y), -1) * 2,), [torch.randn(3, 8), torch.randn(3, 5)],
+     None, False),
     ("cat_along_an_outer_dim", lambda x, y: (torch.cat((x, y), 0) * 2,), [torch.randn(3, 8), torch.randn(2, 8)],
      "2 versions (of 4), one for each value the loops reach of the outer loops' (ix0 < 3), (ix0 >= 3)", True),
 ]
@@ -843,11 +850,16 @@ def test_loads_masked_by_outer_loops_run_in_versions_of_the_inner_loop(case: Any
         assert "versions" not in text and "guard" not in source, text
     else:
         assert f"innermost x loop in {versions}" in text, text
+        assert ("innermost x loop in pieces" in text) == (case[0] in ("pool_with_indices", "pad_along_the_last_two_dims")), text
         n = int(versions.split()[0])
         start = source.find("if (guard")
         assert start > 0 and source.count("#pragma omp simd", start) >= n, source
         first = source[start:source.find("} else if", start)]  # the version where every guard holds
         assert ("? in_ptr" not in first) == outer_only, first
+        if case[0] == "pool_with_indices":
+            # the index taken is never -1 there (some element of the window taken):
+            # GCC 12 made `index < 0` control flow and vectorized no piece of the loop
+            assert "< static_cast<int64_t>(0LL)" not in first, first
     for got, want in zip(compiled(*inputs), fn(*inputs)):
         if got.dtype == torch.int64:
             assert torch.equal(got, want)
@@ -948,3 +960,22 @@ def test_a_sum_over_several_r_loops_of_equal_values_rounds_once(case: str) -> No
     got = compiled(a)[0].double()
     assert abs(got - exact) / exact < 1e-7, (got, exact)
     torch.testing.assert_close(compiled(a)[0], fn(a)[0])
+
+
+def test_the_outer_loops_span_in_a_version_is_where_its_guards_have_their_values() -> None:
+    """NCHW max_pool2d over 9 rows: the guards (2*ix1 + 1 < 9) and (2*ix1 - 1 >= 0)
+    both hold for output rows 1-3, the first fails at row 4, the second at row 0;
+    the pieces of each version fold comparisons over those spans."""
+    from tests_helpers import run_until
+
+    from coil.passes.schedule.pieces import outer_spans
+
+    program = run_until(_pool, [torch.randn(2, 4, 9, 11)], "schedule_kernels", target="cpp")
+    (spec,) = program.specs
+    nest = spec.nest
+    x0, x1 = sympy.Symbol("ix0", integer=True, nonnegative=True), sympy.Symbol("ix1", integer=True, nonnegative=True)
+    assert [str(g) for g in nest.guards] and len(nest.guards) == 2
+    spans = {values: outer_spans(nest, values) for values in nest.versions}
+    assert spans == {(True, True): {x0: (0, 8), x1: (1, 4)}, (False, True): {x0: (0, 8), x1: (4, 5)},
+                     (True, False): {x0: (0, 8), x1: (0, 1)}}, spans
+    assert outer_spans(nest) == {x0: (0, 8), x1: (0, 5)}

@@ -39,7 +39,7 @@ from coil.backends.cpp.plan import (
 from coil.ir.expr import Expr
 from coil.ir.kernel import NestTile
 from coil.options import Options
-from coil.passes.schedule.pieces import fold_guards, fold_piece, inner_symbol
+from coil.passes.schedule.pieces import fold_guards, fold_piece, inner_symbol, outer_spans
 
 
 def pointwise_scope(plan: KernelPlan, ctx: KernelContext, streams: Mapping[str, str] | None = None,
@@ -67,10 +67,12 @@ def pointwise_body(plan: KernelPlan, ctx: KernelContext, options: Options) -> li
     return first + render_loops(loops[:-1], inner_loop(plan, ctx, loops[-1], tables))
 
 
-def inner_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str]) -> list[str]:
-    """The innermost loop over the plan's nodes, in pieces where the nest is cut."""
+def inner_loop(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str],
+               values: tuple[bool, ...] = ()) -> list[str]:
+    """The innermost loop over the plan's nodes, in pieces where the nest is cut
+    (in the version of its guards where they have `values`)."""
     if plan.loops.cuts:
-        return piece_loops(plan, ctx, inner, tables)
+        return piece_loops(plan, ctx, inner, tables, values)
     checks: list[LoopCheck] = []
     scope = pointwise_scope(plan, ctx, checks=checks, tables=tables)
     return checked_loop(inner, scope, checks)
@@ -85,7 +87,7 @@ def guarded_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Map
 
     def version(values: tuple[bool, ...]) -> list[str]:
         nodes = tuple(attrs.evolve(nd, body=fold_guards(nd.body, guards, values)) for nd in plan.nodes)
-        return inner_loop(attrs.evolve(plan, nodes=nodes), ctx, inner, tables)
+        return inner_loop(attrs.evolve(plan, nodes=nodes), ctx, inner, tables, values)
 
     if len(versions) == 1:
         return version(versions[0])
@@ -104,14 +106,16 @@ def guarded_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Map
     return [*lines, "}"]
 
 
-def piece_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str]) -> list[str]:
+def piece_loops(plan: KernelPlan, ctx: KernelContext, inner: Loop, tables: Mapping[Expr, str],
+                values: tuple[bool, ...] = ()) -> list[str]:
     """The innermost loop as one loop a piece (LoopNest.cuts), each over the nodes'
-    bodies with that piece's comparisons folded (passes/schedule/pieces.py)."""
-    sym = inner_symbol(plan.loops)
+    bodies with that piece's comparisons folded, the outer loops over their spans
+    in the guards' version `values` (passes/schedule/pieces.py)."""
+    sym, outer = inner_symbol(plan.loops), outer_spans(plan.loops, values)
     bounds = (0, *plan.loops.cuts, plan.loops.xsizes[-1])
     out: list[str] = []
     for lo, hi in zip(bounds, bounds[1:]):
-        nodes = tuple(attrs.evolve(nd, body=fold_piece(nd.body, sym, lo, hi)) for nd in plan.nodes)
+        nodes = tuple(attrs.evolve(nd, body=fold_piece(nd.body, sym, lo, hi, outer)) for nd in plan.nodes)
         checks: list[LoopCheck] = []
         scope = pointwise_scope(attrs.evolve(plan, nodes=nodes), ctx, checks=checks, tables=tables)
         out += checked_loop(attrs.evolve(inner, lo=str(lo), hi=str(hi)), scope, checks)

@@ -31,20 +31,25 @@ pointwise nest of at least two x loops (no r loops, tile, blocks or streams)
 whose loads' masks compare outer loop variables alone, those comparisons (at
 most MAX_GUARDS of them) are the nest's `guards`: the renderer computes them
 once before the innermost loop and runs one version of it for each of their
-values, each with them folded (`fold_guards`).
+values, each with them folded (`fold_guards`).  Where other masks compare the
+innermost loop's variable alone (an NCHW pool's or pad's window, at the ends of
+its rows as well as at the first and last rows), cuts of that loop decide those,
+as above, in every version: max_pool2d_with_indices over NCHW ran scalar (GCC:
+control flow in the loop).  Masks of the innermost loop alone (a cat along it)
+get neither: GCC if-converts those and vectorizes the loop with masked loads.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable
+from typing import Callable, Mapping
 
 import attrs
 import sympy
 import torch
 
-from coil.ir.bounds import COMPARISONS, comparisons_of, reads_among, reads_only, value_over
+from coil.ir.bounds import COMPARISONS, comparisons_of, reads_among, reads_only, value_among, value_over
 from coil.ir.expr import Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, rewrite, walk
 from coil.ir.kernel import KernelSpec, LoopNest
 from coil.passes.schedule.nest import loop_symbol
@@ -67,11 +72,36 @@ def comparisons(nest: LoopNest, sym: sympy.Symbol) -> list[Op]:
     return comparisons_of([n.body for n in nest.nodes], sym)
 
 
-def fold_piece(body: Expr, sym: sympy.Symbol, lo: int, hi: int) -> Expr:
-    """`body` over sym in [lo, hi): each comparison of sym alone that is one value
-    there is that constant, and the masks and selects it decides are folded (a
-    load whose mask is true reads unmasked; one whose mask is false is 0)."""
-    return fold_decided(body, lambda c: value_over(c, sym, lo, hi) if reads_only(c, sym) else None)
+def fold_piece(body: Expr, sym: sympy.Symbol, lo: int, hi: int,
+               outer: Mapping[sympy.Symbol, tuple[int, int]] | None = None) -> Expr:
+    """`body` over sym in [lo, hi), each `outer` loop over its span: each
+    comparison of those loop variables alone (or of none) that is one value there
+    is that constant, and the masks and selects it decides are folded (a load whose
+    mask is true reads unmasked; one whose mask is false is 0).  So
+    max_pool2d_with_indices' `index < 0` (no element of the window taken yet) is
+    false inside a row once its first element is taken: GCC 12 turned that test
+    into control flow and vectorized no piece of the loop."""
+    spans = {**(outer or {}), sym: (lo, hi)}
+    return fold_decided(body, lambda c: value_among(c, spans))
+
+
+def outer_spans(nest: LoopNest, values: tuple[bool, ...] = ()) -> dict[sympy.Symbol, tuple[int, int]]:
+    """The span [lo, hi) each outer loop variable runs over in the version of the
+    nest's guards where they have `values` (none: all versions): the hull of the
+    stretches between a variable's guards' change points where its guards have
+    those values (a stretch where one may vary counts in)."""
+    spans = {loop_symbol("ix", i): (0, int(n)) for i, n in enumerate(nest.xsizes[:-1])}
+    for sym, (_, n) in list(spans.items()):
+        ks = [k for k, g in enumerate(nest.guards[:len(values)]) if reads_only(g, sym)]
+        if not ks:
+            continue
+        points = sorted(set().union(*(_candidates(nest.guards[k], sym, n) for k in ks)))
+        bounds = (0, *points, n)
+        kept = [(lo, hi) for lo, hi in zip(bounds, bounds[1:])
+                if all(value_over(nest.guards[k], sym, lo, hi) in (None, values[k]) for k in ks)]
+        if kept:
+            spans[sym] = (kept[0][0], kept[-1][1])
+    return spans
 
 
 def fold_guards(body: Expr, guards: tuple[Expr, ...], values: tuple[bool, ...]) -> Expr:
@@ -179,39 +209,54 @@ def outer_symbols(nest: LoopNest) -> set[sympy.Symbol]:
     return {loop_symbol("ix", i) for i in range(len(nest.xsizes) - 1)}
 
 
-def guard_comparisons(nest: LoopNest) -> list[Op] | None:
-    """The comparisons in the masks of the nest's loads, each once, in order, where
-    every one reads outer loop variables alone; None where some mask compares
-    anything else (the innermost loop's variable: a version would keep masked
-    loads, and GCC, which unswitches the loop itself on the invariant part of a
-    mask and vectorizes the rest with masked loads, then vectorizes none; a
+def guard_comparisons(nest: LoopNest) -> tuple[list[Op], bool] | None:
+    """The comparisons in the masks of the nest's loads that read outer loop
+    variables alone, each once, in order, and whether other masks compare the
+    innermost loop's variable alone (cuts must decide those); None where some mask
+    compares anything else (both at once, or a loaded value: a version would keep
+    masked loads, and GCC, which unswitches the loop itself on the invariant part
+    of a mask and vectorizes the rest with masked loads, then vectorizes none; a
     MobileNetV2 pad's kernel took 720 us a call so, 38 without)."""
-    outer = outer_symbols(nest)
+    outer, inner = outer_symbols(nest), inner_symbol(nest)
     out: dict[Op, None] = {}
+    cut = False
     for n in nest.nodes:
         for s in walk(n.body):
             if isinstance(s, (Load, IndirectLoad)) and s.mask is not None:
                 for c in walk(s.mask):
                     if isinstance(c, Op) and c.name in COMPARISONS:
-                        if not reads_among(c, outer):
+                        if reads_among(c, outer):
+                            out[c] = None
+                        elif reads_only(c, inner):
+                            cut = True
+                        else:
                             return None
-                        out[c] = None
-    return list(out)
+    return list(out), cut
 
 
 def guards(spec: KernelSpec) -> KernelSpec:
-    """The spec with its nest's guards (module docstring)."""
+    """The spec with its nest's guards, and cuts where other masks compare the
+    innermost loop's variable (module docstring)."""
     nest = spec.nest
     if nest is None or spec.streams is not None or not static_pointwise(nest) or len(nest.xsizes) < 2:
         return spec
     found = guard_comparisons(nest)
-    if not found or len(found) > MAX_GUARDS:  # None or []: no guards
+    if found is None:
         return spec
-    versions = reached(nest, tuple(found))
-    masks = [s.mask for n in nest.nodes for s in walk(n.body) if isinstance(s, (Load, IndirectLoad)) and s.mask is not None]
-    if not all(isinstance(fold_guards(m, tuple(found), v), Constant) for m in masks for v in versions):
-        return spec  # a mask the guards do not decide (a loaded bool in it): its versions would keep masked loads
-    return attrs.evolve(spec, nest=attrs.evolve(nest, guards=tuple(found), versions=versions))
+    outer, cut = found
+    if not outer or len(outer) > MAX_GUARDS:
+        return spec  # masks of the innermost loop alone: GCC if-converts those itself
+    cuts = nest.cuts or (cut_points(nest) if cut else ())
+    if cut and not cuts:
+        return spec
+    versions = reached(nest, tuple(outer))
+    sym, n = inner_symbol(nest), int(nest.xsizes[-1])
+    bounds = (0, *cuts, n)
+    masks = [s.mask for nd in nest.nodes for s in walk(nd.body) if isinstance(s, (Load, IndirectLoad)) and s.mask is not None]
+    if not all(isinstance(fold_piece(fold_guards(m, tuple(outer), v), sym, lo, hi), Constant)
+               for m in masks for v in versions for lo, hi in zip(bounds, bounds[1:])):
+        return spec  # a mask neither decides (a loaded bool in it): its loops would keep masked loads
+    return attrs.evolve(spec, nest=attrs.evolve(nest, guards=tuple(outer), versions=versions, cuts=cuts))
 
 
 def reached(nest: LoopNest, guards: tuple[Op, ...]) -> tuple[tuple[bool, ...], ...]:
