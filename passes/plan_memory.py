@@ -40,7 +40,7 @@ from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuf
                              collectives, copy_operands)
 from coil.ir.expr import IndirectLoad, Load, read_names, walk
 from coil.ir.layout import Layout
-from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, KernelKind, Step
+from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, Step
 from coil.ir.memory import MemoryPlan, Order, PlannedStep, collective_spans, in_flight_at
 from coil.ir.schedule import ScheduleGraph, WeakDep, used_or_aliased_buffer_names, viewed_storages
 from coil.ir.shapes import Size, norm
@@ -135,8 +135,8 @@ def inplace_source(kernel: FusedKernel, new: str, dying: frozenset[str], g: Buff
     candidates = sorted({e.name for rs in reads[:at + 1] for e in rs if isinstance(e, Load)} & dying - taken)
     if not candidates:
         return None
-    if kernel.kind != KernelKind.POINTWISE and not _last_stage(kernel, new, nodes):
-        return None
+    if any(nb.is_reduction for _, nb in nodes) and not _last_stage(kernel, new, nodes):
+        return None  # (a pointwise kernel may hold a reduction of one element: its loop is a stage too)
     writes = store_position(b, kernel.group)
     views = {e.name for rs in reads for e in rs if isinstance(g.get(e.name), AliasBuffer)}
     for old in candidates:

@@ -324,6 +324,30 @@ def test_no_in_place_where_a_later_loop_reads_the_input():
         assert not any(ps.inplace for ps in w.plan.steps)
 
 
+def test_no_in_place_over_what_a_one_element_reduction_of_the_kernel_reads():
+    """Found by `coil fuzz --target cpp --seed 20261205`: a sum over a dim of size 1
+    fused with an unrelated pointwise output, in a kernel of kind pointwise.  The
+    sum's loop is a later stage than the output that does not depend on it, so that
+    output may not take the summed buffer's storage (on the cpp target it did, and
+    the sum read the output's value: 0 where eager gives 1)."""
+    def fn(x):
+        c = x.clamp(-1, 1)
+        t = c.tan()
+        s = c.sum(0)
+        n = -torch.sort(c, 0)[1]
+        return t, n, n + s
+
+    inputs = [torch.tensor([5]).as_strided((1, 1, 1), (1, 1, 1))]
+    for target in ("reference", "cpp"):
+        w = run_until(fn, inputs, "wrap", target=target)
+        kernel = next(ps for ps in w.plan.steps if isinstance(ps.step, FusedKernel) and len(ps.step.nodes) == 3)
+        # only n + s, which runs after the sum's loop, may take the clamp's storage
+        assert all(new == kernel.step.nodes[-1] for new, _ in kernel.inplace_pairs), show(w.plan)
+        compiled = coil.compile_graph(trace(fn, *inputs), list(inputs), coil.Options(target=target, graph_cache=False))
+        for a, b in zip(compiled(*inputs), fn(*inputs)):
+            torch.testing.assert_close(a, b)
+
+
 def test_sibling_outputs_read_before_the_last_one_writes():
     """Two outputs read the dying matmul result at the element they write: the one
     computed last takes its storage (the other has read it by then)."""
