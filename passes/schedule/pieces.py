@@ -92,13 +92,13 @@ def outer_spans(nest: LoopNest, values: tuple[bool, ...] = ()) -> dict[sympy.Sym
     those values (a stretch where one may vary counts in)."""
     spans = {loop_symbol("ix", i): (0, int(n)) for i, n in enumerate(nest.xsizes[:-1])}
     for sym, (_, n) in list(spans.items()):
-        ks = [k for k, g in enumerate(nest.guards[:len(values)]) if reads_only(g, sym)]
-        if not ks:
+        mine = [(g, v) for g, v in zip(nest.guards, values) if isinstance(g, Op) and reads_only(g, sym)]
+        if not mine:
             continue
-        points = sorted(set().union(*(_candidates(nest.guards[k], sym, n) for k in ks)))
+        points = sorted(set().union(*(_candidates(g, sym, n) for g, _ in mine)))
         bounds = (0, *points, n)
         kept = [(lo, hi) for lo, hi in zip(bounds, bounds[1:])
-                if all(value_over(nest.guards[k], sym, lo, hi) in (None, values[k]) for k in ks)]
+                if all(value_over(g, sym, lo, hi) in (None, v) for g, v in mine)]
         if kept:
             spans[sym] = (kept[0][0], kept[-1][1])
     return spans
