@@ -385,7 +385,6 @@ def _int_op_range(name: str, rs: list[IntRange]) -> IntRange | None:
 
 
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
-_PIECE = sympy.Symbol("piece_t", integer=True, nonnegative=True)
 
 
 def _index_symbols(e: Expr) -> set[sympy.Basic] | None:
@@ -422,10 +421,7 @@ def comparisons_of(bodies: Sequence[Expr], sym: sympy.Symbol) -> list[Op]:
 
 def value_over(c: Expr, sym: sympy.Symbol, lo: int, hi: int) -> bool | None:
     """A comparison's value while sym runs over [lo, hi), where it is one value."""
-    r = value_range(substitute_symbols(c, {sym: _PIECE + lo}), {_PIECE: hi - lo})
-    if r is None or r[0] != r[1]:
-        return None
-    return bool(r[0])
+    return value_among(c, {sym: (lo, hi)})
 
 
 def value_among(c: Expr, spans: Mapping[sympy.Symbol, tuple[int, int]]) -> bool | None:

@@ -245,7 +245,7 @@ def guards(spec: KernelSpec) -> KernelSpec:
         return spec
     outer, cut = found
     if not outer or len(outer) > MAX_GUARDS:
-        return spec  # masks of the innermost loop alone: GCC if-converts those itself
+        return spec  # (no guard: masks of the innermost loop alone, which GCC if-converts itself)
     cuts = nest.cuts or (cut_points(nest) if cut else ())
     if cut and not cuts:
         return spec
