@@ -68,6 +68,8 @@ class NestTraits:
     # a float sum's r loop longer than this runs in blocks this long, each summed apart
     # (LoopNest.rblock): its rounding error then stays near eager's cascaded sum's
     sum_block: int = 0
+    # ... and on a split's part (one long row shared among threads); 0: sum_block
+    split_sum_block: int = 0
     # float32 lanes an `omp simd` sum spreads its row over: a row over several r loops
     # whose innermost is shorter fills fewer, so its blocks hold fewer elements
     sum_lanes: int = 8
@@ -268,9 +270,14 @@ TRITON_SPLITS = SplitTraits(row_min=16384, max_rows=128, programs=1024, min_chun
 # 64, 2.56 at 32, 3.1 at 128)
 # sum_block: x.sum() of 2^20 float32 elements was 470x further from the float64 sum
 # than eager's (one serial add chain a part); in blocks of 1024 under omp simd it is
-# within a few times eager's (tests/test_cpp_target.py)
+# within a few times eager's (tests/test_cpp_target.py).  Blocks of 256 cost 12-20 %
+# on (8192, 4096).sum(-1) (one thread: 11.3 against 9.7 ms), nothing on a split's
+# x.sum() of 2^22 (0.60 ms either way), where a part of 1024 in one block was 4.5x
+# eager's error (x.sum() of 2^16 values of 0.1: 6.7e-7 off, relative; 1.5e-7 in
+# blocks of 256, as eager)
 CPP_NESTS = NestTraits(parallel_min_work=32768, parallel_chunks=64, split_below_rows=16, split_parts=64, lanes=64,
-                       tile=64, block=4096, block_below=64, sum_block=1024, opaque_calls=("sin", "cos"))
+                       tile=64, block=4096, block_below=64, sum_block=1024, split_sum_block=256,
+                       opaque_calls=("sin", "cos"))
 # the C++ target's: runs of 8 columns at least; a kernel that stores along its rows stays
 # on them, as it did while any read along r kept it there: layer_norm of
 # gelu(x).permute(0, 2, 1) + a position embedding, x of (B, C, T), one thread, on rows

@@ -228,10 +228,11 @@ def test_down_columns_rule() -> None:
 
 def test_cpp_long_row_splits_among_threads() -> None:
     """One row of 40000: its r loop dealt out to 64 threads, into partial results
-    combined in order; the parts loop is the parallel one."""
+    combined in order; the parts loop is the parallel one, and each part of 625
+    runs in blocks of 256 (NestTraits.split_sum_block)."""
     (k,) = CPP_GOLDEN["long_row_sum"]().specs
     assert k.space == Split(1, 40000, 64, 625, 1, False, (), even=True)
-    assert _loops(k) == LoopNest((1,), (40000,), parallel=Parallel(1, 64, 1))
+    assert _loops(k) == LoopNest((1,), (40000,), parallel=Parallel(1, 64, 1), rblock=256)
     (short,) = program(lambda a: a.sum(-1), [torch.randn(4, 1000)], target="cpp").specs
     assert isinstance(short.space, Rows) and _loops(short) == LoopNest((4,), (1000,))
 

@@ -159,3 +159,45 @@ def test_reduction_into_empty_output(fn: Any, shape: tuple[int, ...], target: st
     expected = tuple(expected) if isinstance(expected, tuple) else (expected,)
     for o, e in zip(compiled(x), expected, strict=True):
         torch.testing.assert_close(o, e)
+
+
+def test_a_reduction_walks_its_dims_in_memory_order() -> None:
+    """A channels-last tensor's sum reads memory in order: the r symbols take the
+    dims by stride, largest first (C, the innermost in memory, last), and the
+    index names them where they stand.  A partial sum of a transposed input
+    likewise; argmax of all dims keeps the logical order its index counts in."""
+    from tests_helpers import run_until
+
+    from coil.ir.printer import show
+
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    printed = show(run_until(lambda a: (a.sum(),), [x], "lower"))
+    assert "sum_1 = Reduction[sum, float32[] over [2, 4, 5, 3]]" in printed, printed
+    assert "load a_1[r0, r3, r1, r2]" in printed, printed
+    t = x.permute(0, 1, 3, 2)  # strides (60, 1, 3, 15)
+    printed = show(run_until(lambda a: (a.sum((2, 3)), a.argmax()), [t], "lower"))
+    assert "sum_1 = Reduction[sum, float32[2, 3] over [4, 5]]" in printed, printed
+    assert "load a_1[x0, x1, r1, r0]" in printed, printed
+    assert "argmax__1 = Reduction[argmax, int64[] over [120]]" in printed and "load argmax[r0]" in printed, printed
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_reductions_of_a_channels_last_tensor_match_eager(target: str) -> None:
+    """sum, mean, var, amax, prod and argmax over all or some dims of a
+    channels-last tensor, its r loops in memory order (one loop on the cpp
+    target: 57 against 5 us for x.sum() at 1x64x32x32, one thread)."""
+    import coil
+
+    x = torch.randn(2, 16, 6, 7).to(memory_format=torch.channels_last)
+
+    def fn(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (a.sum(), a.mean((0, 2, 3)), a.var((1, 2)), a.amax((1, 3)), (a * 0.1 + 1).prod(),
+                a.argmax(), a.sum((2, 3), keepdim=True))
+
+    compiled = coil.compile_graph(make_fx(fn)(x), [x], coil.Options(target=target, graph_cache=False))
+    for got, want in zip(compiled(x), fn(x), strict=True):
+        torch.testing.assert_close(got, want)
+    if target == "cpp":
+        one = coil.compile_graph(make_fx(lambda a: (a.sum(),))(x), [x], coil.Options(target="cpp", graph_cache=False))
+        kernel = one.source[one.source.find('extern "C"'):]
+        assert "ir0" in kernel and "ir1" not in kernel, kernel

@@ -302,9 +302,10 @@ class RowHandler(CppHandler):
 
 
 def sums_in_double(a: Accumulator) -> bool:
-    """Whether a row over several r loops sums this accumulator's blocks or parts in
-    double, rounded to float once (ReductionEmitter.in_blocks says why): a float sum."""
-    return a.kind == "sum" and a.ctype == "float"
+    """Whether this accumulator's blocks and a split's parts are summed in double,
+    rounded to float once (ReductionEmitter.in_blocks says why): a float sum, or a
+    variance's float sum of squares."""
+    return a.kind in ("sum", "welford_m2") and a.ctype == "float"
 
 
 class ReductionEmitter:
@@ -466,19 +467,21 @@ class ReductionEmitter:
         """`loop` in blocks of `block` steps, `render` making each block's loops from
         the block's part of it: each block runs into accumulators of its own (lane
         arrays in column mode) that shadow the row's, kept in `<acc>_k` and folded
-        into the row's after the block.  With `wide` (a row over several r loops), a
-        float sum's blocks sum in double and are folded in double, rounded to float
-        once: there each block adds its inner runs' partials into one scalar, one
-        after another, and over many equal values (the fuzzer's clamped constants)
-        every rounding went the same way (14300 values: 1.7e-6 off, relative, where
-        eager's cascade is 5e-8)."""
+        into the row's after the block.  On a row, a float sum's blocks are folded
+        in double, rounded to float once: folded in float, x.sum() of 2^16 values of
+        0.1 was 6.7e-7 off, relative, where eager's cascade is 1.5e-7 (now 1.5e-7).
+        With `wide` (a row over several r loops) the blocks themselves also sum in
+        double: there each block adds its inner runs' partials into one scalar,
+        one after another, and over many equal values (the fuzzer's clamped
+        constants) every rounding went the same way (14300 values: 1.7e-6 off,
+        relative, where eager's cascade is 5e-8)."""
         start, end = f"{loop.var}_b", f"{loop.var}_e"
         lanes = self.lanes
-        doubled = {a.name for a in accs if wide and lanes is None and sums_in_double(a)}
+        doubled = {a.name for a in accs if lanes is None and sums_in_double(a)}
         before: list[str] = [f"double {n}_w = 0;" for n in sorted(doubled)]
         after: list[str] = [f"{n} += static_cast<float>({n}_w);" for n in sorted(doubled)]
         if lanes is None:
-            ctype = {a.name: "double" if a.name in doubled else a.ctype for a in accs}
+            ctype = {a.name: "double" if wide and a.name in doubled else a.ctype for a in accs}
             held = [f"{ctype[a.name]} {a.name}_k;" for a in accs]
             fresh = [f"{ctype[a.name]} {a.name} = {identity(a.kind, a.dtype)};" for a in accs]
             keep = [f"{a.name}_k = {a.name};" for a in accs]
@@ -531,8 +534,9 @@ class ReductionEmitter:
         chunk: list[str] = []
         merge: list[str] = []
         ctype = {a.name: "double" if len(loops) > 1 and sums_in_double(a) else a.ctype for a in accs}
+        parts = {a.name: "double" if sums_in_double(a) else a.ctype for a in accs}
         for a in accs:
-            out.append(f"{ctype[a.name]} {a.name}_p[{chunks}];")
+            out.append(f"{parts[a.name]} {a.name}_p[{chunks}];")
             chunk.append(f"{ctype[a.name]} {a.name} = {identity(a.kind, a.dtype)};")
             if a.is_arg:
                 out.append(f"int64_t {a.name}_pi[{chunks}];")
@@ -551,7 +555,7 @@ class ReductionEmitter:
                 f"for (int64_t s = 1; s < {chunks}; s *= 2) {{",
                 f"  for (int64_t c = 0; c + s < {chunks}; c += 2 * s) {{",
                 *("    " + ln for ln in fold), "  }", "}"]
-            out += [f"{a.acc} += {a.name}_p[0];" if ctype[a.name] == a.ctype
+            out += [f"{a.acc} += {a.name}_p[0];" if parts[a.name] == a.ctype
                     else f"{a.acc} += static_cast<{a.ctype}>({a.name}_p[0]);" for a in summed]
         if merge:  # a second pass over the row (no accumulators) has nothing to merge
             out += render_loops([Loop("c", "0", str(chunks))], merge)

@@ -50,22 +50,47 @@ def reduction_dims(x: TensorValue, dims: Any) -> tuple[int, ...]:
     return tuple(sorted({normalize_dim(int(d), x.ndim) for d in dims}))
 
 
-def split_index(x: TensorValue, dims: Sequence[int],
-                keepdim: bool) -> tuple[tuple[int, ...], tuple[int, ...], list[sympy.Expr]]:
-    """Output ranges, reduction ranges and the input index over x*/r* symbols."""
+def split_index(x: TensorValue, dims: Sequence[int], keepdim: bool,
+                order: Sequence[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...], list[sympy.Expr]]:
+    """Output ranges, reduction ranges and the input index over x*/r* symbols.
+    `order`: the reduced dims in the order the r symbols take them (outermost
+    first); `dims` as given where None."""
+    walk_order = list(dims) if order is None else list(order)
     out_ranges = tuple(1 if d in dims else x.size[d] for d in range(x.ndim) if keepdim or d not in dims)
-    red_ranges = tuple(x.size[d] for d in dims)
+    red_ranges = tuple(x.size[d] for d in walk_order)
     xs = iter(xsyms(len(out_ranges)))
     rs = rsyms(len(red_ranges))
     index: list[sympy.Expr] = []
     for d in range(x.ndim):
         if d in dims:
-            index.append(rs[list(dims).index(d)])
+            index.append(rs[walk_order.index(d)])
             if keepdim:
                 next(xs)  # the kept size-1 dim has its own (always 0) output symbol
         else:
             index.append(next(xs))
     return out_ranges, red_ranges, index
+
+
+def memory_order(ctx: LowerCtx, x: TensorValue, dims: Sequence[int], reduction_type: str) -> tuple[int, ...] | None:
+    """The reduced dims by eager's strides of the op's input, largest first, where
+    that differs from their logical order: a channels-last tensor's sum then reads
+    memory in order, as aten's reduction does (one contiguous loop, not a strided
+    walk; 57 against 5.4 us for x.sum() at 1x64x32x32 on the cpp target).  Where the
+    order does not change the result but for rounding: not argmax / argmin, whose
+    result is an index in the logical order.  None: the logical order (fewer than
+    two dims of more than one element, no eager value of that shape, symbolic
+    sizes or strides)."""
+    if reduction_type in ("argmax", "argmin") or len(dims) < 2 or not ctx.arg_vals:
+        return None
+    v = ctx.arg_vals[0]
+    if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(x.size):
+        return None
+    stride = v.stride()
+    if not all(isinstance(s, int) for s in (*stride, *x.size)):
+        return None
+    # a dim of one element has any stride: it keeps its place after the others
+    order = tuple(sorted(dims, key=lambda d: -stride[d] if x.size[d] != 1 else 1))
+    return order if order != tuple(dims) else None
 
 
 def reduce_over(
@@ -77,8 +102,10 @@ def reduce_over(
     out_dtype: torch.dtype,
     acc_dtype: torch.dtype | None = None,
 ) -> TensorValue:
-    """One Reduction node over the normalized `dims` of `x` (sorted, no repeats)."""
-    out_ranges, red_ranges, index = split_index(x, dims, keepdim)
+    """One Reduction node over the normalized `dims` of `x` (sorted, no repeats),
+    its r loops in the order of `memory_order`."""
+    order = memory_order(ctx, x, dims, reduction_type)
+    out_ranges, red_ranges, index = split_index(x, dims, keepdim, order)
     body: Expr = x.load(index)
     acc = acc_dtype if acc_dtype is not None else upcast(x.dtype)
     if acc == torch.bool and reduction_type in ("argmax", "argmin"):

@@ -103,16 +103,17 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     else:
         par = row_parallel(nest, lanes, traits)
     run = -(-rsizes[0] // parts) if parts else rsizes[0]  # what one r loop walks
-    rblock = sum_block(bufs, rsizes, run, bool(lanes), traits)
+    rblock = sum_block(bufs, rsizes, run, bool(lanes), traits, split=bool(parts))
     return attrs.evolve(spec, space=space, nest=LoopNest(xsizes, rsizes, parallel=par, nodes=in_loops,
                                                          rblock=rblock))
 
 
 def sum_block(bufs: Sequence[ComputedBuffer], rsizes: tuple[int, ...], run: int, lanes: bool,
-              traits: NestTraits) -> int:
+              traits: NestTraits, split: bool = False) -> int:
     """LoopNest.rblock where a float sum (or a variance's sum of squares) runs along
-    an r loop longer than the block, else 0.  On a row or a split's part, whose loop
-    `omp simd` spreads over vector lanes, NestTraits.sum_block; on a row over
+    an r loop longer than the block, else 0.  On a row, whose loop `omp simd`
+    spreads over vector lanes, NestTraits.sum_block; on a split's part (a few
+    long rows shared among threads), NestTraits.split_sum_block; on a row over
     several r loops, whose innermost loop may fill fewer lanes (`sum_lanes` at
     most), steps of the outermost holding about chain ** (2/3) elements a lane
     (rounded down to a power of two, at least 16), the chain being what one lane
@@ -133,7 +134,7 @@ def sum_block(bufs: Sequence[ComputedBuffer], rsizes: tuple[int, ...], run: int,
     if lanes:
         block = max(1, _two_thirds(run * inner, down=False) // inner)
     elif len(rsizes) == 1:
-        block = traits.sum_block
+        block = traits.split_sum_block if split and traits.split_sum_block else traits.sum_block
     else:  # a row over several r loops: steps of the outermost, each lane's chain cut as a column's
         filled = min(rsizes[-1], traits.sum_lanes)
         block = max(1, _two_thirds(run * inner // filled, down=True) * filled // inner)
