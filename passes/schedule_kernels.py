@@ -112,7 +112,9 @@ def _scheduled(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tuple[P
         spec = attrs.evolve(spec, stages=loads.loads_first(spec, layouts), reads=loads.reads(spec, layouts))
     if traits.nests is not None:
         spec = threads.nested(spec, bufs, layouts, plan.removed, traits.nests, traits.columns, plan.shapes)
-        if is_static(k.group):  # symbolic sizes: plain stores, no row scratch (no static bound to size it)
+        if not is_static(k.group):  # symbolic sizes: plain stores, row invariants hoisted, no scratch
+            spec = rows.row_work(spec, traits, plan.shapes)
+        else:
             if traits.streams is not None:
                 spec = attrs.evolve(spec, streams=streams.streams(spec, bufs, traits.streams))
             spec = rows.row_work(spec, traits)

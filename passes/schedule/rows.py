@@ -56,14 +56,17 @@ from coil.ir.expr import (
     post_order,
 )
 from coil.ir.kernel import Hoisted, KernelSpec, Loop, Outer, Role, Rows, ScratchArray, Split
+from coil.ir.shapes import EMPTY, ShapeInfo
 from coil.options import ScratchTraits, TargetTraits
 from coil.passes.schedule.nest import loop_symbol
 from coil.passes.schedule.streams import OP_COST
 
 
-def row_work(spec: KernelSpec, traits: TargetTraits) -> KernelSpec:
+def row_work(spec: KernelSpec, traits: TargetTraits, shapes: ShapeInfo = EMPTY) -> KernelSpec:
     """The spec with its row scratch arrays and what each r-loop hoists, where its
-    traits ask for them (a reduction kernel on a nest, its rows not in lanes)."""
+    traits ask for them (a reduction kernel on a nest, its rows not in lanes).
+    With symbolic sizes no scratch (no static bound sizes the arrays), and row
+    invariants are hoisted only where the ranges prove a row is never empty."""
     nest, space = spec.nest, spec.space
     if nest is None or not nest.rsizes or (isinstance(space, Rows) and space.lanes):
         return spec
@@ -73,9 +76,14 @@ def row_work(spec: KernelSpec, traits: TargetTraits) -> KernelSpec:
     kept = frozenset(name for name, role in roles.items() if role is not Role.INNER)
     rnumel = math.prod(nest.rsizes)
     t = Subtrees(inner, frozenset(loop_symbol("ir", i) for i in range(len(nest.rsizes))), kept)
-    run = _Run(spec, t, hoist=traits.hoists_row_invariants and rnumel > 0, reciprocals=traits.row_reciprocals)
+    if isinstance(rnumel, int):
+        nonempty = rnumel > 0
+    else:
+        least = shapes.bounds(rnumel)[0]
+        nonempty = least is not None and least > 0
+    run = _Run(spec, t, hoist=traits.hoists_row_invariants and nonempty, reciprocals=traits.row_reciprocals)
     scratch: tuple[ScratchArray, ...] = ()
-    if (traits.scratch is not None and not isinstance(space, Split)
+    if (traits.scratch is not None and not isinstance(space, Split) and isinstance(rnumel, int)
             and sum(1 for r in roles.values() if r in (Role.REDUCTION, Role.INNER)) >= 2):
         dry = run.walk(())
         if len(dry.evaluated) >= 2:
