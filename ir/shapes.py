@@ -451,8 +451,10 @@ def guard_rules(equalities: Iterable[sympy.Expr],
         value = -_from_terms(solved[p])
         integral = all(c.is_Integer for c in solved[p].values())
         rules.append(SizeRule(p, norm(value) if integral else value, integral))
-    rules = _canonical(rules)
-    solutions = symbol_solutions([_eliminate(row, solved) for row in leftovers])
+    leftovers = [_eliminate(row, solved) for row in leftovers]
+    products = [r for r in map(_product_rule, leftovers) if r is not None]
+    rules = _canonical(rules + products)
+    solutions = symbol_solutions([row for row in leftovers if _product_rule(row) is None])
     try:
         if any(shapes.hint(r.atom) != shapes.hint(r.value) for r in rules if r.integral) or \
                 any(shapes.hint(s) != shapes.hint(v) for s, v in solutions.items()):
@@ -460,6 +462,21 @@ def guard_rules(equalities: Iterable[sympy.Expr],
     except (KeyError, ValueError, TypeError):
         return (), {}
     return tuple(rules), solutions
+
+
+def _product_rule(row: Mapping[sympy.Expr, sympy.Rational]) -> SizeRule | None:
+    """The rule of an equality of two products of plain symbols (`s0*s1 = s2*s3`:
+    logits flattened to (B*S, V) against labels of their own batch and length
+    flattened to B'*S', which cross_entropy's check makes equal): the product of the
+    later symbols is written as the other (each symbol stays bound from its
+    input; a size that is the product takes the earlier spelling)."""
+    if len(row) != 2:
+        return None
+    (a, ca), (b, cb) = row.items()
+    if ca + cb != 0 or not all(isinstance(m, sympy.Mul) and all(f.is_Symbol for f in m.args) for m in (a, b)):
+        return None
+    late, early = sorted((a, b), key=lambda m: sorted((symbol_key(f) for f in m.args), reverse=True))[::-1]
+    return SizeRule(late, early, True)
 
 
 def symbol_solutions(rows: Iterable[Mapping[sympy.Expr, sympy.Rational]]) -> dict[sympy.Symbol, Size]:
@@ -550,7 +567,7 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     funcs = (FloorDiv, ModularIndexing, sympy.Max, sympy.Min)
-    if not e.has(*funcs):
+    if not e.has(*funcs) and all(a.has(*funcs) for a, _, _ in table):  # no product rule (_product_rule)
         return e
     whole = {a: v for a, v, whole_ in table if whole_ and isinstance(a, funcs)}  # anywhere
 

@@ -269,3 +269,44 @@ def test_symbol_solutions_hold_at_the_hints_and_satisfy_the_equalities(drawn):
         if left != 0:  # two symbols or more left, none with a unit coefficient
             terms = {m: c for m, c in left.as_coefficients_dict().items() if m != 1}
             assert len(terms) >= 2 and not any(abs(c) == 1 for c in terms.values()), left
+
+
+def test_an_equality_of_two_products_of_symbols_is_a_rule():
+    """cross_entropy of logits flattened to (B*S, V) against labels of their own
+    batch and length flattened to B'*S': Dynamo guards s0*s1 = s2*s3, which no
+    substitution of one symbol states.  The later product is written as the
+    earlier one, in sizes and as a factor of their terms."""
+    s3 = size_symbol(3)
+    info = _info((s0, 2, 2, None), (s1, 5, 2, None), (s2, 2, 2, None), (s3, 5, 2, None))
+    rules, pins = guard_rules([s0 * s1 - s2 * s3], info)
+    assert [r.show() for r in rules] == ["guard s2*s3 = s0*s1"] and pins == {}
+    info = attrs.evolve(info, rules=rules)
+    assert info.reduce(10 * s2 * s3 + s2) == 10 * s0 * s1 + s2
+    assert info.known_eq(s0 * s1, s2 * s3) and not info.known_eq(s0, s2)
+    assert guard_rules([s0 * s1 - s2 * s3], _info((s0, 2, 2, None), (s1, 5, 2, None), (s2, 3, 2, None),
+                                                  (s3, 5, 2, None))) == ((), {})  # false at the hints
+
+
+def _flat_cross_entropy(w, ids, labels):
+    return torch.nn.functional.cross_entropy(w[ids].view(-1, w.shape[1]), labels.view(-1))
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_cross_entropy_of_separately_sized_labels_compiles_forward_and_backward(target):
+    """Refused before in the backward (`cannot broadcast sizes [(s0*s1, 10),
+    (s2*s3, 1)]`), which then ran eagerly at every new size."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.compile(_flat_cross_entropy, backend="coil", options={"target": target})
+    w = torch.randn(50, 10, requires_grad=True)
+    for b, s in ((2, 5), (3, 7), (4, 3)):
+        ids, labels = torch.randint(0, 50, (b, s)), torch.randint(0, 10, (b, s))
+        got = g(w, ids, labels)
+        (gw,) = torch.autograd.grad(got, w)
+        want = _flat_cross_entropy(w, ids, labels)
+        (ew,) = torch.autograd.grad(want, w)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(gw, ew)
+    assert counters["coil"]["eager"] == 0 and counters["coil"]["symbolic"] >= 2, dict(counters["coil"])
