@@ -29,7 +29,8 @@ K8 a launch has a positive grid and sizes (for every size the ranges admit),
 K9 a loop nest covers its kernel's group (its x loops' sizes multiply to numel,
    its r loops', if any, to rnumel) and has the kernel's nodes in order; a tile pairs an outer x loop with the
    innermost, both at least the tile's side (at the hints), in a nest without r loops; a space's
-   lanes need a nest and at most fill its innermost x loop; an even split needs a
+   lanes need a nest and at most fill its innermost x loop (a symbolic one's
+   blocks end at its end); an even split needs a
    nest, at most as many parts as the outer r loop's steps, and its chunk is the
    most any part reduces; parallel loops exist and their chunks are positive and
    at most their iterations
@@ -347,7 +348,7 @@ def _verify_nest(p: KernelProgram, stage: str, k: KernelSpec) -> None:
     if t is not None and (nest.rsizes or not 0 <= t.u < t.v == len(nest.xsizes) - 1
                           or min(p.shapes.hint(nest.xsizes[t.u]), p.shapes.hint(nest.xsizes[t.v])) < t.side):
         fail(p, stage, k.name, f"K9 tiles of x loops {t.u} and {t.v}, {t.side} a side, do not fit the nest")
-    if lanes and (lanes > nest.xsizes[-1] or not nest.rsizes):
+    if lanes and ((isinstance(nest.xsizes[-1], int) and lanes > nest.xsizes[-1]) or not nest.rsizes):
         fail(p, stage, k.name, f"K9 {lanes} lanes, more than the innermost x loop's {nest.xsizes[-1]} columns")
     if isinstance(s, Split) and even and (not nest.rsizes or s.parts > nest.rsizes[0]
                                           or s.chunk != -(-nest.rsizes[0] // s.parts) * math.prod(nest.rsizes[1:])):

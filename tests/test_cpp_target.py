@@ -342,7 +342,7 @@ def _vectorized(source: str, tmp_path: Any) -> tuple[list[tuple[int, int]], set[
     path = tmp_path / "k.cpp"
     path.write_text(cpp.group(1))
     cmd = [build.compiler(), *build.compile_flags(), "-I", prelude.header_dir(), "-c", str(path), "-o",
-           str(tmp_path / "k.o"), "-fopt-info-vec-optimized"]
+           str(tmp_path / "k.o"), "-fopt-info-vec-optimized", "-fno-ipa-icf"]  # every kernel reported
     report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     loops = simd_loops(cpp.group(1))
     return loops, vectorized(loops, report)

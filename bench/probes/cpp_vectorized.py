@@ -61,8 +61,10 @@ def scalar_loops(source: str, workdir: str) -> tuple[int, list[tuple[str, int, s
     path = os.path.join(workdir, "k.cpp")
     with open(path, "w") as f:
         f.write(cpp)
+    # -fno-ipa-icf: GCC folds a kernel identical to another into a call of it, and
+    # reports no loop of the copy
     cmd = [build.compiler(), *build.compile_flags(), "-I", prelude.header_dir(), "-c", path, "-o",
-           os.path.join(workdir, "k.o"), "-fopt-info-vec-all"]
+           os.path.join(workdir, "k.o"), "-fopt-info-vec-all", "-fno-ipa-icf"]
     report = subprocess.run(cmd, capture_output=True, text=True, check=False).stderr
     missed = [(int(r.group(1)), r.group(2)) for r in re.finditer(r"k\.cpp:(\d+):\d+: missed: (.*)", report)
               if "couldn't vectorize loop" not in r.group(2)]

@@ -1,6 +1,7 @@
 """CPU probe: the C++ target's long float sums, against eager, in time and in
 distance from the float64 result.  Runs on the CPU from the repository root
-(THREADS=n, default 1).
+(THREADS=n, default 1; DYNAMIC=1 compiles through torch.compile(dynamic=True), the
+sizes symbolic).
 
 Session 33 (2026-12-05, the 2-vCPU VM, one thread, medians of 7 x 10 calls), before
 (703a714) / after the blocked sums (8d1f888, 30db2cf), ms: x.sum() of 2^20 float32
@@ -22,8 +23,16 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
 
+def _randn(*shape: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0)) + 3
+
+
 CASES = {
     "full_sum_1M": (lambda x: (x.sum(),), (1 << 20,)),
+    "sum_of_0.1_2^16": (lambda x: (x.sum(),), lambda: torch.full((1 << 16,), 0.1)),
+    "sum_of_0.1_2^24": (lambda x: (x.sum(),), lambda: torch.full((1 << 24,), 0.1)),
+    "channels_last_sum": (lambda x: (x.sum(),), lambda: _randn(1, 64, 32, 32).to(memory_format=torch.channels_last)),
+    "softmax_64x32000": (lambda x: (x.softmax(-1),), (64, 32000)),
     "full_sum_16M": (lambda x: (x.sum(),), (1 << 24,)),
     "row_sum_64x16384": (lambda x: (x.sum(-1),), (64, 16384)),
     "column_sum_65536x64": (lambda x: (x.sum(0),), (65536, 64)),
@@ -47,9 +56,15 @@ def median_ms(fn, x) -> float:
 
 def main() -> None:
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+    dynamic = os.environ.get("DYNAMIC") == "1"
     for name, (f, shape) in CASES.items():
-        x = torch.randn(shape, generator=torch.Generator().manual_seed(0)) + 3
-        c = coil.compile_graph(make_fx(f)(x), [x], coil.Options(target="cpp", graph_cache=False))
+        x = shape() if callable(shape) else _randn(*shape)
+        if dynamic:  # through torch.compile, its sizes symbolic (Dynamo's dynamic=True)
+            torch._dynamo.reset()
+            compiled = torch.compile(f, backend="coil", dynamic=True, options={"target": "cpp"})
+            c = compiled
+        else:
+            c = coil.compile_graph(make_fx(f)(x), [x], coil.Options(target="cpp", graph_cache=False))
         exact = f(x.double())
         err = max((g.double() - e).abs().max().item() for g, e in zip(c(x), exact))
         eager_err = max((g.double() - e).abs().max().item() for g, e in zip(f(x), exact))

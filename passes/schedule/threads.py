@@ -64,8 +64,9 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     in_loops = tuple(NestNode(nd.buf.name, nd.body, nd.store if nd.buf.name in stored else None) for nd in nodes)
     par: Parallel | None
     if not is_static((*xsizes, *rsizes)):
-        # symbolic sizes: loops to run-time bounds, no lanes or splits (each right for
-        # every size); a pointwise kernel's transposed read in tiles (their ragged
+        # symbolic sizes: loops to run-time bounds, no splits; a reduction down
+        # columns in lanes where every read's and store's steps are numbers (a
+        # block's lanes end at the run's end); a pointwise kernel's transposed read in tiles (their ragged
         # edges run plain loops, whatever the sizes), its innermost loop in blocks
         # where the loops outside are few at the hints; threads share the outer loops
         # where the work at the hints is enough
@@ -77,9 +78,17 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
                                                     in_loops))
         if nest.rdims:
             hinted = tuple(shapes.hint(s) for s in rsizes)
-            rblock = sum_block(bufs, hinted, hinted[0], False, traits, symbolic=True)
-            return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, parallel=_symbolic_parallel(nest, shapes, traits),
-                                                    nodes=in_loops, rblock=rblock))
+            lanes, space = 0, spec.space
+            if isinstance(space, Rows) and nest.xdims:
+                stores = [nd.store for nd in nodes if nd.buf.name in stored and nd.store is not None]
+                lanes = column_lanes(nest, outside_loads(nodes, layouts, nest.ranges), stores, traits, columns,
+                                     shapes)
+                if lanes:
+                    space = attrs.evolve(space, columns=True, lanes=lanes)
+            rblock = sum_block(bufs, hinted, hinted[0], bool(lanes), traits, symbolic=True)
+            return attrs.evolve(spec, space=space, nest=LoopNest(
+                xsizes, rsizes, parallel=_symbolic_parallel(nest, shapes, traits, lanes), nodes=in_loops,
+                rblock=rblock))
         block = pointwise_block(nest, traits, shapes)
         return attrs.evolve(spec, nest=LoopNest(xsizes, rsizes, block,
                                                 parallel=pointwise_parallel(nest, block, traits, shapes),
@@ -156,13 +165,17 @@ def _two_thirds(n: int, down: bool) -> int:
     return 1 << max(4, int(e) if down else round(e))
 
 
-def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> Parallel | None:
+def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits, lanes: int = 0) -> Parallel | None:
     """A reduction's x loops shared among threads, chunked by the hints (the chunk
-    is only how the iterations are dealt out)."""
+    is only how the iterations are dealt out; with lanes, the innermost x loop
+    counts its blocks)."""
     numel = shapes.hint(math.prod(d.size for d in nest.xdims))
     rnumel = shapes.hint(math.prod(d.size for d in nest.rdims))
     if not nest.xdims or numel <= 1 or numel * max(rnumel, 1) < traits.parallel_min_work:
         return None
+    if lanes:
+        last = shapes.hint(nest.xdims[-1].size)
+        numel = numel // last * -(-last // lanes)
     return parallel(len(nest.xdims), numel, traits)
 
 
@@ -193,21 +206,50 @@ def parallel(loops: int, iterations: int, traits: NestTraits) -> Parallel:
 
 
 def column_lanes(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], stores: Sequence[sympy.Expr],
-                 traits: NestTraits, columns: ColumnTraits) -> int:
+                 traits: NestTraits, columns: ColumnTraits, shapes: ShapeInfo | None = None) -> int:
     """The lanes of a reduction down columns: kernel_model.down_columns of the
     steps of its reads and stores (offsets in the loop variables) along the
     innermost x and r loops, the innermost x loop the contiguous run; 0 when it
-    runs on rows."""
+    runs on rows.  With `shapes` (symbolic sizes) the run is judged at its hint,
+    and a read or store whose steps are not numbers (a stride of a symbolic size)
+    keeps the kernel on rows."""
     xs, rs = nest.xdims, nest.rdims
     if not rs:
         return 0
     vx, vr = xs[-1].sym, rs[-1].sym
+    if shapes is not None:
+        symbolic = [_symbolic_steps(e, vx, vr, shapes) for e in [e for _, e in reads] + list(stores)]
+        if any(st is None for st in symbolic):
+            return 0
 
     def steps(offsets: Iterable[sympy.Expr]) -> list[tuple[int, int]]:
+        if shapes is not None:
+            return [st for st in (_symbolic_steps(e, vx, vr, shapes) for e in offsets) if st is not None]
         return [(c[vx], c[vr]) for c in (affine_coeffs(e, (vx, vr)) for e in offsets) if c is not None]
 
-    down = down_columns(steps(e for _, e in reads), steps(stores), xs[-1].size, columns)
-    return min(traits.lanes, xs[-1].size) if down else 0
+    run = xs[-1].size if shapes is None else shapes.hint(xs[-1].size)
+    down = down_columns(steps(e for _, e in reads), steps(stores), run, columns)
+    if not down:
+        return 0
+    return min(traits.lanes, xs[-1].size) if isinstance(xs[-1].size, int) else traits.lanes
+
+
+def _symbolic_steps(e: sympy.Expr, vx: sympy.Symbol, vr: sympy.Symbol, shapes: ShapeInfo) -> tuple[int, int] | None:
+    """An offset's steps along vx and vr where a step may be a symbolic stride: a
+    number as it is, a stride the ranges prove above 1 as 2 (down_columns asks only
+    whether a step is 0, 1 or neither); None where neither holds."""
+    c = size_coeffs(e, (vx, vr))
+    if c is None:
+        return None
+    out = []
+    for v in (c[vx], c[vr]):
+        if isinstance(v, int):
+            out.append(v)
+        elif shapes.known_gt(v, 1):
+            out.append(2)
+        else:
+            return None
+    return out[0], out[1]
 
 
 def split_parts(nest: Nest, traits: NestTraits) -> int:
