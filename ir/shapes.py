@@ -465,18 +465,31 @@ def guard_rules(equalities: Iterable[sympy.Expr],
 
 
 def _product_rule(row: Mapping[sympy.Expr, sympy.Rational]) -> SizeRule | None:
-    """The rule of an equality of two products of plain symbols (`s0*s1 = s2*s3`:
-    logits flattened to (B*S, V) against labels of their own batch and length
-    flattened to B'*S', which cross_entropy's check makes equal): the product of the
-    later symbols is written as the other (each symbol stays bound from its
-    input; a size that is the product takes the earlier spelling)."""
+    """The rule of an equality of a product of plain symbols and a whole multiple of
+    another product or symbol (`s0*s1 = s2*s3`: logits flattened to (B*S, V)
+    against labels of their own batch and length flattened to B'*S', which
+    cross_entropy's check makes equal; `7*s0 = s1*s2` where the model fixed S at
+    7): the product is written as the other side, the later of two products where
+    both are (each symbol stays bound from its input; a size that is the product
+    takes the other spelling)."""
     if len(row) != 2:
         return None
+
+    def product(m: sympy.Expr) -> bool:
+        return isinstance(m, sympy.Mul) and all(f.is_Symbol for f in m.args)
+
     (a, ca), (b, cb) = row.items()
-    if ca + cb != 0 or not all(isinstance(m, sympy.Mul) and all(f.is_Symbol for f in m.args) for m in (a, b)):
+    if not all(product(m) or m.is_Symbol for m in (a, b)):
         return None
-    late, early = sorted((a, b), key=lambda m: sorted((symbol_key(f) for f in m.args), reverse=True))[::-1]
-    return SizeRule(late, early, True)
+    options = []
+    for (m, c), (other, co) in (((a, ca), (b, cb)), ((b, cb), (a, ca))):
+        k = -co / c
+        if product(m) and abs(c) == 1 and k.is_Integer and k > 0:
+            options.append((sorted((symbol_key(f) for f in m.args), reverse=True), m, k * other))
+    if not options:
+        return None
+    _, atom, value = max(options, key=lambda o: o[0])
+    return SizeRule(atom, norm(value), True)
 
 
 def symbol_solutions(rows: Iterable[Mapping[sympy.Expr, sympy.Rational]]) -> dict[sympy.Symbol, Size]:

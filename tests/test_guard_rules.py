@@ -310,3 +310,40 @@ def test_cross_entropy_of_separately_sized_labels_compiles_forward_and_backward(
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(gw, ew)
     assert counters["coil"]["eager"] == 0 and counters["coil"]["symbolic"] >= 2, dict(counters["coil"])
+
+
+def test_a_product_equal_to_a_multiple_of_a_symbol_is_a_rule():
+    """Where the model fixed the sequence length (a Python loop over it: Mamba's
+    slow scan, Funnel's pooling) while the labels keep theirs symbolic, the guard
+    is 7*s0 = s1*s2: the product is written as 7*s0."""
+    info = _info((s0, 3, 2, None), (s1, 3, 2, None), (s2, 7, 2, None))
+    rules, _ = guard_rules([7 * s0 - s1 * s2], info)
+    assert [r.show() for r in rules] == ["guard s1*s2 = 7*s0"]
+    assert guard_rules([2 * s0 - 3 * s1 * s2], info) == ((), {})  # no whole multiple: no rule
+
+
+def _fixed_length_cross_entropy(w, ids, labels):
+    logits = w[ids]
+    for _ in range(ids.shape[1]):  # specializes the length
+        logits = logits + 0.0
+    return torch.nn.functional.cross_entropy(logits.view(-1, w.shape[1]), labels.view(-1))
+
+
+def test_cross_entropy_over_a_fixed_length_against_symbolic_labels_compiles():
+    """Refused before in the backward (`cannot broadcast sizes [(7*s0, 10), (s1*s2,
+    1)]`; found in Mamba's and Funnel's training at a second size)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.compile(_fixed_length_cross_entropy, backend="coil", options={"target": "cpp"})
+    w = torch.randn(50, 10, requires_grad=True)
+    for b, s in ((2, 5), (3, 7)):
+        ids, labels = torch.randint(0, 50, (b, s)), torch.randint(0, 10, (b, s))
+        got = g(w, ids, labels)
+        (gw,) = torch.autograd.grad(got, w)
+        want = _fixed_length_cross_entropy(w, ids, labels)
+        (ew,) = torch.autograd.grad(want, w)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(gw, ew)
+    assert counters["coil"]["eager"] == 0, dict(counters["coil"])
