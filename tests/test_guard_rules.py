@@ -291,27 +291,6 @@ def _flat_cross_entropy(w, ids, labels):
     return torch.nn.functional.cross_entropy(w[ids].view(-1, w.shape[1]), labels.view(-1))
 
 
-@pytest.mark.parametrize("target", ["reference", "cpp"])
-def test_cross_entropy_of_separately_sized_labels_compiles_forward_and_backward(target):
-    """Refused before in the backward (`cannot broadcast sizes [(s0*s1, 10),
-    (s2*s3, 1)]`), which then ran eagerly at every new size."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    g = torch.compile(_flat_cross_entropy, backend="coil", options={"target": target})
-    w = torch.randn(50, 10, requires_grad=True)
-    for b, s in ((2, 5), (3, 7), (4, 3)):
-        ids, labels = torch.randint(0, 50, (b, s)), torch.randint(0, 10, (b, s))
-        got = g(w, ids, labels)
-        (gw,) = torch.autograd.grad(got, w)
-        want = _flat_cross_entropy(w, ids, labels)
-        (ew,) = torch.autograd.grad(want, w)
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(gw, ew)
-    assert counters["coil"]["eager"] == 0 and counters["coil"]["symbolic"] >= 2, dict(counters["coil"])
-
-
 def test_a_product_equal_to_a_multiple_of_a_symbol_is_a_rule():
     """Where the model fixed the sequence length (a Python loop over it: Mamba's
     slow scan, Funnel's pooling) while the labels keep theirs symbolic, the guard
@@ -329,21 +308,25 @@ def _fixed_length_cross_entropy(w, ids, labels):
     return torch.nn.functional.cross_entropy(logits.view(-1, w.shape[1]), labels.view(-1))
 
 
-def test_cross_entropy_over_a_fixed_length_against_symbolic_labels_compiles():
-    """Refused before in the backward (`cannot broadcast sizes [(7*s0, 10), (s1*s2,
-    1)]`; found in Mamba's and Funnel's training at a second size)."""
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+@pytest.mark.parametrize("fn", [_flat_cross_entropy, _fixed_length_cross_entropy], ids=["products", "multiple"])
+def test_cross_entropy_of_separately_sized_labels_compiles_forward_and_backward(fn, target):
+    """Refused before in the backward, which then ran eagerly at every new size:
+    `cannot broadcast sizes [(s0*s1, 10), (s2*s3, 1)]`, and where the model fixed
+    the length (Mamba's slow scan, Funnel's pooling: found at a second size in
+    their training) `[(7*s0, 10), (s1*s2, 1)]`."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    g = torch.compile(_fixed_length_cross_entropy, backend="coil", options={"target": "cpp"})
+    g = torch.compile(fn, backend="coil", options={"target": target})
     w = torch.randn(50, 10, requires_grad=True)
-    for b, s in ((2, 5), (3, 7)):
+    for b, s in ((2, 5), (3, 7), (4, 3)):
         ids, labels = torch.randint(0, 50, (b, s)), torch.randint(0, 10, (b, s))
         got = g(w, ids, labels)
         (gw,) = torch.autograd.grad(got, w)
-        want = _fixed_length_cross_entropy(w, ids, labels)
+        want = fn(w, ids, labels)
         (ew,) = torch.autograd.grad(want, w)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(gw, ew)
-    assert counters["coil"]["eager"] == 0, dict(counters["coil"])
+    assert counters["coil"]["eager"] == 0 and counters["coil"]["symbolic"] >= 2, dict(counters["coil"])
