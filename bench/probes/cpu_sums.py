@@ -14,7 +14,19 @@ blocks became about the square root of the rows (256 here, 3.9x eager's: the cha
 of block sums, at the sum's full size, is the longer one).  Session 34: blocks of
 about rows ** (2/3) (2048 here), 0.0745 against eager's 0.0433, 0.615 ms against
 eager's 0.996.  Before, a split's part
-was one scalar add chain (no omp simd) and a column one add chain per lane."""
+was one scalar add chain (no omp simd) and a column one add chain per lane.
+
+Session 38 (2250b0b..bb92279, one thread, under a helper's load), coil / eager ms and
+distance from float64: sums of 0.1 in blocks folded in double, a split's part in
+blocks of 256: 2^16 values 0.005 / 0.003 ms, 0.000977 / 0.000977 (before, 6.7e-7
+relative off: 4.5x eager's); 2^24 values 2.82 / 2.50 ms, 0.25 / 1.5; a channels-last
+x.sum() (1, 64, 32, 32) read in memory order 0.005 / 0.004 ms (57 us before);
+softmax over (64, 32000) 1.91 / 1.26 ms (10.1 before: its reciprocal's bool guard
+kept the dividing loop scalar).  DYNAMIC=1: x.sum(0) of (65536, 64) in lanes 1.18 /
+1.08 ms (26.8 on rows before), x.sum() of 2^24 values of 0.1 in blocks 1.12 / 1.5 from
+float64 (2.5e-3 relative off before, at 2^22); still behind static: the
+channels-last sum 0.087 ms (no memory order without static strides) and softmax
+over (256, 4096) 1.03 against 0.68 (no row scratch)."""
 import os
 import time
 
