@@ -65,11 +65,12 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
     par: Parallel | None
     if not is_static((*xsizes, *rsizes)):
         # symbolic sizes: loops to run-time bounds, no splits; a reduction down
-        # columns in lanes where every read's and store's steps are numbers (a
-        # block's lanes end at the run's end); a pointwise kernel's transposed read in tiles (their ragged
-        # edges run plain loops, whatever the sizes), its innermost loop in blocks
-        # where the loops outside are few at the hints; threads share the outer loops
-        # where the work at the hints is enough
+        # columns in lanes where every read's and store's steps are numbers or
+        # strides the ranges prove above 1 (a block's lanes end at the run's end);
+        # a pointwise kernel's transposed read in tiles (their ragged edges run
+        # plain loops, whatever the sizes), its innermost loop in blocks where the
+        # loops outside are few at the hints; threads share the outer loops where
+        # the work at the hints is enough
         tile = None
         if not nest.rdims:
             tile = transposed_tile(nest, outside_loads(nodes, layouts, nest.ranges), traits, shapes)
