@@ -452,9 +452,9 @@ def guard_rules(equalities: Iterable[sympy.Expr],
         integral = all(c.is_Integer for c in solved[p].values())
         rules.append(SizeRule(p, norm(value) if integral else value, integral))
     leftovers = [_eliminate(row, solved) for row in leftovers]
-    products = [r for r in map(_product_rule, leftovers) if r is not None]
-    rules = _canonical(rules + products)
-    solutions = symbol_solutions([row for row in leftovers if _product_rule(row) is None])
+    products = [_product_rule(row) for row in leftovers]
+    rules = _canonical(rules + [r for r in products if r is not None])
+    solutions = symbol_solutions([row for row, r in zip(leftovers, products) if r is None])
     try:
         if any(shapes.hint(r.atom) != shapes.hint(r.value) for r in rules if r.integral) or \
                 any(shapes.hint(s) != shapes.hint(v) for s, v in solutions.items()):

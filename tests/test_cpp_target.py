@@ -330,21 +330,11 @@ def test_division_by_row_value_uses_reciprocal(dtype: torch.dtype) -> None:
 def _vectorized(source: str, tmp_path: Any) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
     """The `omp simd` loops of a module's C++ (first and last line), and those of
     them GCC's report says it vectorized (-fopt-info-vec, coil's flags)."""
-    import re
-    import subprocess
+    from bench.probes.cpp_vectorized import gcc_report, simd_loops, vectorized
 
-    from bench.probes.cpp_vectorized import simd_loops, vectorized
-
-    from coil.backends.cpp import prelude
-
-    cpp = re.search(r"_cpp_source = r?'{3}(.*?)'{3}", source, re.S)
-    assert cpp is not None, source
-    path = tmp_path / "k.cpp"
-    path.write_text(cpp.group(1))
-    cmd = [build.compiler(), *build.compile_flags(), "-I", prelude.header_dir(), "-c", str(path), "-o",
-           str(tmp_path / "k.o"), "-fopt-info-vec-optimized", "-fno-ipa-icf"]  # every kernel reported
-    report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    loops = simd_loops(cpp.group(1))
+    cpp, report = gcc_report(source, str(tmp_path), "optimized")
+    assert cpp, source
+    loops = simd_loops(cpp)
     return loops, vectorized(loops, report)
 
 

@@ -51,21 +51,28 @@ def vectorized(loops: list[tuple[int, int]], report: str) -> set[tuple[int, int]
     return {lp for lp in loops if any(lp[0] - 1 <= d <= lp[1] for d in done)}
 
 
-def scalar_loops(source: str, workdir: str) -> tuple[int, list[tuple[str, int, str, str]]]:
-    """(the module's `omp simd` loops, those left scalar: (kernel, line, the loop's
-    first statement, GCC's first reason inside it))."""
+def gcc_report(source: str, workdir: str, what: str = "all") -> tuple[str, str]:
+    """(the C++ of a compiled module's source, GCC's -fopt-info-vec-`what` report on
+    it compiled with coil's flags).  -fno-ipa-icf: GCC folds a kernel identical to
+    another into a call of it, and reports no loop of the copy."""
     m = re.search(r"_cpp_source = r?'{3}(.*?)'{3}", source, re.S)
     if m is None:
-        return 0, []
+        return "", ""
     cpp = m.group(1)
     path = os.path.join(workdir, "k.cpp")
     with open(path, "w") as f:
         f.write(cpp)
-    # -fno-ipa-icf: GCC folds a kernel identical to another into a call of it, and
-    # reports no loop of the copy
     cmd = [build.compiler(), *build.compile_flags(), "-I", prelude.header_dir(), "-c", path, "-o",
-           os.path.join(workdir, "k.o"), "-fopt-info-vec-all", "-fno-ipa-icf"]
-    report = subprocess.run(cmd, capture_output=True, text=True, check=False).stderr
+           os.path.join(workdir, "k.o"), f"-fopt-info-vec-{what}", "-fno-ipa-icf"]
+    return cpp, subprocess.run(cmd, capture_output=True, text=True, check=False).stderr
+
+
+def scalar_loops(source: str, workdir: str) -> tuple[int, list[tuple[str, int, str, str]]]:
+    """(the module's `omp simd` loops, those left scalar: (kernel, line, the loop's
+    first statement, GCC's first reason inside it))."""
+    cpp, report = gcc_report(source, workdir)
+    if not cpp:
+        return 0, []
     missed = [(int(r.group(1)), r.group(2)) for r in re.finditer(r"k\.cpp:(\d+):\d+: missed: (.*)", report)
               if "couldn't vectorize loop" not in r.group(2)]
     loops = simd_loops(cpp)

@@ -73,8 +73,7 @@ def main() -> None:
         x = shape() if callable(shape) else _randn(*shape)
         if dynamic:  # through torch.compile, its sizes symbolic (Dynamo's dynamic=True)
             torch._dynamo.reset()
-            compiled = torch.compile(f, backend="coil", dynamic=True, options={"target": "cpp"})
-            c = compiled
+            c = torch.compile(f, backend="coil", dynamic=True, options={"target": "cpp"})
         else:
             c = coil.compile_graph(make_fx(f)(x), [x], coil.Options(target="cpp", graph_cache=False))
         exact = f(x.double())

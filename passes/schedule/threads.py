@@ -36,7 +36,7 @@ reads from memory in its loop variables, and becomes a value of the spec:
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import attrs
 import sympy
@@ -218,18 +218,18 @@ def column_lanes(nest: Nest, reads: Sequence[tuple[str, sympy.Expr]], stores: Se
     if not rs:
         return 0
     vx, vr = xs[-1].sym, rs[-1].sym
+    offsets = [e for _, e in reads] + list(stores)
     if shapes is not None:
-        symbolic = [_symbolic_steps(e, vx, vr, shapes) for e in [e for _, e in reads] + list(stores)]
-        if any(st is None for st in symbolic):
+        found = [_symbolic_steps(e, vx, vr, shapes) for e in offsets]
+        if any(st is None for st in found):
             return 0
-
-    def steps(offsets: Iterable[sympy.Expr]) -> list[tuple[int, int]]:
-        if shapes is not None:
-            return [st for st in (_symbolic_steps(e, vx, vr, shapes) for e in offsets) if st is not None]
-        return [(c[vx], c[vr]) for c in (affine_coeffs(e, (vx, vr)) for e in offsets) if c is not None]
-
-    run = xs[-1].size if shapes is None else shapes.hint(xs[-1].size)
-    down = down_columns(steps(e for _, e in reads), steps(stores), run, columns)
+        run = shapes.hint(xs[-1].size)
+    else:
+        found = [None if c is None else (c[vx], c[vr]) for c in (affine_coeffs(e, (vx, vr)) for e in offsets)]
+        run = xs[-1].size
+    read_steps = [st for st in found[:len(reads)] if st is not None]
+    store_steps = [st for st in found[len(reads):] if st is not None]
+    down = down_columns(read_steps, store_steps, run, columns)
     if not down:
         return 0
     return min(traits.lanes, xs[-1].size) if isinstance(xs[-1].size, int) else traits.lanes
