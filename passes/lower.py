@@ -200,12 +200,23 @@ def make_extern(ctx: LowerCtx, kernel: str, refs: tuple[Any, ...], kw: tuple[tup
     if isinstance(val, (tuple, list, dict)):
         ext = Extern(ctx.fresh(), kernel, refs, kw, None, ctx.origin, ctx.op, mutated, sized, arg_strides)
         ctx.append(ext)
-        items = val.items() if isinstance(val, dict) else enumerate(val)
-        outs = {i: ctx.add(MultiOutput(ctx.fresh(), ext.name, (i,), _layout_of_val(v, ctx.device, ctx.sizes),
-                                       ctx.origin, ctx.op)) if isinstance(v, torch.Tensor) else None
-                for i, v in items}
-        return outs if isinstance(val, dict) else tuple(outs.values())
+        return _multi_outputs(ctx, ext.name, val, ())
     raise CoilError(f"extern {kernel} returns {type(val).__name__}, not a tensor", stage="lower", node=ctx.origin)
+
+
+def _multi_outputs(ctx: LowerCtx, extern: str, val: Any, path: tuple[int | str, ...]) -> Any:
+    """The results of a tuple Extern as `val` nests them: a MultiOutput for each
+    tensor, indexed by its path (`buf3[1][0]`: a higher-order op such as
+    run_and_save_rng_state returns its op's tuple inside its own), None for what
+    is not a tensor."""
+    if isinstance(val, torch.Tensor):
+        return ctx.add(MultiOutput(ctx.fresh(), extern, path, _layout_of_val(val, ctx.device, ctx.sizes),
+                                   ctx.origin, ctx.op))
+    if isinstance(val, dict):
+        return {k: _multi_outputs(ctx, extern, v, (*path, k)) for k, v in val.items()}
+    if isinstance(val, (tuple, list)):
+        return tuple(_multi_outputs(ctx, extern, v, (*path, i)) for i, v in enumerate(val))
+    return None
 
 
 # every dtype the kernels of every target load, compute and store (the cpp and

@@ -307,6 +307,31 @@ def test_training_through_cond_scan_and_a_region(target):
     assert_compiled(2)
 
 
+def _checkpointed_attention(q, k, v):
+    def attn(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+
+    return torch.utils.checkpoint.checkpoint(attn, q, k, v, use_reentrant=False)
+
+
+def test_checkpointed_attention_hands_out_its_nested_results():
+    """Activation checkpointing wraps attention in run_and_save_rng_state, whose
+    result is (rng state, the op's tuple): each tensor a MultiOutput at its path."""
+    gm, inputs = forward_graph(_checkpointed_attention, *(torch.randn(1, 2, 8, 4, requires_grad=True)
+                                                          for _ in range(3)))
+    ir = coil.default_pipeline().run(gm, inputs, until="lower", options=coil.Options(target="cpp"))
+    assert_golden("higher_order_checkpointed_attention_lower.txt", show(ir))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_training_through_checkpointed_attention(target):
+    """Forward and backward both compile (none runs eagerly) and match eager."""
+    torch.manual_seed(0)
+    k, v = (torch.nn.Parameter(torch.randn(2, 4, 16, 8)) for _ in range(2))
+    _train(lambda q: _checkpointed_attention(q, k, v), [k, v], torch.randn(2, 4, 16, 8), target)
+    assert_compiled(2)
+
+
 # ---- property: drawn graphs as the branches of a cond ---------------------------------------
 
 
