@@ -453,7 +453,7 @@ def guard_rules(equalities: Iterable[sympy.Expr],
         rules.append(SizeRule(p, norm(value) if integral else value, integral))
     leftovers = [_eliminate(row, solved) for row in leftovers]
     products = [_product_rule(row) for row in leftovers]
-    rules = _canonical(rules + [r for r in products if r is not None])
+    rules = _canonical(rules + list(dict.fromkeys(r for r in products if r is not None)))  # a guard met twice: once
     solutions = symbol_solutions([row for row, r in zip(leftovers, products) if r is None])
     try:
         if any(shapes.hint(r.atom) != shapes.hint(r.value) for r in rules if r.integral) or \
@@ -469,7 +469,7 @@ def _product_rule(row: Mapping[sympy.Expr, sympy.Rational]) -> SizeRule | None:
     another product or symbol (`s0*s1 = s2*s3`: logits flattened to (B*S, V)
     against labels of their own batch and length flattened to B'*S', which
     cross_entropy's check makes equal; `7*s0 = s1*s2` where the model fixed S at
-    7): the product is written as the other side, the later of two products where
+    7; `4*s0 = 4*u0*u1`, rows of 4 reshaped by int arguments): the product is written as the other side, the later of two products where
     both are (each symbol stays bound from its input; a size that is the product
     takes the other spelling)."""
     if len(row) != 2:
@@ -484,7 +484,7 @@ def _product_rule(row: Mapping[sympy.Expr, sympy.Rational]) -> SizeRule | None:
     options = []
     for (m, c), (other, co) in (((a, ca), (b, cb)), ((b, cb), (a, ca))):
         k = -co / c
-        if product(m) and abs(c) == 1 and k.is_Integer and k > 0:
+        if product(m) and k.is_Integer and k > 0:  # `4*s0 = 4*u0*u1` too: a common factor
             options.append((sorted((symbol_key(f) for f in m.args), reverse=True), m, k * other))
     if not options:
         return None

@@ -21,7 +21,7 @@ import torch
 
 import coil
 from coil.ir.indexing import FloorDiv, ModularIndexing
-from coil.ir.shapes import ShapeInfo, SymbolFacts, guard_rules, size_symbol
+from coil.ir.shapes import ShapeInfo, SymbolFacts, guard_rules, size_symbol, unbacked_symbol
 from tests_helpers import target_available
 
 s0, s1, s2 = size_symbol(0), size_symbol(1), size_symbol(2)
@@ -198,7 +198,7 @@ def test_a_linear_equality_of_plain_symbols_solves_for_its_last_symbol():
     JetMoE's experts, summed to the rows): solved for the last symbol with a unit
     coefficient, substituted into later rows and earlier solutions; a row with no
     unit coefficient, or a product of symbols, gives nothing."""
-    from coil.ir.shapes import symbol_solutions, unbacked_symbol
+    from coil.ir.shapes import symbol_solutions
 
     u0, u1, u2 = (unbacked_symbol(i) for i in range(3))
     info = ShapeInfo(tuple(SymbolFacts(u, h, 0, None, backed=False) for u, h in ((u0, 14), (u1, 15), (u2, 17))))
@@ -299,6 +299,33 @@ def test_a_product_equal_to_a_multiple_of_a_symbol_is_a_rule():
     rules, _ = guard_rules([7 * s0 - s1 * s2], info)
     assert [r.show() for r in rules] == ["guard s1*s2 = 7*s0"]
     assert guard_rules([2 * s0 - 3 * s1 * s2], info) == ((), {})  # no whole multiple: no rule
+    # rows of 4 reshaped by two int arguments (u0, u1): 4*s0 = 4*u0*u1, guarded twice
+    u0, u1 = unbacked_symbol(0), unbacked_symbol(1)
+    ints = ShapeInfo((SymbolFacts(s0, 6, 2, None), SymbolFacts(u0, 2, 0, None, backed=False),
+                      SymbolFacts(u1, 3, 0, None, backed=False)))
+    rules, _ = guard_rules([4 * s0 - 4 * u0 * u1] * 2, ints)
+    assert [r.show() for r in rules] == ["guard u0*u1 = s0"]
+    assert attrs.evolve(ints, rules=rules).known_eq(4 * u0 * u1, 4 * s0)
+
+
+def _reshaped_by_ints(x, b, s):
+    return (x * 2).reshape(b, s, 4).sum(1)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_a_reshape_by_int_arguments_compiles(target):
+    """Rows reshaped by ints the caller passes (Mixtral's loop experts after a graph
+    break): Dynamo guards 4*s0 = 4*u0*u1.  That graph ran eagerly before (`view:
+    shape [u0, u1, 4] is invalid for input of size 4*s0`)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.compile(_reshaped_by_ints, backend="coil", dynamic=True, options={"target": target, "graph_cache": False})
+    for b, s in ((2, 3), (3, 5), (4, 7)):
+        x = torch.randn(b * s, 4)
+        torch.testing.assert_close(g(x, b, s), _reshaped_by_ints(x, b, s))
+    assert counters["coil"]["eager"] == 0 and counters["coil"]["compiled"] >= 1, dict(counters["coil"])
 
 
 def _fixed_length_cross_entropy(w, ids, labels):
