@@ -735,20 +735,26 @@ def test_a_symbolic_float_sum_runs_in_blocks_and_stays_near_eager() -> None:
         assert ours <= max(8 * eagers, 4 * torch.finfo(torch.float32).eps * exact.item()), (n, ours, eagers)
 
 
-def test_symbolic_rows_hoist_their_invariants_and_multiply_by_reciprocals() -> None:
+def test_symbolic_rows_hoist_their_invariants_and_keep_row_scratch() -> None:
     """softmax over rows of symbolic length divides by the row's sum through its
-    reciprocal, computed once a row (rows.row_work with symbolic sizes: no row
-    scratch, which needs a static size, and invariants hoisted only where the
-    ranges prove a row is never empty).  Before, the division ran in the loop:
-    dynamic softmax over (3000, 4096) on one thread 33 ms, static 28."""
+    reciprocal, computed once a row (invariants hoisted only where the ranges prove
+    a row is never empty), and keeps exp of the row in a scratch array chosen at
+    the row's hint and sized at run time (coil_row_scratch: a buffer per thread,
+    grown to the longest row met).  Before: the division ran in the loop (dynamic
+    softmax over (3000, 4096) on one thread 33 ms, static 28), then exp ran twice
+    a row (over (256, 4096) 1.03 ms, static 0.75; now 0.76)."""
+    from coil.ir.printer_kernel import show_scratch
     from tests_helpers import capture_aot
 
     gm, example = capture_aot(lambda x: torch.softmax(x, -1), (torch.randn(16, 300),))
     kp = coil.default_pipeline().run(gm, example, until="schedule_kernels", options=Options(target="cpp"))
     (k,) = kp.specs
-    assert k.hoisted and any(h.reciprocals for h in k.hoisted) and not k.scratch, k
+    assert k.hoisted and any(h.reciprocals for h in k.hoisted), k
+    (row,) = k.scratch
+    assert show_scratch(row, k.nest, "") == "scratch row0: float32[s1] holds buf1.t3 (exp), stored in loop 1, read up to loop 2"
     f = _compiled(lambda x: torch.softmax(x, -1), "cpp", dynamic=True)
-    for shape in ((3, 50), (7, 300)):
+    # rows shorter and longer than the hint: the buffer grows; (64, 20000) runs on every thread
+    for shape in ((3, 50), (7, 300), (64, 20000), (5, 70)):
         x = torch.randn(shape)
         torch.testing.assert_close(f(x), torch.softmax(x, -1))
 

@@ -49,6 +49,7 @@ from coil.backends.cpp.plan import (
     Loop,
     LoopCheck,
     checked_loop,
+    cpp_size,
     dim_bound,
     emit_node,
     parallel_pragma,
@@ -58,6 +59,7 @@ from coil.backends.cpp.plan import (
 from coil.ir.expr import Cast, Check, Expr, IndexExpr, IndirectLoad, Load, Op, walk
 from coil.ir.kernel import Hoisted, Outer, Rows, ScratchArray, Split
 from coil.ir.kernel import Loop as LoopStage
+from coil.ir.shapes import Size
 from coil.options import Options
 from coil.passes.schedule.nest import NodeIndexing
 
@@ -573,7 +575,6 @@ class ReductionEmitter:
             nd = a.node
             if a.kind == "welford_m2" and not a.second_pass:
                 mean = self.ctx.fresh("mean")
-                from coil.backends.cpp.plan import cpp_size
 
                 count = max(self.rnumel, 1) if isinstance(self.rnumel, int) else cpp_size(self.rnumel)
                 body.append(f"const {a.ctype} {mean} = {a.acc} / {a.ctype}({count});")
@@ -621,8 +622,15 @@ def declared_in(scratch: Sequence[ScratchArray], loop: int) -> list[ScratchArray
     return out
 
 
-def declare(a: ScratchArray, rnumel: int) -> str:
-    return f"alignas(64) {prelude.compute_type(a.expr.dtype)} row{a.slot}[{max(rnumel, 1)}];"
+def declare(a: ScratchArray, rnumel: Size) -> str:
+    """A scratch array's declaration: on the stack where the row's length is a
+    number, else a pointer into the thread's buffer of that slot
+    (coil_row_scratch, grown to the longest row met)."""
+    ctype = prelude.compute_type(a.expr.dtype)
+    if isinstance(rnumel, int):
+        return f"alignas(64) {ctype} row{a.slot}[{max(rnumel, 1)}];"
+    return (f"{ctype}* __restrict__ row{a.slot} = static_cast<{ctype}*>(coil_row_scratch<{a.slot}>"
+            f"(({cpp_size(rnumel)}) * (int64_t)sizeof({ctype})));")
 
 
 def element(a: ScratchArray, rindex: str) -> str:

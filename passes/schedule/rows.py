@@ -65,8 +65,9 @@ from coil.passes.schedule.streams import OP_COST
 def row_work(spec: KernelSpec, traits: TargetTraits, shapes: ShapeInfo = EMPTY) -> KernelSpec:
     """The spec with its row scratch arrays and what each r-loop hoists, where its
     traits ask for them (a reduction kernel on a nest, its rows not in lanes).
-    With symbolic sizes no scratch (no static bound sizes the arrays), and row
-    invariants are hoisted only where the ranges prove a row is never empty."""
+    With symbolic sizes the scratch arrays are chosen at the row's hint (the
+    target sizes them at run time), and row invariants are hoisted only where the
+    ranges prove a row is never empty."""
     nest, space = spec.nest, spec.space
     if nest is None or not nest.rsizes or (isinstance(space, Rows) and space.lanes):
         return spec
@@ -83,11 +84,12 @@ def row_work(spec: KernelSpec, traits: TargetTraits, shapes: ShapeInfo = EMPTY) 
         nonempty = least is not None and least > 0
     run = _Run(spec, t, hoist=traits.hoists_row_invariants and nonempty, reciprocals=traits.row_reciprocals)
     scratch: tuple[ScratchArray, ...] = ()
-    if (traits.scratch is not None and not isinstance(space, Split) and isinstance(rnumel, int)
+    if (traits.scratch is not None and not isinstance(space, Split)
             and sum(1 for r in roles.values() if r in (Role.REDUCTION, Role.INNER)) >= 2):
         dry = run.walk(())
-        if len(dry.evaluated) >= 2:
-            scratch = row_scratch(dry.evaluated, t, rnumel, traits.scratch)
+        if len(dry.evaluated) >= 2:  # a symbolic row's budget is taken at its hint
+            length = rnumel if isinstance(rnumel, int) else shapes.hint(rnumel)
+            scratch = row_scratch(dry.evaluated, t, length, traits.scratch)
     final = run.walk(scratch)
     hoisted = tuple(Hoisted(level, _largest(fixed, t), tuple(divisions))
                     for level, (fixed, divisions) in enumerate(zip(final.fixed, final.divisions)) if fixed or divisions)

@@ -266,6 +266,29 @@ static inline float coil_round_bf16(float f) { return coil_bf16_to_f32(coil_f32_
 
 static inline int64_t coil_min_index(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// ---- row scratch of a length only the call knows (a kernel with symbolic sizes;
+// a static row's scratch is an array on the stack).  Per thread and slot, one
+// buffer, grown to the longest row met and kept for the next rows and calls.
+extern "C" {
+void* aligned_alloc(unsigned long, unsigned long) noexcept;
+void free(void*) noexcept;
+}
+struct coil_scratch_buffer {
+  void* data = nullptr;
+  int64_t bytes = 0;
+  ~coil_scratch_buffer() { free(data); }
+};
+template <int Slot> static inline void* coil_row_scratch(int64_t bytes) {
+  static thread_local coil_scratch_buffer buf;
+  if (bytes > buf.bytes) {
+    free(buf.data);
+    buf.bytes = (bytes + 63) / 64 * 64;
+    buf.data = aligned_alloc(64, static_cast<unsigned long>(buf.bytes));
+    if (buf.data == nullptr) __builtin_trap();  // out of memory for one row
+  }
+  return buf.data;
+}
+
 // ---- run-time checks (ir/expr.py's Check).  A kernel cannot throw through ctypes:
 // the first failed check of a call records {error code, value, size, dim} in
 // coil_error (a compare-and-swap on the code: among threads, the first wins) and
