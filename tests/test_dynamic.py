@@ -759,6 +759,29 @@ def test_symbolic_rows_hoist_their_invariants_and_keep_row_scratch() -> None:
         torch.testing.assert_close(f(x), torch.softmax(x, -1))
 
 
+def test_a_symbolic_channels_last_sum_reads_memory_in_order_in_one_loop() -> None:
+    """x.sum() of a channels-last tensor with symbolic sizes: the reduced dims are
+    ordered by the hints of eager's strides (reductions.memory_order), and loops
+    whose symbolic steps make them contiguous merge (nest._mergeable), so the
+    kernel is one contiguous loop as the static one is.  Before: a strided walk in
+    logical order, (1, 64, 32, 32) through dynamic=True on one thread 0.081 ms a call;
+    in memory order but three loops, 0.036; now 0.023 (static 0.005, eager 0.004)."""
+    from tests_helpers import capture_aot
+
+    x = torch.randn(2, 6, 5, 7).to(memory_format=torch.channels_last)
+    gm, example = capture_aot(lambda x: x.sum(), (x,))
+    kp = coil.default_pipeline().run(gm, example, until="schedule_kernels", options=Options(target="cpp"))
+    (k,) = kp.specs
+    assert k.nest.xsizes == (1,) and [str(r) for r in k.nest.rsizes] == ["s0*s1*s2*s3"], k.nest
+    source = str(coil.default_pipeline().run(gm, example, until="kernel_gen", options=Options(target="cpp")).source)
+    assert "in_ptr0[ir0]" in source and "ir1" not in source, source
+    f = _compiled(lambda x: x.sum(), "cpp", dynamic=True)
+    for shape in ((2, 6, 5, 7), (3, 16, 9, 4), (1, 64, 32, 32)):
+        y = torch.randn(shape).to(memory_format=torch.channels_last)
+        exact = y.double().sum().item()
+        assert abs(f(y).item() - exact) <= 4 * abs(y.sum().item() - exact) + 1e-4, shape
+
+
 def test_a_symbolic_column_sum_runs_in_lanes() -> None:
     """x.sum(0) of a row-major x with symbolic sizes reads down the columns: on the
     cpp target a block of neighbouring columns runs in lanes, as a static one does

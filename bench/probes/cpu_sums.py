@@ -26,8 +26,8 @@ kept the dividing loop scalar).  DYNAMIC=1: x.sum(0) of (65536, 64) in lanes 1.1
 1.08 ms (26.8 on rows before), x.sum() of 2^24 values of 0.1 in blocks 1.12 / 1.5 from
 float64 (2.5e-3 relative off before, at 2^22); softmax over (256, 4096) with row
 scratch sized at run time (session 39) 0.76 ms, static 0.75 (1.03 before, in one
-A/B); still behind static: the channels-last sum 0.087 ms (no memory order without
-static strides)."""
+A/B); the channels-last sum in memory order by its strides' hints, its loops merged
+into one (session 39): 0.081 -> 0.023 ms (the dynamic call's host work is most of it)."""
 import os
 import time
 

@@ -31,7 +31,7 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, rsyms, substitute_symbols, walk, xsyms
 from coil.ir.indexing import FloorDiv, ModularIndexing, contiguous_strides, simplify_index, unflatten
 from coil.ir.layout import Layout
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_size_symbol, is_static, le, norm
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_size_symbol, is_static, le, norm, same_size
 from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map
 
 
@@ -261,14 +261,17 @@ def size_coeffs(e: sympy.Expr, syms: Sequence[sympy.Symbol]) -> dict[sympy.Symbo
 
 
 def _mergeable(outer: Dim, inner: Dim, exprs: Sequence[sympy.Expr]) -> bool:
+    """Whether every expression steps `outer` by `inner`'s size times its step of
+    `inner`: the two loops are one.  Steps and sizes may be symbolic (a channels-last
+    tensor's rows of s0 channels, `ir1*s0 + ir2`)."""
     for e in exprs:
-        c = affine_coeffs(e, (outer.sym, inner.sym))
-        if c is None or c[outer.sym] != c[inner.sym] * inner.size:
+        c = size_coeffs(e, (outer.sym, inner.sym))
+        if c is None or not same_size(c[outer.sym], norm(c[inner.sym] * inner.size)):
             return False
     return True
 
 
-def _merge_dims(dims: tuple[Dim, ...], exprs: Sequence[sympy.Expr]) -> tuple[int, ...] | None:
+def _merge_dims(dims: tuple[Dim, ...], exprs: Sequence[sympy.Expr]) -> tuple[Size, ...] | None:
     """Sizes after merging every mergeable adjacent pair, or None if none is."""
     if len(dims) < 2:
         return None
@@ -276,7 +279,7 @@ def _merge_dims(dims: tuple[Dim, ...], exprs: Sequence[sympy.Expr]) -> tuple[int
     merged = False
     for outer, inner in itertools.pairwise(dims):
         if _mergeable(outer, inner, exprs):
-            sizes[-1] *= inner.size
+            sizes[-1] = norm(sizes[-1] * inner.size)
             merged = True
         else:
             sizes.append(inner.size)
