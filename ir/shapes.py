@@ -640,25 +640,87 @@ def _hint(info: ShapeInfo, e: sympy.Expr) -> int:
 
 @functools.lru_cache(maxsize=8192)
 def _bounds(info: ShapeInfo, e: sympy.Expr) -> tuple[int | None, int | None]:
+    """Interval bounds of `e` over the symbols' ranges; where a side is unknown and
+    `e` holds floor divisions or modulos by numbers, also the bounds of `e` with
+    each `a // k` written `(a - r) / k` and `a mod k` as r, r in [0, k - 1]: that
+    keeps `s0 - s0 // 2` (the second half of a row) at least 1, which intervals
+    alone lose (s0 and s0 // 2 vary together)."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    lo, hi = _interval(info, e, {})
+    if (lo is None or hi is None) and e.has(FloorDiv, ModularIndexing):
+        rewritten, remainders = _with_remainders(e)
+        if remainders:
+            lo2, hi2 = _interval(info, rewritten, remainders)
+            lo = lo2 if lo is None else lo
+            hi = hi2 if hi is None else hi
+    return lo, hi
+
+
+def _with_remainders(e: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.Symbol, int]]:
+    """`e` with each floor division by a positive number `a // k` written as
+    `(a - r) / k` and each `a mod k` (ModularIndexing(a, 1, k)) as the same r, a
+    fresh integer symbol of range [0, k - 1] (returned with its k - 1); any other
+    modulo `(a // b) mod k` by a number k is a fresh r of that range alone."""
+    from coil.ir.indexing import FloorDiv, ModularIndexing
+
+    remainders: dict[tuple[sympy.Expr, int], sympy.Symbol] = {}
+    top: dict[sympy.Symbol, int] = {}
+
+    def remainder(a: sympy.Expr, k: int) -> sympy.Symbol:
+        if (a, k) not in remainders:
+            r = sympy.Symbol(f"_rem{len(top)}", integer=True, nonnegative=True)
+            remainders[a, k] = r
+            top[r] = k - 1
+        return remainders[a, k]
+
+    def rewrite(x: sympy.Expr) -> sympy.Expr:
+        if x.is_Atom:
+            return x
+        args = tuple(rewrite(a) for a in x.args)
+        if isinstance(x, FloorDiv) and args[1].is_Integer and int(args[1]) > 0:
+            k = int(args[1])
+            return (args[0] - remainder(args[0], k)) / k
+        if isinstance(x, ModularIndexing) and args[2].is_Integer and int(args[2]) > 0:
+            k = int(args[2])
+            if args[1] == 1:
+                return remainder(args[0], k)
+            r = sympy.Symbol(f"_rem{len(top)}", integer=True, nonnegative=True)
+            top[r] = k - 1
+            return r
+        return x.func(*args) if args != x.args else x
+
+    out = rewrite(e)
+    return sympy.expand(out), top
+
+
+def _interval(info: ShapeInfo, e: sympy.Expr, extra: Mapping[sympy.Symbol, int]) -> tuple[int | None, int | None]:
+    """torch's interval analysis of `e` over the facts' ranges and `extra`'s
+    symbols (each in [0, its value]); a rational bound rounded inward (the value
+    is an integer)."""
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
     ranges: dict[sympy.Symbol, ValueRanges] = {}
     for f in info.facts:
         ranges[f.symbol] = ValueRanges(f.lower, f.upper if f.upper is not None else int_oo)
+    for r, top in extra.items():
+        ranges[r] = ValueRanges(0, top)
     try:
         r = bound_sympy(_to_torch(e), ranges)
     except Exception:  # an expression torch's analysis does not know: nothing is known
         return None, None
 
-    def finite(v: object) -> int | None:
+    def finite(v: object, up: bool) -> int | None:
         if isinstance(v, sympy.Integer):  # torch's int_oo is no Integer
             return int(v)
+        if isinstance(v, sympy.Rational):
+            return math.floor(v) if up else math.ceil(v)
         if isinstance(v, int):
             return v
         return None
 
-    return finite(r.lower), finite(r.upper)
+    return finite(r.lower, False), finite(r.upper, True)
 
 
 class _PySizePrinter(StrPrinter):

@@ -17,6 +17,7 @@ from torch._prims_common import get_acc_type
 
 from coil.errors import CoilError
 from coil.ir.expr import Cast, Expr, IndexExpr, xsyms
+from coil.ir.indexing import FloorDiv
 from coil.ir.shapes import norm, sizes
 from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, op, register_lowering, scalar_expr
 
@@ -137,10 +138,7 @@ def arange(ctx: LowerCtx, *args: Scalar, dtype: torch.dtype | None = None, layou
     if not 1 <= len(args) <= 3:
         raise CoilError(f"arange: unexpected arguments {args}")
     if any(isinstance(a, sympy.Expr) for a in args):
-        if len(args) == 1 and (dtype is None or dtype == torch.int64):  # arange(n) of a size n
-            dev = _device(ctx, device)
-            return ctx.pointwise((norm(args[0]),), IndexExpr(xsyms(1)[0], torch.int64), torch.int64, dev)
-        return NotImplemented
+        return _symbolic_arange(ctx, args, dtype, _device(ctx, device))
     start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
     integer_args = all(isinstance(v, int) for v in (start, end, step))
     if dtype is None:
@@ -149,6 +147,20 @@ def arange(ctx: LowerCtx, *args: Scalar, dtype: torch.dtype | None = None, layou
     n = _arange_length(start, end, step, dtype, integer_args)
     body = _arange_body(start, step, dtype, integer_args, dev)
     return ctx.pointwise((n,), body if body.dtype == dtype else Cast(body, dtype), dtype, dev)
+
+
+def _symbolic_arange(ctx: LowerCtx, args: Sequence[Any], dtype: torch.dtype | None, device: str) -> Any:
+    """arange of int64 where a bound is a size (arange(n), a position range
+    arange(past, past + s0), a strided arange(2, s0 + 2, 3)): length
+    (end - start + step - 1) // step by a positive whole step, where the ranges
+    prove end >= start (else the Extern); start + step * x0 as an index."""
+    if dtype not in (None, torch.int64) or not all(isinstance(a, (int, sympy.Expr)) for a in args):
+        return NotImplemented
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+    if not isinstance(step, int) or step <= 0 or not ctx.sizes.shapes.known_le(norm(start), norm(end)):
+        return NotImplemented
+    n = norm(end - start) if step == 1 else norm(FloorDiv(end - start + step - 1, step))
+    return ctx.pointwise((n,), IndexExpr(start + step * xsyms(1)[0], torch.int64), torch.int64, device)
 
 
 @register_lowering(torch.ops.prims.iota)

@@ -192,13 +192,11 @@ def slice_(ctx: LowerCtx, x: TensorValue, dim: int = 0, start: Any = None, end: 
     return _view(ctx, x, out, index)
 
 
-def _symbolic_slice(ctx: LowerCtx, x: TensorValue, dim: int, start: Any, end: Any, step: int) -> TensorValue:
-    """A slice where the size or a bound is symbolic: Python's clamping, proved
-    for every size instead of computed (0 <= begin <= end <= size); where it
-    cannot be, the op runs as an Extern."""
-    n = x.size[dim]
-    shapes = ctx.sizes.shapes
-
+def slice_bounds(shapes: ShapeInfo, n: Size, start: Any, end: Any) -> tuple[Size, Size]:
+    """The begin and end of `[start:end]` along a dim of size n where a size or a
+    bound is symbolic: Python's clamping, proved for every size instead of
+    computed (0 <= begin <= end <= n); NeedsStaticSizes (the op runs as an
+    Extern) where it cannot be."""
     def bound(v: Any, default: Size) -> Size:
         if v is None or (isinstance(v, int) and v >= 2**62):  # x[a:] arrives as end = sys.maxsize
             return default
@@ -213,6 +211,12 @@ def _symbolic_slice(ctx: LowerCtx, x: TensorValue, dim: int, start: Any, end: An
             stop = n  # past the end: clamped
         else:
             raise NeedsStaticSizes(f"slice [{start}:{end}] of size {n}: its end may pass the size or not")
+    return begin, stop
+
+
+def _symbolic_slice(ctx: LowerCtx, x: TensorValue, dim: int, start: Any, end: Any, step: int) -> TensorValue:
+    """A slice where the size or a bound is symbolic (slice_bounds)."""
+    begin, stop = slice_bounds(ctx.sizes.shapes, x.size[dim], start, end)
     length = norm(stop - begin) if step == 1 else norm(FloorDiv(stop - begin + step - 1, step))
     out = list(x.size)
     out[dim] = length
