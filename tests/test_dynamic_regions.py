@@ -42,8 +42,8 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[int, int], tuple[torch.Tens
                        lambda b, s: (torch.randn(b, s, 7), torch.randn(b, 7))),
     "select_scatter_first": (lambda x, y: torch.select_scatter(x + 1, y, 0, 0),
                              lambda b, s: (torch.randn(b, s), torch.randn(s))),
-    "arange": (lambda x: x[::3] * torch.arange(2, x.shape[0] + 2, 3), lambda b, s: (torch.randn(3 * s + b),)),
-    "positions": (lambda x: x + torch.arange(x.shape[1], 2 * x.shape[1]), lambda b, s: (torch.randn(b, s),)),
+    "arange": (lambda x: x[::3] * torch.arange(2, x.shape[0] + 2, 3, device=x.device), lambda b, s: (torch.randn(3 * s + b),)),
+    "positions": (lambda x: x + torch.arange(x.shape[1], 2 * x.shape[1], device=x.device), lambda b, s: (torch.randn(b, s),)),
 }
 SIZES = [(2, 3), (5, 17), (4, 64)]
 
