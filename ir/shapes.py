@@ -640,20 +640,20 @@ def _hint(info: ShapeInfo, e: sympy.Expr) -> int:
 
 @functools.lru_cache(maxsize=8192)
 def _bounds(info: ShapeInfo, e: sympy.Expr) -> tuple[int | None, int | None]:
-    """Interval bounds of `e` over the symbols' ranges; where a side is unknown and
-    `e` holds floor divisions or modulos by numbers, also the bounds of `e` with
-    each `a // k` written `(a - r) / k` and `a mod k` as r, r in [0, k - 1]: that
-    keeps `s0 - s0 // 2` (the second half of a row) at least 1, which intervals
-    alone lose (s0 and s0 // 2 vary together)."""
+    """Interval bounds of `e` over the symbols' ranges; where `e` holds floor
+    divisions or modulos by numbers, the tighter of those and the bounds of `e`
+    with each `a // k` written `(a - r) / k` and `a mod k` as r, r in [0, k - 1]:
+    that keeps `s0 - s0 // 2` (the second half of a row) at least 1, which
+    intervals alone lose (s0 and s0 // 2 vary together)."""
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     lo, hi = _interval(info, e, {})
-    if (lo is None or hi is None) and e.has(FloorDiv, ModularIndexing):
+    if e.has(FloorDiv, ModularIndexing):
         rewritten, remainders = _with_remainders(e)
         if remainders:
             lo2, hi2 = _interval(info, rewritten, remainders)
-            lo = lo2 if lo is None else lo
-            hi = hi2 if hi is None else hi
+            lo = lo2 if lo is None else lo if lo2 is None else max(lo, lo2)
+            hi = hi2 if hi is None else hi if hi2 is None else min(hi, hi2)
     return lo, hi
 
 

@@ -428,6 +428,11 @@ def test_shape_info_proves_over_ranges_and_hints_for_speed() -> None:
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     assert py_size(FloorDiv(s0 * s1, 2) + s0) == "s0 + ((s0*s1) // 2)"
+    # a floor division by a number moves with its numerator: s0 - s0 // 2 is at least 1 (the
+    # second half of a row: a rotary embedding's slice), which intervals alone lose
+    assert info.known_le(FloorDiv(s0, 2), s0) and info.bounds(s0 - FloorDiv(s0, 2)) == (1, None)
+    assert info.bounds(s0 - 2 * FloorDiv(s0, 2)) == (0, 1) and info.bounds(ModularIndexing(s0, 1, 4)) == (0, 3)
+    assert info.bounds(3 * FloorDiv(s1, 3) - s1) == (-2, 0) and not info.known_le(FloorDiv(s0, 2) + 1, s0 - 2)
     for e in (FloorDiv(s0, 2 * s1), ModularIndexing(s0 + s1, s1, 3), FloorDiv(s0 + 127, 128) * s1,
               (FloorDiv(s1 - 1, 2) + 1) ** 2 * 16):  # a conv's output area: (((s1 - 1) // 2) + 1) ** 2
         # each side of // and % whole: the printed size is the expression's value
