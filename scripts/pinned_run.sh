@@ -9,8 +9,11 @@
 # copied in, so `--resume` measures only the cases still missing.  devrun.sh picks
 # the results file by the card's name: h200-models-full on an H200,
 # h100-models-full on an H100; it never resumes one card's run on another card.
-# Copy what comes back (files_at/r/*) to bench/results/ and devsnap/bench/results/,
-# and commit after each call.  T: the run's time limit (s), B: the bench's budget
+# After each call, before the next: `bash scripts/pinned_run.sh collect FILES_AT`
+# copies what came back (FILES_AT/r/*) to bench/results/ and devsnap/bench/results/
+# (a call made before that resumes from the older file and measures again what the
+# last one did); it refuses a file with fewer measured cases than the one it would
+# replace.  Then commit.  T: the run's time limit (s), B: the bench's budget
 # (s) for starting cases, C: cases warmed per chunk.  The call's timeout_s must
 # exceed T by about 40 s (the install and the copies); with less, the call is
 # killed and only the cases finished so far come back.
@@ -38,8 +41,31 @@ timeout ${T:-520} python3 -m bench --suite models --device cuda --size both --co
 EOF
     du -sh devsnap
     ;;
+collect)
+    src=${2:?usage: bash scripts/pinned_run.sh collect FILES_AT}
+    for json in "$src"/r/h200-models-full.json "$src"/r/h100-models-full.json; do
+        [ -f "$json" ] || continue
+        name=$(basename "$json" .json)
+        python3 - "$json" "bench/results/$name.json" <<'PY'
+import json, os, sys
+def done(path):
+    if not os.path.exists(path):
+        return 0
+    return sum(1 for r in json.load(open(path)) if r.get("status") in ("ok", "ref", "mismatch", "error"))
+new, old = done(sys.argv[1]), done(sys.argv[2])
+print(f"{os.path.basename(sys.argv[1])}: {new} records measured (the committed file: {old})")
+if new < old:
+    sys.exit(f"refused: {sys.argv[1]} has fewer measured records than {sys.argv[2]}")
+PY
+        for dest in bench/results devsnap/bench/results; do
+            [ -d "$dest" ] || continue
+            chmod u+w "$dest/$name".* 2>/dev/null || true
+            cp "$src/r/$name.json" "$src/r/$name.md" "$dest/"
+        done
+    done
+    ;;
 *)
-    echo "usage: bash scripts/pinned_run.sh prepare" >&2
+    echo "usage: bash scripts/pinned_run.sh prepare | collect FILES_AT" >&2
     exit 2
     ;;
 esac
