@@ -111,10 +111,21 @@ from coil.ir.kernel import (
     tails_of,
 )
 from coil.ir.verify import fail
+from coil.ir.indexing import FloorDiv
 from coil.ir.shapes import ShapeInfo, Size, gt, lower_bound, same_size
 
 
 _AXES = {"y": YINDEX, "x": XINDEX, "r": RINDEX}
+
+
+def _even_chunk(s: Split, rsizes: tuple[Size, ...], shapes: ShapeInfo) -> bool:
+    """An even split's parts fit its outer r loop and `chunk` is the most a part
+    reduces: numbers, or (symbolic sizes) the same expression, parts judged at the
+    hints (a run with fewer steps than parts leaves the extra parts empty)."""
+    outer, inner = rsizes[0], math.prod(rsizes[1:])
+    if isinstance(outer, int) and isinstance(inner, int):
+        return s.parts <= outer and s.chunk == -(-outer // s.parts) * inner
+    return s.parts <= shapes.hint(outer) and same_size(s.chunk, FloorDiv(outer + s.parts - 1, s.parts) * inner)
 
 
 def _power_of_2(n: int) -> bool:
@@ -350,8 +361,7 @@ def _verify_nest(p: KernelProgram, stage: str, k: KernelSpec) -> None:
         fail(p, stage, k.name, f"K9 tiles of x loops {t.u} and {t.v}, {t.side} a side, do not fit the nest")
     if lanes and ((isinstance(nest.xsizes[-1], int) and lanes > nest.xsizes[-1]) or not nest.rsizes):
         fail(p, stage, k.name, f"K9 {lanes} lanes, more than the innermost x loop's {nest.xsizes[-1]} columns")
-    if isinstance(s, Split) and even and (not nest.rsizes or s.parts > nest.rsizes[0]
-                                          or s.chunk != -(-nest.rsizes[0] // s.parts) * math.prod(nest.rsizes[1:])):
+    if isinstance(s, Split) and even and (not nest.rsizes or not _even_chunk(s, nest.rsizes, p.shapes)):
         fail(p, stage, k.name, f"K9 an even split into {s.parts} parts of {s.chunk} does not fit the outer r loop")
     par = nest.parallel
     if par is not None and not (par.loops >= 1 and 1 <= par.chunk <= par.iterations):

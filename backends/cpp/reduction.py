@@ -534,7 +534,7 @@ class ReductionEmitter:
         space, par = self.plan.spec.space, self.plan.loops.parallel
         assert isinstance(space, Split) and par is not None
         chunks = space.parts
-        inner = math.prod(d.size for d in self.plan.nest.rdims[1:])
+        inner = cpp_size(math.prod(d.size for d in self.plan.nest.rdims[1:]))
         lo, hi = f"(c * ({loops[0].hi})) / {chunks}", f"((c + 1) * ({loops[0].hi})) / {chunks}"
         out: list[str] = []
         chunk: list[str] = []

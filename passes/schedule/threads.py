@@ -45,7 +45,8 @@ from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import loads
 from coil.ir.kernel import KernelSpec, LoopNest, NestNode, NestTile, Parallel, Rows, Split, StagedRead
 from coil.ir.layout import Layout
-from coil.ir.shapes import EMPTY, ShapeInfo, is_static
+from coil.ir.indexing import FloorDiv
+from coil.ir.shapes import EMPTY, ShapeInfo, is_static, norm
 from coil.options import ColumnTraits, NestTraits
 from coil.passes.kernel_model import down_columns, moving_step, unit_step
 from coil.passes.schedule.nest import Nest, NodeIndexing, affine_coeffs, kernel_nest, loop_index, size_coeffs
@@ -86,6 +87,15 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
                                      shapes)
                 if lanes:
                     space = attrs.evolve(space, columns=True, lanes=lanes)
+            parts = _symbolic_split_parts(nest, shapes, traits) if isinstance(space, Rows) and not lanes else 0
+            if parts:  # a long row shared among threads, its parts judged at the hints
+                n, r = spec.group
+                chunk = norm(FloorDiv(rsizes[0] + parts - 1, parts) * math.prod(rsizes[1:]))
+                space = Split(n, r, parts, chunk, 1, False, (), even=True)
+                run = -(-hinted[0] // parts)
+                rblock = sum_block(bufs, hinted, run, False, traits, split=True, symbolic=True)
+                return attrs.evolve(spec, space=space, nest=LoopNest(
+                    xsizes, rsizes, parallel=parallel(1, parts, traits), nodes=in_loops, rblock=rblock))
             rblock = sum_block(bufs, hinted, hinted[0], bool(lanes), traits, symbolic=True)
             return attrs.evolve(spec, space=space, nest=LoopNest(
                 xsizes, rsizes, parallel=_symbolic_parallel(nest, shapes, traits, lanes), nodes=in_loops,
@@ -164,6 +174,19 @@ def _two_thirds(n: int, down: bool) -> int:
     """The power of two near n ** (2/3) (rounded down with `down`), at least 16."""
     e = math.log2(max(n, 1)) * 2 / 3
     return 1 << max(4, int(e) if down else round(e))
+
+
+def _symbolic_split_parts(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> int:
+    """split_parts at the hints, for an outer r loop the ranges prove at least 2 (a
+    run with fewer steps than parts leaves the extra parts empty)."""
+    numel = shapes.hint(math.prod(d.size for d in nest.xdims))
+    rnumel = shapes.hint(math.prod(d.size for d in nest.rdims))
+    outer = nest.rdims[0].size
+    if not (isinstance(outer, int) and outer >= 2 or shapes.known_ge(outer, 2)):
+        return 0
+    if numel < traits.split_below_rows and rnumel >= traits.parallel_min_work:
+        return min(traits.split_parts, shapes.hint(outer))
+    return 0
 
 
 def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits, lanes: int = 0) -> Parallel | None:
