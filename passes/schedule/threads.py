@@ -177,12 +177,14 @@ def _two_thirds(n: int, down: bool) -> int:
 
 
 def _symbolic_split_parts(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> int:
-    """split_parts at the hints, for an outer r loop the ranges prove at least 2 (a
-    run with fewer steps than parts leaves the extra parts empty)."""
-    numel = shapes.hint(math.prod(d.size for d in nest.xdims))
+    """split_parts at the hints, for rows whose count is a number (a symbolic count
+    few at the hint may be many at a call, each row then a parallel region of
+    parts too short to pay for it) and an outer r loop the ranges prove at least 2
+    (a run with fewer steps than parts leaves the extra parts empty)."""
+    numel = math.prod(d.size for d in nest.xdims)
     rnumel = shapes.hint(math.prod(d.size for d in nest.rdims))
     outer = nest.rdims[0].size
-    if not (isinstance(outer, int) and outer >= 2 or shapes.known_ge(outer, 2)):
+    if not isinstance(numel, int) or not (isinstance(outer, int) and outer >= 2 or shapes.known_ge(outer, 2)):
         return 0
     if numel < traits.split_below_rows and rnumel >= traits.parallel_min_work:
         return min(traits.split_parts, shapes.hint(outer))
