@@ -469,9 +469,10 @@ def _product_rule(row: Mapping[sympy.Expr, sympy.Rational]) -> SizeRule | None:
     another product or symbol (`s0*s1 = s2*s3`: logits flattened to (B*S, V)
     against labels of their own batch and length flattened to B'*S', which
     cross_entropy's check makes equal; `7*s0 = s1*s2` where the model fixed S at
-    7; `4*s0 = 4*u0*u1`, rows of 4 reshaped by int arguments): the product is written as the other side, the later of two products where
-    both are (each symbol stays bound from its input; a size that is the product
-    takes the other spelling)."""
+    7; `4*s0 = 4*u0*u1`, rows of 4 reshaped by int arguments): the product is
+    written as the other side, the later of two products where both are (each
+    symbol stays bound from its input; a size that is the product takes the other
+    spelling)."""
     if len(row) != 2:
         return None
 
@@ -667,11 +668,14 @@ def _with_remainders(e: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.Symbol, int]
     remainders: dict[tuple[sympy.Expr, int], sympy.Symbol] = {}
     top: dict[sympy.Symbol, int] = {}
 
+    def fresh(k: int) -> sympy.Symbol:
+        r = sympy.Symbol(f"_rem{len(top)}", integer=True, nonnegative=True)
+        top[r] = k - 1
+        return r
+
     def remainder(a: sympy.Expr, k: int) -> sympy.Symbol:
         if (a, k) not in remainders:
-            r = sympy.Symbol(f"_rem{len(top)}", integer=True, nonnegative=True)
-            remainders[a, k] = r
-            top[r] = k - 1
+            remainders[a, k] = fresh(k)
         return remainders[a, k]
 
     def rewrite(x: sympy.Expr) -> sympy.Expr:
@@ -683,11 +687,7 @@ def _with_remainders(e: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.Symbol, int]
             return (args[0] - remainder(args[0], k)) / k
         if isinstance(x, ModularIndexing) and args[2].is_Integer and int(args[2]) > 0:
             k = int(args[2])
-            if args[1] == 1:
-                return remainder(args[0], k)
-            r = sympy.Symbol(f"_rem{len(top)}", integer=True, nonnegative=True)
-            top[r] = k - 1
-            return r
+            return remainder(args[0], k) if args[1] == 1 else fresh(k)
         return x.func(*args) if args != x.args else x
 
     out = rewrite(e)

@@ -22,7 +22,7 @@ import torch
 from coil.errors import CoilError
 from coil.ir.expr import Cast, Constant, Expr, IndexExpr, Op, rsyms, xsyms
 from coil.ir.indexing import unflatten
-from coil.ir.shapes import is_static, norm
+from coil.ir.shapes import norm
 from coil.passes.lowerings.registry import (
     LOWERINGS,
     LowerCtx,
@@ -87,9 +87,9 @@ def memory_order(ctx: LowerCtx, x: TensorValue, dims: Sequence[int], reduction_t
     if not isinstance(v, torch.Tensor) or v.dim() != len(x.size):
         return None
     try:
-        size = ctx.sizes.shapes.hints(x.size) if not is_static(x.size) else tuple(x.size)
-        stride = tuple(s if isinstance(s, int) else ctx.sizes.shapes.hint(ctx.sizes.size(s)) for s in v.stride())
-        if tuple(s if isinstance(s, int) else ctx.sizes.shapes.hint(ctx.sizes.size(s)) for s in v.shape) != size:
+        size = ctx.sizes.shapes.hints(x.size)
+        stride = ctx.sizes.shapes.hints(ctx.sizes.sizes(v.stride()))
+        if ctx.sizes.shapes.hints(ctx.sizes.sizes(v.shape)) != size:
             return None
     except (CoilError, KeyError, TypeError, ValueError):  # a symbol without a hint: logical order
         return None

@@ -299,7 +299,7 @@ def _symbolic_slice_scatter(ctx: LowerCtx, x: TensorValue, src: TensorValue, dim
     xs = xsyms(x.ndim)
     index = list(xs)
     index[d] = xs[d] - begin
-    cond = _in_range(ctx.sizes.shapes, xs[d], begin, stop, x.size[d])
+    cond = _in_range(shapes, xs[d], begin, stop, x.size[d])
     return ctx.pointwise(x.size, _select(cond, _as(src.load(index, cond), x.dtype), x.load(xs)), x.dtype)
 
 

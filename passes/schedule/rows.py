@@ -77,19 +77,15 @@ def row_work(spec: KernelSpec, traits: TargetTraits, shapes: ShapeInfo = EMPTY) 
     kept = frozenset(name for name, role in roles.items() if role is not Role.INNER)
     rnumel = math.prod(nest.rsizes)
     t = Subtrees(inner, frozenset(loop_symbol("ir", i) for i in range(len(nest.rsizes))), kept)
-    if isinstance(rnumel, int):
-        nonempty = rnumel > 0
-    else:
-        least = shapes.bounds(rnumel)[0]
-        nonempty = least is not None and least > 0
+    least = shapes.bounds(rnumel)[0]
+    nonempty = least is not None and least > 0
     run = _Run(spec, t, hoist=traits.hoists_row_invariants and nonempty, reciprocals=traits.row_reciprocals)
     scratch: tuple[ScratchArray, ...] = ()
     if (traits.scratch is not None and not isinstance(space, Split)
             and sum(1 for r in roles.values() if r in (Role.REDUCTION, Role.INNER)) >= 2):
         dry = run.walk(())
         if len(dry.evaluated) >= 2:  # a symbolic row's budget is taken at its hint
-            length = rnumel if isinstance(rnumel, int) else shapes.hint(rnumel)
-            scratch = row_scratch(dry.evaluated, t, length, traits.scratch)
+            scratch = row_scratch(dry.evaluated, t, shapes.hint(rnumel), traits.scratch)
     final = run.walk(scratch)
     hoisted = tuple(Hoisted(level, _largest(fixed, t), tuple(divisions))
                     for level, (fixed, divisions) in enumerate(zip(final.fixed, final.divisions)) if fixed or divisions)

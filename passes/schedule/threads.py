@@ -87,7 +87,7 @@ def nested(spec: KernelSpec, bufs: Sequence[ComputedBuffer], layouts: Mapping[st
                                      shapes)
                 if lanes:
                     space = attrs.evolve(space, columns=True, lanes=lanes)
-            parts = _symbolic_split_parts(nest, shapes, traits) if isinstance(space, Rows) and not lanes else 0
+            parts = split_parts(nest, traits, shapes) if isinstance(space, Rows) and not lanes else 0
             if parts:  # a long row shared among threads, its parts judged at the hints
                 n, r = spec.group
                 chunk = norm(FloorDiv(rsizes[0] + parts - 1, parts) * math.prod(rsizes[1:]))
@@ -174,21 +174,6 @@ def _two_thirds(n: int, down: bool) -> int:
     """The power of two near n ** (2/3) (rounded down with `down`), at least 16."""
     e = math.log2(max(n, 1)) * 2 / 3
     return 1 << max(4, int(e) if down else round(e))
-
-
-def _symbolic_split_parts(nest: Nest, shapes: ShapeInfo, traits: NestTraits) -> int:
-    """split_parts at the hints, for rows whose count is a number (a symbolic count
-    few at the hint may be many at a call, each row then a parallel region of
-    parts too short to pay for it) and an outer r loop the ranges prove at least 2
-    (a run with fewer steps than parts leaves the extra parts empty)."""
-    numel = math.prod(d.size for d in nest.xdims)
-    rnumel = shapes.hint(math.prod(d.size for d in nest.rdims))
-    outer = nest.rdims[0].size
-    if not isinstance(numel, int) or not (isinstance(outer, int) and outer >= 2 or shapes.known_ge(outer, 2)):
-        return 0
-    if numel < traits.split_below_rows and rnumel >= traits.parallel_min_work:
-        return min(traits.split_parts, shapes.hint(outer))
-    return 0
 
 
 def _symbolic_parallel(nest: Nest, shapes: ShapeInfo, traits: NestTraits, lanes: int = 0) -> Parallel | None:
@@ -278,13 +263,19 @@ def _symbolic_steps(e: sympy.Expr, vx: sympy.Symbol, vr: sympy.Symbol, shapes: S
     return out[0], out[1]
 
 
-def split_parts(nest: Nest, traits: NestTraits) -> int:
+def split_parts(nest: Nest, traits: NestTraits, shapes: ShapeInfo = EMPTY) -> int:
     """Too few rows to share among threads but long rows: the parts each row's
-    outer r loop is dealt out in (0: the rows are shared instead)."""
+    outer r loop is dealt out in (0: the rows are shared instead).  Symbolic rows
+    are judged at their hints where their count is a number (a symbolic count few
+    at the hint may be many at a call, each row then a parallel region of parts
+    too short to pay for it) and the ranges prove the outer r loop at least 2 (a
+    run with fewer steps than parts leaves the extra parts empty)."""
     numel = math.prod(d.size for d in nest.xdims)
-    rnumel = math.prod(d.size for d in nest.rdims)
-    if numel < traits.split_below_rows and rnumel >= traits.parallel_min_work and nest.rdims[0].size >= 2:
-        return min(traits.split_parts, nest.rdims[0].size)
+    rnumel = shapes.hint(math.prod(d.size for d in nest.rdims))
+    outer = nest.rdims[0].size
+    if (isinstance(numel, int) and numel < traits.split_below_rows and rnumel >= traits.parallel_min_work
+            and shapes.known_ge(outer, 2)):
+        return min(traits.split_parts, shapes.hint(outer))
     return 0
 
 
