@@ -14,8 +14,8 @@ runtime wrappers, which have nothing to do for it (about 2 µs a call)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-
 import functools
 import logging
 from typing import Any, Callable, Mapping, Sequence
@@ -160,7 +160,9 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
             through.append((compiled, call))
             if link and compiled.cache_key:
                 graph_cache.store_link(link, compiled.cache_key, options.cache_dir)
-        return _boxed(compiled, call)
+        run = _boxed(compiled, call)
+        run.options = opts  # type: ignore[attr-defined]  # what compiled it, for AOTAutograd's cache (aot_cache.py)
+        return run
 
     return compile_one
 
@@ -429,6 +431,7 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
     from torch._dynamo.backends.common import aot_autograd
 
     from coil import graph_cache
+    from coil.backends import aot_cache
 
     opts = options_for_mode(mode, Options.from_mapping(options))
     skippable = graph_cache.may_skip_aot(gm, example_inputs)
@@ -441,16 +444,22 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
         from coil.backends.cudagraphs import PoolSet
 
         pools = PoolSet()
+    kinds = {"fw_compiler": "forward", "bw_compiler": "backward", "inference_compiler": "inference"}
+    compilers = {k: _graph_compiler(opts, kind, pools=pools) for k, kind in kinds.items() if kind != "inference"}
+    compilers["inference_compiler"] = _graph_compiler(opts, "inference", link, len(example_inputs) if skippable else None,
+                                                      through, pools)
+    scope: Any = contextlib.nullcontext()
+    if aot_cache.usable(opts, example_inputs):  # a warm start loads AOTAutograd's result instead of tracing again
+        compilers = {k: aot_cache.serializable(c, kinds[k]) for k, c in compilers.items()}
+        scope = aot_cache.scope(opts)
     backend = aot_autograd(
-        fw_compiler=_graph_compiler(opts, "forward", pools=pools),
-        bw_compiler=_graph_compiler(opts, "backward", pools=pools),
-        inference_compiler=_graph_compiler(opts, "inference", link, len(example_inputs) if skippable else None,
-                                           through, pools),
+        **compilers,
         decompositions=aot_decompositions(),
         partition_fn=_partition_fn(),
         # writes into the graph's inputs (BatchNorm's buffers) stay in the graph, as Inductor asks:
         # coil runs them, inside a CUDA graph's recording too
         keep_inference_input_mutations=True,
     )
-    wrapped = backend(gm, example_inputs)
+    with scope:
+        wrapped = backend(gm, example_inputs)
     return _direct(*through[0]) if through else wrapped

@@ -450,6 +450,7 @@ class Counts:
     forward: int = 0           # of those, forward graphs of training
     backward: int = 0          # and backward graphs
     cached: int = 0            # Dynamo graphs loaded through the graph cache's link
+    aot_cached: int = 0        # of `compiled`, graphs loaded through AOTAutograd's cache (backends/aot_cache.py)
     eager_fallbacks: list[str] = field(default_factory=list)   # coil's "running it eagerly" warnings
     dynamo_graphs: int = 0
     graph_breaks: int = 0
@@ -468,6 +469,11 @@ class _CoilLog(logging.Handler):
             self.counts.compiled += 1
             self.counts.forward += msg.startswith("coil: compiled forward ")
             self.counts.backward += msg.startswith("coil: compiled backward ")
+        elif msg.startswith("coil: loaded ") and "through AOTAutograd's cache" in msg:
+            self.counts.compiled += 1
+            self.counts.aot_cached += 1
+            self.counts.forward += msg.startswith("coil: loaded forward ")
+            self.counts.backward += msg.startswith("coil: loaded backward ")
         elif "loaded from the graph cache" in msg:
             self.counts.cached += 1
 
@@ -534,7 +540,8 @@ class CaseResult:
         c = self.counts
         status = "pass" if self.passed else "FAIL"
         text = (f"{self.model:16s} {self.mode:5s} {status}  attn={self.attn:5s} max_abs={self.verdict.max_abs:.2e} rmse_ratio={ratio} "
-                f"graphs={c.compiled}" + (f"+{c.cached} cached" if c.cached else "")
+                f"graphs={c.compiled}" + (f" ({c.aot_cached} through AOTAutograd's cache)" if c.aot_cached else "")
+                + (f"+{c.cached} cached" if c.cached else "")
                 + f" dynamo={c.dynamo_graphs} breaks={c.graph_breaks} eager={len(c.eager_fallbacks)} "
                 f"time={self.seconds:.1f}s")
         if not self.verdict.passed:

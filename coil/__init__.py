@@ -46,14 +46,34 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
         module = (pipeline or default_pipeline()).run(gm, example_inputs, options=opts, kind=kind)
         if key:
             graph_cache.store(key, module, opts.cache_dir)
-    # a higher-order op's subgraph (cond's branches, a loop's body) compiles as this
-    # graph did, with what is this graph's own dropped: its donated inputs, its free
-    # output strides, its CUDA graphs (the outer graph's recording holds the subgraph's)
-    sub_opts = opts.replace(donated_inputs=(), free_output_strides=(), aligned_inputs=(), cuda_graphs=False)
-    compiled = load_module(module, opts.cache_dir,
-                           lambda sub: compile_graph(sub.gm, sub.inputs, sub_opts, pipeline, kind=f"subgraph-{sub.name}"))
+    compiled = load_module(module, opts.cache_dir, _subgraph_compiler(opts, pipeline))
     compiled.cache_key = key
     return compiled
+
+
+def load_compiled(key: str, options: Options) -> Any | None:
+    """The compiled graph that compile_graph stored in the graph cache under `key`
+    with these options, loaded as compile_graph would return it; None where the
+    entry is gone or does not load (AOTAutograd's cache holds such keys:
+    backends/aot_cache.py)."""
+    from coil import graph_cache
+    from coil.backends.runtime import load_module
+
+    module = graph_cache.load(key, options.cache_dir)
+    if module is None:
+        return None
+    compiled = load_module(module, options.cache_dir, _subgraph_compiler(options, None))
+    compiled.cache_key = key
+    return compiled
+
+
+def _subgraph_compiler(opts: Options, pipeline: Pipeline | None) -> Any:
+    """How a higher-order op's subgraph (cond's branches, a loop's body) compiles:
+    as its graph did, with what is that graph's own dropped: its donated inputs,
+    its free output strides, its CUDA graphs (the outer graph's recording holds the
+    subgraph's)."""
+    sub_opts = opts.replace(donated_inputs=(), free_output_strides=(), aligned_inputs=(), cuda_graphs=False)
+    return lambda sub: compile_graph(sub.gm, sub.inputs, sub_opts, pipeline, kind=f"subgraph-{sub.name}")
 
 
 # loaded on first use (coil.ir brings sympy, coil.properties hypothesis), so that

@@ -21,6 +21,7 @@ import os, sys, time, cProfile, pstats
 sys.path.insert(0, os.getcwd())
 import torch
 import torch._dynamo.output_graph as og
+from torch._dynamo.utils import counters
 from bench.hf_models import SIZES, CHECK_STEPS, make_case
 from bench.models import compile_model
 
@@ -87,7 +88,8 @@ parts = f"backend {spent['backend']:.2f} s"
 if variant == "coil":
     aot = spent["backend"] - spent["inside"]
     parts += (f" (AOTAutograd and the rest {aot:.2f}); every graph's compile_graph {spent['compile_graph']:.2f}, "
-              f"load_module {spent['load_module']:.2f} (the backward's at the first backward, outside the backend)")
+              f"load_module {spent['load_module']:.2f} (the backward's at the first backward, outside the backend); "
+              f"graphs loaded through AOTAutograd's cache: {counters['coil']['aot_cache_hits']}")
 print(f"{name:12s} {mode} {variant:8s} {label}: first call {total:.2f} s; {parts}; "
       f"outside the backend {total - spent['backend']:.2f} s", flush=True)
 if prof:

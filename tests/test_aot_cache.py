@@ -1,0 +1,225 @@
+"""AOTAutograd's cache for coil's training graphs (backends/aot_cache.py): a
+second compile of a training graph, in a fresh Dynamo, loads AOTAutograd's result
+and coil's compiled graphs instead of tracing; anything that would make the
+entry wrong is a miss; Inductor's entries and coil's never meet; torch's config
+is left as it was."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import coil  # noqa: F401 - registers the backend
+from coil.backends import aot_cache
+from coil.options import Options
+
+
+@pytest.fixture
+def caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Fresh Inductor and coil cache folders for this test (AOTAutograd's entries
+    live in Inductor's), a fresh Dynamo before and after."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path / "coil"))
+    torch._dynamo.reset()
+    counters.clear()
+    yield tmp_path
+    torch._dynamo.reset()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Linear(32, 4))
+
+
+def _step(model: torch.nn.Module, options: dict[str, Any] | None = None, backend: str = "coil"
+          ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One compiled training step from a fresh Dynamo: the loss and the gradients."""
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    f = torch.compile(model, backend=backend, options=options) if backend == "coil" else \
+        torch.compile(model, backend=backend)
+    loss = f(x).square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def _eager(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def _assert_as_eager(got: tuple[torch.Tensor, list[torch.Tensor]], want: tuple[torch.Tensor, list[torch.Tensor]]
+                     ) -> None:
+    torch.testing.assert_close(got[0], want[0])
+    for g, w in zip(got[1], want[1]):
+        torch.testing.assert_close(g, w)
+
+
+def _aot() -> dict[str, int]:
+    return dict(counters["aot_autograd"])
+
+
+def test_a_second_compile_of_a_training_graph_loads_aotautograds_result(caches: Path) -> None:
+    model = _model()
+    want = _eager(model)
+    _assert_as_eager(_step(model), want)
+    assert _aot().get("autograd_cache_saved") == 1 and not _aot().get("autograd_cache_hit")
+    assert counters["coil"]["compiled"] == 2 and not counters["coil"]["aot_cache_hits"]
+    counters.clear()
+    _assert_as_eager(_step(model), want)
+    # the forward and the backward came from the caches: AOTAutograd traced nothing, coil compiled nothing
+    assert _aot().get("autograd_cache_hit") == 1, _aot()
+    assert counters["coil"]["aot_cache_hits"] == 2 and counters["coil"]["compiled"] == 2
+    assert not _aot().get("autograd_cache_bypass"), _aot()
+
+
+def test_the_loaded_backward_runs_coils_compiled_graph(caches: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a hit the graphs are coil's compiled modules (no eager stand-in): the
+    loaded forward and backward carry their compiled graphs, from coil's cache."""
+    model = _model()
+    _step(model)
+    loaded: list[Any] = []
+    real = aot_cache.CoilOutputCode.post_compile
+
+    def post_compile(self: Any, *a: Any) -> None:
+        real(self, *a)
+        loaded.append(self)
+
+    monkeypatch.setattr(aot_cache.CoilOutputCode, "post_compile", post_compile)
+    _step(model)
+    assert sorted(c.kind for c in loaded) == ["backward", "forward"]
+    for c in loaded:
+        assert c.compiled is not None and c.compiled.cache_key == c.key
+        assert "def call" in c.compiled.source
+
+
+def test_a_graph_gone_from_coils_cache_is_a_miss_and_compiles_again(caches: Path) -> None:
+    model = _model()
+    want = _eager(model)
+    _step(model)
+    for f in (caches / "coil" / "graphs").glob("*.pkl"):
+        f.unlink()
+    counters.clear()
+    _assert_as_eager(_step(model), want)
+    assert _aot().get("autograd_cache_miss") == 1 and not _aot().get("autograd_cache_hit"), _aot()
+    assert counters["coil"]["compiled"] == 2 and not counters["coil"]["aot_cache_hits"]
+    counters.clear()
+    _step(model)  # stored again
+    assert counters["coil"]["aot_cache_hits"] == 2
+
+
+def test_other_options_or_another_cache_folder_miss(caches: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    want = _eager(model)
+    _step(model)
+    counters.clear()
+    _assert_as_eager(_step(model, {"fusion_rounds": 3}), want)
+    assert not counters["coil"]["aot_cache_hits"] and _aot().get("autograd_cache_miss") == 1
+    monkeypatch.setenv("COIL_CACHE_DIR", str(caches / "coil-other"))
+    counters.clear()
+    _assert_as_eager(_step(model), want)
+    assert not counters["coil"]["aot_cache_hits"] and _aot().get("autograd_cache_miss") == 1
+    assert aot_cache.key_tag(Options()) != aot_cache.key_tag(Options(fusion_rounds=3))
+
+
+def test_inductors_entries_and_coils_never_meet(caches: Path) -> None:
+    """The same graph compiled by Inductor first: coil's compile misses (its key
+    carries coil's tag) and does not load Inductor's entry; then each hits its own."""
+    model = _model()
+    want = _eager(model)
+    _step(model, backend="inductor")
+    assert _aot().get("autograd_cache_saved") == 1
+    counters.clear()
+    _assert_as_eager(_step(model), want)
+    assert _aot().get("autograd_cache_miss") == 1 and not _aot().get("autograd_cache_hit"), _aot()
+    assert counters["coil"]["compiled"] == 2
+    counters.clear()
+    _step(model, backend="inductor")
+    assert _aot().get("autograd_cache_hit") == 1 and not counters["coil"]["compiled"]
+
+
+def test_torch_config_is_left_as_it_was(caches: Path) -> None:
+    """coil turns bundled entries on for its own compile and backward only."""
+    model = _model()
+    tag = torch.compiler.config.cache_key_tag
+    assert not torch._functorch.config.bundled_autograd_cache
+    _step(model)
+    assert not torch._functorch.config.bundled_autograd_cache
+    assert torch.compiler.config.cache_key_tag == tag
+
+
+def test_off_with_torchs_switch_or_without_the_graph_cache(caches: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    _step(model, {"graph_cache": False})
+    assert not _aot().get("autograd_cache_saved")
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    _step(model)
+    assert not _aot().get("autograd_cache_saved")
+    counters.clear()
+    _step(model)
+    assert not counters["coil"]["aot_cache_hits"] and counters["coil"]["compiled"] == 2
+
+
+def test_inference_graphs_are_not_stored(caches: Path) -> None:
+    """torch's key costs a process about a second at its first use; inference
+    graphs, cheap to trace and mostly linked by the graph cache, do not pay it."""
+    model = _model()
+    with torch.no_grad():
+        torch.compile(model, backend="coil")(torch.randn(8, 16))
+    assert not _aot().get("autograd_cache_saved") and not _aot().get("autograd_cache_miss")
+
+
+@pytest.mark.parametrize("why", ["eager", "cuda_graphs", "no_key"])
+def test_a_graph_whose_call_needs_more_than_its_module_is_not_stored(why: str, caches: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """An eager stand-in, a CUDA-graph replay, a graph compiled without the graph
+    cache: prepare_for_serialization refuses them, and AOTAutograd then stores no
+    entry (a bypass, logged)."""
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+
+    def graph(a: torch.Tensor) -> torch.Tensor:
+        return a + 1
+
+    class Compiled:
+        cache_key = None if why == "no_key" else "k" * 32
+        assumed_ranges = ()
+
+    def run(args: list[Any]) -> Any:
+        return graph(*args)
+
+    if why != "eager":
+        run._boxed_call = True  # type: ignore[attr-defined]
+        run.compiled = Compiled()  # type: ignore[attr-defined]
+        run.options = Options(cuda_graphs=why == "cuda_graphs")  # type: ignore[attr-defined]
+    code = aot_cache.CoilOutputCode.made("forward", run if why != "eager" else graph)
+    torch.testing.assert_close(code([torch.ones(2)]), torch.full((2,), 2.0))
+    with pytest.raises(BypassAOTAutogradCache, match="not cached"):
+        code.prepare_for_serialization()
+
+
+def test_a_training_graph_run_eagerly_is_not_stored(caches: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A graph coil cannot compile runs eagerly (eager_fallback); its entry is not
+    written, so the next start tries to compile it again."""
+    from coil.errors import CoilError
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise CoilError("refused for the test")
+
+    monkeypatch.setattr(coil, "compile_graph", refuse)
+    model = _model()
+    want = _eager(model)
+    with caplog.at_level(logging.WARNING, logger="coil"):
+        _assert_as_eager(_step(model, {"eager_fallback": True}), want)
+    assert "running it eagerly" in caplog.text
+    assert not _aot().get("autograd_cache_saved") and _aot().get("autograd_cache_bypass")
