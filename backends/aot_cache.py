@@ -58,21 +58,25 @@ def key_tag(options: Options) -> str:
     from coil.backends.runtime import configured_dir
     from coil.graph_cache import coil_source_hash
 
-    parts = [coil_source_hash(), repr(options), os.path.realpath(configured_dir(options.cache_dir)),
+    parts = [coil_source_hash(), repr(options.replace(aot_cache_nodes=0)),
+             os.path.realpath(configured_dir(options.cache_dir)),
              f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"]
     return "coil-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def usable(options: Options, example_inputs: Sequence[Any]) -> bool:
-    """Whether this compile's graphs go into AOTAutograd's cache: a training graph
-    (an input needs grad, grad is on), coil's graph cache on (the entries point
-    into it), no debug output (a debug_dir's files come from compiling), torch's
-    autograd cache on.  Not an inference graph: torch's key costs each process
-    about a second the first time on a 2-core VM (it imports Inductor's codegen and hashes
-    torch's and Triton's sources), more than the inference trace it saves, and
-    the graph cache's links already skip AOTAutograd for most inference graphs."""
+def usable(options: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether this Dynamo graph's AOTAutograd result goes into AOTAutograd's cache:
+    a training graph (an input needs grad, grad is on) of at least
+    Options.aot_cache_nodes nodes, coil's graph cache on (the entries point into
+    it), no debug output (a debug_dir's files come from compiling), torch's
+    autograd cache on.  torch's key costs each process about a second at its first
+    use on a 2-core VM (it imports Inductor's codegen and hashes torch's and
+    Triton's sources): more than the trace of a small graph, or of an inference
+    graph, saves (and the graph cache's links already skip AOTAutograd for most
+    inference graphs)."""
     training = torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs)
-    return bool(training and options.graph_cache and not options.debug_dir and not options.trace
+    big = 0 <= options.aot_cache_nodes <= len(gm.graph.nodes)
+    return bool(training and big and options.graph_cache and not options.debug_dir and not options.trace
                 and torch._functorch.config.enable_autograd_cache)
 
 

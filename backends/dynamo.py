@@ -449,7 +449,7 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
     compilers["inference_compiler"] = _graph_compiler(opts, "inference", link, len(example_inputs) if skippable else None,
                                                       through, pools)
     scope: Any = contextlib.nullcontext()
-    if aot_cache.usable(opts, example_inputs):  # a warm start loads AOTAutograd's result instead of tracing again
+    if aot_cache.usable(opts, gm, example_inputs):  # a warm start loads AOTAutograd's result instead of tracing again
         compilers = {k: aot_cache.serializable(c, kinds[k]) for k, c in compilers.items()}
         scope = aot_cache.scope(opts)
     backend = aot_autograd(

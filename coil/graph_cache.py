@@ -67,7 +67,7 @@ from coil.passes.pipeline import Run, StageHook
 
 log = logging.getLogger("coil")
 
-_UNCACHED = ("debug_dir", "trace", "cache_dir", "graph_cache", "dump_sources", "cuda_graphs")
+_UNCACHED = ("debug_dir", "trace", "cache_dir", "graph_cache", "aot_cache_nodes", "dump_sources", "cuda_graphs")
 
 
 @functools.lru_cache(maxsize=1)

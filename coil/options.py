@@ -403,6 +403,12 @@ class Options:
     # load a graph compiled before (same graph, inputs, options, coil and torch) from
     # cache_dir instead of compiling it again (coil/graph_cache.py)
     graph_cache: bool = True
+    # torch.compile: a training graph of at least this many Dynamo nodes goes into
+    # torch's AOTAutogradCache (backends/aot_cache.py), so a warm start loads
+    # AOTAutograd's result instead of tracing again; 0: every training graph; -1: none.
+    # torch's key costs a process about 1 s at its first use on a 2-core VM, AOTAutograd's
+    # trace 6-11 ms a node there: smaller graphs would pay more than they save
+    aot_cache_nodes: int = attrs.field(default=300, validator=attrs.validators.ge(-1))
     num_threads: int = 0
     sanitize: bool = False
     # torch.compile: a graph coil cannot compile (CoilError) runs eagerly, with a

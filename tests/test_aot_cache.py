@@ -43,8 +43,9 @@ def _step(model: torch.nn.Module, options: dict[str, Any] | None = None, backend
     torch._dynamo.reset()
     model.zero_grad(set_to_none=True)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    f = torch.compile(model, backend=backend, options=options) if backend == "coil" else \
-        torch.compile(model, backend=backend)
+    # the test's graph is small: every training graph goes into the cache (Options.aot_cache_nodes)
+    f = torch.compile(model, backend=backend, options={"aot_cache_nodes": 0, **(options or {})}) \
+        if backend == "coil" else torch.compile(model, backend=backend)
     loss = f(x).square().mean()
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
@@ -168,6 +169,23 @@ def test_off_with_torchs_switch_or_without_the_graph_cache(caches: Path, monkeyp
     counters.clear()
     _step(model)
     assert not counters["coil"]["aot_cache_hits"] and counters["coil"]["compiled"] == 2
+
+
+def test_small_graphs_are_not_stored(caches: Path) -> None:
+    """By default a training graph under Options.aot_cache_nodes Dynamo nodes does
+    not pay torch's key; with the limit at the graph's size it does."""
+    model = _model()
+    _step(model, {"aot_cache_nodes": 300})
+    assert not _aot().get("autograd_cache_saved") and not _aot().get("autograd_cache_miss")
+    nodes = 12  # the Dynamo graph: 6 parameters and the input, 4 calls, the output
+    _step(model, {"aot_cache_nodes": nodes + 1})
+    assert not _aot().get("autograd_cache_saved")
+    _step(model, {"aot_cache_nodes": nodes})
+    assert _aot().get("autograd_cache_saved") == 1
+    counters.clear()
+    _step(model, {"aot_cache_nodes": -1})
+    assert not _aot().get("autograd_cache_saved") and not _aot().get("autograd_cache_miss")
+    assert Options().aot_cache_nodes == 300
 
 
 def test_inference_graphs_are_not_stored(caches: Path) -> None:

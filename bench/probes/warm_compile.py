@@ -9,8 +9,8 @@ compile_fx, coil_backend: AOTAutograd and the graphs' compiles inside), and
 within coil's, AOTAutograd's tracing against coil's compile_graph (graph-cache
 load or the passes) and load_module (the kernels' loading: Triton's JITFunction
 path for every kernel, through precompile).  With PROFILE=1 the warm process
-prints a cProfile of the first call by cumulative time.  Run from the
-repository root."""
+prints a cProfile of the first call by cumulative time.  VARIANTS=coil (or
+inductor) runs one compiler only.  Run from the repository root."""
 import os
 import subprocess
 import sys
@@ -102,7 +102,7 @@ def main() -> None:
     size = os.environ.get("SIZE", "small")
     mode = os.environ.get("MODE", "train")
     for name in names:
-        for variant in ("inductor", "coil"):
+        for variant in os.environ.get("VARIANTS", "inductor,coil").split(","):
             root = tempfile.mkdtemp(prefix="warm-compile-")
             env = dict(os.environ, **{n: os.path.join(root, n.lower()) for n in
                                       ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "COIL_CACHE_DIR")})
