@@ -241,3 +241,60 @@ def test_a_training_graph_run_eagerly_is_not_stored(caches: Path, monkeypatch: p
         _assert_as_eager(_step(model, {"eager_fallback": True}), want)
     assert "running it eagerly" in caplog.text
     assert not _aot().get("autograd_cache_saved") and _aot().get("autograd_cache_bypass")
+
+
+def test_a_symbolic_training_graph_loads_and_serves_every_size(caches: Path) -> None:
+    """dynamic=True: the entry holds AOTAutograd's guards on the symbols, and the
+    graph coil compiled for every size; a fresh Dynamo loads it and trains at
+    sizes other than the first compile's, as eager does."""
+    model = _model()
+
+    def step(n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(n))
+        loss = f(x).square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    def eager(n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(n))
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    f = torch.compile(model, backend="coil", dynamic=True, options={"aot_cache_nodes": 0})
+    _assert_as_eager(step(8), eager(8))
+    assert counters["coil"]["symbolic"] == 2 and _aot().get("autograd_cache_saved") == 1
+    torch._dynamo.reset()
+    counters.clear()
+    f = torch.compile(model, backend="coil", dynamic=True, options={"aot_cache_nodes": 0})
+    for n in (8, 5, 33):
+        _assert_as_eager(step(n), eager(n))
+    assert counters["coil"]["aot_cache_hits"] == 2 and counters["coil"]["symbolic"] == 2, dict(counters["coil"])
+    assert not counters["coil"]["eager"]
+
+
+def test_graph_breaks_each_graph_loads(caches: Path) -> None:
+    """A function Dynamo splits at a graph break: each Dynamo graph has its entry."""
+    model = _model()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = model[1](model[0](x))
+        torch._dynamo.graph_break()
+        return model[3](model[2](h))
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+        loss = torch.compile(fn, backend="coil", options={"aot_cache_nodes": 0})(x).square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    want = _eager(model)
+    _assert_as_eager(run(), want)
+    assert _aot().get("autograd_cache_saved") == 2
+    torch._dynamo.reset()
+    counters.clear()
+    _assert_as_eager(run(), want)
+    assert _aot().get("autograd_cache_hit") == 2 and counters["coil"]["aot_cache_hits"] == 4
