@@ -93,14 +93,19 @@ def scope(options: Options) -> Iterator[None]:
 def _bundled_until_first_call(code: "CoilOutputCode") -> None:
     """Bundled entries on from a backward's compile to its first call: AOTAutograd
     writes the training graph's entry in between (runtime_wrappers: the lazy
-    backward's compile, then try_save_cache_entry, then the call)."""
+    backward's compile, then try_save_cache_entry, then the call).  The entry's
+    writing (prepare_for_serialization) puts it back too, in case the call never
+    comes (a check between them failing); only once."""
     cfg = torch._functorch.config
     if cfg.bundled_autograd_cache:
         return
     cfg.bundled_autograd_cache = True
+    pending = [True]
 
     def restore() -> None:
-        cfg.bundled_autograd_cache = False
+        if pending:
+            pending.clear()
+            cfg.bundled_autograd_cache = False
 
     code.on_first_call = restore
 
@@ -188,7 +193,9 @@ class CoilOutputCode(OutputCode):  # type: ignore[misc]
         return self.call(inputs)
 
     def prepare_for_serialization(self) -> None:
-        # on AOTAutograd's shallow copy of the live object
+        # on AOTAutograd's shallow copy of the live object, after the entry was made
+        if self.on_first_call is not None:
+            self.on_first_call()
         if self.refused is not None:
             raise BypassAOTAutogradCache(f"coil: the {self.kind} graph is not cached: {self.refused}")
         self.call = None

@@ -298,3 +298,28 @@ def test_graph_breaks_each_graph_loads(caches: Path) -> None:
     counters.clear()
     _assert_as_eager(run(), want)
     assert _aot().get("autograd_cache_hit") == 2 and counters["coil"]["aot_cache_hits"] == 4
+
+
+def test_the_bundled_flag_goes_back_once_at_the_entrys_writing_or_the_first_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backward's compile turns bundled entries on; the entry's writing (on
+    AOTAutograd's copy) turns them off, so a check failing before the first call
+    cannot leave them on; the first call then changes nothing (a user's own
+    setting in between stays)."""
+    import copy
+
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+
+    monkeypatch.setattr(torch._functorch.config, "bundled_autograd_cache", False)
+
+    def graph(a: torch.Tensor) -> torch.Tensor:
+        return a * 2
+
+    code = aot_cache.serializable(lambda gm, ex: graph, "backward").compiler_fn(None, [])
+    assert torch._functorch.config.bundled_autograd_cache
+    with pytest.raises(BypassAOTAutogradCache):  # an eager graph: refused, and the flag back all the same
+        copy.copy(code).prepare_for_serialization()
+    assert not torch._functorch.config.bundled_autograd_cache
+    torch._functorch.config.bundled_autograd_cache = True  # the user's, now
+    torch.testing.assert_close(code([torch.ones(2)]), torch.full((2,), 2.0))
+    assert torch._functorch.config.bundled_autograd_cache
