@@ -87,8 +87,9 @@ def main() -> None:
         for mode in CHECK_STEPS:
             verdicts, counts = sweep(name, mode, target, backend)
             eager = [m[:140] for m in counts.eager_fallbacks]
-            print(f"{name:16s} {mode}: {verdicts} compiled={counts.compiled} cached={counts.cached} eager={eager}",
-                  flush=True)
+            aot = f" (through AOTAutograd's cache: {counts.aot_cached})" if counts.aot_cached else ""
+            print(f"{name:16s} {mode}: {verdicts} compiled={counts.compiled}{aot} cached={counts.cached} "
+                  f"eager={eager}", flush=True)
 
 
 if __name__ == "__main__":
