@@ -26,7 +26,11 @@ shapes (a BatchNorm's running mean, RMSE against float64 0.0016 where eager's is
 session 39's run: the reference was a fresh model at each shape, the compiled copy
 one stepped through the shapes before.  The reference is stepped too now: both
 pass at all three shapes, and ModernBERT's inference too (the state it keeps from
-earlier calls is the reference's as well).  Run from the repository root:
+earlier calls is the reference's as well).  AOTAutograd's cache (backends/aot_cache.py)
+under dynamic=True: the 17 run twice in two processes with the same cache folders
+and COIL_AOT_CACHE_NODES=0 gave the same verdicts, the second loading its symbolic
+training graphs through the cache (Llama 2 of 2, T5 4, ResNet 4, Wav2Vec2 12 of 13
+and one through the graph cache's link).  Run from the repository root:
 `python3 bench/probes/dynamic_models.py llama t5`."""
 from __future__ import annotations
 
