@@ -23,15 +23,18 @@ What keeps a coil entry from serving another compile:
 - a graph whose call needs more than its compiled module is never stored
   (prepare_for_serialization refuses it): one run eagerly, one with CUDA graphs
   (their recording needs the graph), one whose SymInt ranges coil assumed (its
-  eager fallback needs the graph), one compiled without the graph cache.
+  eager fallback needs the graph), one with opaque inputs, one compiled without
+  the graph cache.
 
-torch stores a backend's OutputCode only with `functorch.config.
-bundled_autograd_cache` on.  `scope` turns it on for the backend call (the
-key, an inference graph's entry); a training graph's entry is written after its
-backward compiles, at the first backward, outside that call, so the backward's
-compiler turns it on then and the backward's first call puts it back
-(`_bundled_until_first_call`).  `torch._functorch.config.enable_autograd_cache =
-False` turns all of this off, as it does for Inductor."""
+Only training graphs of Options.aot_cache_nodes Dynamo nodes and up go in
+(`usable`: torch's key has a cost of its own).  torch stores a backend's
+OutputCode only with `functorch.config.bundled_autograd_cache` on.  `scope` turns
+it on for the backend call (the key, an inference graph's entry); a training
+graph's entry is written after its backward compiles, at the first backward,
+outside that call, so the backward's compiler turns it on then, and the entry's
+writing or the backward's first call puts it back (`_bundled_until_first_call`).
+`torch._functorch.config.enable_autograd_cache = False` turns all of this off, as
+it does for Inductor."""
 
 from __future__ import annotations
 

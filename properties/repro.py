@@ -29,10 +29,10 @@ def tensor_literal(t: torch.Tensor) -> str:
 def _options_literal(options: Options) -> str:
     """`coil.Options(...)` with the fields that differ from the defaults; the local
     folders (cache, debug and replay dumps) stay out: they mean nothing on another machine; so
-    does eager_fallback, which only torch.compile reads."""
+    do eager_fallback and aot_cache_nodes, which only torch.compile reads."""
     changed = [f"{f.name}={getattr(options, f.name)!r}" for f in attrs.fields(Options)
                if getattr(options, f.name) != f.default
-               and f.name not in ("cache_dir", "debug_dir", "dump_sources", "eager_fallback")]
+               and f.name not in ("cache_dir", "debug_dir", "dump_sources", "eager_fallback", "aot_cache_nodes")]
     return f"coil.Options({', '.join(changed)})"
 
 
