@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch._dynamo.utils import counters
 from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, FXGraphCacheMiss
 from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 from torch._inductor.output_code import OutputCode
@@ -118,8 +119,6 @@ def serializable(compile_one: Callable[[torch.fx.GraphModule, Sequence[Any]], An
     AOTAutograd may cache: each result wrapped in a CoilOutputCode."""
 
     def compile_cached(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> CoilOutputCode:
-        from torch._dynamo.utils import counters
-
         start, before = time.time_ns(), dict(counters["coil"])
         code = CoilOutputCode.made(kind, compile_one(gm, example_inputs))
         code._time_taken_ns = time.time_ns() - start  # the cache's "time saved" on a hit
@@ -165,14 +164,17 @@ class CoilOutputCode(OutputCode):  # type: ignore[misc]
             def call(args: list[Any]) -> Any:
                 return run(*args)
 
+        refused: str | None = None
         if compiled is None:
-            refused: str | None = "it runs eagerly"
+            refused = "it runs eagerly"
         elif options is None:
             refused = "it passes opaque inputs through"
-        else:
-            refused = (None if compiled.cache_key else "compiled without the graph cache") or \
-                ("its SymInt ranges are assumed" if getattr(compiled, "assumed_ranges", ()) else None) or \
-                ("it replays CUDA graphs" if options.cuda_graphs else None)
+        elif not compiled.cache_key:
+            refused = "compiled without the graph cache"
+        elif getattr(compiled, "assumed_ranges", ()):
+            refused = "its SymInt ranges are assumed"
+        elif options.cuda_graphs:
+            refused = "it replays CUDA graphs"
         return cls(kind, getattr(compiled, "cache_key", None), options, call, compiled, refused)
 
     # AOTAutograd writes an Inductor entry (a FxGraphCache key) for a callable with
@@ -209,16 +211,15 @@ class CoilOutputCode(OutputCode):  # type: ignore[misc]
         if self.call is not None:
             return
         from coil import load_compiled
+        from coil.backends.dynamo import graph_call
 
         assert self.key is not None and self.options is not None
         compiled = load_compiled(self.key, self.options)
         if compiled is None:
             raise FXGraphCacheMiss(f"coil: graph {self.key} is not in the graph cache")
         self.compiled = compiled
-        self.call = compiled.call_guarded if self.kind != "backward" else compiled.call_boxed
+        self.call = graph_call(compiled, self.kind)
         log.debug("coil: loaded %s graph through AOTAutograd's cache", self.kind)
-        from torch._dynamo.utils import counters
-
         for name, n in self.counted:
             counters["coil"][name] += n
         counters["coil"]["aot_cache_hits"] += 1

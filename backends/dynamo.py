@@ -147,10 +147,7 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         _count("compiled")
         if kind == "forward":
             _report_output_strides(compiled)
-        # a forward or inference graph takes the Dynamo graph's inputs, which Dynamo's
-        # guards have just checked (CompiledFn.call_guarded); a backward graph's are checked
-        call = compiled.call_guarded if kind != "backward" else compiled.call_boxed
-        call = _eager_outside_assumed(compiled, call, gm, kind)
+        call = _eager_outside_assumed(compiled, graph_call(compiled, kind), gm, kind)
         if options.cuda_graphs:
             from coil.backends import cudagraphs
 
@@ -165,6 +162,13 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         return run
 
     return compile_one
+
+
+def graph_call(compiled: Any, kind: str) -> Callable[[list[Any]], Any]:
+    """The boxed call of a compiled graph of this kind: a forward or inference graph
+    takes the Dynamo graph's inputs, which Dynamo's guards have just checked
+    (CompiledFn.call_guarded); a backward graph's are checked."""
+    return compiled.call_guarded if kind != "backward" else compiled.call_boxed
 
 
 def _is_opaque(x: Any) -> bool:
@@ -444,16 +448,18 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
         from coil.backends.cudagraphs import PoolSet
 
         pools = PoolSet()
-    kinds = {"fw_compiler": "forward", "bw_compiler": "backward", "inference_compiler": "inference"}
-    compilers = {k: _graph_compiler(opts, kind, pools=pools) for k, kind in kinds.items() if kind != "inference"}
-    compilers["inference_compiler"] = _graph_compiler(opts, "inference", link, len(example_inputs) if skippable else None,
-                                                      through, pools)
+    compilers = {"forward": _graph_compiler(opts, "forward", pools=pools),
+                 "backward": _graph_compiler(opts, "backward", pools=pools),
+                 "inference": _graph_compiler(opts, "inference", link, len(example_inputs) if skippable else None,
+                                              through, pools)}
     scope: Any = contextlib.nullcontext()
     if aot_cache.usable(opts, gm, example_inputs):  # a warm start loads AOTAutograd's result instead of tracing again
-        compilers = {k: aot_cache.serializable(c, kinds[k]) for k, c in compilers.items()}
+        compilers = {kind: aot_cache.serializable(c, kind) for kind, c in compilers.items()}
         scope = aot_cache.scope(opts)
     backend = aot_autograd(
-        **compilers,
+        fw_compiler=compilers["forward"],
+        bw_compiler=compilers["backward"],
+        inference_compiler=compilers["inference"],
         decompositions=aot_decompositions(),
         partition_fn=_partition_fn(),
         # writes into the graph's inputs (BatchNorm's buffers) stay in the graph, as Inductor asks:

@@ -36,7 +36,6 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
     `compiled.source` (the whole output_code.py).  `kind` names the graph's
     debug_dir folder (`<n>_<kind>`: forward, backward, inference...)."""
     from coil import graph_cache
-    from coil.backends.runtime import load_module
 
     opts = options or Options.from_env()
     key = (graph_cache.graph_key(gm, example_inputs, opts, subgraph=kind.startswith("subgraph"))
@@ -46,9 +45,7 @@ def compile_graph(gm: Any, example_inputs: Sequence[Any], options: Options | Non
         module = (pipeline or default_pipeline()).run(gm, example_inputs, options=opts, kind=kind)
         if key:
             graph_cache.store(key, module, opts.cache_dir)
-    compiled = load_module(module, opts.cache_dir, _subgraph_compiler(opts, pipeline))
-    compiled.cache_key = key
-    return compiled
+    return _loaded(module, key, opts, pipeline)
 
 
 def load_compiled(key: str, options: Options) -> Any | None:
@@ -57,23 +54,23 @@ def load_compiled(key: str, options: Options) -> Any | None:
     entry is gone or does not load (AOTAutograd's cache holds such keys:
     backends/aot_cache.py)."""
     from coil import graph_cache
-    from coil.backends.runtime import load_module
 
     module = graph_cache.load(key, options.cache_dir)
-    if module is None:
-        return None
-    compiled = load_module(module, options.cache_dir, _subgraph_compiler(options, None))
+    return None if module is None else _loaded(module, key, options, None)
+
+
+def _loaded(module: Any, key: str | None, opts: Options, pipeline: Pipeline | None) -> Any:
+    """A compiled module loaded and its `call` wrapped (load_module).  A higher-order
+    op's subgraph (cond's branches, a loop's body) compiles as its graph did, with
+    what is that graph's own dropped: its donated inputs, its free output strides,
+    its CUDA graphs (the outer graph's recording holds the subgraph's)."""
+    from coil.backends.runtime import load_module
+
+    sub_opts = opts.replace(donated_inputs=(), free_output_strides=(), aligned_inputs=(), cuda_graphs=False)
+    compiled = load_module(module, opts.cache_dir,
+                           lambda sub: compile_graph(sub.gm, sub.inputs, sub_opts, pipeline, kind=f"subgraph-{sub.name}"))
     compiled.cache_key = key
     return compiled
-
-
-def _subgraph_compiler(opts: Options, pipeline: Pipeline | None) -> Any:
-    """How a higher-order op's subgraph (cond's branches, a loop's body) compiles:
-    as its graph did, with what is that graph's own dropped: its donated inputs,
-    its free output strides, its CUDA graphs (the outer graph's recording holds the
-    subgraph's)."""
-    sub_opts = opts.replace(donated_inputs=(), free_output_strides=(), aligned_inputs=(), cuda_graphs=False)
-    return lambda sub: compile_graph(sub.gm, sub.inputs, sub_opts, pipeline, kind=f"subgraph-{sub.name}")
 
 
 # loaded on first use (coil.ir brings sympy, coil.properties hypothesis), so that

@@ -37,26 +37,28 @@ def _model() -> torch.nn.Module:
                                torch.nn.Linear(32, 4))
 
 
+def _train(call: Any, model: torch.nn.Module, n: int = 8) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One training step of `model` through `call` (the model, or a compiled
+    function of it) on n rows: the loss and the gradients."""
+    model.zero_grad(set_to_none=True)
+    x = torch.randn(n, 16, generator=torch.Generator().manual_seed(n))
+    loss = call(x).square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
 def _step(model: torch.nn.Module, options: dict[str, Any] | None = None, backend: str = "coil"
           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One compiled training step from a fresh Dynamo: the loss and the gradients."""
+    """One compiled training step from a fresh Dynamo."""
     torch._dynamo.reset()
-    model.zero_grad(set_to_none=True)
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     # the test's graph is small: every training graph goes into the cache (Options.aot_cache_nodes)
     f = torch.compile(model, backend=backend, options={"aot_cache_nodes": 0, **(options or {})}) \
         if backend == "coil" else torch.compile(model, backend=backend)
-    loss = f(x).square().mean()
-    loss.backward()
-    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+    return _train(f, model)
 
 
 def _eager(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    loss = model(x).square().mean()
-    loss.backward()
-    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+    return _train(model, model)
 
 
 def _assert_as_eager(got: tuple[torch.Tensor, list[torch.Tensor]], want: tuple[torch.Tensor, list[torch.Tensor]]
@@ -248,29 +250,14 @@ def test_a_symbolic_training_graph_loads_and_serves_every_size(caches: Path) -> 
     graph coil compiled for every size; a fresh Dynamo loads it and trains at
     sizes other than the first compile's, as eager does."""
     model = _model()
-
-    def step(n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(n))
-        loss = f(x).square().mean()
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-    def eager(n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(n))
-        loss = model(x).square().mean()
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
     f = torch.compile(model, backend="coil", dynamic=True, options={"aot_cache_nodes": 0})
-    _assert_as_eager(step(8), eager(8))
+    _assert_as_eager(_train(f, model, 8), _train(model, model, 8))
     assert counters["coil"]["symbolic"] == 2 and _aot().get("autograd_cache_saved") == 1
     torch._dynamo.reset()
     counters.clear()
     f = torch.compile(model, backend="coil", dynamic=True, options={"aot_cache_nodes": 0})
     for n in (8, 5, 33):
-        _assert_as_eager(step(n), eager(n))
+        _assert_as_eager(_train(f, model, n), _train(model, model, n))
     assert counters["coil"]["aot_cache_hits"] == 2 and counters["coil"]["symbolic"] == 2, dict(counters["coil"])
     assert not counters["coil"]["eager"]
 
@@ -285,11 +272,7 @@ def test_graph_breaks_each_graph_loads(caches: Path) -> None:
         return model[3](model[2](h))
 
     def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
-        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-        loss = torch.compile(fn, backend="coil", options={"aot_cache_nodes": 0})(x).square().mean()
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+        return _train(torch.compile(fn, backend="coil", options={"aot_cache_nodes": 0}), model)
 
     want = _eager(model)
     _assert_as_eager(run(), want)
