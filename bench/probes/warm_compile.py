@@ -9,7 +9,8 @@ compile_fx, coil_backend: AOTAutograd and the graphs' compiles inside), and
 within coil's, AOTAutograd's tracing against coil's compile_graph (graph-cache
 load or the passes) and load_module (the kernels' loading: Triton's JITFunction
 path for every kernel, through precompile).  With PROFILE=1 the warm process
-prints a cProfile of the first call by cumulative time.  VARIANTS=coil (or
+prints a cProfile of the first call by cumulative time; with PROFILE_OUT=DIR too it
+writes the whole profile to DIR/{model}-{mode}-{variant}.prof instead.  VARIANTS=coil (or
 inductor) runs one compiler only.  Run from the repository root."""
 import os
 import subprocess
@@ -92,7 +93,9 @@ if variant == "coil":
               f"graphs loaded through AOTAutograd's cache: {counters['coil']['aot_cache_hits']}")
 print(f"{name:12s} {mode} {variant:8s} {label}: first call {total:.2f} s; {parts}; "
       f"outside the backend {total - spent['backend']:.2f} s", flush=True)
-if prof:
+if prof and os.environ.get("PROFILE_OUT"):  # the whole profile, for pstats elsewhere
+    prof.dump_stats(os.path.join(os.environ["PROFILE_OUT"], f"{name}-{mode}-{variant}.prof"))
+elif prof:
     pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
 '''
 
