@@ -73,10 +73,10 @@ def usable(options: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[
     a training graph (an input needs grad, grad is on) of at least
     Options.aot_cache_nodes nodes, coil's graph cache on (the entries point into
     it), no debug output (a debug_dir's files come from compiling), torch's
-    autograd cache on.  torch's key costs each process about a second at its first
-    use on a 2-core VM (it imports Inductor's codegen and hashes torch's and
-    Triton's sources): more than the trace of a small graph, or of an inference
-    graph, saves (and the graph cache's links already skip AOTAutograd for most
+    autograd cache on.  torch's key costs each process about half a second at its
+    first use on a 2-core VM (it hashes torch's and Triton's sources; Inductor's
+    codegen it would import too is skipped, `key_without_inductor_codegen`): more
+    than the trace of a small graph, or of an inference graph, saves (and the graph cache's links already skip AOTAutograd for most
     inference graphs)."""
     training = torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs)
     big = 0 <= options.aot_cache_nodes <= len(gm.graph.nodes)
@@ -86,12 +86,44 @@ def usable(options: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[
 
 @contextlib.contextmanager
 def scope(options: Options) -> Iterator[None]:
-    """The backend call's settings: coil's key tag after the user's own, and bundled
-    entries (see the module's docstring)."""
+    """The backend call's settings: coil's key tag after the user's own, bundled
+    entries (see the module's docstring), and torch's key without Inductor's codegen
+    (`key_without_inductor_codegen`)."""
     tag = torch.compiler.config.cache_key_tag
     with torch.compiler.config.patch(cache_key_tag=f"{tag}{key_tag(options)}"), \
-            torch._functorch.config.patch(bundled_autograd_cache=True):
+            torch._functorch.config.patch(bundled_autograd_cache=True), key_without_inductor_codegen():
         yield
+
+
+@contextlib.contextmanager
+def key_without_inductor_codegen() -> Iterator[None]:
+    """torch's key (codecache.FxGraphHashDetails) first registers Inductor's codegen
+    for every device, importing all of it, so as to hash the graph passes a device
+    backend registered with it: 0.7 s of coil's 1.7 s warm backend call for Llama
+    training on a 2-core VM, for code coil never runs.  Within this scope the key
+    skips that registration and reads the passes registered so far, without the
+    devices that registered none: the same key whether or not Inductor ran in
+    this process before, and a device backend's own pass still in it.  A torch
+    without these two names is left as it is."""
+    from torch._inductor import codecache
+
+    names = ("init_backend_registration", "custom_backend_passes")
+    saved = {n: getattr(codecache, n, None) for n in names}
+    if not callable(saved["init_backend_registration"]) or not isinstance(saved["custom_backend_passes"], dict):
+        yield
+        return
+    codecache.init_backend_registration = _registered_elsewhere
+    codecache.custom_backend_passes = {d: p for d, p in saved["custom_backend_passes"].items() if p is not None}
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(codecache, n, v)
+
+
+def _registered_elsewhere() -> None:
+    """Inductor's codegen registration, skipped for coil's key: Inductor registers
+    it itself where it compiles (its other callers import the real one)."""
 
 
 def _bundled_until_first_call(code: "CoilOutputCode") -> None:

@@ -306,3 +306,61 @@ def test_the_bundled_flag_goes_back_once_at_the_entrys_writing_or_the_first_call
     torch._functorch.config.bundled_autograd_cache = True  # the user's, now
     torch.testing.assert_close(code([torch.ones(2)]), torch.full((2,), 2.0))
     assert torch._functorch.config.bundled_autograd_cache
+
+
+def test_the_key_skips_inductors_codegen_registration_and_puts_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within the backend call torch's key neither registers Inductor's codegen nor
+    counts the devices that registered no pass; a device backend's own pass stays
+    in it; both names come back after."""
+    from torch._inductor import codecache
+    from torch._inductor.codegen import common
+
+    def device_pass(gm: torch.fx.Graph) -> None:
+        pass
+
+    monkeypatch.setitem(common.custom_backend_passes, "coil_test_none", None)
+    monkeypatch.setitem(common.custom_backend_passes, "coil_test_pass", device_pass)
+    real = codecache.init_backend_registration
+    with aot_cache.key_without_inductor_codegen():
+        assert codecache.init_backend_registration is not real
+        assert codecache.init_backend_registration() is None
+        assert "coil_test_none" not in codecache.custom_backend_passes
+        assert codecache.custom_backend_passes["coil_test_pass"] is device_pass
+    assert codecache.init_backend_registration is real
+    assert codecache.custom_backend_passes is common.custom_backend_passes
+
+
+def test_a_fresh_process_never_imports_inductors_codegen_and_its_key_holds_after_inductor_registers(
+        tmp_path: Path) -> None:
+    """In a fresh process a training step stores its entry without Inductor's
+    codegen registered (0.7 s of imports on a 2-core VM); after Inductor registers
+    it (as a compile with Inductor would), the same step still hits that entry."""
+    import os
+    import subprocess
+    import sys
+
+    script = r'''
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.codegen import common
+import coil
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+def step():
+    torch._dynamo.reset()
+    f = torch.compile(model, backend="coil", options={"aot_cache_nodes": 0})
+    f(torch.randn(8, 16)).square().mean().backward()
+step()
+print("saved", counters["aot_autograd"]["autograd_cache_saved"], "registered", common.init_backend_registration.cache_info().currsize)
+common.init_backend_registration()
+counters.clear()
+step()
+print("hit", counters["aot_autograd"]["autograd_cache_hit"], "loaded", counters["coil"]["aot_cache_hits"])
+'''
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), COIL_CACHE_DIR=str(tmp_path / "coil"),
+               COIL_AOT_CACHE_NODES="0")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert "saved 1 registered 0" in lines, run.stdout
+    assert "hit 1 loaded 2" in lines, run.stdout
