@@ -20,6 +20,7 @@ import functools
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
+import attrs
 import torch
 
 from coil.errors import CoilError
@@ -428,6 +429,56 @@ def options_for_mode(mode: str | None, opts: Options) -> Options:
     raise CoilError(f"unknown torch.compile mode {mode!r} for backend 'coil'; known modes: {', '.join(MODES)}")
 
 
+# Inductor's names (torch.compile's `options=`) for options coil has under its own name: a script
+# written for Inductor means the same under coil.  Inductor's names that are coil's too
+# (inplace_buffers, max_fusion_size, reorder_for_peak_memory, the realize_* thresholds,
+# emulate_precision_casts) need no entry.
+INDUCTOR_NAMES = {
+    "triton.cudagraphs": "cuda_graphs",
+    "max_autotune": "autotune",
+    "max_autotune_pointwise": "autotune",
+    "combo_kernels": "combo_launches",
+    "cpp.threads": "num_threads",
+}
+
+
+def coil_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """torch.compile's `options=` as coil's Options by name: coil's names as they
+    are; Inductor's name for an option coil has under another (INDUCTOR_NAMES)
+    translated, with a log line; Inductor's options that coil has nothing like
+    (they tune Inductor's own codegen: epilogue_fusion, shape_padding, ...) left
+    out, with a warning naming them; any other name left for Options.from_mapping,
+    which refuses it.  An option given under both names with two values is an
+    error."""
+    if not options:
+        return None
+    coil_names = {f.name for f in attrs.fields(Options)}
+    out: dict[str, Any] = {k: v for k, v in options.items() if k in coil_names or k not in INDUCTOR_NAMES}
+    for name, value in options.items():
+        if name not in INDUCTOR_NAMES or name in coil_names:
+            continue
+        ours = INDUCTOR_NAMES[name]
+        if name == "cpp.threads":
+            value = max(int(value), 0)  # Inductor's -1: as many as the machine has, coil's 0
+        if ours in out and out[ours] != value:
+            raise CoilError(f"options: {name}={value!r} (Inductor's name for coil's {ours}) and {ours}={out[ours]!r}")
+        log.info("coil: Inductor's option %s=%r taken as coil's %s", name, value, ours)
+        out[ours] = value
+    unknown = [k for k in out if k not in coil_names]
+    if unknown:
+        import torch._inductor.config as inductor_config
+
+        inductors = set(inductor_config.get_config_copy())
+        ignored = sorted(k for k in unknown if k in inductors)
+        if ignored:
+            import warnings
+
+            warnings.warn(f"coil ignores Inductor's options {ignored}: they tune Inductor's own code generation, "
+                          "which coil has nothing like", UserWarning, stacklevel=2)
+            out = {k: v for k, v in out.items() if k not in ignored}
+    return out
+
+
 def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None,
                  mode: str | None = None, **_: Any) -> Callable[..., Any]:
     """The Dynamo backend (entry point `coil`); `options` are coil's Options by name,
@@ -437,7 +488,7 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
     from coil import graph_cache
     from coil.backends import aot_cache
 
-    opts = options_for_mode(mode, Options.from_mapping(options))
+    opts = options_for_mode(mode, Options.from_mapping(coil_options(options)))
     skippable = graph_cache.may_skip_aot(gm, example_inputs)
     link = graph_cache.dynamo_key(gm, example_inputs, opts, skippable)
     if link is not None and (hit := _linked(link, opts, gm, example_inputs)) is not None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import coil
+from coil.errors import CoilError
 from conftest import seed_fn
 from tests_helpers import target_available
 
@@ -88,6 +89,27 @@ def test_unknown_option_is_a_clear_error():
     f = torch.compile(seed_fn, backend="coil", options={"no_such_option": 1})
     with pytest.raises(Exception, match="unknown coil options"):
         f(*[torch.randn(4, 4) for _ in range(3)])
+
+
+def test_inductors_names_for_coils_options_are_taken():
+    from coil.backends.dynamo import coil_options
+
+    assert coil_options({"triton.cudagraphs": True, "max_autotune": True, "combo_kernels": False,
+                         "cpp.threads": -1, "target": "cpp"}) == {
+        "cuda_graphs": True, "autotune": True, "combo_launches": False, "num_threads": 0, "target": "cpp"}
+    assert coil_options({"cpp.threads": 3, "num_threads": 3}) == {"num_threads": 3}
+    with pytest.raises(CoilError, match="triton.cudagraphs=True .* cuda_graphs=False"):
+        coil_options({"triton.cudagraphs": True, "cuda_graphs": False})
+
+
+def test_inductors_own_options_are_left_out_with_a_warning():
+    torch._dynamo.reset()
+    args = [torch.randn(4, 4) for _ in range(3)]
+    f = torch.compile(seed_fn, backend="coil", options={"epilogue_fusion": False, "shape_padding": True,
+                                                         "target": "cpp"})
+    with pytest.warns(UserWarning, match=r"coil ignores Inductor's options \['epilogue_fusion', 'shape_padding'\]"):
+        got = f(*args)
+    torch.testing.assert_close(got, seed_fn(*args))
 
 
 def test_backend_is_importable_as_coil_backend():
