@@ -232,10 +232,14 @@ class SymbolFacts:
     # True: `lower` is coil's, not the ShapeEnv's (a SymInt input it may pass negative):
     # compiled for lower..upper, a call outside runs the graph eagerly (GraphSizes.assumed_inputs)
     assumed: bool = False
+    # True: a data-dependent size the graph gets as an input's size (the gradient of
+    # `x[mask]` in a backward), read from that input on entry (GraphSizes.entry_symbols)
+    entry: bool = False
 
     def show(self) -> str:
         hi = "oo" if self.upper is None else str(self.upper)
-        kind = ("" if self.backed else " unbacked") + (" assumed" if self.assumed else "")
+        kind = ("" if self.backed else " unbacked") + (" assumed" if self.assumed else "") + (
+            " from an input" if self.entry else "")
         return f"{self.symbol} in [{self.lower}, {hi}] hint {self.hint}{kind}"
 
 
@@ -797,11 +801,12 @@ class GraphSizes:
 
     def entry_symbols(self) -> tuple[sympy.Symbol, ...]:
         """The symbols `call` knows on entry, in the order of their facts: every
-        backed symbol, and each data-dependent one that a SymInt input is (a scalar
-        Dynamo may pass as 0 or 1: a cache's length).  The others are bound after
-        the Extern whose result they size."""
+        backed symbol, each data-dependent one that a SymInt input is (a scalar
+        Dynamo may pass as 0 or 1: a cache's length), and each that an input's size
+        is (SymbolFacts.entry).  The others are bound after the Extern whose result
+        they size."""
         given = {v for _, v in self.inputs if isinstance(v, sympy.Symbol)}
-        return tuple(f.symbol for f in self.shapes.facts if f.backed or f.symbol in given)
+        return tuple(f.symbol for f in self.shapes.facts if f.backed or f.entry or f.symbol in given)
 
     def assumed_inputs(self) -> tuple[tuple[str, int, int | None], ...]:
         """The SymInt inputs whose range coil assumed (SymbolFacts.assumed, and

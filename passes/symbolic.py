@@ -173,8 +173,16 @@ class SizeMap:
                         continue
                     hint = _hint_of(env, s)
                     if hint is None:
-                        raise CoilError(f"input size {expr} depends on data (unbacked symbol {s}): not supported yet",
-                                        stage="lower")
+                        # a size that depends on data, given by an input (a backward's gradient of
+                        # `x[mask]`): a `u` symbol read from that input on entry (wrap.binds; an
+                        # input whose sizes only contain it, `2*u0`, gives wrap nothing to read, and
+                        # the graph is refused there), with the fallback hint as admit_unbacked's
+                        lo, hi = _range_of(env, s)
+                        coil = unbacked_symbol(sum(1 for f in facts if not f.backed))
+                        names[s] = coil
+                        hint = min(max(UNBACKED_HINT, lo), hi) if hi is not None else max(UNBACKED_HINT, lo)
+                        facts.append(SymbolFacts(coil, hint, lo, hi, backed=False, entry=True))
+                        continue
                     lo, hi = _range_of(env, s, sizes=False)
                     if s in solved:
                         lo = hi = int(solved[s])

@@ -220,3 +220,67 @@ def test_an_item_used_as_a_size_is_bound_from_its_extern(target: str) -> None:
         x, n = torch.randn(6, 4), torch.tensor(k)
         torch.testing.assert_close(fn(x, n), _item_head(x, n))
     assert counters["coil"]["compiled"] >= 1 and not counters["coil"]["eager"], dict(counters["coil"])
+
+
+def _trained(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A training step through data-dependent sizes: the backward's inputs (the
+    gradient of `x[x > 0]`, the saved indices of nonzero) are sized by u0."""
+    sel = x[x > 0]
+    picked = w[torch.nonzero(x.sum(1) > 0)[:, 0]]
+    return (sel.exp() * w.sum()).sum() + torch.masked_select(x.sin(), x < 0).square().sum() + picked.tanh().sum()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_training_through_data_dependent_sizes_compiles_the_backward(target: str) -> None:
+    """The backward of a graph with data-dependent sizes takes u0 as an input's
+    size (before: `input size u0 depends on data`, and it ran eagerly): `call`
+    reads it from that input on entry.  One forward and one backward compiled, for
+    every count of selected elements, none included."""
+    f = _compiled(_trained, target)
+    for k in (0, 1, -1, 12):
+        x, w = _selecting(k), torch.randn(4, 5)
+        x1, w1 = x.clone().requires_grad_(), w.clone().requires_grad_()
+        x2, w2 = x.clone().requires_grad_(), w.clone().requires_grad_()
+        want = _trained(x1, w1)
+        want.backward()
+        got = f(x2, w2)
+        got.backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x2.grad, x1.grad)
+        torch.testing.assert_close(w2.grad, w1.grad)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["coil"]["compiled"] == 2 and counters["coil"]["eager"] == 0, dict(counters["coil"])
+
+
+def test_a_backward_reads_u0_from_its_inputs_size_on_entry() -> None:
+    import coil
+    from coil.ir.printer import show
+    from torch._dynamo.backends.common import aot_autograd
+
+    got: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def grab(gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        got.append((gm, list(inputs)))
+        return gm.forward
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (x[x > 0].exp() * 2).sum()
+
+    torch._dynamo.reset()
+    x = _selecting(5).requires_grad_()
+    torch.compile(fn, backend=aot_autograd(fw_compiler=lambda gm, inputs: gm.forward, bw_compiler=grab))(x)
+    gm, inputs = got[0]
+    opts = Options(target="cpp", graph_cache=False)
+    text = show(coil.default_pipeline().run(gm, inputs, until="wrap", options=opts))
+    assert "unbacked from an input" in text, text
+    src = coil.compile_graph(gm, inputs, opts).source
+    body = [ln.strip() for ln in src[src.index("def call"):].splitlines()]
+    names = [n.strip() for n in body[1].split("=")[0].split(",")]  # the unpacked inputs
+    reads = [ln for ln in body if ln.startswith("u0 = ")]
+    assert len(reads) == 1, src
+    # read from an input (the SymInt AOTAutograd saved, or a tensor's size) before anything runs,
+    # its range checked as where an Extern's result binds it
+    assert reads[0].split(" = ")[1].split(".size()")[0] in names, src
+    at = body.index(reads[0])
+    assert body[at + 1].startswith("if not 0 <= u0 <= 12: raise RuntimeError"), src
+    assert at < min(k for k, ln in enumerate(body) if ln.startswith(("cpp_fused", "buf")))
