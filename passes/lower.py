@@ -520,6 +520,7 @@ def _lower_node(ctx: LowerCtx, node: torch.fx.Node, args: Any, kwargs: Any, vals
     if fn is not None:
         mark = len(ctx.nodes)
         ctx.arg_vals = tuple(vals.get(a.name) if isinstance(a, torch.fx.Node) else None for a in node.args)
+        ctx.out_val = vals.get(node.name)
         try:
             out = fn(ctx, *args, **kwargs)
         except NeedsStaticSizes as e:

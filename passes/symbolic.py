@@ -440,7 +440,7 @@ def _sympy_rational(a: sympy.Expr, whole: sympy.Expr) -> sympy.Expr:
     CoilError where it is not exact."""
     from torch.utils._sympy import functions as tf
 
-    divisions = [d for d in a.atoms(tf.FloatTrueDiv, tf.IntTrueDiv) if d is not a]
+    divisions = [d for d in a.atoms(tf.FloatTrueDiv, tf.IntTrueDiv) if d is not a and not _by_power_of_two(d)]
     if divisions:  # an inexact quotient that later steps carry on with
         raise CoilError(f"size {whole}: a float division inside a float of sizes", stage="lower")
     out = a.replace(tf.ToFloat, lambda x: x).replace(tf.FloatTrueDiv, lambda x, y: x / y)
@@ -454,6 +454,19 @@ def _sympy_rational(a: sympy.Expr, whole: sympy.Expr) -> sympy.Expr:
     if bad:
         raise CoilError(f"size {whole} uses {type(bad[0]).__name__} under a float", stage="lower")
     return out
+
+
+def _by_power_of_two(d: sympy.Expr) -> bool:
+    """A division by a power of two (s0 / 4, x / 0.25): exact in binary floating
+    point, so later steps may carry on with its quotient."""
+    q = d.args[1]
+    if not q.is_number or q == 0:
+        return False
+    r = sympy.Rational(q) if isinstance(q, sympy.Float) else q
+    if not isinstance(r, sympy.Rational):
+        return False
+    p, den = abs(int(r.p)), int(r.q)
+    return (p == 1 or p & (p - 1) == 0) and (den & (den - 1) == 0) and (p == 1 or den == 1)
 
 
 def _nonneg_size(e: sympy.Expr) -> bool:

@@ -400,3 +400,38 @@ def test_a_float_of_sizes_is_rounded_to_a_size_only_where_exact():
         FloorDiv(FloorDiv(s0 - 1, 8) + 2, 2)
     with pytest.raises(CoilError, match="may be negative"):
         size_arith(math.trunc, [Op("mul", (Cast(IndexExpr(FloorDiv(s0 - 1, 8)), f64), Constant(1.5, f64)), f64)])
+
+
+def _float_arange(x):
+    # position grids at fractional steps up to floats of sizes: lengths s1 (the ceiling of
+    # s1 * 0.5 / 0.5, of (s1 / 4) / 0.25) and s0 (of s0 * 1.5 - s0 / 2; halves and quarters
+    # are exact in binary, so their quotients are the ratios)
+    return (x + torch.arange(0, x.shape[-1] * 0.5, 0.5), torch.arange(x.shape[0] / 2, x.shape[0] * 1.5) * 2,
+            x * torch.arange(0, x.shape[-1] / 4, 0.25))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_arange_to_a_float_of_sizes_compiles_where_its_length_is_a_size(target, coil_log):
+    """arange whose bounds are floats of sizes: its length (the ShapeEnv's
+    `CeilToInt(...)` of the result) is a size where the float is an exact ratio
+    of sizes (before: a TypeError in lower, and the graph ran eagerly; a division
+    by a power of two inside it was refused too); its values count from the float
+    start in the accumulation dtype, as eager's do."""
+    g = _compile(_float_arange, target)
+    for n, m in ((4, 8), (7, 11)):
+        x = torch.randn(n, m)
+        for got, want in zip(g(x), _float_arange(x)):
+            torch.testing.assert_close(got, want)
+    assert not _eager_fallbacks(coil_log)
+
+
+def test_arange_to_a_float_of_sizes_that_is_no_size_runs_eagerly_with_the_reason(coil_log):
+    def fn(x):
+        # s1 / 3 is not exact in binary: the ceiling of a later step could be one off the ratio's
+        return torch.arange(0, x.shape[-1] / 3, 1 / 3).sum() + x.sum()
+
+    g = _compile(fn, "cpp", eager_fallback=True)
+    for m in (8, 11):
+        x = torch.randn(3, m)
+        torch.testing.assert_close(g(x), fn(x))
+    assert any("a float computed from sizes" in m for m in _eager_fallbacks(coil_log)), coil_log.text

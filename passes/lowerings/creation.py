@@ -20,6 +20,7 @@ from coil.ir.expr import Cast, Expr, IndexExpr, xsyms
 from coil.ir.indexing import FloorDiv
 from coil.ir.shapes import norm, sizes
 from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, op, register_lowering, scalar_expr
+from coil.passes.symbolic import is_float_size
 
 aten = torch.ops.aten
 
@@ -139,6 +140,8 @@ def arange(ctx: LowerCtx, *args: Scalar, dtype: torch.dtype | None = None, layou
         raise CoilError(f"arange: unexpected arguments {args}")
     if any(isinstance(a, sympy.Expr) for a in args):
         return _symbolic_arange(ctx, args, dtype, _device(ctx, device))
+    if any(is_float_size(a) for a in args):
+        return _float_size_arange(ctx, args, dtype, _device(ctx, device))
     start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
     integer_args = all(isinstance(v, int) for v in (start, end, step))
     if dtype is None:
@@ -161,6 +164,27 @@ def _symbolic_arange(ctx: LowerCtx, args: Sequence[Any], dtype: torch.dtype | No
         return NotImplemented
     n = norm(end - start) if step == 1 else norm(FloorDiv(end - start + step - 1, step))
     return ctx.pointwise((n,), IndexExpr(start + step * xsyms(1)[0], torch.int64), torch.int64, device)
+
+
+def _float_size_arange(ctx: LowerCtx, args: Sequence[Any], dtype: torch.dtype | None, device: str) -> Any:
+    """arange with a float of sizes among its bounds (`arange(0, s0 * 0.5, 0.5)`):
+    its length is the one the ShapeEnv gave the result where that is a size (the
+    ceiling of an exact ratio of sizes, here s0; else the Extern, which takes no
+    float of sizes, and the graph runs eagerly); its values start + step * x0 in
+    the accumulation dtype, as with number bounds."""
+    out = ctx.out_val
+    dtype = dtype or torch.get_default_dtype()
+    if not isinstance(out, torch.Tensor) or out.ndim != 1 or not dtype.is_floating_point:
+        return NotImplemented
+    try:
+        n = ctx.sizes.size(out.shape[0])
+    except CoilError:
+        return NotImplemented
+    start, _, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+    acc = get_acc_type(dtype, torch.device(device))
+    index = Cast(IndexExpr(xsyms(1)[0], torch.int64), acc)
+    body = op("add", scalar_expr(start, acc), op("mul", scalar_expr(step, acc), index))
+    return ctx.pointwise((norm(n),), body if acc == dtype else Cast(body, dtype), dtype, device)
 
 
 @register_lowering(torch.ops.prims.iota)

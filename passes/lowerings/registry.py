@@ -85,6 +85,9 @@ class LowerCtx:
         # eager's values (fake tensors) of the FX node's positional arguments, for the
         # few lowerings whose meaning depends on a layout (as_strided); None where unknown
         self.arg_vals: tuple[Any, ...] = ()
+        # eager's value of the FX node's result (its fake tensor), for a lowering whose size
+        # only the ShapeEnv can work out (arange over a float of sizes); None where unknown
+        self.out_val: Any = None
         # converts the ShapeEnv's SymInts to coil's sizes (passes/symbolic.py); the identity when static
         from coil.passes.symbolic import STATIC
 
