@@ -292,7 +292,15 @@ class ShapeInfo:
         if isinstance(e, int) or not self.rules:
             return e
         table = tuple((r.atom, r.value, r.integral) for r in self.rules if r.integral or not integral)
-        return norm(_reduce(e, table)) if table else e
+        out = norm(_reduce(e, table)) if table else e
+        loose = tuple((r.atom, r.value, r.integral) for r in self.rules if not r.integral)
+        if integral and loose and not isinstance(out, int):
+            # a rule for proofs only whose fraction cancels (2*((s0 + 1)//2) with the guard
+            # `s0 = 2*((s0 + 1)//2)`: s0, a repeat(1, 2) of half the rows against the rows)
+            whole = _reduce(out, loose)
+            if whole != out and _whole_coefficients(whole):
+                return norm(whole)
+        return out
 
     def at_least_one(self, symbols: Iterable[sympy.Symbol]) -> "ShapeInfo":
         """These facts, each of `symbols` at least 1: what code inside a loop over
@@ -616,6 +624,12 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
             break
         out = _from_terms({m: c for m, c in terms.items() if c != 0})
     return e if out == e else sympy.expand(out)
+
+
+def _whole_coefficients(e: sympy.Expr) -> bool:
+    """No fraction and no float anywhere in `e` (a size may take it)."""
+    x = sympy.expand(e)
+    return not x.atoms(sympy.Float) and all(r.q == 1 for r in x.atoms(sympy.Rational))
 
 
 def _to_torch(e: sympy.Expr) -> sympy.Expr:

@@ -56,7 +56,8 @@ def test_a_divisibility_gives_a_size_rule_and_a_rule_for_proofs_only():
     assert "guard FloorDiv(s0, 2) = s0/2 (proofs only)" in shown  # no fraction in a size
     assert "guard s2*FloorDiv(s1, s2) = s1" in shown
     info = attrs.evolve(info, rules=rules)
-    assert info.reduce(4 * FloorDiv(s0, 2)) == 4 * FloorDiv(s0, 2)  # sizes keep their integers
+    assert info.reduce(FloorDiv(s0, 2) + 1) == FloorDiv(s0, 2) + 1  # no fraction in a size
+    assert info.reduce(4 * FloorDiv(s0, 2)) == 2 * s0  # a rule for proofs only whose fraction cancels
     assert info.known_eq(2 * FloorDiv(s0, 2) * s1, s0 * s1)  # group_norm's view
     assert info.known_eq(s2 * FloorDiv(s1, s2) * s0 ** 2, s1 * s0 ** 2)  # channel_shuffle's
     assert info.known_multiple(s0, 2) and not info.known_multiple(s0, 4)
@@ -129,6 +130,22 @@ def test_slices_of_sizes_equal_under_the_guards_broadcast(target):
     for n in (8, 12, 30):
         x = torch.randn(n, 3)
         torch.testing.assert_close(g(x), _halves(x))
+
+
+def _rotary(x):
+    # a table of frequencies over every other column, repeated twice to the columns: torch
+    # guards s1 = 2*((s1 + 1)//2), a rule for proofs only, whose fraction cancels in the size
+    # 2*((s1 + 1)//2) of the repeat (before: `cannot broadcast`, and the graph ran eagerly)
+    freqs = 1.0 / (10000 ** (torch.arange(0, x.shape[1], 2).float() / x.shape[1]))
+    return x * torch.outer(torch.arange(x.shape[0]).float(), freqs).cos().repeat(1, 2)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+def test_a_rule_for_proofs_only_whose_fraction_cancels_makes_sizes_broadcast(target):
+    g = _compile(_rotary, target)
+    for n, d in ((8, 16), (12, 32), (5, 10)):
+        x = torch.randn(n, d)
+        torch.testing.assert_close(g(x), _rotary(x))
 
 
 def _group_norm(x):
