@@ -300,6 +300,11 @@ class ShapeInfo:
             whole = _reduce(out, loose)
             if whole != out and _whole_coefficients(whole):
                 return norm(whole)
+            # or whose fraction stays, written back as the rule's atom: s1 - s1//2 is s1/2, so
+            # s1//2 (glu's halves, one sliced [:s1//2], the other [s1//2:], spelled one way)
+            back = _undivided(whole, loose) if whole != out else None
+            if back is not None:
+                return norm(back)
         return out
 
     def at_least_one(self, symbols: Iterable[sympy.Symbol]) -> "ShapeInfo":
@@ -624,6 +629,15 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
             break
         out = _from_terms({m: c for m, c in terms.items() if c != 0})
     return e if out == e else sympy.expand(out)
+
+
+def _undivided(e: sympy.Expr, loose: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...]) -> sympy.Expr | None:
+    """`e`, with each rule-for-proofs-only's value (s1/2) in it written as its atom
+    (s1//2), where that leaves no fraction; else None."""
+    x = sympy.expand(e)
+    for atom, value, _ in loose:
+        x = x.subs(value, atom)
+    return x if _whole_coefficients(x) else None
 
 
 def _whole_coefficients(e: sympy.Expr) -> bool:

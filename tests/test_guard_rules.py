@@ -58,6 +58,8 @@ def test_a_divisibility_gives_a_size_rule_and_a_rule_for_proofs_only():
     info = attrs.evolve(info, rules=rules)
     assert info.reduce(FloorDiv(s0, 2) + 1) == FloorDiv(s0, 2) + 1  # no fraction in a size
     assert info.reduce(4 * FloorDiv(s0, 2)) == 2 * s0  # a rule for proofs only whose fraction cancels
+    assert info.reduce(s0 - FloorDiv(s0, 2)) == FloorDiv(s0, 2)  # or stays: the rule's atom, one spelling
+    assert info.reduce(3 * s0 - 4 * FloorDiv(s0, 2) + 1) == s0 + 1
     assert info.known_eq(2 * FloorDiv(s0, 2) * s1, s0 * s1)  # group_norm's view
     assert info.known_eq(s2 * FloorDiv(s1, s2) * s0 ** 2, s1 * s0 ** 2)  # channel_shuffle's
     assert info.known_multiple(s0, 2) and not info.known_multiple(s0, 4)
@@ -146,6 +148,25 @@ def test_a_rule_for_proofs_only_whose_fraction_cancels_makes_sizes_broadcast(tar
     for n, d in ((8, 16), (12, 32), (5, 10)):
         x = torch.randn(n, d)
         torch.testing.assert_close(g(x), _rotary(x))
+
+
+def _glu(x):
+    # glu's halves x[:, :s1//2] and x[:, s1//2:] (torch guards s1 even): sizes s1//2 and
+    # s1 - s1//2, one size under the rules (before: `cannot broadcast`, and the graph ran eagerly)
+    return torch.nn.functional.glu(x, -1) + x[:, : x.shape[1] // 2] * x[:, x.shape[1] // 2:]
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp", "triton"])
+def test_glu_halves_of_a_symbolic_dim_broadcast_forward_and_backward(target):
+    g = _compile(_glu, target)
+    for n, d in ((4, 8), (6, 12), (8, 10)):
+        x = torch.randn(n, d, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        want, got = _glu(x), g(x2)
+        torch.testing.assert_close(got, want)
+        want.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)
 
 
 def _group_norm(x):
