@@ -442,10 +442,18 @@ INDUCTOR_NAMES = {
 }
 
 
+# Inductor's options for what coil does whatever their value: left out with a log line saying
+# what coil does, not a warning
+INDUCTOR_MOOT = {
+    "fallback_random": "coil's random ops run as aten's, from eager's generator: the same numbers as eager",
+}
+
+
 def coil_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """torch.compile's `options=` as coil's Options by name: coil's names as they
     are; Inductor's name for an option coil has under another (INDUCTOR_NAMES)
-    translated, with a log line; Inductor's options that coil has nothing like
+    translated, with a log line; Inductor's options for what coil does anyway
+    (INDUCTOR_MOOT: fallback_random) left out with a log line; those that coil has nothing like
     (they tune Inductor's own codegen: epilogue_fusion, shape_padding, ...) left
     out, with a warning naming them; any other name left for Options.from_mapping,
     which refuses it.  An option given under both names with two values is an
@@ -453,7 +461,10 @@ def coil_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not options:
         return None
     coil_names = {f.name for f in attrs.fields(Options)}
-    out: dict[str, Any] = {k: v for k, v in options.items() if k in coil_names or k not in INDUCTOR_NAMES}
+    for name in sorted(set(options) & set(INDUCTOR_MOOT) - coil_names):
+        log.info("coil: Inductor's option %s left out: %s", name, INDUCTOR_MOOT[name])
+    out: dict[str, Any] = {k: v for k, v in options.items()
+                           if k in coil_names or (k not in INDUCTOR_NAMES and k not in INDUCTOR_MOOT)}
     for name, value in options.items():
         if name not in INDUCTOR_NAMES or name in coil_names:
             continue

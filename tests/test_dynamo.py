@@ -102,6 +102,29 @@ def test_inductors_names_for_coils_options_are_taken():
         coil_options({"triton.cudagraphs": True, "cuda_graphs": False})
 
 
+def test_inductors_fallback_random_is_what_coil_does_anyway():
+    """coil's random ops are aten's: with the same seed, the same numbers as eager
+    (what Inductor's fallback_random asks for), so the option is left out quietly."""
+    import warnings
+
+    from coil.backends.dynamo import coil_options
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(x, 0.5, True) * 2 + torch.rand_like(x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert coil_options({"fallback_random": True, "target": "cpp"}) == {"target": "cpp"}
+    torch._dynamo.reset()
+    x = torch.randn(16, 16)
+    torch.manual_seed(3)
+    want = f(x)
+    g = torch.compile(f, backend="coil", options={"fallback_random": True, "target": "cpp"})
+    g(x)
+    torch.manual_seed(3)
+    assert torch.equal(g(x), want)
+
+
 def test_inductors_own_options_are_left_out_with_a_warning():
     torch._dynamo.reset()
     args = [torch.randn(4, 4) for _ in range(3)]
