@@ -465,14 +465,18 @@ def coil_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
         log.info("coil: Inductor's option %s left out: %s", name, INDUCTOR_MOOT[name])
     out: dict[str, Any] = {k: v for k, v in options.items()
                            if k in coil_names or (k not in INDUCTOR_NAMES and k not in INDUCTOR_MOOT)}
+    translated: set[str] = set()  # coil options set from an Inductor name
     for name, value in options.items():
         if name not in INDUCTOR_NAMES or name in coil_names:
             continue
         ours = INDUCTOR_NAMES[name]
         if name == "cpp.threads":
             value = max(int(value), 0)  # Inductor's -1: as many as the machine has, coil's 0
-        if ours in out and out[ours] != value:
+        if ours in translated and isinstance(value, bool):
+            value = bool(out[ours]) or value  # max_autotune and max_autotune_pointwise: autotune if either
+        elif ours in out and out[ours] != value:
             raise CoilError(f"options: {name}={value!r} (Inductor's name for coil's {ours}) and {ours}={out[ours]!r}")
+        translated.add(ours)
         log.info("coil: Inductor's option %s=%r taken as coil's %s", name, value, ours)
         out[ours] = value
     unknown = [k for k in out if k not in coil_names]

@@ -98,6 +98,9 @@ def test_inductors_names_for_coils_options_are_taken():
                          "cpp.threads": -1, "target": "cpp"}) == {
         "cuda_graphs": True, "autotune": True, "combo_launches": False, "num_threads": 0, "target": "cpp"}
     assert coil_options({"cpp.threads": 3, "num_threads": 3}) == {"num_threads": 3}
+    # two of Inductor's names for one of coil's: on if either is
+    assert coil_options({"max_autotune": True, "max_autotune_pointwise": False}) == {"autotune": True}
+    assert coil_options({"max_autotune": False, "max_autotune_pointwise": False}) == {"autotune": False}
     with pytest.raises(CoilError, match="triton.cudagraphs=True .* cuda_graphs=False"):
         coil_options({"triton.cudagraphs": True, "cuda_graphs": False})
 
