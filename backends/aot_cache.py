@@ -76,8 +76,8 @@ def usable(options: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[
     autograd cache on.  torch's key costs each process about half a second at its
     first use on a 2-core VM (it hashes torch's and Triton's sources; Inductor's
     codegen it would import too is skipped, `key_without_inductor_codegen`): more
-    than the trace of a small graph, or of an inference graph, saves (and the graph cache's links already skip AOTAutograd for most
-    inference graphs)."""
+    than the trace of a small graph, or of an inference graph, saves (and the
+    graph cache's links already skip AOTAutograd for most inference graphs)."""
     training = torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs)
     big = 0 <= options.aot_cache_nodes <= len(gm.graph.nodes)
     return bool(training and big and options.graph_cache and not options.debug_dir and not options.trace

@@ -102,6 +102,12 @@ def size_leaves(v: Any) -> list[Any]:
     return []
 
 
+def _unbacked_hint(lo: int, hi: int | None) -> int:
+    """A data-dependent symbol's hint: UNBACKED_HINT clamped to its range (a hint
+    steers speed decisions only)."""
+    return min(max(UNBACKED_HINT, lo), hi) if hi is not None else max(UNBACKED_HINT, lo)
+
+
 def _range_of(env: Any, s: sympy.Symbol, sizes: bool = True) -> tuple[int, int | None]:
     """A symbol's range in the ShapeEnv: (least, greatest), None for unbounded (an
     upper end at int64's largest values says nothing a size does not).  The least
@@ -180,8 +186,7 @@ class SizeMap:
                         lo, hi = _range_of(env, s)
                         coil = unbacked_symbol(sum(1 for f in facts if not f.backed))
                         names[s] = coil
-                        hint = min(max(UNBACKED_HINT, lo), hi) if hi is not None else max(UNBACKED_HINT, lo)
-                        facts.append(SymbolFacts(coil, hint, lo, hi, backed=False, entry=True))
+                        facts.append(SymbolFacts(coil, _unbacked_hint(lo, hi), lo, hi, backed=False, entry=True))
                         continue
                     lo, hi = _range_of(env, s, sizes=False)
                     if s in solved:
@@ -260,8 +265,8 @@ class SizeMap:
                 self.env = env
                 coil = unbacked_symbol(sum(1 for f in self.shapes.facts if is_unbacked_symbol(f.symbol)))
                 self.names[s] = coil
-                hint = min(max(UNBACKED_HINT, lo), hi) if hi is not None else max(UNBACKED_HINT, lo)
-                self.shapes = ShapeInfo((*self.shapes.facts, SymbolFacts(coil, hint, lo, hi, backed=False)))
+                self.shapes = ShapeInfo((*self.shapes.facts, SymbolFacts(coil, _unbacked_hint(lo, hi), lo, hi,
+                                                                         backed=False)))
 
     def size(self, v: Any) -> Size:
         """A size as coil keeps it: an int, or an expression over coil's symbols."""
@@ -466,7 +471,7 @@ def _by_power_of_two(d: sympy.Expr) -> bool:
     if not isinstance(r, sympy.Rational):
         return False
     p, den = abs(int(r.p)), int(r.q)
-    return (p == 1 or p & (p - 1) == 0) and (den & (den - 1) == 0) and (p == 1 or den == 1)
+    return (p == 1 or den == 1) and p & (p - 1) == 0 and den & (den - 1) == 0
 
 
 def _nonneg_size(e: sympy.Expr) -> bool:

@@ -19,7 +19,7 @@ from coil.errors import CoilError
 from coil.ir.expr import Cast, Expr, IndexExpr, xsyms
 from coil.ir.indexing import FloorDiv
 from coil.ir.shapes import norm, sizes
-from coil.passes.lowerings.registry import LowerCtx, TensorValue, constant, op, register_lowering, scalar_expr
+from coil.passes.lowerings.registry import LowerCtx, TensorValue, op, register_lowering, scalar_expr
 from coil.passes.symbolic import is_float_size
 
 aten = torch.ops.aten
@@ -120,15 +120,16 @@ def _arange_length(start: Scalar, end: Scalar, step: Scalar, dtype: torch.dtype,
     return max(0, math.ceil((end - start) / step))
 
 
-def _arange_body(start: Scalar, step: Scalar, dtype: torch.dtype, integer_args: bool, device: str) -> Expr:
+def _arange_body(start: Any, step: Any, dtype: torch.dtype, integer_args: bool, device: str) -> Expr:
     """start + step * x0 the way torch._refs.arange computes it: in int64 for integer
     dtypes (arguments truncated) and integer arguments, else in the accumulation
-    dtype of `dtype` on `device` (float64 for float32 on the CPU)."""
+    dtype of `dtype` on `device` (float64 for float32 on the CPU), where start and
+    step may be floats of sizes too."""
     x0 = xsyms(1)[0]
     if dtype.is_floating_point and not integer_args:
         acc = get_acc_type(dtype, torch.device(device))
         index = Cast(IndexExpr(x0, torch.int64), acc)
-        return op("add", constant(start, acc), op("mul", constant(step, acc), index))
+        return op("add", scalar_expr(start, acc), op("mul", scalar_expr(step, acc), index))
     return IndexExpr(sympy.Integer(int(start)) + int(step) * x0, torch.int64)
 
 
@@ -181,10 +182,8 @@ def _float_size_arange(ctx: LowerCtx, args: Sequence[Any], dtype: torch.dtype | 
     except CoilError:
         return NotImplemented
     start, _, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
-    acc = get_acc_type(dtype, torch.device(device))
-    index = Cast(IndexExpr(xsyms(1)[0], torch.int64), acc)
-    body = op("add", scalar_expr(start, acc), op("mul", scalar_expr(step, acc), index))
-    return ctx.pointwise((norm(n),), body if acc == dtype else Cast(body, dtype), dtype, device)
+    body = _arange_body(start, step, dtype, False, device)
+    return ctx.pointwise((norm(n),), body if body.dtype == dtype else Cast(body, dtype), dtype, device)
 
 
 @register_lowering(torch.ops.prims.iota)
