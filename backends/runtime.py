@@ -343,6 +343,20 @@ class CompiledFn:
                 continue
             self._check_tensor(inputs, k, name, lay, t, want[0], want[1], restride)
 
+    def save_after_first_call(self, book: Any) -> None:
+        """Write `book` (the kernel images its launches bound: triton/images.py) once
+        the first call has run, then call `call` directly again."""
+        call = self._call
+
+        def first(args: list[Any]) -> Any:
+            try:
+                return call(args)
+            finally:
+                self._call = call
+                book.save()
+
+        self._call = first
+
     def __call__(self, *inputs: Any) -> tuple[Any, ...]:
         args = list(inputs)
         self.check(args)
@@ -564,7 +578,13 @@ def load_module(module: CompiledModule, directory: str | None = None,
     mod.__file__ = path
     exec(compile(module.source, path, "exec"), mod.__dict__)  # noqa: S102 - coil's own generated code
     bind_subgraphs(module, mod.__dict__, compile_subgraph)
-    return CompiledFn(module, mod.__dict__)
+    # a target's loading step (Triton on CUDA: kernel images, compiling ahead)
+    prepare = mod.__dict__.get("prepare_module")
+    book = prepare(mod.__dict__, module.source, directory) if prepare is not None else None
+    fn = CompiledFn(module, mod.__dict__)
+    if book is not None and not book.loaded:
+        fn.save_after_first_call(book)
+    return fn
 
 
 def bind_subgraphs(module: CompiledModule, namespace: dict[str, Any],

@@ -399,6 +399,11 @@ class Options:
     # triton on CUDA: compile every kernel when output_code.py loads, one thread per
     # CPU core (Triton releases the GIL while it compiles), not each at its first launch
     precompile: bool = True
+    # triton on CUDA, static sizes: a bound launch goes through torch's static CUDA
+    # launcher on the cubin Triton compiled, and the cubins are kept in cache_dir
+    # (backends/triton/images.py), so a warm start loads them without Triton's
+    # per-kernel cache lookup; off: Triton's own launcher, Triton's cache
+    kernel_images: bool = True
     cache_dir: str | None = None
     # load a graph compiled before (same graph, inputs, options, coil and torch) from
     # cache_dir instead of compiling it again (coil/graph_cache.py)

@@ -1173,8 +1173,9 @@ def test_precompile_warms_every_kernel_and_survives_a_failure() -> None:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_precompiled_kernels_are_not_compiled_again() -> None:
-    """On CUDA every plain kernel is compiled when output_code.py loads; the first
+def test_precompiled_kernels_are_not_compiled_again(tmp_path: Any) -> None:
+    """On CUDA every plain kernel is compiled when output_code.py loads for the
+    first time (a cache without its kernel images: triton/images.py); the first
     call finds each in Triton's cache (no new entry) and is right."""
     from coil.backends.triton.runtime import Launcher
 
@@ -1183,8 +1184,8 @@ def test_precompiled_kernels_are_not_compiled_again() -> None:
 
     x = torch.randn(512, 700, device="cuda")
     fn = lambda a: (a.softmax(-1), a.t() * 2, (a * 3).sum(-1))  # noqa: E731
-    compiled = compile_fn(fn, [x], graph_cache=False)
-    assert "precompile([" in compiled.source
+    compiled = compile_fn(fn, [x], graph_cache=False, cache_dir=str(tmp_path))
+    assert "PRECOMPILE = [" in compiled.source
     launchers = [v for v in compiled.namespace.values() if isinstance(v, Launcher)]
     before = [cached(f.kernel) for f in launchers]
     assert before and all(n == 1 for n in before), (before, compiled.source)

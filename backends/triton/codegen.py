@@ -258,7 +258,8 @@ class TritonBackend:
             "import triton",
             "import triton.language as tl",
             "from triton.language.extra import libdevice",
-            "from coil.backends.triton.runtime import Launcher, SizedLauncher, autotuned, grid, grid2, interpreted, precompile, raw_stream",
+            "from coil.backends.triton.runtime import Launcher, SizedLauncher, autotuned, grid, grid2, interpreted, "
+            "prepare_module, raw_stream",
             "from coil.backends.triton.codegen import interpreter_checks",
         ]
 
@@ -288,15 +289,18 @@ class TritonBackend:
         if cuda and not options.autotune and not symbolic:  # bound launches: Triton's binding runs once (runtime.Launcher)
             guard = self.guard_device(program)
             _, unknown = aligned_by_allocation(program)
-            out.append("")
+            # the device the bound launches run on: load_module (prepare_module) loads their
+            # kernel images there, kept in cache_dir by the source (Options.kernel_images)
+            out += ["", f"LAUNCH_DEVICE = {guard!r}"]
             for ln in program.lines:
                 if not isinstance(ln, KernelCall) or (planned := launches(ln, program)) is None:
                     continue
                 bind = program.spec(ln.kernel).device == guard and not unknown.intersection(ln.args)
-                out += [launch.definition(bind) for launch in planned[1]]
+                out += [launch.definition(bind, options.kernel_images) for launch in planned[1]]
             specs = precompile_specs(program, shared) if options.precompile else []
-            if specs:  # compiled now, several at a time, instead of one by one at their first launch
-                out += ["", "precompile([", *specs, "])"]
+            if specs:  # compiled when the module loads, several at a time, instead of one by one at
+                # their first launch; skipped where every bound launch has its image (prepare_module)
+                out += ["", "PRECOMPILE = [", *specs, "]"]
         if cuda and not options.autotune and symbolic:
             # sizes change by call: each launch line computes its grid and passes the sizes to
             # its SizedLauncher, bound once for each specialization of the sizes (a choice's

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import inspect
 import json
+import logging
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
@@ -22,10 +23,14 @@ from typing import Any, Iterator, Sequence
 import attrs
 import torch
 
+from coil.backends.triton.images import (ImageBook, KernelImage, book_key, kernel_image, load_image,
+                                         static_launcher)
 from coil.errors import CoilError
 from coil.ir.kernel import LaunchConfig
 from coil.options import TRITON_LAUNCH
 from coil.passes.schedule.launch import candidate_configs
+
+log = logging.getLogger("coil")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -72,12 +77,13 @@ class Launch:
     def launcher(self) -> str:
         return f"launch_{self.kernel}{self.tag}"
 
-    def definition(self, bind: bool) -> str:
-        """output_code.py's module-level Launcher of this launch."""
+    def definition(self, bind: bool, static: bool = True) -> str:
+        """output_code.py's module-level Launcher of this launch (`static` False:
+        Options.kernel_images off, it binds Triton's launcher only)."""
         meta = ", ".join(f"{k!r}: {v}" for k, v in self.meta)
         sizes = ", ".join(map(str, self.sizes)) + ("," if len(self.sizes) == 1 else "")
         return (f"{self.launcher} = Launcher({self.kernel}, {self.grid}, ({sizes}), {{{meta}}}"
-                f"{'' if bind else ', bind=False'})")
+                f"{'' if bind else ', bind=False'}{'' if static else ', static=False'})")
 
     def bound_line(self, stream: str) -> str:
         """The call of its Launcher, and as a comment the launch as Triton's own
@@ -318,18 +324,26 @@ class Launcher:
     returned, whose alignment is not known ahead) goes through fast_launch's path,
     keyed on each tensor's alignment."""
 
-    __slots__ = ("kernel", "grid", "sizes", "meta", "bind", "keyed", "run", "head", "tail", "packed", "rule")
+    __slots__ = ("kernel", "grid", "sizes", "meta", "bind", "static", "keyed", "run", "head", "tail", "mode",
+                 "rule", "name", "book")
+
+    # how `run` takes its arguments: Triton 3.6's launcher (spread), Triton 3.9's (the
+    # kernel's arguments as one tuple), torch's static CUDA launcher (images.py)
+    SPREAD, PACKED, STATIC = 0, 1, 2
 
     def __init__(self, kernel: Any, launch_grid: tuple[int, ...], sizes: tuple[Any, ...], meta: dict[str, Any],
-                 bind: bool = True) -> None:
+                 bind: bool = True, static: bool = True) -> None:
         self.kernel, self.grid, self.sizes, self.meta, self.bind = kernel, launch_grid, sizes, meta, bind
+        self.static = static  # Options.kernel_images: bind through torch's static launcher where it can
         self.keyed = fast_launch(kernel)
         self.run: Any = None
         self.head: tuple[Any, ...] = ()
         self.tail: tuple[Any, ...] = ()
-        self.packed = False
+        self.mode = Launcher.SPREAD
         self.rule = ("not bound: it reads an alias an extern returned (its alignment is known only at run time)"
                      if not bind else "not bound yet: the first call goes through Triton's JITFunction")
+        self.name = ""  # its name in output_code.py and the book its image goes into (prepare_module)
+        self.book: ImageBook | None = None
 
     def __call__(self, stream: Any, *tensors: Any) -> None:
         run = self.run
@@ -337,7 +351,10 @@ class Launcher:
             self._slow(stream, tensors)
             return
         try:
-            if self.packed:  # Triton 3.9's launcher takes the kernel's arguments as one tuple
+            mode = self.mode
+            if mode == 2:  # Launcher.STATIC: (function, grid, warps, shared, parameter codes, arguments, stream)
+                run(*self.head, (*tensors, *self.tail), stream)
+            elif mode == 1:  # Triton 3.9's launcher takes the kernel's arguments as one tuple
                 run(*self.grid, stream, *self.head, (*tensors, *self.tail))
             else:
                 run(*self.grid, stream, *self.head, *tensors, *self.tail)
@@ -356,15 +373,56 @@ class Launcher:
             self._bind(ck, len(args))
 
     def _bind(self, ck: Any, given: int) -> None:
-        """Bind Triton's launcher of ck for later calls (`bound_launch`); else stay
-        on the keyed path, with the reason in `rule`."""
+        """Bind ck for later calls: through torch's static launcher on its image
+        (images.kernel_image; the image goes into the module's book), else Triton's
+        launcher (`bound_launch`); else stay on the keyed path, with the reason in
+        `rule`."""
+        static_why = ""
+        if self.static and not _launch_hooks(self.keyed):
+            image, static_why = kernel_image(ck, self.keyed.names, given, given - len(self.sizes))
+            launcher = static_launcher()
+            function = getattr(ck, "function", None)
+            if image is not None and launcher is not None and function:
+                self._adopt(image, int(function), launcher)
+                if self.book is not None:
+                    self.book.add(self.name, image)
+                return
+            if image is not None:
+                static_why = "this torch has no static CUDA launcher" if launcher is None else "no loaded function"
         bound, why = bound_launch(ck, self.keyed, self.meta, given)
+        if static_why and bound is not None:
+            why += f" (not static: {static_why})"
         if bound is None:
             self.rule = why
             return
-        self.run, self.head, self.packed, consts = bound
+        self.run, self.head, packed, consts = bound
+        self.mode = Launcher.PACKED if packed else Launcher.SPREAD
         self.tail = (*self.sizes, *consts)
         self.rule = why
+
+    def _adopt(self, image: KernelImage, function: int, launcher: Any) -> None:
+        g = (*self.grid, 1, 1)[:3]
+        self.run = launcher._launch_kernel
+        self.head = (function, *g, image.num_warps, image.shared, image.params)
+        self.tail = image.tail(self.sizes, len(image.kept) - len(self.sizes))
+        self.mode = Launcher.STATIC
+        self.rule = "bound: torch's static CUDA launcher, on the cubin Triton compiled"
+
+    def adopt(self, image: KernelImage, folder: str, device_index: int) -> None:
+        """Launch through `image` (read from the module's book in `folder`) from the
+        first call on: its cubin is loaded now, Triton is not asked."""
+        self._adopt(image, load_image(image, folder, device_index), static_launcher())
+        self.rule = "bound: torch's static CUDA launcher, on a cubin from coil's cache"
+
+
+def _launch_hooks(keyed: "fast_launch") -> bool:
+    """Whether a launch hook is registered with Triton (a profiler's): its launches
+    then go through Triton, which calls them (Triton's hook chains are empty, not None)."""
+    knobs = getattr(keyed, "knobs", None)
+    if knobs is None:
+        return False
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
 
 
 def bound_launch(ck: Any, keyed: "fast_launch", meta: dict[str, Any],
@@ -383,9 +441,7 @@ def bound_launch(ck: Any, keyed: "fast_launch", meta: dict[str, Any],
         return None, "not bound: this Triton's launcher is not one coil knows"
     if any(getattr(run, a, 0) for a in ("global_scratch_size", "profile_scratch_size", "gsan_enabled")):
         return None, "not bound: the kernel needs scratch memory allocated per launch"
-    knobs = keyed.knobs
-    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    if getattr(enter, "calls", enter) or getattr(leave, "calls", leave):
+    if _launch_hooks(keyed):
         return None, "not bound: a launch hook is registered (a profiler's); launches go through Triton"
     params = list(inspect.signature(type(run).__call__).parameters)
     flags = (run.launch_cooperative_grid, run.launch_pdl)
@@ -514,6 +570,55 @@ def precompile(specs: Sequence[tuple[Any, tuple[Any, ...], dict[str, int], str]]
 
     with ThreadPoolExecutor(workers, thread_name_prefix="coil-precompile") as pool:
         list(pool.map(one, specs))
+
+
+def prepare_module(namespace: dict[str, Any], source: str, directory: str | None) -> ImageBook | None:
+    """What load_module does with a Triton output_code.py it has just run: name
+    each Launcher and give it the module's book of kernel images (images.py); where
+    the book in coil's cache has an image for a Launcher, load it, so its first
+    call launches without Triton.  Then compile ahead (`PRECOMPILE`, the launches'
+    specs) unless every bound Launcher has its image.  The book is returned for
+    load_module to write after the first call (None: no Launcher binds static)."""
+    launchers = {name: v for name, v in namespace.items() if isinstance(v, Launcher)}
+    specs = namespace.get("PRECOMPILE") or []
+    static = [lau for lau in launchers.values() if lau.static and lau.bind]
+    device = _launch_device(namespace)
+    key = book_key(source, device) if static and device is not None and static_launcher() is not None else None
+    if key is None:
+        if specs:
+            precompile(specs)
+        return None
+    from coil.backends.runtime import CacheUnwritable, cache_dir
+
+    try:
+        folder: str | None = cache_dir(directory, "kernels")
+    except CacheUnwritable:
+        folder = None
+    book = ImageBook.load(key, folder)
+    index = torch.device(device).index or 0
+    adopted = 0
+    for name, lau in launchers.items():
+        lau.name, lau.book = name, book
+        image = book.images.get(name)
+        if image is None or not (lau.static and lau.bind) or folder is None:
+            continue
+        try:
+            lau.adopt(image, folder, index)
+            adopted += 1
+        except Exception as e:  # noqa: BLE001 - a cubin the driver refuses: Triton's path, as before
+            log.warning("coil: kernel image of %s not loaded (%s); it launches through Triton", name, e)
+            book.loaded = False  # written again after the first call
+    if adopted < len(static):  # a launch without its image (a branch the first call did not take)
+        book.loaded = False  # written again after this first call, with the images it adds
+        if specs:
+            precompile(specs)
+    return book
+
+
+def _launch_device(namespace: dict[str, Any]) -> str | None:
+    """The CUDA device output_code.py's bound launches run on (its device guard's)."""
+    guard = namespace.get("LAUNCH_DEVICE")
+    return guard if isinstance(guard, str) and guard.startswith("cuda") else None
 
 
 # ---- CPU tensors ------------------------------------------------------------------------------
