@@ -420,7 +420,12 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
             return _merge_digits(sympy.Add(*args))
         return node.func(*args)
 
-    return _merge_digits(sympy.expand(visit(e)))
+    visited = sympy.expand(visit(e))
+    out = _merge_digits(visited)
+    if out != visited and out.has(FloorDiv, ModularIndexing):
+        # merged digits may fold by range now (the whole unflatten: x % (its range) is x)
+        out = _merge_digits(sympy.expand(visit(out)))
+    return out
 
 
 def _digit(term: sympy.Expr) -> tuple[Size, sympy.Expr, Size, Size | None] | None:
@@ -457,32 +462,50 @@ def _sizes_only(e: sympy.Expr) -> bool:
 
 def _merge_digits(e: sympy.Expr) -> sympy.Expr:
     """Undo an unflatten: c*n*((a // (b*n)) % m) + c*((a // b) % n) is
-    c*((a // b) % (n*m)); with no outer modulus it is c*(a // b); a // 1 is a."""
+    c*((a // b) % (n*m)); with no outer modulus it is c*(a // b); a // 1 is a.
+
+    An expanded index can spread one digit over many terms whose coefficients sum
+    to its stride (a symbolic stride that is a sum: 128 terms over four digits in a
+    conv_transpose3d of an unbatched input under dynamic=True).  So the terms are
+    read as digits once and each digit's coefficients summed; digits pair only with
+    digits of the same `a`.  An index with nothing to merge comes back as it was."""
     if not isinstance(e, sympy.Add):
         return e
-    terms = list(e.args)
-    changed = True
-    while changed:
-        changed = False
-        for i, t1 in enumerate(terms):
-            d1 = _digit(t1)
-            if d1 is None:
+    coeffs: dict[tuple[sympy.Expr, Size, Size | None], Size] = {}
+    others: list[sympy.Expr] = []
+    for t in e.args:
+        d = _digit(t)
+        if d is None:
+            others.append(t)
+        else:
+            key = (d[1], d[2], d[3])
+            coeffs[key] = coeffs[key] + d[0] if key in coeffs else d[0]
+    digits = [(c if isinstance(c, int) else norm(c), a, b, n) for (a, b, n), c in coeffs.items()]
+    merged_any = False
+    while True:
+        found = _one_merge(digits)
+        if found is None:
+            break
+        merged_any = True
+        i, j, digit = found
+        digits = [d for k, d in enumerate(digits) if k not in (i, j)] + [digit]
+    if not merged_any:
+        return e
+    terms = [c * (FloorDiv(a, b) if n is None else ModularIndexing(a, b, n)) for c, a, b, n in digits]
+    return sympy.expand(sympy.Add(*others, *terms))
+
+
+def _one_merge(digits: Sequence[tuple[Size, sympy.Expr, Size, Size | None]]
+               ) -> tuple[int, int, tuple[Size, sympy.Expr, Size, Size | None]] | None:
+    """The first pair (i, j) of digits that merge (see _merge_digits), and the digit
+    that replaces both; None when no pair does."""
+    for i, (c1, a1, b1, n1) in enumerate(digits):
+        for j, (c2, a2, b2, n2) in enumerate(digits):
+            if i == j or n2 is None or a1 != a2:
                 continue
-            for j, t2 in enumerate(terms):
-                d2 = _digit(t2)
-                if i == j or d2 is None or d2[3] is None:
-                    continue
-                c1, a1, b1, n1 = d1
-                c2, a2, b2, n2 = d2
-                assert n2 is not None
-                if a1 == a2 and _eq(b1, b2 * n2) and _eq(c1, c2 * n2):
-                    merged = FloorDiv(a1, b2) if n1 is None else ModularIndexing(a1, b2, n1 * n2)
-                    terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [c2 * merged]
-                    changed = True
-                    break
-            if changed:
-                break
-    return sympy.Add(*terms)
+            if _eq(b1, b2 * n2) and _eq(c1, c2 * n2):
+                return i, j, (c2, a1, b2, None if n1 is None else n1 * n2)
+    return None
 
 
 def contiguous_strides(size: Sequence[Size]) -> tuple[Size, ...]:

@@ -193,7 +193,12 @@ def _size_expr(e: sympy.Expr, shapes: ShapeInfo) -> bool:
     if not e.free_symbols or not all(is_size_symbol(s) for s in e.free_symbols):
         return False
     lo = shapes.lower(e)
-    return (lo is not None and lo >= 0) or shapes.known_le(0, e)
+    if (lo is not None and lo >= 0) or shapes.known_le(0, e):
+        return True
+    # an expanded product bounds nothing as written (s0**3 - s0**2, the offset of the
+    # last of a split's pieces); factored, it is a product of factors bounded below
+    lo = shapes.lower(sympy.factor(e))
+    return lo is not None and lo >= 0
 
 
 def _full_readers(g: LoweredGraph) -> dict[str, Fraction]:

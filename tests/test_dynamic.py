@@ -834,3 +834,28 @@ def test_a_symbolic_column_sum_runs_in_lanes() -> None:
         # blocks of rows add in another order than eager's cascade)
         ours, eagers = (f(x).double() - exact).abs().max().item(), (x.sum(0).double() - exact).abs().max().item()
         assert ours <= max(4 * eagers, 2 * torch.finfo(torch.float32).eps * exact.abs().max().item()), (ours, eagers)
+
+
+@pytest.mark.parametrize("target", ["cpp", "reference"])
+def test_views_of_an_input_at_symbolic_offsets_are_views_under_dynamic(target: str) -> None:
+    """The last piece of a split with its sizes passed in (torch.Size: symbols, one
+    of them s0 - 2) starts at (s0 - 1)*s0**2, an offset that bounds nothing as
+    expanded: it must still be returned as a view of the input, since AOTAutograd
+    rebuilds an output aliasing an input from the output's strides and offset (a
+    copy came back as the input's first piece: the OpInfo sweep's split and select
+    under dynamic=True, session 42)."""
+    from tests_helpers import compiled_counted
+
+    split = compiled_counted(lambda x, s: torch.split(x, s), target, dynamic=True)
+    for n in (5, 7):
+        x = torch.arange(float(n ** 3)).view(n, n, n)
+        got = split(x, torch.Size([1, n - 2, 1]))
+        for g, w in zip(got, torch.split(x, [1, n - 2, 1])):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+            assert g.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            assert g.storage_offset() == w.storage_offset()
+    select = compiled_counted(lambda x, d, i: torch.select(x, d, i), target, dynamic=True)
+    for n in (5, 6):
+        x = torch.randn(n, n, n)
+        torch.testing.assert_close(select(x, 1, -1), x.select(1, -1), rtol=0, atol=0)
+    assert counters["stats"]["unique_graphs"] >= 1

@@ -143,6 +143,22 @@ def test_a_partial_round_trip_keeps_the_digits_it_cannot_merge() -> None:
     assert got == ModularIndexing(XINDEX, 1, 4 * s1)
 
 
+def test_digits_spread_over_terms_by_a_sum_stride_merge() -> None:
+    """A stride that is a sum (s0 + s1 - 1, as a transposed convolution's output
+    size reads) spreads each digit of an unflatten over several terms once the index
+    is expanded; the digits are still found, their coefficients summed, and merged."""
+    size = (s0, s1, s0 + s1 - 1)
+    flat = flatten(unflatten(XINDEX, size), size)
+    assert len(sympy.Add.make_args(sympy.expand(flat))) > 3  # the spread the old pairwise merge missed
+    # one digit: the whole range, as a modulus (its divisor, expanded, bounds nothing as written)
+    assert simplify_index(flat, {XINDEX: math.prod(size)}, INFO) == ModularIndexing(XINDEX, 1, sympy.expand(
+        math.prod(size)))
+    # a spread digit next to one it cannot merge with keeps both, expanded as they came
+    _, mid, inner = unflatten(XINDEX, size)
+    kept = sympy.expand((s0 + s1) * mid + inner)
+    assert simplify_index(kept, {XINDEX: math.prod(size)}, INFO) == kept
+
+
 # ---- soundness: the simplified index has the original's value at every size
 
 
