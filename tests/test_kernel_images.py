@@ -240,6 +240,15 @@ def test_prepare_module_skips_compiling_ahead_only_where_every_bound_launch_has_
     warm["launch_a"](1, "x", "y")
     assert jit.launched == launched
 
+    # a profiler's launch hook registered: its launches go through Triton, which calls it
+    hooked = _module_namespace(jit)
+    hooked["launch_a"].keyed.knobs = SimpleNamespace(runtime=SimpleNamespace(
+        launch_enter_hook=SimpleNamespace(calls=[print]), launch_exit_hook=None))
+    compiled_ahead.clear()
+    runtime.prepare_module(hooked, "source", str(tmp_path))
+    assert hooked["launch_a"].run is None and "coil's cache" in hooked["launch_b"].rule
+    assert compiled_ahead == [[("spec",)]]
+
     # a book without one bound launch's image (a branch the first call did not take):
     # compiled ahead, and written again after the first call with the image added
     partial = ImageBook.load("d" * 32, folder)

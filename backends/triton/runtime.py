@@ -317,6 +317,12 @@ class Launcher:
     binding, no specialization key, no Python work per argument.  `rule` says
     which of the two paths it is on, and why.
 
+    Where torch has its static CUDA launcher and Options.kernel_images is on, the
+    binding launches the cubin Triton compiled through it instead (images.py), and
+    the cubin goes into the module's book in coil's cache; a Launcher loaded again
+    from that cache gets its image before the first call (`adopt`), and never asks
+    Triton.
+
     Triton specializes a pointer on its 16-byte alignment.  Buffers coil or an
     aten kernel allocates are always so aligned; graph inputs may not be, so the
     wrapper passes stream None when one it launches on is not, and such a call (and
@@ -600,8 +606,8 @@ def prepare_module(namespace: dict[str, Any], source: str, directory: str | None
     for name, lau in launchers.items():
         lau.name, lau.book = name, book
         image = book.images.get(name)
-        if image is None or not (lau.static and lau.bind) or folder is None:
-            continue
+        if image is None or not (lau.static and lau.bind) or folder is None or _launch_hooks(lau.keyed):
+            continue  # (a profiler's launch hook: its launches go through Triton, which calls it)
         try:
             lau.adopt(image, folder, index)
             adopted += 1
