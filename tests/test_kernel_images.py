@@ -101,10 +101,10 @@ def test_the_book_round_trips_through_the_cache_and_misses_when_damaged(tmp_path
     again = ImageBook.load("k" * 32, folder)
     assert again.loaded and again.images == book.images
     again.save()  # read from the cache: nothing written again
-    assert sorted(os.listdir(folder)) == sorted([f"{'k' * 32}.json", *(f"{i.describe()['cubin']}.cubin"
+    assert sorted(os.listdir(folder)) == sorted([f"{'k' * 32}.json", *(f"{i.digest}.cubin"
                                                                          for i in book.images.values())])
     assert ImageBook.load("x" * 32, folder).images == {}  # another module's key
-    cubin = os.path.join(folder, f"{book.images['launch_a'].describe()['cubin']}.cubin")
+    cubin = book.images["launch_a"].cubin_file(folder)
     with open(cubin, "wb") as f:
         f.write(b"A" * 99)  # damaged: its hash no longer matches
     assert not ImageBook.load("k" * 32, folder).loaded

@@ -64,6 +64,12 @@ class KernelImage:
     params: str
     kept: tuple[bool, ...]
     scratch: int
+    # the cubin's hash, which names its file in the book's folder (computed once)
+    digest: str = attrs.field(init=False, repr=False, eq=False, default=attrs.Factory(
+        lambda self: hashlib.sha256(self.cubin).hexdigest()[:32], takes_self=True))
+
+    def cubin_file(self, folder: str) -> str:
+        return os.path.join(folder, f"{self.digest}.cubin")
 
     def tail(self, sizes: Sequence[int], tensors: int) -> tuple[Any, ...]:
         """What follows the tensors in the static launcher's argument tuple: the sizes
@@ -74,7 +80,7 @@ class KernelImage:
     def describe(self) -> dict[str, Any]:
         return {"function": self.function, "shared": self.shared, "num_warps": self.num_warps,
                 "params": self.params, "kept": "".join("1" if k else "0" for k in self.kept),
-                "scratch": self.scratch, "cubin": hashlib.sha256(self.cubin).hexdigest()[:32]}
+                "scratch": self.scratch, "cubin": self.digest}
 
 
 def static_launcher() -> Any:
@@ -189,11 +195,10 @@ class ImageBook:
         try:
             index = {}
             for name, img in sorted(self.images.items()):
-                entry = img.describe()
-                cubin = os.path.join(self.folder or "", f"{entry['cubin']}.cubin")
+                cubin = img.cubin_file(self.folder or "")
                 if read_bytes(cubin) != img.cubin:
                     write_atomic(cubin, img.cubin)
-                index[name] = entry
+                index[name] = img.describe()
             write_atomic(path, json.dumps({"version": BOOK_VERSION, "images": index}, sort_keys=True).encode())
         except OSError as e:
             log.debug("coil: kernel images not written to %s: %s", self.folder, e)
@@ -216,11 +221,14 @@ class ImageBook:
             images = {}
             for name, e in data["images"].items():
                 cubin = read_bytes(os.path.join(folder or "", f"{e['cubin']}.cubin"))
-                if cubin is None or hashlib.sha256(cubin).hexdigest()[:32] != e["cubin"]:
+                if cubin is None:
                     return book
-                images[name] = KernelImage(function=str(e["function"]), cubin=cubin, shared=int(e["shared"]),
-                                           num_warps=int(e["num_warps"]), params=str(e["params"]),
-                                           kept=tuple(c == "1" for c in e["kept"]), scratch=int(e["scratch"]))
+                image = KernelImage(function=str(e["function"]), cubin=cubin, shared=int(e["shared"]),
+                                    num_warps=int(e["num_warps"]), params=str(e["params"]),
+                                    kept=tuple(c == "1" for c in e["kept"]), scratch=int(e["scratch"]))
+                if image.digest != e["cubin"]:  # damaged, or another file under its name
+                    return book
+                images[name] = image
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             log.debug("coil: kernel images at %s not read: %s", path, e)
             return book
@@ -233,7 +241,6 @@ def load_image(image: KernelImage, folder: str, device_index: int) -> int:
     """Load the image's cubin on the device (through its file in `folder`, as the
     static launcher reads it) and return its function's handle."""
     launcher = static_launcher()
-    path = os.path.join(folder, f"{image.describe()['cubin']}.cubin")
-    got = launcher._load_kernel(path, image.function, image.shared, device_index)
+    got = launcher._load_kernel(image.cubin_file(folder), image.function, image.shared, device_index)
     # (function, registers, spills); newer torch: (module, function, registers, spills)
     return int(got[-3])
