@@ -186,6 +186,12 @@ class TargetTraits:
     # realize's "reuse" rule (a pointwise node with several readers and more than one
     # nontrivial read becomes a buffer; Options.realize_reuse)
     realize_reuse: bool = True
+    # ... where a read of something realize.BROADCAST_READ times smaller than the node
+    # (a BatchNorm's mean, a bias, a row's max) is trivial: recomputed in each reader
+    # it costs a cached load.  Off on the C++ target, whose softmax keeps exp(x - max)
+    # in a row scratch array rather than computing it twice (Inductor's CPU rule
+    # realizes a reused exp, log, tanh or sigmoid for the same reason)
+    reuse_broadcasts_trivial: bool = False
     # reductions of few long rows split over many programs, and fuse keeps a second
     # pass over such rows out of the reduction before it (Options.split_second_pass)
     splits: SplitTraits | None = None
@@ -324,7 +330,8 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            tiles=TRITON_TILES, launch=TRITON_LAUNCH,
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
                            device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True,
-                           conv_bias_in_kernels=True, pointer_arguments=True, combos=TRITON_COMBOS),
+                           conv_bias_in_kernels=True, pointer_arguments=True, combos=TRITON_COMBOS,
+                           reuse_broadcasts_trivial=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
                         scratch=CPP_SCRATCH, lane_tables=CPP_LANE_TABLES, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True,

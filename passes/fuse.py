@@ -100,6 +100,8 @@ class _Fuser:
         self.group_of: dict[str, str] = {}
         self.log: list[FusionDecision] = []
         self._registers: dict[tuple[str, str, tuple[int, int]], bool] = {}
+        self._columns: dict[tuple[tuple[str, ...], tuple[Size, Size]], bool] = {}
+        self.layouts = kernel_layouts(g)
         # dependency edges between scheduler nodes (producer -> consumers)
         self.consumers: dict[str, set[str]] = {n.name: set() for n in g.nodes}
         self.producers: dict[str, set[str]] = {n.name: set() for n in g.nodes}
@@ -151,7 +153,35 @@ class _Fuser:
                     if p in inside and self.bufs[p].is_reduction:
                         return (f"split: {c} reads {p} for each element of {grp[0]} row(s) of {grp[1]}; "
                                 f"fused, that second pass would run one program a row")
+        return self.columns_rule(a, b, members, grp)
+
+    def columns_rule(self, a: Group, b: Group, members: list[str], grp: tuple[Size, Size]) -> str | None:
+        """A reduction kernel that reads down columns (reads_down_columns: a block of
+        neighbouring columns a program) is not fused with nodes whose reads run along
+        its rows: the kernel would read one column a program, a strided element of
+        every sector it fetches (ConvNeXt's layer-scale gradient, a column sum,
+        fused so with an unrelated product of the same gradient: 93 µs a launch on
+        an H100).  Inductor's tiling_prevents_reduction_fusion.  The flat-index
+        model is Triton's; a target whose column rule counts stores (the C++
+        target's loop nests) decides in its nests."""
+        columns = self.o.traits().columns
+        if columns.stores_count or not gt(grp[1], 1) or not is_static(grp):
+            return None
+        alone = [g for g in (a, b) if gt(g.group[1], 1) and self.down_columns(g.nodes, g.group)]
+        if alone and not self.down_columns(tuple(members), grp):
+            other = b if alone[0] is a else a
+            return (f"columns: {alone[0].name} reads down columns, and fused with {other.name} the kernel "
+                    f"would not (one column a program)")
         return None
+
+    def down_columns(self, nodes: tuple[str, ...], grp: tuple[Size, Size]) -> bool:
+        """reads_down_columns of these nodes in this group, remembered."""
+        key = (nodes, grp)
+        hit = self._columns.get(key)
+        if hit is None:
+            hit = self._columns[key] = reads_down_columns([self.bufs[n] for n in nodes], self.layouts, grp,
+                                                          self.o.traits().columns)
+        return hit
 
     def in_registers(self, consumer: str, producer: str, grp: tuple[int, int]) -> bool:
         """reads_in_registers, remembered: groups grow one merge at a time, so the

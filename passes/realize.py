@@ -8,10 +8,13 @@ realized a buffer is stored on it:
     output            a graph output
     reduction         a reduction that has a reader
     extern_input      read by an Extern (it needs a real tensor)
-    reuse             several readers and more than one nontrivial read (a reader that
-                      only reads it at data-dependent positions, directly or through
-                      pointwise nodes that are read so, does not count: it
-                      recomputes a few elements, as cross_entropy's gather does; a
+    reuse             several readers and more than one nontrivial read (a read of
+                      something BROADCAST_READ times smaller than the node, a mean
+                      or a bias, is trivial where the target's trait says so,
+                      TargetTraits.reuse_broadcasts_trivial; a reader that only reads it at
+                      data-dependent positions, directly or through pointwise
+                      nodes that are read so, does not count: it recomputes a
+                      few elements, as cross_entropy's gather does; a
                       slice counts as the share it reads, so readers of disjoint
                       slices, RoPE's halves or q, k and v, count once together);
                       unless Options.realize_reuse is off (Inductor recomputes
@@ -22,6 +25,11 @@ realized a buffer is stored on it:
     mutation          a later op mutates something it reads while a reader still needs it
     extern / data_dependent / multi_output   always buffers (no body to inline)
     output_view / extern_input_view           strided views of a buffer: an alias, no copy
+
+A node realized only to spare its readers (reuse and the three thresholds) whose
+value is a lossless widening (a bfloat16 value as float32) is stored narrow: the
+buffer holds the cast's argument, its readers widen what they load, and the
+node's row says so.
 """
 
 from __future__ import annotations
@@ -87,6 +95,16 @@ from coil.options import Options
 from coil.passes.collectives import pair_collectives
 
 log = logging.getLogger("coil.trace")
+
+# realize's reuse rule counts a read as nontrivial only when what it reads has more
+# than 1/BROADCAST_READ of the node's elements
+BROADCAST_READ = 16
+# the rules that realize a node only to spare its readers recomputing it: such a
+# node whose value is a lossless widening of a narrower float (bfloat16 -> float32)
+# is stored narrow, and its readers widen what they load
+HEURISTIC_RULES = frozenset({Rule.REUSE, Rule.READS_THRESHOLD, Rule.OPCOUNT_THRESHOLD, Rule.ACC_READS_THRESHOLD})
+_WIDER = {torch.bfloat16: (torch.float32, torch.float64), torch.float16: (torch.float32, torch.float64),
+          torch.float32: (torch.float64,)}
 
 DATA_DEPENDENT = frozenset(
     {"nonzero", "unique", "_unique2", "bincount", "searchsorted", "index_put", "index_put_",
@@ -246,6 +264,11 @@ def _share(view: View, base: LNode) -> Fraction:
     return min(Fraction(int(mine), int(whole)), Fraction(1))
 
 
+def _widened(body: Expr, dtype: torch.dtype) -> bool:
+    """`body` is a cast to `dtype` that loses nothing (a float made wider)."""
+    return isinstance(body, Cast) and body.dtype == dtype and dtype in _WIDER.get(body.arg.dtype, ())
+
+
 class _Realizer:
     """Holds the walk's state for one `realize` call (created and dropped inside it)."""
 
@@ -353,7 +376,14 @@ class _Realizer:
         if len(readers) + (name in self.outputs) <= 1:
             return None
         distinct = {(e.name, e.index, getattr(e, "values", ())) for e in walk(body) if isinstance(e, (Load, IndirectLoad))}
-        nontrivial = {(n, i, v) for n, i, v in distinct if self.shapes.hint(numel(self.layouts[n].size if n in self.layouts else ())) > 1}
+        # a read of something BROADCAST_READ times smaller than the node (a BatchNorm's
+        # mean, a bias, a row's statistics) costs next to nothing to repeat in each reader
+        # (where the target's trait says so: TargetTraits.reuse_broadcasts_trivial)
+        node = self.g.node(name)
+        least = self.shapes.hint(numel(node.ranges)) if self.o.traits().reuse_broadcasts_trivial else 0  # type: ignore[union-attr]
+        nontrivial = {(n, i, v) for n, i, v in distinct
+                      if (m := self.shapes.hint(numel(self.layouts[n].size if n in self.layouts else ()))) > 1
+                      and m * BROADCAST_READ > least}
         if count_ops(body) > self.o.realize_opcount_threshold:
             return Rule.OPCOUNT_THRESHOLD
         if len(distinct) > self.o.realize_reads_threshold:
@@ -412,6 +442,8 @@ class _Realizer:
                 if rule is None:
                     self.env[n.name] = _Inline(body, n.ranges, origins | {n.origin}, (*ops, n.op))
                     self.rows[n.name] = RealizeRow(n.origin, "Pointwise", False, None, Rule.INLINED)
+                elif rule in HEURISTIC_RULES and _widened(body, n.dtype):
+                    self.narrow(n, body, rule, origins, ops)
                 else:
                     self.computed(n.name, n.origin, "Pointwise", body, n.ranges, (), None, n.dtype, n.device, rule, origins, ops)
             case Reduction():
@@ -440,6 +472,18 @@ class _Realizer:
                                                    (n.origin,), (n.op,)),
                     n.name, Rule.MULTI_OUTPUT, n.origin, "MultiOutput",
                 )
+
+    def narrow(self, n: Pointwise, body: Expr, rule: Rule, origins: frozenset[str], ops: tuple[str, ...]) -> None:
+        """A widening cast's argument as the buffer, in its own dtype; the node stays
+        inline as the cast of a load of it (the readers widen)."""
+        assert isinstance(body, Cast)
+        inner = body.arg
+        name = self.computed(n.name, n.origin, "Pointwise", inner, n.ranges, (), None, inner.dtype, n.device, rule,
+                             origins, ops)
+        self.env[n.name] = _Inline(Cast(Load(name, xsyms(len(n.ranges)), inner.dtype), n.dtype), n.ranges,
+                                   frozenset(), ())
+        self.rows[n.name] = attrs.evolve(self.rows[n.name],
+                                         rule=f"{rule}; stored as {inner.dtype}, its readers widen it to {n.dtype}")
 
     def visit_extern(self, n: Extern) -> None:
         items = [m.name for m in self.g.nodes if isinstance(m, MultiOutput) and m.extern == n.name] if n.sized_by_data else []

@@ -463,3 +463,75 @@ def test_the_recorder_leaves_to_make_fx_what_comes_from_outside_the_trace() -> N
         return x + outside
 
     assert lower_mod._record(run, [torch.empty(3, device="meta")]) is None
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("mask", [(True, True, True), (False, True, True), (False, False, True)])
+def test_a_convolution_bias_gradient_summed_apart_matches_aten(transposed: bool, mask: tuple[bool, ...]) -> None:
+    """bias_gradient_apart (what the joint graph takes on a GPU): the bias gradient
+    as a sum over every dim but the channels, and aten's kernel asked for the other
+    two only; all three as aten's own convolution_backward gives them."""
+    from coil.passes.lowerings.decompositions import bias_gradient_apart
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 9, 9)
+    w = torch.randn(6, 4, 3, 3) if transposed else torch.randn(4, 3, 3, 3)  # transposed: in=6, out=4*groups
+    groups = 1 if transposed else 2
+    out = torch.ops.aten.convolution(x, w, torch.randn(4 if transposed else 4), [2, 2], [1, 1], [1, 1], transposed,
+                                     [1, 1] if transposed else [0, 0], groups)
+    dy = torch.randn_like(out)
+    args = (dy, x, w, [4], [2, 2], [1, 1], [1, 1], transposed, [1, 1] if transposed else [0, 0], groups, list(mask))
+    want = aten.convolution_backward.default(*args)
+    got = bias_gradient_apart(*args)
+    for g, e, m in zip(got, want, mask):
+        assert (g is None) == (not m)
+        if m:
+            torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+
+
+def test_the_joint_graph_sums_a_convolution_bias_gradient_apart_off_the_cpu() -> None:
+    """Traced with the backend's table: off the CPU (meta tensors here; a GPU's on
+    the device) the backward asks aten's convolution_backward for no bias gradient
+    and sums it itself; on the CPU the op stays whole with all three."""
+    from coil.backends.dynamo import aot_decompositions
+
+    def step(x, w, b):
+        y = torch.nn.functional.conv2d(x, w, b, padding=1)
+        return torch.autograd.grad(y.square().sum(), (x, w, b))
+
+    for device in ("cpu", "meta"):
+        args = [torch.randn(2, 3, 8, 8, device=device, requires_grad=True),
+                torch.randn(4, 3, 3, 3, device=device, requires_grad=True),
+                torch.randn(4, device=device, requires_grad=True)]
+        gm = make_fx(step, decomposition_table=aot_decompositions())(*args)
+        masks = [n.args[-1] for n in gm.graph.nodes if n.target is aten.convolution_backward.default]
+        sums = [n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList and list(n.args[1]) == [0, 2, 3]]
+        assert masks == ([[True, True, True]] if device == "cpu" else [[True, True, False]])
+        assert len(sums) == (device == "meta")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_convolution_bias_gradient_is_a_kernel_of_coil_on_cuda() -> None:
+    """A conv -> GELU training step through the backend on CUDA: the backward's
+    convolution_backward computes no bias gradient (its mask's last entry is
+    False), a Triton kernel of coil sums it, and the gradients are eager's."""
+    from bench.variants import Capture, record_coil_graphs
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1).cuda()
+
+    def step(x):
+        return torch.nn.functional.gelu(conv(x)).square().mean()
+
+    x = torch.randn(4, 8, 16, 16, device="cuda")
+    step(x).backward()
+    want = [conv.weight.grad.clone(), conv.bias.grad.clone()]
+    conv.zero_grad()
+    cap = Capture()
+    with record_coil_graphs(cap):
+        torch.compile(step, backend="coil", options={"target": "triton"})(x).backward()
+    torch.testing.assert_close([conv.weight.grad, conv.bias.grad], want, atol=1e-4, rtol=1e-4)
+    backward = cap.coil_graphs[-1].source
+    assert "[True, True, False]" in backward or "[False, True, False]" in backward
+    assert ", True])" not in backward.split("def call")[1]

@@ -364,7 +364,9 @@ def test_online_softmax_runs_the_sum_in_its_maxs_loop() -> None:
     assert (mx.reduction_type, mx.update, sm.reduction_type, sm.update) == ("max", Update.ROW_MAX, "sum",
                                                                             Update.ONLINE_SUM)
     assert sm.partner == mx.node and mx.partner == sm.node
-    assert loops[1].computes == (k.nodes[1].name, k.nodes[3].name)  # exp(x - max) recomputed, then divided
+    # the division, with exp(x - max) inlined in it (recomputed: Triton's reuse rule
+    # counts the row max as trivial, so exp(x - max) is no buffer)
+    assert len(k.nodes) == 3 and loops[1].computes == (k.nodes[2].name,)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -649,7 +651,8 @@ def test_a_node_in_two_stages_or_none() -> None:
     doubled = attrs.evolve(k, stages=(*k.stages, Outer(2, (first.nodes[0],))))
     _reject(_with(kp, doubled), rf"\[schedule_kernels\].*{first.nodes[0]}: K2 sits in stages 0 and 2 of {k.name}")
     dropped = attrs.evolve(k, stages=k.stages[:1])
-    _reject(_with(kp, dropped), rf"{k.nodes[1].name}: K2 sits in no stage of {k.name}")
+    missing = next(n.name for n in k.nodes if n.name not in first.nodes)
+    _reject(_with(kp, dropped), rf"{missing}: K2 sits in no stage of {k.name}")
 
 
 def test_a_node_before_what_it_reads() -> None:

@@ -120,8 +120,8 @@ def test_wrapper_and_output_code_choose_once_a_call() -> None:
     per, red = k.choice.persistent.name, k.name
     assert [ln for ln in show(w).splitlines() if "fused" in ln or "2147483648" in ln] == [
         "  if s0*s1 < 2147483648:",
-        f"    if s1 <= 8192: {per}(arg2_1, buf3, s0, s1)", f"    else: {red}(arg2_1, buf3, s0, s1)",
-        f"  else: {red}_i64 (or its persistent variant)(arg2_1, buf3, s0, s1)"]
+        f"    if s1 <= 8192: {per}(arg2_1, buf2, s0, s1)", f"    else: {red}(arg2_1, buf2, s0, s1)",
+        f"  else: {red}_i64 (or its persistent variant)(arg2_1, buf2, s0, s1)"]
     fn, make = CASES["softmax"]
     gm, example = capture_aot(fn, make(8, HINT))
     source = coil.compile_graph(gm, example, Options(target="triton")).source
@@ -130,21 +130,21 @@ def test_wrapper_and_output_code_choose_once_a_call() -> None:
     assert lines[:5] == [
         "        if s0*s1 < 2147483648:",
         "            if s1 <= 16:",
-        f"                {per}[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=16, num_warps=1)",
+        f"                {per}[grid(s0, 8)](arg2_1, buf2, s0, s1, s0, s1, XBLOCK=8, RBLOCK=16, num_warps=1)",
         "            elif s1 <= 32:",
-        f"                {per}[grid(s0, 8)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=8, RBLOCK=32, num_warps=1)",
+        f"                {per}[grid(s0, 8)](arg2_1, buf2, s0, s1, s0, s1, XBLOCK=8, RBLOCK=32, num_warps=1)",
     ]
     assert lines[19:25] == [
         "            elif s1 <= 8192:",
-        f"                {per}[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=8192, num_warps=8)",
+        f"                {per}[grid(s0, 1)](arg2_1, buf2, s0, s1, s0, s1, XBLOCK=1, RBLOCK=8192, num_warps=8)",
         "            else:",
-        f"                {red}[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
+        f"                {red}[grid(s0, 1)](arg2_1, buf2, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
         "        else:",
         "            if s1 <= 16:",
     ]
     assert lines[-2:] == [
         "            else:",
-        f"                {red}_i64[grid(s0, 1)](arg2_1, buf3, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
+        f"                {red}_i64[grid(s0, 1)](arg2_1, buf2, s0, s1, s0, s1, XBLOCK=1, RBLOCK=16, num_warps=1)",
     ]
     kernel = source[source.index(f"def {per}("):]
     assert "    rindex = tl.arange(0, RBLOCK)[None, :]\n    rmask = rindex < rnumel\n" in kernel

@@ -141,20 +141,46 @@ def _batch_norm_backward(dy, x, w, mean, rstd):
     return (dy - sub * b - a) * (rstd * w)[None, :, None, None], s2 * rstd, s1
 
 
-def test_realize_reuse_off_recomputes_in_every_reader():
-    """Options.realize_reuse: on (every target's default), x - mean (two nontrivial
-    reads, two readers) is a buffer and BatchNorm's backward three kernels; off (what
-    Inductor does on a GPU), it is recomputed in both readers: two kernels, the
-    same values.  A looped softmax keeps its online max and sum either way."""
+def test_a_broadcast_read_is_trivial_for_reuse():
+    """BatchNorm's backward: x - mean has two readers (a per-channel reduction and
+    the elementwise gradient) and one read of a full-size tensor; the mean, 1/576
+    of it, is trivial where the target says so (Triton's reuse_broadcasts_trivial),
+    so there x - mean is recomputed in both readers under either setting of
+    realize_reuse: two kernels, not three.  The reference target (as the C++ one)
+    counts the mean and keeps x - mean a buffer."""
     x = torch.randn(8, 16, 12, 12)
     inputs = [torch.randn_like(x), x, torch.randn(16), x.mean((0, 2, 3)), torch.rand(16) + 0.5]
-    kernels = {}
     for reuse in ("on", "off"):
-        bg = run_until(_batch_norm_backward, inputs, "realize", realize_reuse=reuse)
-        assert (_row(bg, "sub").rule == "reuse") == (reuse == "on")
+        bg = run_until(_batch_norm_backward, inputs, "realize", realize_reuse=reuse, target="triton")
+        assert _row(bg, "sub").rule.startswith("inlined into")
         for got, want in zip(run_buffer_graph(bg, inputs), _batch_norm_backward(*inputs)):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-        kernels[reuse] = len(run_until(_batch_norm_backward, inputs, "fuse", realize_reuse=reuse).kernels)
+        assert len(run_until(_batch_norm_backward, inputs, "fuse", realize_reuse=reuse, target="triton").kernels) == 2
+    assert _row(run_until(_batch_norm_backward, inputs, "realize"), "sub").rule == "reuse"
+
+
+def _shifted_backward(dy, x, z):
+    """BatchNorm's backward shape with a full-size shift: x - z reads two tensors of
+    its own size, and both readers read it whole."""
+    sub = x - z
+    s = (dy * sub).sum((0, 2, 3))
+    return dy - sub * s[None, :, None, None], s
+
+
+def test_realize_reuse_off_recomputes_in_every_reader():
+    """Options.realize_reuse: on (every target's default), x - z (two nontrivial
+    reads, two readers) is a buffer and the graph three kernels; off (what Inductor
+    does on a GPU), it is recomputed in both readers: two kernels, the same values.
+    A looped softmax keeps its online max and sum either way."""
+    x = torch.randn(8, 16, 12, 12)
+    inputs = [torch.randn_like(x), x, torch.randn_like(x)]
+    kernels = {}
+    for reuse in ("on", "off"):
+        bg = run_until(_shifted_backward, inputs, "realize", realize_reuse=reuse)
+        assert (_row(bg, "sub").rule == "reuse") == (reuse == "on")
+        for got, want in zip(run_buffer_graph(bg, inputs), _shifted_backward(*inputs)):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        kernels[reuse] = len(run_until(_shifted_backward, inputs, "fuse", realize_reuse=reuse).kernels)
     assert kernels == {"on": 3, "off": 2}
     soft = run_until(lambda a: torch.softmax(a, -1), [torch.randn(12, 40)], "kernel_gen", target="triton",
                      realize_reuse="off", persistent_reduction_threshold=16)
@@ -164,6 +190,31 @@ def test_realize_reuse_off_recomputes_in_every_reader():
     row_max, online_sum = first.accumulators
     assert (row_max.update, online_sum.update) == (Update.ROW_MAX, Update.ONLINE_SUM)
     assert (row_max.partner, online_sum.partner) == (online_sum.node, row_max.node) and not second.accumulators
+
+
+def _relu_grad_stats(dy, y):
+    """A bfloat16 ReLU gradient taken to float32 (as torch's BatchNorm backward
+    takes its grad_out), read whole by a reduction and by the elementwise result."""
+    g = torch.where(y > 0, dy, torch.zeros((), dtype=dy.dtype)).float()
+    s = (g * y.float()).sum(0)
+    return (g * 2 + s).to(dy.dtype), s
+
+
+def test_a_widening_cast_is_stored_narrow():
+    """The float32 ReLU gradient is realized (reuse: two readers, two full-size
+    reads), but its value is a bfloat16 one widened: the buffer holds the bfloat16
+    value (half the bytes written and read back), the readers widen it, the row
+    says so, and the results are eager's (the sum's order aside)."""
+    inputs = [torch.randn(64, 32).bfloat16(), torch.randn(64, 32).bfloat16()]
+    bg = run_until(_relu_grad_stats, inputs, "realize")
+    row = _row(bg, "_to_copy")
+    assert row.realized and row.rule == "reuse; stored as torch.bfloat16, its readers widen it to torch.float32"
+    assert bg.get(row.buffer).layout.dtype == torch.bfloat16
+    for got, want in zip(run_buffer_graph(bg, inputs), _relu_grad_stats(*inputs)):
+        torch.testing.assert_close(got, want)
+    # an output keeps its own dtype: nothing is narrowed for it
+    out = run_until(lambda dy, y: torch.where(y > 0, dy, torch.zeros((), dtype=dy.dtype)).float(), inputs, "realize")
+    assert out.get(out.outputs[0]).layout.dtype == torch.float32
 
 
 def _bn_relu6_pad(x, m, s, w, b, pad):

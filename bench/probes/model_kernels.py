@@ -1,13 +1,14 @@
 """Device probe: a real model's step kernel by kernel, Inductor against coil.  For
 each model named on the command line (bench/hf_models.py names; default llama) and
-the mode in $MODE (train, the default, or infer), at the models suite's `small`
-size in bf16, compiled in $COMPILE_MODE (default, or reduce-overhead for both):
+the mode in $MODE (train, the default, or infer), at the models suite's size in
+$SIZE (small, the default, or large) in bf16, compiled in $COMPILE_MODE (default, or reduce-overhead for both):
 each compiler's kernels by total GPU time a step (the profiler), and a table of the
 kernel families (matmul, attention, Triton pointwise/reduction, other) so the gap
 shows by family.  Both compilers' generated sources are written to
 $OUT/<model>-<mode>-<compiler>-<n>.py and every kernel's row to
 $OUT/<model>-<mode>-<compiler>-kernels.txt, so the slow kernels can be read
-afterwards.  Run from the repository root on a CUDA machine."""
+afterwards.  $VARIANTS (default inductor,coil) picks the compilers.  Run from the
+repository root on a CUDA machine."""
 import os
 import sys
 
@@ -33,11 +34,12 @@ def family(name: str) -> str:
 
 def main():
     mode = os.environ.get("MODE", "train")
+    size = SIZES[os.environ.get("SIZE", "small")]
     for name in sys.argv[1:] or ["llama"]:
         fams = {}
-        for v in ("inductor", "coil"):
+        for v in os.environ.get("VARIANTS", "inductor,coil").split(","):
             torch._dynamo.reset()
-            model, inputs = make_case(name, mode, "cuda", size=SIZES["small"], dtype=torch.bfloat16)
+            model, inputs = make_case(name, mode, "cuda", size=size, dtype=torch.bfloat16)
             graphs = os.environ.get("COMPILE_MODE", "default") == "reduce-overhead"
             if graphs:
                 f = compile_model(v, "reduce-overhead", model, "triton", None)
@@ -63,6 +65,8 @@ def main():
                 c, t = fam.get(family(k), (0, 0.0))
                 fam[family(k)] = (c + n, t + us)
             fams[v] = fam
+        if len(fams) < 2:
+            continue
         print(f"== {name} {mode} by family: launches and us, inductor / coil", flush=True)
         for k in sorted(set(fams["inductor"]) | set(fams["coil"])):
             a, b = fams["inductor"].get(k, (0, 0.0)), fams["coil"].get(k, (0, 0.0))

@@ -225,12 +225,43 @@ def detach_as_alias(self: torch.Tensor) -> torch.Tensor:
     return aten.alias.default(self)
 
 
+def convolution_backward_bias_apart(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                                    bias_sizes: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
+                                    output_padding: Any, groups: int, output_mask: Any) -> Any:
+    """A convolution's bias gradient on a GPU as a sum of grad_output over every
+    dim but the channels, which coil fuses with whatever computes grad_output; the
+    aten kernel then computes the input's and the weight's gradients only.  aten's
+    convolution_backward sums it in a kernel of its own (ConvNeXt's large training
+    step on an H100: 20 such launches, 309 µs).  Inductor does the same on a GPU.
+    On the CPU (mkldnn computes it alongside) and without a bias gradient, the op
+    stays whole (NotImplemented)."""
+    if not output_mask[2] or grad_output.device.type == "cpu":
+        return NotImplemented
+    return bias_gradient_apart(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                               output_padding, groups, output_mask)
+
+
+def bias_gradient_apart(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
+                        stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                        output_mask: Any) -> Any:
+    """convolution_backward's three results with the bias gradient summed apart
+    (on any device: the tests check it against aten's on the CPU)."""
+    grad_bias = aten.sum.dim_IntList(grad_output, [0, *range(2, grad_output.dim())])
+    if not output_mask[0] and not output_mask[1]:
+        return None, None, grad_bias
+    grad_input, grad_weight, _ = aten.convolution_backward.default(
+        grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+        [output_mask[0], output_mask[1], False])
+    return grad_input, grad_weight, grad_bias
+
+
 # AOTAutograd's joint graph only (coil lowers these ops itself when they reach lower)
 AOT_ONLY_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.zeros_like.default: like_as_full(0),
     aten.ones_like.default: like_as_full(1),
     aten.full_like.default: like_as_full(None),
     aten.detach.default: detach_as_alias,
+    aten.convolution_backward.default: convolution_backward_bias_apart,
     # torch's decomposition, as Inductor's joint graph has it: a gather the
     # partitioner counts as fusible.  With nll_loss_forward whole it counts the
     # float32 log-softmax as materialized (read by an op it cannot recompute), so it
