@@ -192,6 +192,10 @@ class TargetTraits:
     # in a row scratch array rather than computing it twice (Inductor's CPU rule
     # realizes a reused exp, log, tanh or sigmoid for the same reason)
     reuse_broadcasts_trivial: bool = False
+    # a pointwise buffer that reductions read with its dims permuted walks them in
+    # their order inside their kernel (realize.inner_orders), so it fuses there:
+    # Triton's flat kernel index; the C++ target's nests keep each node's own order
+    inner_orders: bool = False
     # reductions of few long rows split over many programs, and fuse keeps a second
     # pass over such rows out of the reduction before it (Options.split_second_pass)
     splits: SplitTraits | None = None
@@ -331,7 +335,7 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
                            device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True,
                            conv_bias_in_kernels=True, pointer_arguments=True, combos=TRITON_COMBOS,
-                           reuse_broadcasts_trivial=True),
+                           reuse_broadcasts_trivial=True, inner_orders=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
                         scratch=CPP_SCRATCH, lane_tables=CPP_LANE_TABLES, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True,

@@ -94,6 +94,11 @@ class ComputedBuffer:
     rule: Rule
     origins: tuple[str, ...]  # FX nodes whose compute lives in this buffer
     ops: tuple[str, ...]  # their aten ops' short names, for kernel names
+    # a pointwise buffer's dims in the order it walks them where it runs inside a
+    # reduction kernel (the inner role, passes/kernel_model.py); () is their own
+    # order.  realize sets it where a reduction reads the buffer with its dims
+    # permuted (BatchNorm's backward reads a channels-last gradient down its channels)
+    inner_order: tuple[int, ...] = ()
 
     @property
     def is_reduction(self) -> bool:

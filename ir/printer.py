@@ -95,7 +95,8 @@ def show_buffers(g: BufferGraph) -> str:
         match b:
             case ComputedBuffer():
                 red = f", {b.reduction_type} over {fmt_size(b.reduction_ranges)}" if b.is_reduction else ""
-                out.append(f"  {b.name}: ComputedBuffer {b.layout.show()}{red}  rule={b.rule}  origins=[{origins}]")
+                order = f"  inner order {list(b.inner_order)}" if b.inner_order else ""
+                out.append(f"  {b.name}: ComputedBuffer {b.layout.show()}{red}  rule={b.rule}{order}  origins=[{origins}]")
                 out += body_lines(b.body)
             case ExternBuffer():
                 args = ", ".join([fmt_arg(a) for a in b.args] + [f"{k}={fmt_arg(v)}" for k, v in b.kwargs])

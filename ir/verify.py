@@ -161,6 +161,9 @@ def verify_buffers(g: BufferGraph, stage: str) -> None:
                 fail(g, stage, b.name, f"B6 {mask}")
             if b.reduction_type is not None and b.reduction_type not in REDUCTION_TYPES:
                 fail(g, stage, b.name, f"B5 unknown reduction type {b.reduction_type!r}")
+            if b.inner_order and (b.is_reduction or sorted(b.inner_order) != list(range(len(b.ranges)))):
+                fail(g, stage, b.name, f"B3 inner order {list(b.inner_order)} is no permutation of a pointwise "
+                                       f"buffer's {len(b.ranges)} dims")
         rank[b.name] = len(b.layout.size) if b.layout is not None else -1
     for o in g.outputs:
         if o is not None and o not in rank:

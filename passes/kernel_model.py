@@ -10,7 +10,8 @@ A kernel iterates `xindex` over `numel` and, for reduction kernels, `rindex` ove
     outer      a pointwise node with numel elements: x* = unflatten(xindex, ranges);
                runs once per xindex (after the reductions it reads)
     inner      a pointwise node with numel * rnumel elements:
-               x* = unflatten(xindex * rnumel + rindex, ranges); runs per (xindex, rindex)
+               x* = unflatten(xindex * rnumel + rindex, ranges); runs per (xindex, rindex);
+               with an inner_order, its dims are unflattened in that order
 
 A load inside the kernel of a buffer that the kernel itself writes is served from
 registers; fuse admits a pair only when that load's position, in kernel
@@ -67,7 +68,7 @@ def node_role(b: ComputedBuffer, group: tuple[int, int]) -> Role | None:
 
 def var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sympy.Expr]:
     """The node's loop symbols as expressions of xindex / rindex."""
-    return dict(_var_map(node_role(b, group), b.ranges, b.reduction_ranges, group))
+    return dict(_var_map(node_role(b, group), b.ranges, b.reduction_ranges, group, b.inner_order))
 
 
 # var_map and store_position are pure functions of a node's ranges (and layout) and
@@ -75,13 +76,17 @@ def var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sym
 # (MobileNetV2's training graphs: 3977 var_maps, 1.5 s of sympy, before they were kept)
 @functools.lru_cache(maxsize=8192)
 def _var_map(role: Role | None, ranges: tuple[Size, ...], reduction_ranges: tuple[Size, ...],
-             group: tuple[int, int]) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
+             group: tuple[int, int], inner_order: tuple[int, ...] = ()) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
     rng = kernel_ranges(group)
     xs = xsyms(len(ranges))
     if role is Role.INNER:
         flat: sympy.Expr = XINDEX * group[1] + RINDEX
     else:
         flat = XINDEX
+    if role is Role.INNER and inner_order:  # its dims walked in that order
+        walked = unflatten(flat, tuple(ranges[d] for d in inner_order))
+        at = dict(zip(inner_order, walked))
+        return tuple((s, simplify_index(at[d], rng)) for d, s in enumerate(xs))
     m = {s: simplify_index(e, rng) for s, e in zip(xs, unflatten(flat, ranges))}
     if role is Role.REDUCTION:
         rs = rsyms(len(reduction_ranges))
@@ -90,13 +95,13 @@ def _var_map(role: Role | None, ranges: tuple[Size, ...], reduction_ranges: tupl
 
 
 def store_position(b: ComputedBuffer, group: tuple[int, int]) -> sympy.Expr:
-    return _store_position(node_role(b, group), b.layout, b.ranges, b.reduction_ranges, group)
+    return _store_position(node_role(b, group), b.layout, b.ranges, b.reduction_ranges, group, b.inner_order)
 
 
 @functools.lru_cache(maxsize=8192)
 def _store_position(role: Role | None, layout: Layout, ranges: tuple[Size, ...], reduction_ranges: tuple[Size, ...],
-                    group: tuple[int, int]) -> sympy.Expr:
-    m = dict(_var_map(role, ranges, reduction_ranges, group))
+                    group: tuple[int, int], inner_order: tuple[int, ...] = ()) -> sympy.Expr:
+    m = dict(_var_map(role, ranges, reduction_ranges, group, inner_order))
     return simplify_index(layout.offset_of(xsyms(len(ranges))).xreplace(m), kernel_ranges(group))
 
 

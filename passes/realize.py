@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from fractions import Fraction
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 import attrs
 import sympy
@@ -575,7 +575,8 @@ class _Realizer:
             for o, st in zip(self.g.outputs, strides)
         )
         rows = tuple(self._final_rows())
-        return pair_collectives(BufferGraph(tuple(self.inputs), tuple(self.buffers), outputs, rows, self.g.sizes))
+        buffers = inner_orders(self.buffers) if self.o.traits().inner_orders else tuple(self.buffers)
+        return pair_collectives(BufferGraph(tuple(self.inputs), buffers, outputs, rows, self.g.sizes))
 
     def _buffers_holding(self, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
         """The buffers an inlined node's compute ended up in (through inline chains)."""
@@ -649,6 +650,68 @@ def _simplify_body(body: Expr, rng: dict[sympy.Symbol, int]) -> Expr:
         return None
 
     return prove_checks(rewrite(body, fn), rng)  # the run-time checks its value ranges make needless
+
+
+def inner_orders(buffers: Sequence[Buffer]) -> tuple[Buffer, ...]:
+    """Each pointwise buffer that the reductions reading it all read with its dims
+    permuted, one reduction dim or kernel dim an index, gets that permutation as
+    its inner_order: inside their kernel it then computes each element at the
+    position they read it (kernel_model's inner role), so fuse can put it there.
+    BatchNorm's backward: the ReLU gradient (n, h, w, c), realized for its two
+    readers, is summed per channel (x = c, r = (n, h, w)); without the order it is
+    a kernel of its own that writes the gradient and the reduction reads it back."""
+    pointwise = {b.name: b for b in buffers if isinstance(b, ComputedBuffer) and not b.is_reduction}
+    wanted: dict[str, set[tuple[int, ...] | None]] = defaultdict(set)
+    for r in buffers:
+        if not isinstance(r, ComputedBuffer) or not r.is_reduction:
+            continue
+        walk = [(s, n) for s, n in zip((*xsyms(len(r.ranges)), *rsyms(len(r.reduction_ranges))),
+                                        (*r.ranges, *r.reduction_ranges)) if n != 1]
+        for ld in loads(r.body):
+            if ld.name in pointwise:
+                wanted[ld.name].add(_permuted(ld.index, pointwise[ld.name].ranges, walk))
+    # a buffer read whole by one so ordered (at its own index, as BatchNorm's
+    # recomputed output by the ReLU gradient) walks the same order, or the two
+    # could share no kernel: readers come after what they read
+    for b in reversed(buffers):
+        order = _one(wanted.get(b.name, set()))
+        if not isinstance(b, ComputedBuffer) or order is None:
+            continue
+        for ld in loads(b.body):
+            q = pointwise.get(ld.name)
+            if q is not None and q.ranges == b.ranges and tuple(ld.index) == xsyms(len(b.ranges)):
+                wanted[q.name].add(order)
+    out: list[Buffer] = []
+    for b in buffers:
+        order = _one(wanted.get(b.name, set()))
+        if order is not None and order != tuple(range(len(order))):
+            b = attrs.evolve(b, inner_order=order)  # type: ignore[arg-type]
+        out.append(b)
+    return tuple(out)
+
+
+def _one(orders: set[tuple[int, ...] | None]) -> tuple[int, ...] | None:
+    """The order all of a buffer's readers ask, None when they differ or none asks."""
+    return next(iter(orders)) if len(orders) == 1 else None
+
+
+def _permuted(index: Sequence[Any], ranges: Sequence[Size], walk: Sequence[tuple[sympy.Symbol, Size]]
+              ) -> tuple[int, ...] | None:
+    """The order of a buffer's dims (of `ranges`) that a reader walks, reading it at
+    `index` while its own loops (`walk`, outermost first, size-1 loops left out)
+    run: each dim of more than one element read at a loop's symbol of its size,
+    every loop used once; dims of one element go last.  None when the read is not
+    such a permutation."""
+    at: dict[sympy.Symbol, int] = {}
+    for d, (e, n) in enumerate(zip(index, ranges)):
+        if n == 1:
+            continue
+        if not isinstance(e, sympy.Symbol) or e in at:
+            return None
+        at[e] = d
+    if len(at) != len(walk) or any(s not in at or ranges[at[s]] != n for s, n in walk):
+        return None
+    return (*(at[s] for s, _ in walk), *(d for d, n in enumerate(ranges) if n == 1))
 
 
 def realize(g: LoweredGraph, options: Options) -> BufferGraph:

@@ -1534,3 +1534,62 @@ def test_one_element_read_under_a_mask_loads_through_a_block_pointer(device: str
 
     compiled = check(fn, [x])
     assert "tl.zeros_like(" in compiled.source
+
+
+def _relu_batch_norm_backward(dy, x, w, mean, rstd):
+    """BatchNorm's input gradient behind a ReLU, on channels-last bfloat16, as
+    torch decomposes it: the ReLU gradient is read by two per-channel sums (down
+    its channels) and by the elementwise gradient."""
+    g = torch.where(x > 0, dy, torch.zeros((), dtype=dy.dtype)).float()
+    sub = x.float() - mean[None, :, None, None]
+    s1, s2 = g.sum((0, 2, 3)), (g * sub).sum((0, 2, 3))
+    n = x.numel() // x.shape[1]
+    a, b = (s1 / n)[None, :, None, None], (s2 / n * rstd * rstd)[None, :, None, None]
+    return ((g - sub * b - a) * (rstd * w)[None, :, None, None]).to(dy.dtype), s2 * rstd, s1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(4, 16, 6, 6), (8, 40, 9, 7)])
+def test_a_pointwise_node_walks_a_column_reductions_order(device: str, shape: tuple[int, ...]) -> None:
+    """The ReLU gradient, a buffer for its several readers, is read by the sums at
+    [r0, x0, r1, r2]: realize gives it that inner order (channel first), so it runs
+    inside the sums' kernel and writes its value from there: two kernels, not
+    three, and eager's values.  The reference target keeps three."""
+    cl = torch.channels_last
+    inputs = [torch.randn(shape, device=device).to(memory_format=cl).bfloat16(),
+              torch.randn(shape, device=device).to(memory_format=cl).bfloat16(),
+              torch.randn(shape[1], device=device), torch.randn(shape[1], device=device) * 0.1,
+              torch.rand(shape[1], device=device) + 0.5]
+    compiled = check(_relu_batch_norm_backward, inputs, atol=2e-2, rtol=2e-2)
+    relu = next(b for b in compiled.module.buffers if "where" in b.origins and not b.is_reduction)
+    assert relu.inner_order == (1, 0, 2, 3)
+    ks = specs(compiled)
+    assert len(ks) == 2 and relu.name in [n.name for n in ks[0].nodes] and ks[0].space.columns
+    from tests_helpers import run_until
+
+    assert len(run_until(_relu_batch_norm_backward, [t.cpu() for t in inputs], "fuse").kernels) == 3
+
+
+def _bn_relu6_backward(dy, x, m, r, w, b):
+    """MobileNetV2's backward through BatchNorm + ReLU6: the forward's output is
+    recomputed from the convolution's (five reads: a buffer), the ReLU6 gradient
+    reads it, and two per-channel sums read the gradient down its channels."""
+    y = ((x.float() - m[None, :, None, None]) * r[None, :, None, None] * w[None, :, None, None]
+         + b[None, :, None, None]).to(dy.dtype)
+    g = torch.where((y <= 0) | (y >= 6), torch.zeros((), dtype=dy.dtype), dy).float()
+    s1, s2 = g.sum((0, 2, 3)), (g * (x.float() - m[None, :, None, None])).sum((0, 2, 3))
+    return (g - s1[None, :, None, None] * s2[None, :, None, None] * 1e-3).to(dy.dtype), s1, s2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_pointwise_node_read_whole_by_an_ordered_one_walks_its_order(device: str) -> None:
+    """The recomputed BatchNorm output, read at its own index by the ordered ReLU6
+    gradient, takes the same inner order, so both run inside the sums' kernel."""
+    cl, shape = torch.channels_last, (4, 24, 6, 6)
+    inputs = [torch.randn(shape, device=device).to(memory_format=cl).bfloat16(),
+              (torch.randn(shape, device=device) * 4).to(memory_format=cl).bfloat16(),
+              *(torch.rand(24, device=device) + 0.5 for _ in range(4))]
+    compiled = check(_bn_relu6_backward, inputs, atol=2e-2, rtol=2e-2)
+    ordered = [b.name for b in compiled.module.buffers if getattr(b, "inner_order", ())]
+    ks = specs(compiled)
+    assert len(ordered) == 2 and len(ks) == 2 and set(ordered) <= {n.name for n in ks[0].nodes}
