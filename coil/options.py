@@ -388,6 +388,10 @@ class Options:
     # kernels, not 3 (bench/probes/README.md).  Off for Triton is not measured on a
     # GPU yet; "off" tries it
     realize_reuse: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
+    # realize.inner_orders: a pointwise buffer that reductions read with its dims
+    # permuted walks them in their order inside their kernel; "auto": by target (the
+    # inner_orders trait: Triton), "on", "off" (an A/B of BatchNorm's backward)
+    inner_orders: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
     # overlap (passes/overlap.py): the most bytes of collectives' buffers in flight at
     # once when it moves issues earlier and waits later; 0: no overlap stage
     overlap_bytes_limit: int = 1 << 30
@@ -472,6 +476,12 @@ class Options:
         if self.channels_last != "auto":
             return self.channels_last == "on"
         return self.traits().channels_last
+
+    def orders_inner_nodes(self) -> bool:
+        """realize's inner orders: the option, else the target's trait."""
+        if self.inner_orders != "auto":
+            return self.inner_orders == "on"
+        return self.traits().inner_orders
 
     def realizes_reused(self) -> bool:
         """realize's reuse rule: the option, else the target's trait."""

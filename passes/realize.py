@@ -575,7 +575,7 @@ class _Realizer:
             for o, st in zip(self.g.outputs, strides)
         )
         rows = tuple(self._final_rows())
-        buffers = inner_orders(self.buffers) if self.o.traits().inner_orders else tuple(self.buffers)
+        buffers = inner_orders(self.buffers) if self.o.orders_inner_nodes() else tuple(self.buffers)
         return pair_collectives(BufferGraph(tuple(self.inputs), buffers, outputs, rows, self.g.sizes))
 
     def _buffers_holding(self, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
