@@ -653,14 +653,20 @@ def _simplify_body(body: Expr, rng: dict[sympy.Symbol, int]) -> Expr:
 
 
 def inner_orders(buffers: Sequence[Buffer]) -> tuple[Buffer, ...]:
-    """Each pointwise buffer that the reductions reading it all read with its dims
-    permuted, one reduction dim or kernel dim an index, gets that permutation as
-    its inner_order: inside their kernel it then computes each element at the
+    """Each pointwise buffer that is no reduction's second pass (`_rows_of`) and
+    that the reductions reading it all read with its dims permuted, one loop an
+    index, gets that permutation as its inner_order: inside their kernel it then computes each element at the
     position they read it (kernel_model's inner role), so fuse can put it there.
     BatchNorm's backward: the ReLU gradient (n, h, w, c), realized for its two
     readers, is summed per channel (x = c, r = (n, h, w)); without the order it is
     a kernel of its own that writes the gradient and the reduction reads it back."""
-    pointwise = {b.name: b for b in buffers if isinstance(b, ComputedBuffer) and not b.is_reduction}
+    # a node that reads a reduction's result at its own leading dims is that
+    # reduction's second pass over its rows, and belongs in its kernel in its own
+    # order (T5's softmax gradient, which a sum over the batch also reads: ordered for
+    # the sum, it left the softmax's kernel, a kernel more a layer)
+    reductions = {b.name: b for b in buffers if isinstance(b, ComputedBuffer) and b.is_reduction}
+    pointwise = {b.name: b for b in buffers if isinstance(b, ComputedBuffer) and not b.is_reduction
+                 and not any(_rows_of(ld, reductions.get(ld.name)) for ld in loads(b.body))}
     wanted: dict[str, set[tuple[int, ...] | None]] = defaultdict(set)
     for r in buffers:
         if not isinstance(r, ComputedBuffer) or not r.is_reduction:
@@ -688,6 +694,15 @@ def inner_orders(buffers: Sequence[Buffer]) -> tuple[Buffer, ...]:
             b = attrs.evolve(b, inner_order=order)  # type: ignore[arg-type]
         out.append(b)
     return tuple(out)
+
+
+def _rows_of(ld: Load, r: ComputedBuffer | None) -> bool:
+    """A read of reduction `r` (if one) at the reader's leading loops, one a row: the
+    reader is that reduction's second pass."""
+    if r is None:
+        return False
+    kept = [e for e, n in zip(ld.index, r.ranges) if n != 1]
+    return bool(kept) and tuple(kept) == xsyms(len(kept))
 
 
 def _one(orders: set[tuple[int, ...] | None]) -> tuple[int, ...] | None:

@@ -324,3 +324,26 @@ def test_the_reads_of_slices_are_counted_against_the_size_of_what_they_slice():
         assert _row(bg, "mul").realized == realized, fn.__name__
         assert realized == (_row(bg, "mul").rule == "reuse"), fn.__name__
         torch.testing.assert_close(run_buffer_graph(bg, inputs)[0], fn(*inputs)[0])
+
+
+def test_inner_orders_forced_on_a_target_without_the_trait() -> None:
+    """Options.inner_orders="on" where the target's trait is off (the reference and
+    C++ targets): the ReLU gradient is ordered for the per-channel sums and runs in
+    their kernel, and the values are eager's (kernel_model's inner role is the one
+    model every target's kernels follow)."""
+    from test_triton_target import _relu_batch_norm_backward
+    from tests_helpers import target_available
+
+    cl, shape = torch.channels_last, (4, 16, 6, 6)
+    inputs = [torch.randn(shape).to(memory_format=cl).bfloat16(), torch.randn(shape).to(memory_format=cl).bfloat16(),
+              torch.randn(16), torch.randn(16) * 0.1, torch.rand(16) + 0.5]
+    for target in ("reference", "cpp"):
+        if not target_available(target):
+            continue
+        for orders, kernels in (("auto", 3), ("on", 2)):
+            compiled = coil.compile_graph(trace(_relu_batch_norm_backward, *inputs), inputs,
+                                          coil.Options(target=target, inner_orders=orders))
+            for got, want in zip(compiled(*inputs), _relu_batch_norm_backward(*inputs)):
+                torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+            assert len(compiled.module.kernels) == kernels, (target, orders)
+            assert any(getattr(b, "inner_order", ()) for b in compiled.module.buffers) == (orders == "on")

@@ -1596,3 +1596,24 @@ def test_a_pointwise_node_read_whole_by_an_ordered_one_walks_its_order(device: s
     ordered = [b.name for b in compiled.module.buffers if getattr(b, "inner_order", ())]
     ks = specs(compiled)
     assert len(ordered) == 2 and len(ks) == 2 and set(ordered) <= {n.name for n in ks[0].nodes}
+
+
+def _softmax_backward_and_batch_sum(g, y):
+    """T5's attention: the softmax gradient (a second pass over the rows of its own
+    sum) is read whole by the next op and summed over the batch (the position
+    bias's gradient), which reads it with its dims permuted."""
+    d = y * (g - (g * y).sum(-1, keepdim=True))
+    return d * 2, d.sum(0)
+
+
+def test_a_reductions_second_pass_keeps_its_own_order() -> None:
+    """The softmax gradient reads its row sum at its own leading dims: it is that
+    sum's second pass, so the batch sum's permuted read gives it no inner order
+    (ordered, it would leave the softmax's kernel), and it runs in the row kernel."""
+    inputs = [torch.randn(2, 4, 8, 8), torch.softmax(torch.randn(2, 4, 8, 8), -1)]
+    compiled = check(_softmax_backward_and_batch_sum, inputs, atol=1e-5, rtol=1e-5)
+    assert not any(getattr(b, "inner_order", ()) for b in compiled.module.buffers)
+    grad = next(b for b in compiled.module.buffers if b.rule == "reuse")
+    rows, batch = specs(compiled)
+    assert rows.space == Rows(64, 8, looped=False) and grad.name in [n.name for n in rows.nodes]
+    assert batch.space.rnumel == 2 and grad.name not in [n.name for n in batch.nodes]
