@@ -8,7 +8,9 @@ default, at the models suite's `cpu` size in float32 on one thread; cuda at
 `small` in bf16): Inductor and coil with the rule on and off, compiled side by
 side, each step timed in interleaved rounds (median of the rounds' medians), with
 the kernels and externs coil's wrappers launch a step.  Runs here on the CPU:
-`python3 bench/probes/realize_reuse.py resnet`; on a CUDA machine with DEVICE=cuda."""
+`python3 bench/probes/realize_reuse.py resnet`; on a CUDA machine with DEVICE=cuda.
+$OPTION names another realize option to compare the same way, over the values in
+$VALUES (comma-separated; default on,off): `OPTION=inner_orders VALUES=auto,on`."""
 from __future__ import annotations
 
 import os
@@ -28,6 +30,8 @@ from coil.ir.wrapper import ExternCall, KernelCall  # noqa: E402
 DEVICE = os.environ.get("DEVICE", "cpu")
 MODE = os.environ.get("MODE", "train")
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
+OPTION = os.environ.get("OPTION", "realize_reuse")
+VALUES = os.environ.get("VALUES", "on,off").split(",")
 
 
 def timed_ms(call: Callable[[], Any], steps: int) -> float:
@@ -53,12 +57,13 @@ def main() -> None:
         torch._dynamo.reset()
         calls: dict[str, Callable[[], Any]] = {}
         launched: dict[str, int] = {}
-        for label, reuse in (("inductor", None), ("coil reuse on", "on"), ("coil reuse off", "off")):
+        short = OPTION.replace("realize_", "")
+        for label, reuse in (("inductor", None), *((f"coil {short} {v}", v) for v in VALUES)):
             model, inputs = make_case(name, MODE, DEVICE, size=size, dtype=dtype)
             if reuse is None:
                 f = torch.compile(model)
             else:
-                f = torch.compile(model, backend="coil", options={"target": target, "realize_reuse": reuse})
+                f = torch.compile(model, backend="coil", options={"target": target, OPTION: reuse})
             call = step_call(f, model, inputs, MODE, False)
             cap = Capture()
             with record_coil_graphs(cap):
@@ -75,7 +80,7 @@ def main() -> None:
         print(f"== {name} {MODE} {DEVICE}: ms a step, median of {ROUNDS} rounds (spread min-max)", flush=True)
         for label, ms in med.items():
             extra = f"  launches {launched[label]}" if label != "inductor" else ""
-            print(f"  {label:15s} {ms:8.3f}  x Inductor {ms / med['inductor']:.3f}  "
+            print(f"  {label:22s} {ms:8.3f}  x Inductor {ms / med['inductor']:.3f}  "
                   f"({min(rounds[label]):.3f}-{max(rounds[label]):.3f}){extra}", flush=True)
 
 
