@@ -123,6 +123,15 @@ def test_pool_values_indices_and_reader_are_one_kernel(target: str) -> None:
     got = coil.compile_graph(gm, inputs, coil.Options(target=target))(*inputs)
     for g_, e in zip(got, fn(*inputs)):
         torch.testing.assert_close(g_, e, rtol=0, atol=0)
+    # a per-channel bias: on Triton a trivial read, so the relu is no buffer and the
+    # whole graph one kernel; the other targets count it and keep two
+    inputs = [inputs[0], torch.randn(3, 1, 1)]
+    gm = make_fx(fn)(*inputs)
+    fused = coil.default_pipeline().run(gm, inputs, until="fuse", options=coil.Options(target=target))
+    assert len(fused.kernels) == (1 if target == "triton" else 2), show(fused)
+    got = coil.compile_graph(gm, inputs, coil.Options(target=target))(*inputs)
+    for g_, e in zip(got, fn(*inputs)):
+        torch.testing.assert_close(g_, e, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("target", ["reference", "cpp"])
