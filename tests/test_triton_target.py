@@ -1549,18 +1549,19 @@ def _relu_batch_norm_backward(dy, x, w, mean, rstd):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [(4, 16, 6, 6), (8, 40, 9, 7)])
+@pytest.mark.parametrize("shape", [(4, 16, 6, 6), (8, 40, 9, 7), (8, 48, 48, 48)])
 def test_a_pointwise_node_walks_a_column_reductions_order(device: str, shape: tuple[int, ...]) -> None:
     """The ReLU gradient, a buffer for its several readers, is read by the sums at
     [r0, x0, r1, r2]: realize gives it that inner order (channel first), so it runs
     inside the sums' kernel and writes its value from there: two kernels, not
-    three, and eager's values.  The reference target keeps three."""
+    three, and eager's values.  The reference target keeps three.  At 8 x 48 x 48
+    the sums split over many programs, each storing its share of the gradient."""
     cl = torch.channels_last
     inputs = [torch.randn(shape, device=device).to(memory_format=cl).bfloat16(),
               torch.randn(shape, device=device).to(memory_format=cl).bfloat16(),
               torch.randn(shape[1], device=device), torch.randn(shape[1], device=device) * 0.1,
               torch.rand(shape[1], device=device) + 0.5]
-    compiled = check(_relu_batch_norm_backward, inputs, atol=2e-2, rtol=2e-2)
+    compiled = check(_relu_batch_norm_backward, inputs, atol=3e-2, rtol=3e-2)
     relu = next(b for b in compiled.module.buffers if "where" in b.origins and not b.is_reduction)
     assert relu.inner_order == (1, 0, 2, 3)
     ks = specs(compiled)
@@ -1569,7 +1570,7 @@ def test_a_pointwise_node_walks_a_column_reductions_order(device: str, shape: tu
 
     assert len(run_until(_relu_batch_norm_backward, [t.cpu() for t in inputs], "fuse").kernels) == 3
     # Options.inner_orders="off" (COIL_INNER_ORDERS=off): no order, three kernels on Triton too
-    off = check(_relu_batch_norm_backward, inputs, atol=2e-2, rtol=2e-2, inner_orders="off")
+    off = check(_relu_batch_norm_backward, inputs, atol=3e-2, rtol=3e-2, inner_orders="off")
     assert len(specs(off)) == 3 and not any(getattr(b, "inner_order", ()) for b in off.module.buffers)
 
 
