@@ -168,18 +168,18 @@ class _Fuser:
         if columns.stores_count or not gt(grp[1], 1) or not is_static(grp):
             return None
         alone = [g for g in (a, b) if gt(g.group[1], 1) and self.down_columns(g.nodes, g.group)]
-        if alone and not self.down_columns(tuple(members), grp):
-            other = b if alone[0] is a else a
-            return (f"columns: {alone[0].name} reads down columns, and fused with {other.name} the kernel "
-                    f"would not (one column a program)")
         # a node walked in a reduction's order (ComputedBuffer.inner_order) walks its
         # columns: in a kernel that runs rows, one a program, its reads and its store
         # would stride (ConvNeXt's LayerNorm gradient beside its weight's, whose
         # reduction also reads an NCHW input along the rows: 156 µs against 50 + 40)
         ordered = [n for n in members if self.bufs[n].inner_order and node_role(self.bufs[n], grp) is Role.INNER]
-        if ordered and not self.down_columns(tuple(members), grp):
-            return f"columns: {ordered[0]} walks the reduction's columns, and the kernel would not read down them"
-        return None
+        if not (alone or ordered) or self.down_columns(tuple(members), grp):
+            return None
+        if alone:
+            other = b if alone[0] is a else a
+            return (f"columns: {alone[0].name} reads down columns, and fused with {other.name} the kernel "
+                    f"would not (one column a program)")
+        return f"columns: {ordered[0]} walks the reduction's columns, and the kernel would not read down them"
 
     def down_columns(self, nodes: tuple[str, ...], grp: tuple[Size, Size]) -> bool:
         """reads_down_columns of these nodes in this group, remembered."""
@@ -383,8 +383,7 @@ class _Fuser:
         traits = self.o.traits()
         column_min = traits.column_loop_min
         if kind is KernelKind.PERSISTENT and column_min is not None and not le(grp.group[1], column_min - 1):
-            bufs = tuple(self.bufs[n] for n in nodes)
-            if reads_down_columns(bufs, kernel_layouts(self.g), grp.group, traits.columns):
+            if self.down_columns(nodes, grp.group):
                 kind = KernelKind.REDUCTION  # looped, a block of columns a program (kernel_model.reads_down_columns)
         return FusedKernel("", nodes, kind, grp.group)
 

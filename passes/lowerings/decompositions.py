@@ -225,9 +225,7 @@ def detach_as_alias(self: torch.Tensor) -> torch.Tensor:
     return aten.alias.default(self)
 
 
-def convolution_backward_bias_apart(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
-                                    bias_sizes: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
-                                    output_padding: Any, groups: int, output_mask: Any) -> Any:
+def convolution_backward_bias_apart(grad_output: torch.Tensor, *args: Any) -> Any:
     """A convolution's bias gradient on a GPU as a sum of grad_output over every
     dim but the channels, which coil fuses with whatever computes grad_output; the
     aten kernel then computes the input's and the weight's gradients only.  aten's
@@ -235,10 +233,9 @@ def convolution_backward_bias_apart(grad_output: torch.Tensor, input: torch.Tens
     step on an H100: 20 such launches, 309 µs).  Inductor does the same on a GPU.
     On the CPU (mkldnn computes it alongside) and without a bias gradient, the op
     stays whole (NotImplemented)."""
-    if not output_mask[2] or grad_output.device.type == "cpu":
+    if not args[-1][2] or grad_output.device.type == "cpu":  # args[-1]: output_mask
         return NotImplemented
-    return bias_gradient_apart(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-                               output_padding, groups, output_mask)
+    return bias_gradient_apart(grad_output, *args)
 
 
 def bias_gradient_apart(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
