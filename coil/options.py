@@ -388,6 +388,11 @@ class Options:
     # kernels, not 3 (bench/probes/README.md).  Off for Triton is not measured on a
     # GPU yet; "off" tries it
     realize_reuse: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
+    # realize's lifetime rule: a pointwise node whose readers run far later (more than
+    # realize.LIFETIME_SPAN nodes) and whose inputs die at it, holding at least twice
+    # its bytes, becomes a buffer where it stands, so those inputs are freed early (T5's
+    # tied embedding gradient: two float32 [vocab, d_model] scatters summed at the end)
+    realize_lifetime: bool = True
     # realize.inner_orders: a pointwise buffer that reductions read with its dims
     # permuted walks them in their order inside their kernel; "auto": by target (the
     # inner_orders trait: Triton), "on", "off" (an A/B of BatchNorm's backward)

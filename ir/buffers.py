@@ -64,6 +64,7 @@ class Rule(enum.StrEnum):
     REUSE = "reuse"  # read whole by several readers while itself reading several tensors
     ACC_READS_THRESHOLD = "acc_reads_threshold"  # reads too many buffers to be inlined
     MUTATION = "mutation"  # reads a buffer that is mutated before its last reader runs
+    LIFETIME = "lifetime"  # its readers run far later; realized, the larger inputs dying at it are freed
     OUTPUT_STRIDE = "output_stride"  # a copy that holds an output to the strides FX promised
     OUTPUT_VIEW = "output_view"  # an output that is a view of a buffer: an alias, no copy
     EXTERN_INPUT_VIEW = "extern_input_view"  # an extern's input that is a view: an alias
@@ -220,6 +221,20 @@ class BufferGraph:
     def devices(self) -> frozenset[str]:
         return frozenset(b.layout.device for b in (*self.inputs, *self.buffers) if b.layout is not None)
 
+
+
+def owns_no_storage(b: Union[InputBuffer, Buffer]) -> bool:
+    """A buffer whose bytes are another's: a view (AliasBuffer), a tuple result (read
+    through its MultiOutputBuffers), or an extern's result that is the tensor it
+    wrote into (index_add_, copy_ return their first argument; extract_deps names it
+    by that tensor, mutation_real_name)."""
+    return isinstance(b, AliasBuffer) or b.layout is None or (isinstance(b, ExternBuffer) and bool(b.mutated))
+
+
+def storage_nbytes(g: BufferGraph, name: str) -> Size:
+    """The bytes of the storage `name` allocates (0 where it owns none: owns_no_storage)."""
+    b = g.get(name)
+    return 0 if owns_no_storage(b) or b.layout is None else b.layout.nbytes
 
 
 def storage_bases(g: BufferGraph, name: str) -> tuple[str, ...]:

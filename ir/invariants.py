@@ -31,7 +31,7 @@ from __future__ import annotations
 import sympy
 
 from coil.errors import CoilError
-from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer
+from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, storage_nbytes
 from coil.ir.expr import indirect_loads
 from coil.ir.fused import FusedSchedule
 from coil.ir.kernel import Combo
@@ -177,10 +177,7 @@ def check_reuse(w: WrapperProgram) -> None:
 
 
 def _bytes(bg: BufferGraph, name: str) -> Size:
-    b = bg.get(name)
-    if isinstance(b, AliasBuffer) or b.layout is None:
-        return 0
-    return b.layout.nbytes
+    return storage_nbytes(bg, name)
 
 
 def replay_peak_expr(w: WrapperProgram) -> Size:

@@ -112,7 +112,7 @@ def show_wrapper(w: WrapperProgram) -> str:
                 out.append(f"  {ln.name} = {ln.extern}{list(ln.index)}")
             case Free():
                 kind = {FreeKind.INPUT: "FreeLine", FreeKind.BUFFER: "FreeIfNotReusedLine",
-                        FreeKind.NAME: "its storage taken in place"}[ln.kind]
+                        FreeKind.NAME: "the name only"}[ln.kind]
                 out.append(f"  del {ln.name}  # {kind}")
             case Return():
                 out.append(f"  return ({', '.join(str(n) for n in ln.names)},)")

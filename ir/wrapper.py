@@ -136,7 +136,9 @@ class FreeKind(enum.StrEnum):
 
     INPUT = "input"
     BUFFER = "buffer"
-    NAME = "name"  # only the name: its storage was taken in place (Reuse.inplace)
+    # only the name: its storage was taken in place (Reuse.inplace), or is another's
+    # (an extern's result that is the tensor it wrote into, dropped with that tensor)
+    NAME = "name"
 
 
 @attrs.frozen

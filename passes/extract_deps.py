@@ -121,8 +121,8 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
                 writes: set[Dep] = {StarDep(b.name), *(StarDep(m) for m in b.mutated)}
                 for m in b.mutated:
                     reads |= {WeakDep(r, b.name) for r in readers_so_far.get(m, []) if r != b.name}
-                    if b.layout is not None:
-                        mutation_real_name.append((b.name, m))
+                    if b.layout is not None:  # the result is the tensor it wrote: named by its storage's owner
+                        mutation_real_name.append((b.name, dict(mutation_real_name).get(m, m)))
                 rw = ReadWrites(frozenset(reads), frozenset(writes))
                 kind, group = NodeKind.EXTERN, (0, 0)
             case MultiOutputBuffer():

@@ -23,7 +23,7 @@ from typing import Iterable
 
 import attrs
 
-from coil.ir.buffers import ComputedBuffer, collectives
+from coil.ir.buffers import ComputedBuffer, Rule, collectives
 from coil.ir.fused import (
     Direction,
     ExternStep,
@@ -143,6 +143,9 @@ class _Fuser:
             for p in self.producers[c]:
                 if p in inside and not self.in_registers(c, p, grp):
                     return f"index: {c} reads {p} at another position than {p} writes it"
+                if p in inside and self.bufs[p].rule is Rule.LIFETIME and (p in a.nodes) != (c in a.nodes):
+                    return (f"lifetime: {p} was realized to free what it reads early (realize's lifetime rule); "
+                            f"fused with its reader {c}, it would run as late")
         splits = self.o.traits().splits
         if (splits is not None and self.o.split_second_pass > 0 and gt(grp[1], 1)
                 and splits_rows(grp, splits, self.o.split_second_pass)):

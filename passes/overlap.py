@@ -21,17 +21,14 @@ from typing import Sequence
 
 import attrs
 
-from coil.ir.buffers import AliasBuffer, BufferGraph, CollectiveRole, ExternBuffer, collectives, in_flight_buffers
+from coil.ir.buffers import BufferGraph, CollectiveRole, ExternBuffer, collectives, in_flight_buffers, storage_nbytes
 from coil.ir.fused import FusedSchedule, OverlapDecision, Step
 from coil.ir.memory import collective_spans, in_flight_at
 from coil.options import Options
 
 
 def _nbytes(g: BufferGraph, name: str) -> int:
-    b = g.get(name)
-    if isinstance(b, AliasBuffer) or b.layout is None:
-        return 0
-    return g.sizes.shapes.hint(b.layout.nbytes)
+    return g.sizes.shapes.hint(storage_nbytes(g, name))
 
 
 def most_in_flight(g: BufferGraph, steps: Sequence[Step]) -> int:

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 import sympy
 
 from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer,
-                             collectives, copy_operands)
+                             collectives, copy_operands, storage_nbytes)
 from coil.ir.expr import IndirectLoad, Load, read_names, walk
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, Step
@@ -89,10 +89,7 @@ def step_used(step: Step, g: ScheduleGraph) -> frozenset[str]:
 
 
 def _storage_bytes(g: BufferGraph, name: str) -> int:
-    b = g.get(name)
-    if isinstance(b, (AliasBuffer,)) or b.layout is None:
-        return 0
-    return g.sizes.shapes.hint(b.layout.nbytes)  # symbolic sizes: bytes at the hints (the peak is an estimate)
+    return g.sizes.shapes.hint(storage_nbytes(g, name))  # symbolic sizes: bytes at the hints (the peak is an estimate)
 
 
 def _owns_storage(g: BufferGraph, name: str) -> bool:
@@ -367,8 +364,7 @@ def peak_expression(plan: MemoryPlan) -> Size:
     bg = plan.buffer_graph
 
     def nbytes(name: str) -> Size:
-        b = bg.get(name)
-        return 0 if isinstance(b, AliasBuffer) or b.layout is None else b.layout.nbytes
+        return storage_nbytes(bg, name)
 
     reused = {old for ps in plan.steps for _, old in ps.reuses}
     live: Size = sum((i.layout.nbytes for i in bg.inputs), 0)

@@ -23,6 +23,15 @@ realized a buffer is stored on it:
     opcount_threshold several readers and more ops than realize_opcount_threshold
     acc_reads_threshold  the inlined body reads more buffers than realize_acc_reads_threshold
     mutation          a later op mutates something it reads while a reader still needs it
+    lifetime          its readers run more than LIFETIME_SPAN nodes later, and the
+                      buffers that die at it (it is the last to read them) hold at
+                      least twice its bytes and at least 1/LIFETIME_SHARE of the
+                      graph's inputs: inlined, its reader would hold them until
+                      then; realized where it stands, they are freed at once (T5's
+                      tied embedding: the decoder's float32 embedding gradient,
+                      narrowed and added to the lm_head's, was read only by the
+                      final sum, 250 MiB held across the encoder's backward);
+                      unless Options.realize_lifetime is off
     extern / data_dependent / multi_output   always buffers (no body to inline)
     output_view / extern_input_view           strided views of a buffer: an alias, no copy
 
@@ -99,6 +108,11 @@ log = logging.getLogger("coil.trace")
 # realize's reuse rule counts a read as nontrivial only when what it reads has more
 # than 1/BROADCAST_READ of the node's elements
 BROADCAST_READ = 16
+# the lifetime rule: a node whose readers come more than LIFETIME_SPAN nodes later
+# (in the lowered graph's order) and whose dying inputs hold at least twice its bytes,
+# and at least 1/LIFETIME_SHARE of the graph's input bytes, is realized where it stands
+LIFETIME_SPAN = 32
+LIFETIME_SHARE = 16
 # the rules that realize a node only to spare its readers recomputing it: such a
 # node whose value is a lossless widening of a narrower float (bfloat16 -> float32)
 # is stored narrow, and its readers widen what they load
@@ -264,6 +278,10 @@ def _share(view: View, base: LNode) -> Fraction:
     return min(Fraction(int(mine), int(whole)), Fraction(1))
 
 
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes} bytes"
+
+
 def _widened(body: Expr, dtype: torch.dtype) -> bool:
     """`body` is a cast to `dtype` that loses nothing (a float made wider)."""
     return isinstance(body, Cast) and body.dtype == dtype and dtype in _WIDER.get(body.arg.dtype, ())
@@ -292,6 +310,9 @@ class _Realizer:
                              if i < len(g.outputs) and g.outputs[i] is not None}
         self.out_stride = {o: st for o, st in zip(g.outputs, g.output_strides) if o is not None and st is not None}
         self.mutations = [(self.pos[n.name], m) for n in g.nodes if isinstance(n, Extern) for m in n.mutated]
+        self.input_bytes = sum(self.shapes.hint(n.layout.nbytes) for n in g.nodes if isinstance(n, Input))
+        # the lifetime rule's evidence, by node: (buffers freed, their bytes, nodes to the first reader)
+        self.lifetimes: dict[str, tuple[tuple[str, ...], int, int]] = {}
 
     # ---- resolution of loads ------------------------------------------------------------
 
@@ -422,7 +443,54 @@ class _Realizer:
             return rule
         if len(read_names(body)) > self.o.realize_acc_reads_threshold:
             return Rule.ACC_READS_THRESHOLD
-        return self.mutation_rule(node, body)
+        return self.mutation_rule(node, body) or (self.lifetime_rule(node) if not isinstance(node, View) else None)
+
+    def lifetime_rule(self, node: Pointwise | View) -> Rule | None:
+        """Rule.LIFETIME when the node's readers run far later and inlining it would
+        hold the larger buffers that die at it until then (the module docstring)."""
+        if not self.o.realize_lifetime:
+            return None
+        here = self.pos[node.name]
+        readers = self.readers.get(node.name, [])
+        if not readers or min(self.pos[r] for r in readers) - here <= LIFETIME_SPAN:
+            return None
+        dying = self.dying_at(node)
+        freed = sum(b for _, b in dying)
+        own = self.shapes.hint(numel(node.ranges)) * node.dtype.itemsize
+        if freed < 2 * own or freed * LIFETIME_SHARE < self.input_bytes:
+            return None
+        self.lifetimes[node.name] = (tuple(n for n, _ in dying), freed, min(self.pos[r] for r in readers) - here)
+        return Rule.LIFETIME
+
+    def dying_at(self, node: Pointwise | View) -> list[tuple[str, int]]:
+        """The realized nodes (not inputs, not outputs) that `node` reads, directly or
+        through inlined nodes, and whose every reader has run by `node` (it is their
+        last reader): (buffer, bytes), in order of first read."""
+        here = self.pos[node.name]
+
+        def consumed(r: str) -> bool:
+            if r == node.name:
+                return True
+            if self.pos[r] > here or r in self.outputs:
+                return False
+            entry = self.env.get(r)
+            return not isinstance(entry, _Inline) or all(consumed(x) for x in self.readers.get(r, []))
+
+        out: dict[str, int] = {}
+        seen: set[str] = set()
+        todo = list(_reads_of(node))
+        while todo:
+            x = todo.pop(0)
+            if x in seen:
+                continue
+            seen.add(x)
+            entry = self.env.get(x)
+            if isinstance(entry, _Inline):
+                todo.extend(_reads_of(self.g.node(x)))
+            elif (isinstance(entry, _Realized) and entry.name in self.layouts and x not in self.outputs
+                  and not isinstance(self.g.node(x), Input) and all(consumed(r) for r in self.readers.get(x, []))):
+                out.setdefault(entry.name, self.shapes.hint(self.layouts[entry.name].nbytes))
+        return list(out.items())
 
     # ---- per node kind ---------------------------------------------------------------------
 
@@ -446,6 +514,11 @@ class _Realizer:
                     self.narrow(n, body, rule, origins, ops)
                 else:
                     self.computed(n.name, n.origin, "Pointwise", body, n.ranges, (), None, n.dtype, n.device, rule, origins, ops)
+                    if rule is Rule.LIFETIME:
+                        freed, nbytes, span = self.lifetimes[n.name]
+                        self.rows[n.name] = attrs.evolve(
+                            self.rows[n.name], rule=f"{rule}; frees {', '.join(freed)} ({_mib(nbytes)}) "
+                                                    f"{span} nodes before its first reader")
             case Reduction():
                 body, origins, ops = self.resolve(n.body, n.name, n.ranges, n.reduction_ranges)
                 if not self.readers.get(n.name) and n.name not in self.outputs:

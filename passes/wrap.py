@@ -47,6 +47,12 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
     inputs = {i.name for i in bg.inputs}
     reused = {old for ps in plan.steps for _, old in ps.reuses}
     as_view = returned_views(program)
+    # an extern's result that is the tensor it wrote into (index_add_) is dropped with
+    # the storage's owner, which the plan frees: else its name would keep the storage
+    aliases: dict[str, list[str]] = {}
+    for alias, owner in program.schedule_graph.mutation_real_name:
+        aliases.setdefault(owner, []).append(alias)
+    bound: set[str] = set()
     lines: list[Line] = []
     for ps in plan.steps:
         step = ps.step
@@ -64,6 +70,7 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
                 b = bg.get(step.name)
                 assert isinstance(b, ExternBuffer)
                 lines.append(ExternCall(b.name, b.kernel, b.args, b.kwargs, b.mutated))
+                bound.add(b.name)
             case NopStep():
                 b = bg.get(step.name)
                 if isinstance(b, AliasBuffer):
@@ -81,6 +88,7 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
                 lines.append(Free(f, FreeKind.INPUT))
             elif f not in reused:
                 lines.append(Free(f, FreeKind.BUFFER))
+            lines.extend(Free(a, FreeKind.NAME) for a in aliases.get(f, ()) if a in bound)
     lines.append(Return(bg.outputs))
     if as_base := views_as_base(lines, program, options):
         lines = [attrs.evolve(ln, as_base=True)

@@ -347,3 +347,62 @@ def test_inner_orders_forced_on_a_target_without_the_trait() -> None:
                 torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
             assert len(compiled.module.kernels) == kernels, (target, orders)
             assert any(getattr(b, "inner_order", ()) for b in compiled.module.buffers) == (orders == "on")
+
+
+def _narrowed_early(a, idx, src, w, x, y):
+    h = (x @ y).index_add(0, idx, src)  # float32, written by an extern: buf2
+    early = a + h.to(torch.bfloat16)  # the last reader of h, which it narrows
+    for _ in range(24):  # 72 nodes before early's reader
+        w = torch.sin(w) * 1.01 + 0.5
+    return early + w.sum().to(torch.bfloat16)
+
+
+def _narrowed_early_inputs() -> list[torch.Tensor]:
+    return [torch.randn(64, 32).bfloat16(), torch.randint(0, 64, (16,)), torch.randn(16, 32), torch.randn(4),
+            torch.randn(64, 8), torch.randn(8, 32)]
+
+
+def test_a_node_read_far_later_is_realized_where_it_frees_what_it_narrows():
+    """lifetime: `early` is the last reader of a float32 buffer (8 KiB) and is read
+    only 75 nodes later.  Inlined into that reader, it would hold the float32 buffer
+    until then (the last step); realized where it stands (4 KiB of bfloat16), the
+    float32 one is freed there, and fuse keeps it out of its reader's kernel (fused, it would run
+    as late).  T5's tied embedding gradient: 250 MiB held through the encoder's
+    backward at the large size."""
+    inputs = _narrowed_early_inputs()
+    bg = run_until(_narrowed_early, inputs, "realize")
+    row = _row(bg, "add")
+    assert row.realized and row.rule == "lifetime; frees buf2 (8192 bytes) 75 nodes before its first reader"
+    assert bg.get(row.buffer).rule == "lifetime"
+    for got, want in zip(run_buffer_graph(bg, inputs), [_narrowed_early(*inputs)]):
+        torch.testing.assert_close(got, want)
+    assert not _row(run_until(_narrowed_early, inputs, "realize", realize_lifetime=False), "add").realized
+
+    fused = run_until(_narrowed_early, inputs, "fuse")
+    refused = [d for d in fused.fusion_log if d.reason.startswith("lifetime: buf3")]
+    assert refused and all({d.node1, d.node2} & {"buf3"} for d in refused)
+    assert "buf3" in fused.step_of("buf3").nodes and len(fused.step_of("buf3").nodes) == 1
+
+    on = run_until(_narrowed_early, inputs, "plan_memory")
+    off = run_until(_narrowed_early, inputs, "plan_memory", realize_lifetime=False)
+    at = next(ps for ps in on.steps if "buf3" in ps.step.nodes)
+    assert "buf1" in at.frees and at is not on.steps[-1]  # the storage buf2 names (index_add_ wrote into buf1)
+    assert "buf1" in off.steps[-1].frees  # inlined: held until the last kernel
+
+
+def test_no_lifetime_realization_where_the_reader_is_near_or_nothing_dies():
+    """The rule needs both: a reader far away, and inputs that die at the node
+    holding at least twice its bytes."""
+    def near(a, x, y):
+        return (a + (x @ y).to(torch.bfloat16)) * 2
+
+    def keeps(a, x, y, w):
+        h = x @ y
+        early = a + h.to(torch.bfloat16)
+        for _ in range(24):
+            w = torch.sin(w) * 1.01 + 0.5
+        return early + w.sum().to(torch.bfloat16), h  # h is an output: it dies nowhere
+
+    a, x, y = torch.randn(64, 32).bfloat16(), torch.randn(64, 8), torch.randn(8, 32)
+    assert not _row(run_until(near, [a, x, y], "realize"), "add").realized
+    assert not _row(run_until(keeps, [a, x, y, torch.randn(4)], "realize"), "add").realized
