@@ -467,14 +467,15 @@ class _Realizer:
         through inlined nodes, and whose every reader has run by `node` (it is their
         last reader): (buffer, bytes), in order of first read."""
         here = self.pos[node.name]
+        memo: dict[str, bool] = {}
 
-        def consumed(r: str) -> bool:
-            if r == node.name:
-                return True
-            if self.pos[r] > here or r in self.outputs:
-                return False
-            entry = self.env.get(r)
-            return not isinstance(entry, _Inline) or all(consumed(x) for x in self.readers.get(r, []))
+        def consumed(r: str) -> bool:  # remembered: inlined readers can share readers (diamonds)
+            if r not in memo:
+                entry = self.env.get(r)
+                memo[r] = r == node.name or (
+                    self.pos[r] <= here and r not in self.outputs
+                    and (not isinstance(entry, _Inline) or all(consumed(x) for x in self.readers.get(r, []))))
+            return memo[r]
 
         out: dict[str, int] = {}
         seen: set[str] = set()
