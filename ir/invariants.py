@@ -31,7 +31,7 @@ from __future__ import annotations
 import sympy
 
 from coil.errors import CoilError
-from coil.ir.buffers import AliasBuffer, BufferGraph, ComputedBuffer, storage_nbytes
+from coil.ir.buffers import BufferGraph, ComputedBuffer, storage_nbytes
 from coil.ir.expr import indirect_loads
 from coil.ir.fused import FusedSchedule
 from coil.ir.kernel import Combo
@@ -176,10 +176,6 @@ def check_reuse(w: WrapperProgram) -> None:
                 raise InvariantError(f"line {j}: {ln.old} freed, but {ln.new} took its storage")
 
 
-def _bytes(bg: BufferGraph, name: str) -> Size:
-    return storage_nbytes(bg, name)
-
-
 def replay_peak_expr(w: WrapperProgram) -> Size:
     """The bytes alive at the wrapper line that peaks at the hints: an int for a
     static graph, an expression of the size symbols for a symbolic one (which the
@@ -190,9 +186,9 @@ def replay_peak_expr(w: WrapperProgram) -> Size:
     peak = live
     for ln in w.lines:
         if isinstance(ln, (Alloc, ExternCall, MultiOutputLine)):
-            live = norm(live + _bytes(bg, ln.name))
+            live = norm(live + storage_nbytes(bg, ln.name))
         if isinstance(ln, Free) and ln.kind is not FreeKind.NAME:
-            live = norm(live - _bytes(bg, ln.name))
+            live = norm(live - storage_nbytes(bg, ln.name))
         if hint(live) > hint(peak):
             peak = live
     return peak if isinstance(peak, int) else norm(sympy.expand(peak))

@@ -108,6 +108,7 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
     nodes: list[SchedulerNode] = []
     readers_so_far: dict[str, list[str]] = {}
     mutation_real_name: list[tuple[str, str]] = []
+    owner_of: dict[str, str] = {}  # the same pairs, for chains of such externs
     bound_by = _unbacked_sources(g)
     for b in g.buffers:
         match b:
@@ -122,7 +123,8 @@ def extract_deps(g: BufferGraph, options: Options) -> ScheduleGraph:
                 for m in b.mutated:
                     reads |= {WeakDep(r, b.name) for r in readers_so_far.get(m, []) if r != b.name}
                     if b.layout is not None:  # the result is the tensor it wrote: named by its storage's owner
-                        mutation_real_name.append((b.name, dict(mutation_real_name).get(m, m)))
+                        owner_of[b.name] = owner_of.get(m, m)
+                        mutation_real_name.append((b.name, owner_of[b.name]))
                 rw = ReadWrites(frozenset(reads), frozenset(writes))
                 kind, group = NodeKind.EXTERN, (0, 0)
             case MultiOutputBuffer():

@@ -363,9 +363,6 @@ def peak_expression(plan: MemoryPlan) -> Size:
     static graph, equal to peak_bytes; at the hints it is peak_bytes)."""
     bg = plan.buffer_graph
 
-    def nbytes(name: str) -> Size:
-        return storage_nbytes(bg, name)
-
     reused = {old for ps in plan.steps for _, old in ps.reuses}
     live: Size = sum((i.layout.nbytes for i in bg.inputs), 0)
     best, best_hint = live, bg.sizes.shapes.hint(live)
@@ -373,12 +370,12 @@ def peak_expression(plan: MemoryPlan) -> Size:
         step = ps.step
         for n in (*ps.allocs, *([step.name] if isinstance(step, ExternStep) else []),
                   *(n for n in step.nodes if isinstance(bg.get(n), MultiOutputBuffer))):
-            live = norm(live + nbytes(n))
+            live = norm(live + storage_nbytes(bg, n))
         if bg.sizes.shapes.hint(live) > best_hint:
             best, best_hint = live, bg.sizes.shapes.hint(live)
         for f in ps.frees:
             if f not in reused:
-                live = norm(live - nbytes(f))
+                live = norm(live - storage_nbytes(bg, f))
     return best if isinstance(best, int) else norm(sympy.expand(best))
 
 

@@ -452,14 +452,15 @@ class _Realizer:
             return None
         here = self.pos[node.name]
         readers = self.readers.get(node.name, [])
-        if not readers or min(self.pos[r] for r in readers) - here <= LIFETIME_SPAN:
+        span = min((self.pos[r] for r in readers), default=here) - here
+        if span <= LIFETIME_SPAN:
             return None
         dying = self.dying_at(node)
         freed = sum(b for _, b in dying)
         own = self.shapes.hint(numel(node.ranges)) * node.dtype.itemsize
         if freed < 2 * own or freed * LIFETIME_SHARE < self.input_bytes:
             return None
-        self.lifetimes[node.name] = (tuple(n for n, _ in dying), freed, min(self.pos[r] for r in readers) - here)
+        self.lifetimes[node.name] = (tuple(n for n, _ in dying), freed, span)
         return Rule.LIFETIME
 
     def dying_at(self, node: Pointwise | View) -> list[tuple[str, int]]:
