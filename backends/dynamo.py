@@ -279,14 +279,17 @@ def _stride_for_aot(program: Any, name: str) -> tuple[Any, ...] | None:
     return stride if all(isinstance(s, int) for s in stride) else None
 
 
-def _partition_fn() -> Callable[..., Any]:
+def _partition_fn(options: Options | None = None) -> Callable[..., Any]:
     """How AOTAutograd splits a training graph into forward and backward:
     Inductor's min-cut partitioner, which saves fewer activations for the backward
     and recomputes the cheap pointwise ops that fusion makes free there (smaller
-    peak memory, fewer bytes stored by the forward)."""
+    peak memory, fewer bytes stored by the forward), on the joint graph without its
+    no-op copies (Options.joint_noop_copies, backends/joint_graph.py)."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    return min_cut_rematerialization_partition
+    from coil.backends.joint_graph import partition_fn
+
+    return partition_fn(min_cut_rematerialization_partition, (options or Options()).joint_noop_copies)
 
 
 def _on_cuda(example_inputs: Sequence[Any]) -> bool:
@@ -527,7 +530,7 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
         bw_compiler=compilers["backward"],
         inference_compiler=compilers["inference"],
         decompositions=aot_decompositions(),
-        partition_fn=_partition_fn(),
+        partition_fn=_partition_fn(opts),
         # writes into the graph's inputs (BatchNorm's buffers) stay in the graph, as Inductor asks:
         # coil runs them, inside a CUDA graph's recording too
         keep_inference_input_mutations=True,

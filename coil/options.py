@@ -393,6 +393,12 @@ class Options:
     # its bytes, becomes a buffer where it stands, so those inputs are freed early (T5's
     # tied embedding gradient: two float32 [vocab, d_model] scatters summed at the end)
     realize_lifetime: bool = True
+    # training graphs: a copy that is its source again (clone, alias, a same-dtype
+    # _to_copy with equal strides) is dropped from AOTAutograd's joint graph before
+    # the partitioner picks what the forward saves (backends/joint_graph.py), so a
+    # tensor and its copy are not both saved (T5's attention probabilities after
+    # dropout at p=0), as Inductor's joint-graph passes do
+    joint_noop_copies: bool = True
     # realize.inner_orders: a pointwise buffer that reductions read with its dims
     # permuted walks them in their order inside their kernel; "auto": by target (the
     # inner_orders trait: Triton), "on", "off" (an A/B of BatchNorm's backward)
