@@ -6,7 +6,8 @@ allocated before it), the bytes the forward saves for the backward (a
 saved_tensors_hooks pack hook, parameters left out), and from the CUDA caching
 allocator's memory history the blocks live at the peak, grouped by the line of
 generated code (coil's output_code.py, Inductor's module) or model code that
-allocated them, largest first.  The generated modules that allocated blocks are
+allocated them, largest first ($TOP lines, default 30), with the line whose
+allocation reached the peak and the bytes live then by module.  The generated modules that allocated blocks are
 copied to $OUT (unless $COPY_MODULES is 0).  Run from the repository root on a CUDA machine."""
 from __future__ import annotations
 
@@ -71,11 +72,15 @@ def _where(frames: list[dict[str, Any]], copied: dict[str, str]) -> str:
     return " < ".join(f"{os.path.basename(fr.get('filename', ''))}:{fr.get('name', '')}" for fr in frames[:3]) or "?"
 
 
-def live_at_peak(snapshot: dict[str, Any], copied: dict[str, str]) -> tuple[int, list[tuple[int, int, str]]]:
-    """(peak bytes over the recording, [(bytes, blocks, where)] live then)."""
+def live_at_peak(snapshot: dict[str, Any], copied: dict[str, str]
+                 ) -> tuple[int, list[tuple[int, int, str]], str, list[tuple[int, str]]]:
+    """(peak bytes over the recording, [(bytes, blocks, where)] live then, where the
+    allocation that reached the peak was made, [(bytes, module)] live then by the
+    generated module or other code that allocated them)."""
     live: dict[int, tuple[int, list[dict[str, Any]]]] = {}
     total = peak = 0
     at_peak: dict[int, tuple[int, list[dict[str, Any]]]] = {}
+    peak_frames: list[dict[str, Any]] = []
     for dev in snapshot["device_traces"]:
         for ev in dev:
             act = ev["action"]
@@ -83,15 +88,19 @@ def live_at_peak(snapshot: dict[str, Any], copied: dict[str, str]) -> tuple[int,
                 live[ev["addr"]] = (ev["size"], ev.get("frames", []))
                 total += ev["size"]
                 if total > peak:
-                    peak, at_peak = total, dict(live)
+                    peak, at_peak, peak_frames = total, dict(live), ev.get("frames", [])
             elif act == "free_completed" and ev["addr"] in live:
                 total -= live.pop(ev["addr"])[0]
     groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    modules: dict[str, int] = defaultdict(int)
     for size, frames in at_peak.values():
-        g = groups[_where(frames, copied)]
+        where = _where(frames, copied)
+        g = groups[where]
         g[0] += size
         g[1] += 1
-    return peak, sorted(((b, n, w) for w, (b, n) in groups.items()), reverse=True)
+        modules[where.split(":")[0] if where.startswith("gen") else "other"] += size
+    return (peak, sorted(((b, n, w) for w, (b, n) in groups.items()), reverse=True), _where(peak_frames, copied),
+            sorted(((b, m) for m, b in modules.items()), reverse=True))
 
 
 def main() -> None:
@@ -117,10 +126,12 @@ def main() -> None:
             torch.cuda.synchronize()
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
-            hist_peak, groups = live_at_peak(snap, copied)
+            hist_peak, groups, reached, modules = live_at_peak(snap, copied)
             print(f"== {name} {v}: step peak {peak / MiB:.1f} MiB above {base / MiB:.1f}; saved for backward "
                   f"{sb / MiB:.1f} MiB in {sn} tensors; recorded peak {hist_peak / MiB:.1f} MiB", flush=True)
-            for b, n, w in groups[:30]:
+            print(f"  the peak was reached by: {reached}")
+            print("  live at the peak by module: " + ", ".join(f"{m} {b / MiB:.1f} MiB" for b, m in modules))
+            for b, n, w in groups[:int(os.environ.get("TOP", 30))]:
                 print(f"  {b / MiB:9.1f} MiB {n:4d}  {w}")
             del f, call, model, inputs, snap
             torch._dynamo.reset()
