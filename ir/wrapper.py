@@ -137,7 +137,8 @@ class FreeKind(enum.StrEnum):
     INPUT = "input"
     BUFFER = "buffer"
     # only the name: its storage was taken in place (Reuse.inplace), or is another's
-    # (an extern's result that is the tensor it wrote into, dropped with that tensor)
+    # (an extern's result that is the tensor it wrote into, dropped with that tensor;
+    # a tuple-valued extern's result, dropped once each of its results has a name)
     NAME = "name"
 
 

@@ -52,6 +52,15 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
     aliases: dict[str, list[str]] = {}
     for alias, owner in program.schedule_graph.mutation_real_name:
         aliases.setdefault(owner, []).append(alias)
+    # a tuple-valued extern's name (convolution_backward's) holds every result it
+    # returned: it is dropped once its last result is bound to a name of its own (and
+    # not where the plan frees it), else a result the plan frees would live on in the
+    # tuple, to the graph's end where one of its results is returned
+    pieces: dict[str, int] = {}
+    for piece in bg.buffers:
+        if isinstance(piece, MultiOutputBuffer):
+            pieces[piece.extern] = pieces.get(piece.extern, 0) + 1
+    tuples = frozenset(pieces)
     bound: set[str] = set()
     lines: list[Line] = []
     for ps in plan.steps:
@@ -80,8 +89,13 @@ def wrap(program: KernelProgram, options: Options) -> WrapperProgram:
                     lines.append(ReinterpretView(b.name, b.base, b.layout, placed, b.name in as_view))
                 elif isinstance(b, MultiOutputBuffer):
                     lines.append(MultiOutputLine(b.name, b.extern, b.index))
+                    pieces[b.extern] -= 1
+                    if not pieces[b.extern]:
+                        lines.append(Free(b.extern, FreeKind.NAME))
         taken = {old for _, old in ps.inplace_pairs}
         for f in ps.frees:
+            if f in tuples:
+                continue  # dropped after its last result's line
             if f in taken:
                 lines.append(Free(f, FreeKind.NAME))
             elif f in inputs:

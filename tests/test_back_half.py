@@ -4,6 +4,7 @@ seed's example."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import attrs
 import pytest
@@ -748,3 +749,60 @@ def test_an_externs_result_that_is_the_tensor_it_wrote_is_dropped_with_it(target
     assert "del buf1" in compiled.source
     for got, want in zip(compiled(*inputs), _scatter_then_matmul(*inputs)):
         torch.testing.assert_close(got, want)
+
+
+def _two_conv_backwards(g, x, w, x2, w2):
+    conv_bwd = torch.ops.aten.convolution_backward.default
+    gi, gw, gb = conv_bwd(g, x, w, [8], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    gi2, gw2, _ = conv_bwd(gi.relu(), x2, w2, [8], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, False])
+    return gw, gb, gi2, gw2
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_a_tuple_results_name_is_dropped_once_its_results_are_named(target):
+    """convolution_backward returns a tuple (buf0); each result gets a name of its own
+    (buf1 = buf0[0], ...) and the wrapper drops the tuple's name right after the last
+    of them, so the grad_input the plan frees after its reader (the relu) is freed
+    then.  Before, the tuple's name held every result to the end of the graph:
+    every convolution's grad_input in a CNN's backward (ConvNeXt, ResNet)."""
+    if not target_available(target):
+        pytest.skip(f"target {target} not available here")
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=gen) for s in
+              ((2, 8, 8, 8), (2, 8, 10, 10), (8, 8, 3, 3), (2, 8, 12, 12), (8, 8, 3, 3))]
+    w = run_until(_two_conv_backwards, inputs, "wrap", target=target)
+    from coil.ir.buffers import ExternBuffer, MultiOutputBuffer
+    from coil.ir.wrapper import MultiOutputLine
+
+    tuples = [b.name for b in w.buffer_graph.buffers if isinstance(b, ExternBuffer) and b.layout is None]
+    assert len(tuples) == 2
+    for t in tuples:
+        last = max(k for k, ln in enumerate(w.lines) if isinstance(ln, MultiOutputLine) and ln.extern == t)
+        assert (w.lines[last + 1].name, w.lines[last + 1].kind) == (t, FreeKind.NAME), w.lines[last + 1]
+    check_all(w)
+
+    compiled = coil.compile_graph(trace(_two_conv_backwards, *inputs), list(inputs),
+                                  coil.Options(target=target, graph_cache=False))
+    # the first call's grad_input is gone when the second call runs
+    import weakref
+
+    real = compiled.namespace["aten_convolution_backward_default"]
+    results: list[Any] = []
+    alive_at_second: list[bool] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        if results:
+            alive_at_second.append(results[0]() is not None)
+        out = real(*args, **kwargs)
+        results.append(weakref.ref(out[0]))
+        return out
+
+    compiled.namespace["aten_convolution_backward_default"] = spy
+    try:
+        got = compiled(*inputs)
+    finally:
+        compiled.namespace["aten_convolution_backward_default"] = real
+    grad_in = [n for n in w.buffer_graph.buffers if isinstance(n, MultiOutputBuffer) and n.index == (0,)]
+    assert grad_in and alive_at_second == [False], alive_at_second
+    for g, e in zip(got, _two_conv_backwards(*inputs)):
+        torch.testing.assert_close(g, e)
