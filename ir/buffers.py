@@ -237,6 +237,16 @@ def storage_nbytes(g: BufferGraph, name: str) -> Size:
     return 0 if owns_no_storage(b) or b.layout is None else b.layout.nbytes
 
 
+def freed_nbytes(g: BufferGraph, name: str) -> Size:
+    """The bytes that dropping `name` gives back: its storage's (storage_nbytes), but
+    none for a graph input its caller did not donate.  The caller still holds such
+    an input: a parameter, the user's tensor, a backward's tangent (Inductor's
+    memory estimate counts its primals_, arg and tangents inputs as never freed the
+    same way); a backward's saved activations are donated (Options.donated_inputs)."""
+    b = g.get(name)
+    return 0 if isinstance(b, InputBuffer) and not b.donated else storage_nbytes(g, name)
+
+
 def storage_bases(g: BufferGraph, name: str) -> tuple[str, ...]:
     """`name` and the buffers whose storage it is a view or a result of (alias chains,
     a MultiOutputBuffer's extern)."""

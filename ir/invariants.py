@@ -31,7 +31,7 @@ from __future__ import annotations
 import sympy
 
 from coil.errors import CoilError
-from coil.ir.buffers import BufferGraph, ComputedBuffer, storage_nbytes
+from coil.ir.buffers import BufferGraph, ComputedBuffer, freed_nbytes, storage_nbytes
 from coil.ir.expr import indirect_loads
 from coil.ir.fused import FusedSchedule
 from coil.ir.kernel import Combo
@@ -188,7 +188,7 @@ def replay_peak_expr(w: WrapperProgram) -> Size:
         if isinstance(ln, (Alloc, ExternCall, MultiOutputLine)):
             live = norm(live + storage_nbytes(bg, ln.name))
         if isinstance(ln, Free) and ln.kind is not FreeKind.NAME:
-            live = norm(live - storage_nbytes(bg, ln.name))
+            live = norm(live - freed_nbytes(bg, ln.name))
         if hint(live) > hint(peak):
             peak = live
     return peak if isinstance(peak, int) else norm(sympy.expand(peak))

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 import sympy
 
 from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer,
-                             collectives, copy_operands, storage_nbytes)
+                             collectives, copy_operands, freed_nbytes, storage_nbytes)
 from coil.ir.expr import IndirectLoad, Load, read_names, walk
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, Step
@@ -90,6 +90,10 @@ def step_used(step: Step, g: ScheduleGraph) -> frozenset[str]:
 
 def _storage_bytes(g: BufferGraph, name: str) -> int:
     return g.sizes.shapes.hint(storage_nbytes(g, name))  # symbolic sizes: bytes at the hints (the peak is an estimate)
+
+
+def _freed_bytes(g: BufferGraph, name: str) -> int:
+    return g.sizes.shapes.hint(freed_nbytes(g, name))  # an input the caller holds gives back none
 
 
 def _owns_storage(g: BufferGraph, name: str) -> bool:
@@ -375,7 +379,7 @@ def peak_expression(plan: MemoryPlan) -> Size:
             best, best_hint = live, bg.sizes.shapes.hint(live)
         for f in ps.frees:
             if f not in reused:
-                live = norm(live - storage_nbytes(bg, f))
+                live = norm(live - freed_nbytes(bg, f))
     return best if isinstance(best, int) else norm(sympy.expand(best))
 
 
@@ -394,7 +398,7 @@ def _replay(planned: Sequence[_Planned], bg: BufferGraph, reused: set[str]) -> l
         out.append(live)
         for f in frees:
             if f not in reused:  # a reused buffer's storage lives on in its new owner
-                live -= _storage_bytes(bg, f)
+                live -= _freed_bytes(bg, f)
     return out
 
 
@@ -411,11 +415,12 @@ LONG_HOLD = 8  # ... and held across more than this many steps
 
 
 def _own_bytes(bg: BufferGraph, lives: Sequence[int], died: Mapping[str, int]) -> list[int]:
-    """Bytes alive while each step runs, less the graph's inputs still named then
-    (their caller holds their storage, parameters above all, whatever the plan frees)."""
-    gone = [0] * (len(lives) + 1)  # input bytes whose name is dropped after the step before
+    """Bytes alive while each step runs, less the graph's inputs alive then (those
+    the caller holds, parameters above all, throughout; a donated one until its name
+    is dropped)."""
+    gone = [0] * (len(lives) + 1)  # donated input bytes whose name is dropped after the step before
     for i in bg.inputs:
-        if i.name in died:
+        if i.name in died and i.donated:
             gone[died[i.name] + 1] += bg.sizes.shapes.hint(i.layout.nbytes)
     held = sum(bg.sizes.shapes.hint(i.layout.nbytes) for i in bg.inputs)
     out = []
@@ -507,7 +512,7 @@ def _lpmf(steps: Sequence[Step], s: FusedSchedule, removed: frozenset[str]) -> l
 
     def cost(i: int) -> int:
         alloc = sum(_storage_bytes(bg, n) for n in steps[i].nodes if n not in removed)
-        freed = sum(_storage_bytes(bg, n) for n in used[i] if remaining.get(n) == 1 and n not in outputs)
+        freed = sum(_freed_bytes(bg, n) for n in used[i] if remaining.get(n) == 1 and n not in outputs)
         return alloc - freed
 
     order = _kahn_with_update(steps, g, cost, used, remaining)
