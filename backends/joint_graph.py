@@ -28,13 +28,9 @@ log = logging.getLogger("coil")
 
 aten = torch.ops.aten
 
-# (op, the argument that is its source); each is a no-op where the metadata matches
-_COPIES: dict[Any, int] = {
-    aten.clone.default: 0,
-    aten.alias.default: 0,
-    aten._to_copy.default: 0,
-    torch.ops.prims.convert_element_type.default: 0,
-}
+# ops whose first argument is their source; each is a no-op where the metadata matches
+_COPIES = frozenset({aten.clone.default, aten.alias.default, aten._to_copy.default,
+                     torch.ops.prims.convert_element_type.default})
 # _to_copy's keywords that leave a same-metadata result a copy and nothing more
 _TO_COPY_PLAIN = frozenset({"dtype", "device", "layout", "memory_format"})
 
@@ -72,30 +68,23 @@ def drop_noop_copies(graph: torch.fx.Graph) -> int:
         return 0
     inputs = {_storage(n) for n in graph.find_nodes(op="placeholder")} - {None}
     (out,) = graph.find_nodes(op="output")
-    outputs = {_storage(a) for a in _flat(out.args)} - {None}
+    outputs = {_storage(a) for a in torch.utils._pytree.tree_leaves(out.args)} - {None}
     dropped = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _COPIES:
             continue
-        src = node.args[_COPIES[node.target]]
+        src = node.args[0]
         got, want = _val(node), _val(src)
         if got is None or want is None or not _same_tensor(got, want):
             continue
         if node.target is aten._to_copy.default and not set(node.kwargs) <= _TO_COPY_PLAIN:
             continue  # non_blocking, pin_memory: leave those to eager's meaning
-        mine = _storage(node)
-        if mine in outputs and (_storage(src) in inputs or _storage(src) in outputs):
+        if _storage(node) in outputs and _storage(src) in inputs | outputs:
             continue  # an output would share storage it does not share now
         node.replace_all_uses_with(src)
         graph.erase_node(node)
         dropped += 1
     return dropped
-
-
-def _flat(args: Any) -> list[Any]:
-    if isinstance(args, (list, tuple)):
-        return [x for a in args for x in _flat(a)]
-    return [args]
 
 
 def partition_fn(partition: Callable[..., Any], noop_copies: bool = True) -> Callable[..., Any]:
