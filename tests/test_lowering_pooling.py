@@ -7,10 +7,12 @@ float32 values, indices and gradients are eager's bit for bit, with ties, NaNs
 and windows of -inf in the input; bfloat16 sums gradients in float32.  Then:
 a window past MAX_WINDOW stays an Extern; a ResNet stem (conv -> batch norm ->
 relu -> max pool) trains through torch.compile with neither pooling op left an
-Extern; values, indices and what reads them are one kernel."""
+Extern, saving int8 window offsets (Inductor's low-memory prims) rather than int64
+indices; values, indices and what reads them are one kernel."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ import pytest
 import torch
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch._inductor.inductor_prims  # noqa: F401  (defines prims._low_memory_max_pool_*)
 
 import coil
 from coil.ir.fused import FusedSchedule
@@ -79,6 +83,36 @@ def test_max_pool_matches_eager_without_externs(dtype: torch.dtype, target: str)
         exact = dtype == torch.float32 or k % 3 != 2 or k == len(expected) - 1
         tol: dict[str, Any] = {"rtol": 0, "atol": 0} if exact else {"rtol": 1.6e-2, "atol": 2e-2}
         torch.testing.assert_close(g_, e, **tol, equal_nan=True, msg=lambda m: f"output {k}: {m}")
+
+
+def low_memory_pools(x: torch.Tensor) -> list[torch.Tensor]:
+    """Inductor's low-memory prims over the same cases: values and int8 window offsets,
+    and the indices computed back from the offsets."""
+    prims = torch.ops.prims
+    outs = []
+    for k, s, p, d, c in CASES:
+        s = s or k
+        v, o = prims._low_memory_max_pool_with_offsets(x, k, s, p, d, c)
+        outs += [v, o, prims._low_memory_max_pool_offsets_to_indices(o, k, x.shape[-2:], s, p, d)]
+    return outs
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_low_memory_prims_match_eager_without_externs(target: str) -> None:
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    x = pool_inputs(torch.float32)[0]
+    gm = make_fx(low_memory_pools)(x)
+    g = lowered(gm, [x], target)
+    assert externs(g) == [], show(g)
+    got = coil.compile_graph(gm, [x], coil.Options(target=target))(x)
+    expected = low_memory_pools(x)
+    # the prims' indices are max_pool2d_with_indices' (the decomposition's premise)
+    for n, (k, s, p, d, c) in enumerate(CASES):
+        torch.testing.assert_close(expected[3 * n + 2], aten.max_pool2d_with_indices(x, k, s, p, d, c)[1], rtol=0, atol=0)
+    for k, (g_, e) in enumerate(zip(got, expected)):
+        assert g_.dtype == e.dtype and g_.shape == e.shape, (k, g_.dtype, e.dtype, g_.shape, e.shape)
+        torch.testing.assert_close(g_, e, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"output {k}: {m}")
 
 
 def test_a_window_past_the_limit_stays_extern() -> None:
@@ -156,7 +190,15 @@ def test_resnet_stem_training(target: str, tmp_path: Path) -> None:
     texts = {p.name: (p / "00_lower.txt").read_text() for p in sorted((tmp_path / "debug").iterdir())
              if (p / "00_lower.txt").exists()}
     assert set(texts) == {"0_forward", "1_backward"}
-    assert "(max_pool2d_with_indices):" in texts["0_forward"]
+    # the forward writes int8 window offsets, which the backward takes and turns back
+    # into indices inside the kernel of max_pool2d_with_indices_backward
+    assert "(_low_memory_max_pool_with_offsets):" in texts["0_forward"]
     assert "(max_pool2d_with_indices_backward):" in texts["1_backward"]
+    saved = [line for line in texts["1_backward"].splitlines() if "= Input(" in line]
+    assert [line for line in saved if "int64" in line] == [], saved
+    assert len([line for line in saved if "int8[2, 4, 5, 5]" in line]) == 1, saved
+    realized = (tmp_path / "debug" / "1_backward" / "realize_table.txt").read_text()
+    assert re.search(r"_low_memory_max_pool_offsets_to_indices +Pointwise +no +- +inlined into", realized), realized
     for text in texts.values():
-        assert "Extern aten.max_pool2d" not in text, text
+        assert "Extern" not in text or "max_pool" not in "".join(
+            line for line in text.splitlines() if "Extern" in line), text

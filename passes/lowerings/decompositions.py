@@ -252,6 +252,31 @@ def bias_gradient_apart(grad_output: torch.Tensor, input: torch.Tensor, weight: 
     return grad_input, grad_weight, grad_bias
 
 
+def low_memory_max_pool(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1,
+                        ceil_mode: bool = False) -> Any:
+    """max_pool2d_with_indices as Inductor's joint graph has it: values and int8 window
+    offsets (`prims._low_memory_max_pool_with_offsets`), then the indices computed from
+    the offsets (`prims._low_memory_max_pool_offsets_to_indices`, which the min-cut
+    partitioner may recompute).  A training step then saves the offsets, an eighth of
+    the int64 indices' bytes (ResNet's first max pool at batch 8: 12.2 -> 1.5 MiB), and
+    the backward recomputes the indices inside its own kernel.  Only where coil lowers
+    both (pooling.py: a float input of static sizes, a window of at most MAX_WINDOW
+    positions); elsewhere the op stays whole (NotImplemented)."""
+    from coil.passes.lowerings.pooling import MAX_WINDOW, _pair
+
+    k, s = _pair(kernel_size), _pair(stride, kernel_size)
+    p, d = _pair(padding), _pair(dilation)
+    prims = torch.ops.prims
+    if (k is None or s is None or p is None or d is None or k[0] * k[1] > MAX_WINDOW or x.dim() not in (3, 4)
+            or not x.dtype.is_floating_point or not all(isinstance(n, int) for n in x.shape)
+            or not hasattr(prims, "_low_memory_max_pool_with_offsets")):
+        return NotImplemented
+    values, offsets = prims._low_memory_max_pool_with_offsets.default(x, list(k), list(s), list(p), list(d), ceil_mode)
+    indices = prims._low_memory_max_pool_offsets_to_indices.default(offsets, list(k), list(x.shape[-2:]), list(s),
+                                                                      list(p), list(d))
+    return values, indices
+
+
 # AOTAutograd's joint graph only (coil lowers these ops itself when they reach lower)
 AOT_ONLY_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.zeros_like.default: like_as_full(0),
@@ -267,6 +292,7 @@ AOT_ONLY_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     # in that kernel, Inductor's 0.7).  lower retags the gather's checks to raise
     # nll_loss's error (indirect.py: ERRORS_BY_ORIGIN).
     aten.nll_loss_forward.default: get_decompositions([aten.nll_loss_forward.default])[aten.nll_loss_forward.default],
+    aten.max_pool2d_with_indices.default: low_memory_max_pool,
 }
 
 

@@ -107,15 +107,13 @@ def _meta(target: Any, *args: Any) -> Any:
         return None
 
 
-@register_lowering(aten.max_pool2d_with_indices.default)
-def max_pool2d_with_indices(ctx: LowerCtx, x: TensorValue, kernel_size: Any, stride: Any = (),
-                            padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
-    params = _params(x, kernel_size, stride, padding, dilation)
-    meta = _meta(aten.max_pool2d_with_indices.default, x, kernel_size, stride, padding, dilation, ceil_mode)
-    if params is None or meta is None or meta[0].numel() == 0:
-        return NotImplemented
+def _max_pool(ctx: LowerCtx, x: TensorValue, params: tuple[tuple[int, int], ...], size: tuple[int, ...],
+              offsets: bool) -> tuple[TensorValue, TensorValue]:
+    """The values and, for each output, the position its value came from: the index
+    h * W + w in the input plane, or (`offsets`) the window position i * kw + j as an
+    int8 (Inductor's low-memory form, which a training step saves for the backward:
+    an eighth of the bytes)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = params
-    size = tuple(meta[0].shape)
     H, W = x.size[-2:]
     xs = xsyms(len(size))
     lead, oh, ow = list(xs[:-2]), xs[-2], xs[-1]
@@ -133,7 +131,7 @@ def max_pool2d_with_indices(ctx: LowerCtx, x: TensorValue, kernel_size: Any, str
             val: Expr = x.load([*lead, h, w], mask=inside)  # padding is never read
             if val.dtype != acc:
                 val = Cast(val, acc)
-            pos = IndexExpr(h * W + w, torch.int64)
+            pos = constant(i * kw + j, torch.int64) if offsets else IndexExpr(h * W + w, torch.int64)
             larger = op("logical_or", op("gt", val, best), op("isnan", val))
             better = op("logical_or", larger, op("lt", where, constant(0, torch.int64)))
             take = better if inside is None else op("logical_and", inside, better)
@@ -144,8 +142,57 @@ def max_pool2d_with_indices(ctx: LowerCtx, x: TensorValue, kernel_size: Any, str
             grows = op("logical_or", op("gt", val, value), op("isnan", val))
             value = op("where", grows if inside is None else op("logical_and", inside, grows), val, value, dtype=acc)
     values = ctx.pointwise(size, value, x.dtype)
-    indices = ctx.pointwise(size, where, torch.int64)
-    return values, indices
+    if offsets:
+        return values, ctx.pointwise(size, Cast(where, torch.int8), torch.int8)
+    return values, ctx.pointwise(size, where, torch.int64)
+
+
+@register_lowering(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(ctx: LowerCtx, x: TensorValue, kernel_size: Any, stride: Any = (),
+                            padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+    params = _params(x, kernel_size, stride, padding, dilation)
+    meta = _meta(aten.max_pool2d_with_indices.default, x, kernel_size, stride, padding, dilation, ceil_mode)
+    if params is None or meta is None or meta[0].numel() == 0:
+        return NotImplemented
+    return _max_pool(ctx, x, params, tuple(meta[0].shape), offsets=False)
+
+
+# Inductor's prims (torch._inductor.inductor_prims, which AOTAutograd's partitioner
+# imports): the joint graph's max_pool2d_with_indices as these two (decompositions.py,
+# low_memory_max_pool), so that a training step saves int8 window offsets and the
+# backward recomputes the indices from them, fused into its own kernel.
+@register_lowering("prims._low_memory_max_pool_with_offsets.default")
+def low_memory_max_pool_with_offsets(ctx: LowerCtx, x: TensorValue, kernel_size: Any, stride: Any,
+                                     padding: Any, dilation: Any, ceil_mode: bool) -> Any:
+    params = _params(x, kernel_size, stride, padding, dilation)
+    meta = _meta(aten.max_pool2d_with_indices.default, x, kernel_size, stride, padding, dilation, ceil_mode)
+    if params is None or meta is None or meta[0].numel() == 0 or len(kernel_size) != 2:
+        return NotImplemented
+    return _max_pool(ctx, x, params, tuple(meta[0].shape), offsets=True)
+
+
+@register_lowering("prims._low_memory_max_pool_offsets_to_indices.default")
+def low_memory_max_pool_offsets_to_indices(ctx: LowerCtx, offsets: TensorValue, kernel_size: Any,
+                                           input_size: Any, stride: Any, padding: Any, dilation: Any) -> Any:
+    """index = (oh * sh - ph + (o // kw) * dh) * W + ow * sw - pw + (o % kw) * dw for
+    the window offset o of output (oh, ow)."""
+    if len(kernel_size) != 2 or offsets.ndim not in (3, 4) or not all(isinstance(n, int) for n in offsets.size):
+        return NotImplemented
+    try:
+        k, s, p, d, plane = (_pair(v) for v in (kernel_size, stride, padding, dilation, input_size))
+    except TypeError:  # a symbolic size
+        return NotImplemented
+    if k is None or s is None or p is None or d is None or plane is None:
+        return NotImplemented
+    (_, kw), (sh, sw), (ph, pw), (dh, dw), (_, W) = k, s, p, d, plane
+    xs = xsyms(offsets.ndim)
+    oh, ow = xs[-2], xs[-1]
+    o: Expr = Cast(offsets.load(list(xs)), torch.int64)
+    row = op("floordiv", o, constant(kw, torch.int64)) if kw != 1 else o
+    col = op("sub", o, op("mul", row, constant(kw, torch.int64))) if kw != 1 else constant(0, torch.int64)
+    h = op("add", IndexExpr(oh * sh - ph, torch.int64), op("mul", row, constant(dh, torch.int64)))
+    w = op("add", IndexExpr(ow * sw - pw, torch.int64), op("mul", col, constant(dw, torch.int64)))
+    return ctx.pointwise(offsets.size, op("add", op("mul", h, constant(W, torch.int64)), w), torch.int64)
 
 
 @register_lowering(aten.max_pool2d_with_indices_backward.default)
