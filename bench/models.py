@@ -605,7 +605,8 @@ def run(cfg: Config) -> Writer:
         run_info = {
             "device": device.type, "device_name": device_name, **_versions(), "coil_target": target,
             "dtype": cfg.dtype, "threads": torch.get_num_threads(), "rounds": cfg.rounds,
-            **({"rep_ms": timing.SHORT_PACE.rep_ms, "wall_target_s": timing.SHORT_PACE.wall_s} if device.type == "cuda" else {}),
+            **({"rep_ms": timing.SHORT_PACE.rep_ms, "min_calls": timing.SHORT_PACE.min_calls,
+                "wall_target_s": timing.SHORT_PACE.wall_s} if device.type == "cuda" else {}),
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
             "coil_source": coil_source(),
         }

@@ -253,7 +253,9 @@ class Writer:
                  (f"torch {info['torch']}, triton {info['triton']}, transformers {info['transformers']}, "
                   f"Python {info['python']}; coil target `{info['coil_target']}`; {info['dtype']}; "
                   f"{info['rounds']} rounds"
-                  + (f" ({info['rep_ms']} ms of do_bench repeats a timing)" if "rep_ms" in info else "")
+                  + (f" ({info['rep_ms']} ms of do_bench repeats a timing"
+                     + (f", at least {info['min_calls']} calls" if info.get("min_calls", 1) > 1 else "") + ")"
+                     if "rep_ms" in info else "")
                   + (f"; threads {info['threads']}" if not cuda else "") + f"; {last}"
                   + (f"load average {info['load_average_start']:.1f} at the start, "
                      f"{info['load_average_end']:.1f} at the end, " if "load_average_end" in info and not cuda else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -16,13 +17,24 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def cuda_median_s(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100) -> float:
+def cuda_median_s(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100, min_calls: int = 1) -> float:
     """triton.testing.do_bench (L2 flushed before each call), median; CUDA events as
-    the fallback where triton is missing."""
+    the fallback where triton is missing.  do_bench repeats the call for `rep_ms`
+    after its estimate of one call; with `min_calls`, the repeats last long enough
+    for at least about that many calls (one synchronised call gives the estimate):
+    a 15 ms training step under 30 ms of repeats was timed twice, and the median of
+    two is their mean, which one slow call of the host moves."""
     try:
         from triton.testing import do_bench
     except ImportError:
-        return _cuda_events_median_s(fn, max(3, warmup_ms // 5), 30)
+        return _cuda_events_median_s(fn, max(3, warmup_ms // 5), max(30, min_calls))
+    if min_calls > 1:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        # one call more than asked: do_bench's own estimate of a call may come out longer
+        rep_ms = max(rep_ms, math.ceil((min_calls + 1) * (time.perf_counter() - t0) * 1e3))
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) / 1e3
 
 
@@ -68,18 +80,21 @@ def back_to_back_s(fn: Callable[[], Any], device: torch.device, target_s: float 
 @dataclass(frozen=True)
 class Pace:
     """How long one CUDA timing takes: do_bench's repeats (`rep_ms`, after 25 ms
-    of warm-up) and the back-to-back loops (`wall_s`, both loops together)."""
+    of warm-up, and long enough for `min_calls` calls) and the back-to-back loops
+    (`wall_s`, both loops together)."""
 
     rep_ms: int = 100
     wall_s: float = 0.15
+    min_calls: int = 1
 
 
 DEFAULT_PACE = Pace()
 # more, shorter rounds for the models suite on CUDA: a step of milliseconds is bound by
 # the host, and on the H200's shared host a whole round of one variant moved by up to 2x
 # (session 25: T5's Inductor rounds 3.14, 6.73, 3.23 ms); the median of many short rounds
-# leaves out more such rounds than that of a few long ones, in about the same time
-SHORT_PACE = Pace(rep_ms=30, wall_s=0.05)
+# leaves out more such rounds than that of a few long ones, in about the same time; each
+# round's do_bench times at least 8 calls (a large model's training step of 15 ms had two)
+SHORT_PACE = Pace(rep_ms=30, wall_s=0.05, min_calls=8)
 
 
 @dataclass(frozen=True)
@@ -116,7 +131,7 @@ def measure(fn: Callable[[], Any], device: torch.device, quick: bool = False, wa
     too (on the CPU the median is wall time already).  `pace`: how long a CUDA
     timing takes."""
     if device.type == "cuda":
-        return Timing(cuda_median_s(fn, rep_ms=pace.rep_ms),
+        return Timing(cuda_median_s(fn, rep_ms=pace.rep_ms, min_calls=pace.min_calls),
                       wall_s=back_to_back_s(fn, device, pace.wall_s) if wall else None)
     return cpu_timing(fn, total_s=0.2 if quick else 1.0)
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -277,3 +278,42 @@ def test_rows_show_the_ratio_of_each_round(tmp_path: Path) -> None:
     assert "| 0.90 | 0.90 (0.80-1.10) |" in row, row  # the ratio of medians: 0.9 / 1.0
     assert "| **geomean infer** | (1) |  |  |  | 0.90 | 0.90 | 3.00 |" in md, md
     assert "by round (each row's median of its rounds' ratios) 0.90" in md
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_do_bench_times_at_least_min_calls_of_a_slow_step() -> None:
+    """A step slower than the pace's repeats (a large model's training step, ~15 ms,
+    against 30 ms of repeats) is still timed `min_calls` times a round: do_bench
+    alone would have repeated it twice."""
+    import time
+
+    from bench import timing
+
+    x = torch.ones(1 << 20, device="cuda")
+    calls = 0
+
+    def step() -> None:
+        nonlocal calls
+        calls += 1
+        time.sleep(0.01)  # the host's part of a 10 ms step
+        x.add_(1)
+
+    seconds = timing.cuda_median_s(step, warmup_ms=1, rep_ms=1, min_calls=8)
+    timed = calls
+    assert 0.009 < seconds < 0.1
+    calls = 0
+    timing.cuda_median_s(step, warmup_ms=1, rep_ms=1)
+    # each count has do_bench's 5 estimating calls and one warm-up call in it
+    assert timed >= 8 + 5 + 1 and calls <= 5 + 1 + 1 + 1, (timed, calls)
+
+
+def test_the_header_names_the_least_calls_a_timing_makes(tmp_path: Path) -> None:
+    from bench.models_report import Writer
+
+    info = {"device": "cuda", "device_name": "x", "torch": "t", "triton": "t", "transformers": "t", "python": "p",
+            "coil_target": "triton", "dtype": "bfloat16", "rounds": 9, "rep_ms": 30, "min_calls": 8,
+            "started": "a"}
+    w = Writer(tmp_path, "h", info, [], ("default",))
+    w.write()
+    assert "9 rounds (30 ms of do_bench repeats a timing, at least 8 calls)" in (tmp_path / "h.md").read_text()
