@@ -187,12 +187,17 @@ def low_memory_max_pool_offsets_to_indices(ctx: LowerCtx, offsets: TensorValue, 
     (_, kw), (sh, sw), (ph, pw), (dh, dw), (_, W) = k, s, p, d, plane
     xs = xsyms(offsets.ndim)
     oh, ow = xs[-2], xs[-1]
+    def times(e: Expr, n: int) -> Expr:
+        return e if n == 1 else op("mul", e, constant(n, torch.int64))
+
+    # an offset is never negative (every window holds a position of the input), so
+    # C's truncating division is the floor and needs no sign fix-up
     o: Expr = Cast(offsets.load(list(xs)), torch.int64)
-    row = op("floordiv", o, constant(kw, torch.int64)) if kw != 1 else o
-    col = op("sub", o, op("mul", row, constant(kw, torch.int64))) if kw != 1 else constant(0, torch.int64)
-    h = op("add", IndexExpr(oh * sh - ph, torch.int64), op("mul", row, constant(dh, torch.int64)))
-    w = op("add", IndexExpr(ow * sw - pw, torch.int64), op("mul", col, constant(dw, torch.int64)))
-    return ctx.pointwise(offsets.size, op("add", op("mul", h, constant(W, torch.int64)), w), torch.int64)
+    row = op("truncdiv", o, constant(kw, torch.int64)) if kw != 1 else o
+    col = op("sub", o, times(row, kw)) if kw != 1 else constant(0, torch.int64)
+    h = op("add", IndexExpr(oh * sh - ph, torch.int64), times(row, dh))
+    w = op("add", IndexExpr(ow * sw - pw, torch.int64), times(col, dw))
+    return ctx.pointwise(offsets.size, op("add", times(h, W), w), torch.int64)
 
 
 @register_lowering(aten.max_pool2d_with_indices_backward.default)
