@@ -7,8 +7,12 @@
 #
 # devsnap/ is `git archive` of PINNED with the committed results of both runs
 # copied in, so `--resume` measures only the cases still missing.  devrun.sh picks
-# the results file by the card's name: h200-models-full on an H200,
-# h100-models-full on an H100; it never resumes one card's run on another card.
+# the results file by the card's name: h200-$RUN on an H200, h100-$RUN on an H100;
+# it never resumes one card's run on another card.  RUN names the pin's files:
+# models-full was the run pinned at 0feee52 (sessions 32-45), models-pin46 the one
+# pinned in session 46, after the conv nets' backward kernels (session 43), the
+# joint graph's no-op copies and the memory plan's held inputs (45), int8 max-pool
+# offsets and at least 8 calls a timing (46).
 # After each call, before the next: `bash scripts/pinned_run.sh collect FILES_AT`
 # copies what came back (FILES_AT/r/*) to bench/results/ and devsnap/bench/results/
 # (a call made before that resumes from the older file and measures again what the
@@ -19,18 +23,19 @@
 # killed and only the cases finished so far come back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PINNED=${PINNED:-0feee52}  # coil_source c20c724c15db
+PINNED=${PINNED:-5aacce0}  # coil_source 2d9c48c300c5
+RUN=${RUN:-models-pin46}
 case "${1:-}" in
 prepare)
     rm -rf devsnap && mkdir devsnap
     git archive "$PINNED" | tar -x -C devsnap
-    cp bench/results/h200-models-full.* bench/results/h100-models-full.* devsnap/bench/results/ 2>/dev/null || true
-    cat > devsnap/devrun.sh <<'EOF'
+    cp bench/results/h200-$RUN.* bench/results/h100-$RUN.* devsnap/bench/results/ 2>/dev/null || true
+    { echo "RUN=$RUN"; cat <<'EOF'; } > devsnap/devrun.sh
 cd devsnap
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 dev=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))")
 echo "device: $dev"
-case "$dev" in *H200*) N=h200-models-full;; *H100*) N=h100-models-full;; *) echo "neither card: stop"; exit 3;; esac
+case "$dev" in *H200*) N=h200-$RUN;; *H100*) N=h100-$RUN;; *) echo "neither card: stop"; exit 3;; esac
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 mkdir -p $OUT/r
 cp bench/results/$N.* $OUT/r/ 2>/dev/null; echo "resuming $N"
@@ -43,7 +48,7 @@ EOF
     ;;
 collect)
     src=${2:?usage: bash scripts/pinned_run.sh collect FILES_AT}
-    for json in "$src"/r/h200-models-full.json "$src"/r/h100-models-full.json; do
+    for json in "$src"/r/h200-$RUN.json "$src"/r/h100-$RUN.json; do
         [ -f "$json" ] || continue
         name=$(basename "$json" .json)
         python3 - "$json" "bench/results/$name.json" <<'PY'
