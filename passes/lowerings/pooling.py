@@ -24,8 +24,14 @@ Every load stays inside its buffer: the forward reads a window position in
 padding through a masked load (nothing read there), the backward reads candidates
 outside the output at an index wrapped into range (ModularIndexing) and masks them
 off.  The forward's value output keeps its own running maximum, without the index
-chain, so an inference graph that reads only the values computes no indices.  Windows of more than MAX_WINDOW positions decline, and stay
-Externs; so do non-float dtypes.
+chain, so an inference graph that reads only the values computes no indices.
+Windows of more than MAX_WINDOW positions decline, and stay Externs; so do
+non-float dtypes.
+
+In a training step's joint graph the op arrives as Inductor's two low-memory prims
+(decompositions.low_memory_max_pool): the forward writes int8 window offsets
+(i * kw + j) where it wrote indices, the backward turns them back into indices
+inside its own kernel, and the step saves an eighth of the bytes.
 """
 
 from __future__ import annotations
@@ -187,6 +193,7 @@ def low_memory_max_pool_offsets_to_indices(ctx: LowerCtx, offsets: TensorValue, 
     (_, kw), (sh, sw), (ph, pw), (dh, dw), (_, W) = k, s, p, d, plane
     xs = xsyms(offsets.ndim)
     oh, ow = xs[-2], xs[-1]
+
     def times(e: Expr, n: int) -> Expr:
         return e if n == 1 else op("mul", e, constant(n, torch.int64))
 
