@@ -7,8 +7,8 @@ float32 values, indices and gradients are eager's bit for bit, with ties, NaNs
 and windows of -inf in the input; bfloat16 sums gradients in float32.  Then:
 a window past MAX_WINDOW stays an Extern; a ResNet stem (conv -> batch norm ->
 relu -> max pool) trains through torch.compile with neither pooling op left an
-Extern, saving int8 window offsets (Inductor's low-memory prims) rather than int64
-indices; values, indices and what reads them are one kernel."""
+Extern (on a GPU saving int8 window offsets, Inductor's low-memory prims, rather than
+int64 indices); values, indices and what reads them are one kernel."""
 
 from __future__ import annotations
 
@@ -115,6 +115,45 @@ def test_low_memory_prims_match_eager_without_externs(target: str) -> None:
         torch.testing.assert_close(g_, e, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"output {k}: {m}")
 
 
+def offset_backwards(x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
+    """Each case's backward reading indices computed from the low-memory offsets, as
+    a training step's backward graph does."""
+    prims = torch.ops.prims
+    outs = []
+    for k, s, p, d, c in CASES:
+        s = s or k
+        v, o = prims._low_memory_max_pool_with_offsets(x, k, s, p, d, c)
+        i = prims._low_memory_max_pool_offsets_to_indices(o, k, x.shape[-2:], s, p, d)
+        grad = g[..., : v.shape[-2], : v.shape[-1]] * 1
+        outs.append(aten.max_pool2d_with_indices_backward(grad, x, k, s, p, d, c, i))
+    return outs
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_backward_compares_offsets(target: str) -> None:
+    """max_pool2d_with_indices_backward over indices made from offsets reads the
+    offsets, compared with each input position's place in the candidate's window
+    (dilated windows: only where the dilation steps onto it); gradients are eager's
+    bit for bit in float32."""
+    if not target_available(target):
+        pytest.skip(f"{target} backend not available")
+    inputs = pool_inputs(torch.float32)
+    gm = make_fx(offset_backwards)(*inputs)
+    g = lowered(gm, inputs, target)
+    assert externs(g) == [], show(g)
+    text = show(g)
+    backwards = [line for line in text.splitlines() if "max_pool2d_with_indices_backward" in line and "Pointwise[" in line]
+    assert len(backwards) == len(CASES), text
+    # no backward loads an index made from an offset: each loads the offsets
+    assert "= load _low_memory_max_pool_offsets_to_indices" not in text, text
+    assert text.count("= load _low_memory_max_pool_with_offsets") >= len(CASES), text
+    realized = coil.default_pipeline().run(gm, inputs, until="realize", options=coil.Options(target=target))
+    assert not any("offsets_to_indices" in b.name for b in realized.buffers), show(realized)
+    got = coil.compile_graph(gm, inputs, coil.Options(target=target))(*inputs)
+    for n, (g_, e) in enumerate(zip(got, offset_backwards(*inputs))):
+        torch.testing.assert_close(g_, e, rtol=0, atol=0, msg=lambda m: f"case {CASES[n]}: {m}")
+
+
 def test_a_window_past_the_limit_stays_extern() -> None:
     x = torch.randn(1, 2, 8, 8)
     side = int(MAX_WINDOW ** 0.5)
@@ -190,15 +229,55 @@ def test_resnet_stem_training(target: str, tmp_path: Path) -> None:
     texts = {p.name: (p / "00_lower.txt").read_text() for p in sorted((tmp_path / "debug").iterdir())
              if (p / "00_lower.txt").exists()}
     assert set(texts) == {"0_forward", "1_backward"}
-    # the forward writes int8 window offsets, which the backward takes and turns back
-    # into indices inside the kernel of max_pool2d_with_indices_backward
-    assert "(_low_memory_max_pool_with_offsets):" in texts["0_forward"]
+    # on the CPU the step saves int64 indices (low_memory_max_pool declines there)
+    assert "(max_pool2d_with_indices):" in texts["0_forward"]
     assert "(max_pool2d_with_indices_backward):" in texts["1_backward"]
     saved = [line for line in texts["1_backward"].splitlines() if "= Input(" in line]
-    assert [line for line in saved if "int64" in line] == [], saved
-    assert len([line for line in saved if "int8[2, 4, 5, 5]" in line]) == 1, saved
-    realized = (tmp_path / "debug" / "1_backward" / "realize_table.txt").read_text()
-    assert re.search(r"_low_memory_max_pool_offsets_to_indices +Pointwise +no +- +inlined into", realized), realized
+    assert len([line for line in saved if "int64[2, 4, 5, 5]" in line]) == 1, saved
     for text in texts.values():
-        assert "Extern" not in text or "max_pool" not in "".join(
-            line for line in text.splitlines() if "Extern" in line), text
+        assert "Extern aten.max_pool2d" not in text, text
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resnet_stem_training_on_a_gpu_saves_offsets(tmp_path: Path) -> None:
+    """On a GPU the joint graph's max pool is Inductor's low-memory prims: the step
+    saves int8 window offsets, and the backward compares them in its own kernel,
+    rebuilding no index; the gradients are eager's."""
+    torch.manual_seed(0)
+    model = Stem().cuda()
+    x = torch.randn(2, 3, 9, 9, device="cuda", requires_grad=True)
+    leaves = [x, *model.parameters()]
+    expected = model(x)
+    expected.square().sum().backward()
+    want = [t.grad.clone() for t in leaves]  # type: ignore[union-attr]
+    for t in leaves:
+        t.grad = None
+    options = {"target": "triton", "debug_dir": str(tmp_path / "debug"), "cache_dir": str(tmp_path / "cache"),
+               "graph_cache": False}
+    torch._dynamo.reset()
+    got = torch.compile(model, backend="coil", options=options)(x)
+    torch.testing.assert_close(got, expected)
+    got.square().sum().backward()
+    for t, w in zip(leaves, want):
+        torch.testing.assert_close(t.grad, w, rtol=1e-4, atol=1e-4)
+    debug = tmp_path / "debug"
+    forward, backward = ((debug / n / "00_lower.txt").read_text() for n in ("0_forward", "1_backward"))
+    assert "(_low_memory_max_pool_with_offsets):" in forward
+    saved = [line for line in backward.splitlines() if "= Input(" in line]
+    assert not [line for line in saved if "int64" in line], saved
+    assert len([line for line in saved if "int8[2, 4, 5, 5]" in line]) == 1, saved
+    realized = (debug / "1_backward" / "realize_table.txt").read_text()
+    assert re.search(r"_low_memory_max_pool_offsets_to_indices +Pointwise +no +- +dead", realized), realized
+
+
+def test_the_decomposition_declines_on_the_cpu() -> None:
+    """low_memory_max_pool: the prims for a tensor off the CPU (a meta tensor stands
+    in for a GPU's), NotImplemented on the CPU, past MAX_WINDOW or for integers."""
+    from coil.passes.lowerings.decompositions import low_memory_max_pool
+
+    values, indices = low_memory_max_pool(torch.empty(2, 3, 9, 9, device="meta"), [3, 3], [2, 2], [1, 1])
+    assert values.shape == indices.shape == (2, 3, 5, 5) and indices.dtype == torch.int64
+    assert low_memory_max_pool(torch.randn(2, 3, 9, 9), [3, 3], [2, 2], [1, 1]) is NotImplemented
+    assert low_memory_max_pool(torch.empty(1, 2, 8, 8, device="meta"), [6, 6]) is NotImplemented
+    assert low_memory_max_pool(torch.empty(1, 2, 8, 8, device="meta", dtype=torch.int32), [2, 2]) is NotImplemented

@@ -28,16 +28,18 @@ chain, so an inference graph that reads only the values computes no indices.
 Windows of more than MAX_WINDOW positions decline, and stay Externs; so do
 non-float dtypes.
 
-In a training step's joint graph the op arrives as Inductor's two low-memory prims
-(decompositions.low_memory_max_pool): the forward writes int8 window offsets
-(i * kw + j) where it wrote indices, the backward turns them back into indices
-inside its own kernel, and the step saves an eighth of the bytes.
+In a training step's joint graph on a GPU the op arrives as Inductor's two
+low-memory prims (decompositions.low_memory_max_pool): the forward writes int8
+window offsets (i * kw + j) where it wrote indices, the backward compares each
+candidate's offset with the position's place in its window (index arithmetic, no
+index is rebuilt), and the step saves an eighth of the bytes.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import attrs
 import sympy
 import torch
 
@@ -126,7 +128,10 @@ def _max_pool(ctx: LowerCtx, x: TensorValue, params: tuple[tuple[int, int], ...]
     acc = upcast(x.dtype)
     best: Expr = constant(float("-inf"), acc)  # the index output's running maximum
     value: Expr = best  # the value output's: the same values, without the index chain
-    where: Expr = constant(-1, torch.int64)
+    # the offsets' chain runs in int32, as wide as the float32 values it follows, and is
+    # stored as int8
+    pos_t = torch.int32 if offsets else torch.int64
+    where: Expr = constant(-1, pos_t)
     for i in range(kh):
         h = oh * sh - ph + i * dh
         _, h_tests = _tests(h, H, {oh: size[-2]})
@@ -137,12 +142,12 @@ def _max_pool(ctx: LowerCtx, x: TensorValue, params: tuple[tuple[int, int], ...]
             val: Expr = x.load([*lead, h, w], mask=inside)  # padding is never read
             if val.dtype != acc:
                 val = Cast(val, acc)
-            pos = constant(i * kw + j, torch.int64) if offsets else IndexExpr(h * W + w, torch.int64)
+            pos = constant(i * kw + j, pos_t) if offsets else IndexExpr(h * W + w, pos_t)
             larger = op("logical_or", op("gt", val, best), op("isnan", val))
-            better = op("logical_or", larger, op("lt", where, constant(0, torch.int64)))
+            better = op("logical_or", larger, op("lt", where, constant(0, pos_t)))
             take = better if inside is None else op("logical_and", inside, better)
             best = op("where", take, val, best, dtype=acc)
-            where = op("where", take, pos, where, dtype=torch.int64)
+            where = op("where", take, pos, where, dtype=pos_t)
             # taking the first position of an all -inf window changes no value: the value
             # output needs neither `where` nor the "nothing taken yet" test
             grows = op("logical_or", op("gt", val, value), op("isnan", val))
@@ -204,7 +209,19 @@ def low_memory_max_pool_offsets_to_indices(ctx: LowerCtx, offsets: TensorValue, 
     col = op("sub", o, times(row, kw)) if kw != 1 else constant(0, torch.int64)
     h = op("add", IndexExpr(oh * sh - ph, torch.int64), times(row, dh))
     w = op("add", IndexExpr(ow * sw - pw, torch.int64), times(col, dw))
-    return ctx.pointwise(offsets.size, op("add", times(h, W), w), torch.int64)
+    indices = ctx.pointwise(offsets.size, op("add", times(h, W), w), torch.int64)
+    ctx.facts[indices.name] = OffsetIndices(offsets, (k, s, p, d), W)
+    return indices
+
+
+@attrs.frozen
+class OffsetIndices:
+    """Indices computed from window offsets (LowerCtx.facts): the offsets, the
+    window (kernel, stride, padding, dilation) and the input plane's width."""
+
+    offsets: TensorValue
+    window: tuple[tuple[int, int], ...]
+    width: int
 
 
 @register_lowering(aten.max_pool2d_with_indices_backward.default)
@@ -225,10 +242,11 @@ def max_pool2d_with_indices_backward(ctx: LowerCtx, grad: TensorValue, x: Tensor
     total: Expr = constant(0, acc)
 
     def candidates(e: sympy.Symbol, n_in: int, n_out: int, k: int, s: int, p: int, d: int
-                   ) -> list[tuple[sympy.Expr, list[Expr]]]:
+                   ) -> list[tuple[sympy.Expr, sympy.Expr, list[Expr]]]:
         """The outputs along one dim whose window may hold input position e: from
-        the first with o * s >= e + p - (k - 1) * d, each wrapped into [0, n_out)
-        with the tests that it is an output and its window starts at or before e."""
+        the first with o * s >= e + p - (k - 1) * d, each wrapped into [0, n_out),
+        with e's position in its window and the tests that it is an output whose
+        window starts at or before e (and, dilated, steps onto e)."""
         reach = (k - 1) * d
         m = -(-reach // s) + 1  # keeps the division's numerator >= 0
         first = FloorDiv(e + p - reach + s - 1 + s * m, s) - m
@@ -238,13 +256,27 @@ def max_pool2d_with_indices_backward(ctx: LowerCtx, grad: TensorValue, x: Tensor
             idx, tests = _inside(o, n_out, {e: n_in})
             if j * s + s - 1 > reach:  # else o * s <= first * s + reach - (s - 1) <= e + p always
                 tests.append(op("le", IndexExpr(o * s, torch.int64), IndexExpr(e + p, torch.int64)))
-            out.append((idx, tests))
+            # e's position in o's window (where the tests hold, 0 <= e + p - o * s <= reach):
+            # a dilated window holds e only where d divides that distance
+            rel = simplify_index(e + p - o * s, {e: n_in})
+            if d != 1:
+                tests.append(op("eq", IndexExpr(ModularIndexing(rel, 1, d), torch.int64), constant(0, torch.int64)))
+                rel = FloorDiv(rel, d)
+            out.append((idx, rel, tests))
         return out
 
-    for oh, h_tests in candidates(h, H, OH, kh, sh, ph, dh):
-        for ow, w_tests in candidates(w, W, OW, kw, sw, pw, dw):
+    # indices computed from window offsets (the joint graph's low-memory prims): each
+    # candidate compares its offset with e's position in its window, index arithmetic
+    # alone, rather than turning every offset back into an index
+    fact = ctx.facts.get(indices.name)
+    offsets = fact.offsets if isinstance(fact, OffsetIndices) and fact.window == params and fact.width == W else None
+    for oh, i, h_tests in candidates(h, H, OH, kh, sh, ph, dh):
+        for ow, j, w_tests in candidates(w, W, OW, kw, sw, pw, dw):
             at = [*lead, oh, ow]
-            hit = op("eq", indices.load(at), me)
+            if offsets is not None:
+                hit = op("eq", Cast(offsets.load(at), torch.int32), IndexExpr(i * kw + j, torch.int32))
+            else:
+                hit = op("eq", indices.load(at), me)
             cond = _all([*h_tests, *w_tests, hit])
             assert cond is not None
             g: Expr = grad.load(at)

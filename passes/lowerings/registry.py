@@ -95,6 +95,10 @@ class LowerCtx:
         # a convolution's bias is added by a pointwise node, not by the Extern
         # (TargetTraits.conv_bias_in_kernels)
         self.conv_bias_in_kernels = False
+        # what a lowering knows of a value it made, for a later lowering that reads the
+        # value: offsets to indices records its offsets and window, and
+        # max_pool2d_with_indices_backward then compares the offsets themselves
+        self.facts: dict[str, Any] = {}
 
     def at(self, origin: str, op: str, device: str) -> "LowerCtx":
         self.origin, self.op, self.device = origin, op, device
