@@ -263,7 +263,7 @@ def low_memory_max_pool(x: torch.Tensor, kernel_size: Any, stride: Any = (), pad
     both (pooling.py: a float input of static sizes, a window of at most MAX_WINDOW
     positions), and not on the CPU: GCC vectorises the C++ loops of int64 indices but
     not those of int8 offsets (ResNet's stem at the CPU size, one thread: the forward
-    142 -> 452 µs, the backward 380 -> 796 µs, the training step 8 % slower); elsewhere
+    142 -> 452 µs, the backward 380 -> 796 µs, the training step 5-8 % slower); elsewhere
     the op stays whole (NotImplemented)."""
     from coil.passes.lowerings.pooling import MAX_WINDOW, _pair
 
