@@ -207,11 +207,12 @@ def test_pool_values_indices_and_reader_are_one_kernel(target: str) -> None:
         torch.testing.assert_close(g_, e, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("target", ["reference", "cpp"])
-def test_resnet_stem_training(target: str, tmp_path: Path) -> None:
+def train_stem(target: str, device: str, tmp_path: Path) -> dict[str, str]:
+    """One training step of Stem through torch.compile(backend="coil"), its output and
+    gradients checked against eager; each graph's lowered text by its debug name."""
     torch.manual_seed(0)
-    model = Stem()
-    x = torch.randn(2, 3, 9, 9, requires_grad=True)
+    model = Stem().to(device)
+    x = torch.randn(2, 3, 9, 9, device=device, requires_grad=True)
     leaves = [x, *model.parameters()]
     expected = model(x)
     expected.square().sum().backward()
@@ -229,6 +230,12 @@ def test_resnet_stem_training(target: str, tmp_path: Path) -> None:
     texts = {p.name: (p / "00_lower.txt").read_text() for p in sorted((tmp_path / "debug").iterdir())
              if (p / "00_lower.txt").exists()}
     assert set(texts) == {"0_forward", "1_backward"}
+    return texts
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_resnet_stem_training(target: str, tmp_path: Path) -> None:
+    texts = train_stem(target, "cpu", tmp_path)
     # on the CPU the step saves int64 indices (low_memory_max_pool declines there)
     assert "(max_pool2d_with_indices):" in texts["0_forward"]
     assert "(max_pool2d_with_indices_backward):" in texts["1_backward"]
@@ -244,30 +251,13 @@ def test_resnet_stem_training_on_a_gpu_saves_offsets(tmp_path: Path) -> None:
     """On a GPU the joint graph's max pool is Inductor's low-memory prims: the step
     saves int8 window offsets, and the backward compares them in its own kernel,
     rebuilding no index; the gradients are eager's."""
-    torch.manual_seed(0)
-    model = Stem().cuda()
-    x = torch.randn(2, 3, 9, 9, device="cuda", requires_grad=True)
-    leaves = [x, *model.parameters()]
-    expected = model(x)
-    expected.square().sum().backward()
-    want = [t.grad.clone() for t in leaves]  # type: ignore[union-attr]
-    for t in leaves:
-        t.grad = None
-    options = {"target": "triton", "debug_dir": str(tmp_path / "debug"), "cache_dir": str(tmp_path / "cache"),
-               "graph_cache": False}
-    torch._dynamo.reset()
-    got = torch.compile(model, backend="coil", options=options)(x)
-    torch.testing.assert_close(got, expected)
-    got.square().sum().backward()
-    for t, w in zip(leaves, want):
-        torch.testing.assert_close(t.grad, w, rtol=1e-4, atol=1e-4)
-    debug = tmp_path / "debug"
-    forward, backward = ((debug / n / "00_lower.txt").read_text() for n in ("0_forward", "1_backward"))
+    texts = train_stem("triton", "cuda", tmp_path)
+    forward, backward = texts["0_forward"], texts["1_backward"]
     assert "(_low_memory_max_pool_with_offsets):" in forward
     saved = [line for line in backward.splitlines() if "= Input(" in line]
     assert not [line for line in saved if "int64" in line], saved
     assert len([line for line in saved if "int8[2, 4, 5, 5]" in line]) == 1, saved
-    realized = (debug / "1_backward" / "realize_table.txt").read_text()
+    realized = (tmp_path / "debug" / "1_backward" / "realize_table.txt").read_text()
     assert re.search(r"_low_memory_max_pool_offsets_to_indices +Pointwise +no +- +dead", realized), realized
 
 
