@@ -261,8 +261,9 @@ def low_memory_max_pool(x: torch.Tensor, kernel_size: Any, stride: Any = (), pad
     the int64 indices' bytes (ResNet's first max pool at batch 8: 12.2 -> 1.5 MiB), and
     the backward compares the offsets inside its own kernel.  Only where coil lowers
     both (pooling.py: a float input of static sizes, a window of at most MAX_WINDOW
-    positions), and not on the CPU: GCC vectorises the C++ loops of int64 indices but
-    not those of int8 offsets (ResNet's stem at the CPU size, one thread: the forward
+    positions), and not on the CPU: GCC vectorises the C++ loops of int8 offsets with
+    8-byte vectors where those of int64 indices get 32-byte ones (`-fopt-info-vec`;
+    ResNet's stem at the CPU size, one thread: the forward
     142 -> 452 µs, the backward 380 -> 796 µs, the training step 5-8 % slower); elsewhere
     the op stays whole (NotImplemented)."""
     from coil.passes.lowerings.pooling import MAX_WINDOW, _pair
