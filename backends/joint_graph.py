@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 from torch.multiprocessing.reductions import StorageWeakRef
 
 log = logging.getLogger("coil")
@@ -47,8 +48,6 @@ def _storage(node: Any) -> Any:
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal metadata, symbolic sizes only where equal for every value (no guard added)."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
-
     return (a.dtype == b.dtype and a.device == b.device and a.layout == b.layout
             and a.dim() == b.dim()
             and statically_known_true(sym_eq(tuple(a.shape), tuple(b.shape)))

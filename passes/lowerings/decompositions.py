@@ -266,16 +266,14 @@ def low_memory_max_pool(x: torch.Tensor, kernel_size: Any, stride: Any = (), pad
     ResNet's stem at the CPU size, one thread: the forward
     142 -> 452 µs, the backward 380 -> 796 µs, the training step 5-8 % slower); elsewhere
     the op stays whole (NotImplemented)."""
-    from coil.passes.lowerings.pooling import MAX_WINDOW, _pair
+    from coil.passes.lowerings.pooling import window_params
 
-    k, s = _pair(kernel_size), _pair(stride, kernel_size)
-    p, d = _pair(padding), _pair(dilation)
+    params = window_params(x, kernel_size, stride, padding, dilation)
     prims = torch.ops.prims
-    if (x.device.type == "cpu" or k is None or s is None or p is None or d is None or k[0] * k[1] > MAX_WINDOW
-            or x.dim() not in (3, 4)
-            or not x.dtype.is_floating_point or not all(isinstance(n, int) for n in x.shape)
+    if (x.device.type == "cpu" or params is None or not all(isinstance(n, int) for n in x.shape)
             or not hasattr(prims, "_low_memory_max_pool_with_offsets")):
         return NotImplemented
+    k, s, p, d = params
     values, offsets = prims._low_memory_max_pool_with_offsets.default(x, list(k), list(s), list(p), list(d), ceil_mode)
     indices = prims._low_memory_max_pool_offsets_to_indices.default(offsets, list(k), list(x.shape[-2:]), list(s),
                                                                       list(p), list(d))

@@ -62,8 +62,11 @@ def _pair(v: Sequence[int] | int, default: Sequence[int] | None = None) -> tuple
     return (int(v[0]), int(v[-1]))
 
 
-def _params(x: TensorValue, kernel: Any, stride: Any, padding: Any, dilation: Any
-            ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]] | None:
+def window_params(x: TensorValue | torch.Tensor, kernel: Any, stride: Any, padding: Any, dilation: Any
+                  ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]] | None:
+    """(kernel, stride, padding, dilation) as pairs, for a float input of 3 or 4 dims
+    and a window of at most MAX_WINDOW positions; None where coil does not lower the
+    pool (the op stays whole)."""
     k = _pair(kernel)
     if k is None:
         return None
@@ -161,7 +164,7 @@ def _max_pool(ctx: LowerCtx, x: TensorValue, params: tuple[tuple[int, int], ...]
 @register_lowering(aten.max_pool2d_with_indices.default)
 def max_pool2d_with_indices(ctx: LowerCtx, x: TensorValue, kernel_size: Any, stride: Any = (),
                             padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
-    params = _params(x, kernel_size, stride, padding, dilation)
+    params = window_params(x, kernel_size, stride, padding, dilation)
     meta = _meta(aten.max_pool2d_with_indices.default, x, kernel_size, stride, padding, dilation, ceil_mode)
     if params is None or meta is None or meta[0].numel() == 0:
         return NotImplemented
@@ -175,7 +178,7 @@ def max_pool2d_with_indices(ctx: LowerCtx, x: TensorValue, kernel_size: Any, str
 @register_lowering("prims._low_memory_max_pool_with_offsets.default")
 def low_memory_max_pool_with_offsets(ctx: LowerCtx, x: TensorValue, kernel_size: Any, stride: Any,
                                      padding: Any, dilation: Any, ceil_mode: bool) -> Any:
-    params = _params(x, kernel_size, stride, padding, dilation)
+    params = window_params(x, kernel_size, stride, padding, dilation)
     meta = _meta(aten.max_pool2d_with_indices.default, x, kernel_size, stride, padding, dilation, ceil_mode)
     if params is None or meta is None or meta[0].numel() == 0 or len(kernel_size) != 2:
         return NotImplemented
@@ -228,7 +231,7 @@ class OffsetIndices:
 def max_pool2d_with_indices_backward(ctx: LowerCtx, grad: TensorValue, x: TensorValue, kernel_size: Any,
                                      stride: Any, padding: Any, dilation: Any, ceil_mode: bool,
                                      indices: TensorValue) -> Any:
-    params = _params(x, kernel_size, stride, padding, dilation)
+    params = window_params(x, kernel_size, stride, padding, dilation)
     if (params is None or grad.ndim != x.ndim or indices.size != grad.size or grad.dtype != x.dtype
             or indices.dtype != torch.int64 or x.numel() == 0):
         return NotImplemented
