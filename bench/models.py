@@ -429,6 +429,9 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
             if walls:  # CUDA: steps back to back, the loop's steady state (timing.back_to_back_s)
                 rec["wall_ms"] = round(statistics.median(walls), 4)
                 rec["wall_ms_rounds"] = [round(x, 4) for x in walls]
+            took = [t.spent_s for t in times[key] if t.spent_s is not None]
+            if took:  # CUDA: how long each round's timing of this variant took (plans runs by)
+                rec["timing_s_rounds"] = [round(x, 3) for x in took]
             mins = [t.min_s for t in times[key] if t.min_s is not None]
             if mins:
                 rec["ms_min"] = round(min(mins) * 1e3, 4)

@@ -21,21 +21,33 @@ def cuda_median_s(fn: Callable[[], Any], warmup_ms: int = 25, rep_ms: int = 100,
     """triton.testing.do_bench (L2 flushed before each call), median; CUDA events as
     the fallback where triton is missing.  do_bench repeats the call for `rep_ms`
     after its estimate of one call; with `min_calls`, the repeats last long enough
-    for at least about that many calls (one synchronised call gives the estimate):
-    a 15 ms training step under 30 ms of repeats was timed twice, and the median of
-    two is their mean, which one slow call of the host moves."""
+    for at least about that many calls (one_call_s gives the estimate): a 15 ms
+    training step under 30 ms of repeats was timed twice, and the median of two is
+    their mean, which one slow call of the host moves."""
     try:
         from triton.testing import do_bench
     except ImportError:
         return _cuda_events_median_s(fn, max(3, warmup_ms // 5), max(30, min_calls))
     if min_calls > 1:
+        # one call more than asked: do_bench's own estimate of a call may come out longer
+        rep_ms = max(rep_ms, math.ceil((min_calls + 1) * one_call_s(fn) * 1e3))
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) / 1e3
+
+
+def one_call_s(fn: Callable[[], Any]) -> float:
+    """The faster of two synchronised calls.  One call alone is one sample, and a
+    slow one stretches every repeat of the timing after it: session 46's first H100
+    cases spent 3.3x the seconds in their timings that the same cases had spent
+    before min_calls, on another H100 (a variant's first call after another variant's timing is the
+    suspect; the records' `timing_s_rounds` show what each timing took)."""
+    times = []
+    for _ in range(2):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
         torch.cuda.synchronize()
-        # one call more than asked: do_bench's own estimate of a call may come out longer
-        rep_ms = max(rep_ms, math.ceil((min_calls + 1) * (time.perf_counter() - t0) * 1e3))
-    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) / 1e3
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def _cuda_events_median_s(fn: Callable[[], Any], warmup: int, reps: int) -> float:
@@ -103,6 +115,7 @@ class Timing:
     min_s: float | None = None  # CPU only: the least-disturbed sample
     load: float | None = None  # CPU only: the load average when it was timed
     wall_s: float | None = None  # CUDA, where asked for: back_to_back_s
+    spent_s: float | None = None  # CUDA: the seconds this timing took, all its calls together
 
 
 def cpu_timing(fn: Callable[[], Any], sample_s: float = 0.02, total_s: float = 1.0,
@@ -131,8 +144,10 @@ def measure(fn: Callable[[], Any], device: torch.device, quick: bool = False, wa
     too (on the CPU the median is wall time already).  `pace`: how long a CUDA
     timing takes."""
     if device.type == "cuda":
-        return Timing(cuda_median_s(fn, rep_ms=pace.rep_ms, min_calls=pace.min_calls),
-                      wall_s=back_to_back_s(fn, device, pace.wall_s) if wall else None)
+        t0 = time.perf_counter()
+        median = cuda_median_s(fn, rep_ms=pace.rep_ms, min_calls=pace.min_calls)
+        wall_s = back_to_back_s(fn, device, pace.wall_s) if wall else None
+        return Timing(median, wall_s=wall_s, spent_s=time.perf_counter() - t0)
     return cpu_timing(fn, total_s=0.2 if quick else 1.0)
 
 

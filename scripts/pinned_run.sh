@@ -5,8 +5,8 @@
 #   then, through the device tool, with carry ["devsnap"]:
 #   T=570 B=440 bash devsnap/devrun.sh     (there: resumes the run that matches the card)
 #
-# devsnap/ is `git archive` of PINNED with the committed results of both runs
-# copied in, so `--resume` measures only the cases still missing.  devrun.sh picks
+# devsnap/ is `git archive` of PINNED, with bench/ (the harness, which the records'
+# coil_source leaves out) from HEAD and the committed results of both runs copied in, so `--resume` measures only the cases still missing.  devrun.sh picks
 # the results file by the card's name: h200-$RUN on an H200, h100-$RUN on an H100;
 # it never resumes one card's run on another card.  RUN names the pin's files:
 # models-full was the run pinned at 0feee52 (sessions 32-45), models-pin46 the one
@@ -29,6 +29,8 @@ case "${1:-}" in
 prepare)
     rm -rf devsnap && mkdir devsnap
     git archive "$PINNED" | tar -x -C devsnap
+    # the harness from HEAD (coil_source hashes coil's packages only, never bench/)
+    rm -rf devsnap/bench && git archive HEAD bench | tar -x -C devsnap
     cp bench/results/h200-$RUN.* bench/results/h100-$RUN.* devsnap/bench/results/ 2>/dev/null || true
     { echo "RUN=$RUN"; cat <<'EOF'; } > devsnap/devrun.sh
 cd devsnap

@@ -308,6 +308,34 @@ def test_do_bench_times_at_least_min_calls_of_a_slow_step() -> None:
     assert timed >= 8 + 5 + 1 and calls <= 5 + 1 + 1 + 1, (timed, calls)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_slow_first_call_does_not_stretch_a_timing() -> None:
+    """A variant's first call after another's timing may be slow; the repeats are
+    sized from the faster of two calls, so one slow call of 0.3 s does not make
+    do_bench repeat a 10 ms step for (min_calls + 1) * 0.3 s."""
+    import time
+
+    from bench import timing
+
+    x = torch.ones(1 << 20, device="cuda")
+    calls = 0
+
+    def step() -> None:
+        nonlocal calls
+        calls += 1
+        time.sleep(0.3 if calls == 1 else 0.01)
+        x.add_(1)
+
+    t0 = time.perf_counter()
+    seconds = timing.cuda_median_s(step, warmup_ms=1, rep_ms=1, min_calls=8)
+    spent = time.perf_counter() - t0
+    assert 0.009 < seconds < 0.05
+    # 0.3 s, the second estimating call, do_bench's first, 5 estimating, 1 warm-up and
+    # about 9 repeats: about 0.5 s, where an estimate of 0.3 s would repeat for 2.7 s
+    assert spent < 1.2, (spent, calls)
+
+
 def test_the_header_names_the_least_calls_a_timing_makes(tmp_path: Path) -> None:
     from bench.models_report import Writer
 
