@@ -345,3 +345,30 @@ def test_the_header_names_the_least_calls_a_timing_makes(tmp_path: Path) -> None
     w = Writer(tmp_path, "h", info, [], ("default",))
     w.write()
     assert "9 rounds (30 ms of do_bench repeats a timing, at least 8 calls)" in (tmp_path / "h.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["resnet", "vit"])
+def test_a_classifier_is_traced_once_for_all_its_training_steps(name: str) -> None:
+    """transformers' classification loss settles config.problem_type on its first
+    call; make_case settles it first, so the timed steps after the checked one do
+    not make Dynamo trace the forward again (it did for ViT and the three conv nets)."""
+    import copy
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from bench.hf_models import CHECK_STEPS, make_case
+    from bench.models import step_call
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, inputs = make_case(name, "train", "cpu")
+    assert model.config.problem_type == "single_label_classification"
+    f = torch.compile(copy.deepcopy(model), backend="eager")
+    CHECK_STEPS["train"](f, inputs)
+    after_check = counters["stats"]["unique_graphs"]
+    call = step_call(f, f._orig_mod, inputs, "train", False)
+    call()
+    call()
+    assert after_check >= 1 and counters["stats"]["unique_graphs"] == after_check
+    torch._dynamo.reset()
