@@ -177,7 +177,7 @@ def test_small_graphs_are_not_stored(caches: Path) -> None:
     """By default a training graph under Options.aot_cache_nodes Dynamo nodes does
     not pay torch's key; with the limit at the graph's size it does."""
     model = _model()
-    _step(model, {"aot_cache_nodes": 300})
+    _step(model, {"aot_cache_nodes": 100})
     assert not _aot().get("autograd_cache_saved") and not _aot().get("autograd_cache_miss")
     nodes = 12  # the Dynamo graph: 6 parameters and the input, 4 calls, the output
     _step(model, {"aot_cache_nodes": nodes + 1})
@@ -187,7 +187,7 @@ def test_small_graphs_are_not_stored(caches: Path) -> None:
     counters.clear()
     _step(model, {"aot_cache_nodes": -1})
     assert not _aot().get("autograd_cache_saved") and not _aot().get("autograd_cache_miss")
-    assert Options().aot_cache_nodes == 300
+    assert Options().aot_cache_nodes == 100
 
 
 def test_inference_graphs_are_not_stored(caches: Path) -> None:
