@@ -38,8 +38,9 @@ def one_call_s(fn: Callable[[], Any]) -> float:
     """The faster of two synchronised calls.  One call alone is one sample, and a
     slow one stretches every repeat of the timing after it: session 46's first H100
     cases spent 3.3x the seconds in their timings that the same cases had spent
-    before min_calls, on another H100 (a variant's first call after another variant's timing is the
-    suspect; the records' `timing_s_rounds` show what each timing took)."""
+    before min_calls, on another H100 (a variant's first call after another
+    variant's timing is the suspect; the records' `timing_s_rounds` show what each
+    timing took)."""
     times = []
     for _ in range(2):
         torch.cuda.synchronize()

@@ -6,8 +6,9 @@
 #   T=570 B=440 bash devsnap/devrun.sh     (there: resumes the run that matches the card)
 #
 # devsnap/ is `git archive` of PINNED, with bench/ (the harness, which the records'
-# coil_source leaves out) from HEAD and the committed results of both runs copied in, so `--resume` measures only the cases still missing.  devrun.sh picks
-# the results file by the card's name: h200-$RUN on an H200, h100-$RUN on an H100;
+# coil_source leaves out) from HEAD and the committed results of both runs copied
+# in, so `--resume` measures only the cases still missing.  devrun.sh picks the
+# results file by the card's name: h200-$RUN on an H200, h100-$RUN on an H100;
 # it never resumes one card's run on another card.  RUN names the pin's files:
 # models-full was the run pinned at 0feee52 (sessions 32-45), models-pin46 the one
 # pinned in session 46, after the conv nets' backward kernels (session 43), the
