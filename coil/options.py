@@ -438,7 +438,7 @@ class Options:
     # torch's AOTAutogradCache (backends/aot_cache.py), so a warm start loads
     # AOTAutograd's result instead of tracing again; 0: every training graph; -1: none.
     # torch's key costs a process about 1 s at its first use on a 2-core VM (a cold start
-    # pays it), AOTAutograd's trace 6-11 ms a node there.  At 300, 8 of the models
+    # pays it), AOTAutograd's trace 6-11 ms a node there.  At 300, 7 of the models
     # suite's 17 small training graphs (189-264 nodes) were traced at every warm start
     # (GPT-2's, 264 nodes, cpp: warm backend call 3.05 s, 1.04 s cached); at 72 nodes
     # the cache still saved 0.8 s of a warm start and cost 1.7 s of a cold one
