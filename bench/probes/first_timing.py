@@ -28,7 +28,7 @@ sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 
 from bench.hf_models import SIZES, expected, make_case  # noqa: E402
-from bench.models import VARIANTS, Case, Config, prepare  # noqa: E402
+from bench.models import DTYPES, VARIANTS, Case, Config, prepare  # noqa: E402
 from bench.timing import sync  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     dev = os.environ.get("DEVICE", "cuda")
     if dev == "cuda" and not torch.cuda.is_available():
         raise SystemExit("first_timing.py measures CUDA runs: no CUDA device here (DEVICE=cpu smoke-runs it)")
-    target, dtype = ("triton", torch.bfloat16) if dev == "cuda" else ("cpp", torch.float32)
+    target, dtype_name = ("triton", "bfloat16") if dev == "cuda" else ("cpp", "float32")
     torch._logging.set_logs(recompiles=True)
     size, mode = SIZES[os.environ.get("SIZE", "small")], os.environ.get("MODE", "train")
     order = os.environ.get("ORDER", "suite")
@@ -48,11 +48,11 @@ def main() -> None:
     elif order == "ro_first":
         variants.sort(key=lambda v: v[1] == "default")
     cfg = Config(sizes=(size.name,), only=(), modes=(mode,), compile_modes=("default", "reduce-overhead"),
-                 variants=("eager", "inductor", "coil"), device=dev, dtype=str(dtype).split(".")[1], target=target,
+                 variants=("eager", "inductor", "coil"), device=dev, dtype=dtype_name, target=target,
                  rounds=1, budget_s=None, threads=None, out=Path("/tmp"), name=None, merge=False, resume=False)
     device = torch.device(dev)
     for name in sys.argv[1:] or ["distilbert"]:
-        model, inputs = make_case(name, mode, dev, size=size, dtype=dtype)
+        model, inputs = make_case(name, mode, dev, size=size, dtype=DTYPES[dtype_name])
         want = expected(model, inputs, mode)
         case = Case(name, size, mode, {})
         calls: dict[str, Any] = {}

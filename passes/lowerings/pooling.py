@@ -241,8 +241,12 @@ def max_pool2d_with_indices_backward(ctx: LowerCtx, grad: TensorValue, x: Tensor
     xs = xsyms(x.ndim)
     lead, h, w = list(xs[:-2]), xs[-2], xs[-1]
     acc = upcast(x.dtype)
-    me = IndexExpr(h * W + w, torch.int64)
     total: Expr = constant(0, acc)
+    # indices computed from window offsets (the joint graph's low-memory prims): each
+    # candidate compares its offset with e's position in its window, index arithmetic
+    # alone, rather than turning every offset back into an index
+    fact = ctx.facts.get(indices.name)
+    offsets = fact.offsets if isinstance(fact, OffsetIndices) and fact.window == params and fact.width == W else None
 
     def candidates(e: sympy.Symbol, n_in: int, n_out: int, k: int, s: int, p: int, d: int
                    ) -> list[tuple[sympy.Expr, sympy.Expr, list[Expr]]]:
@@ -260,26 +264,22 @@ def max_pool2d_with_indices_backward(ctx: LowerCtx, grad: TensorValue, x: Tensor
             if j * s + s - 1 > reach:  # else o * s <= first * s + reach - (s - 1) <= e + p always
                 tests.append(op("le", IndexExpr(o * s, torch.int64), IndexExpr(e + p, torch.int64)))
             # e's position in o's window (where the tests hold, 0 <= e + p - o * s <= reach):
-            # a dilated window holds e only where d divides that distance
+            # a dilated window holds e only where d divides that distance (an index
+            # compared with e's own needs no such test)
             rel = simplify_index(e + p - o * s, {e: n_in})
-            if d != 1:
+            if d != 1 and offsets is not None:
                 tests.append(op("eq", IndexExpr(ModularIndexing(rel, 1, d), torch.int64), constant(0, torch.int64)))
                 rel = FloorDiv(rel, d)
             out.append((idx, rel, tests))
         return out
 
-    # indices computed from window offsets (the joint graph's low-memory prims): each
-    # candidate compares its offset with e's position in its window, index arithmetic
-    # alone, rather than turning every offset back into an index
-    fact = ctx.facts.get(indices.name)
-    offsets = fact.offsets if isinstance(fact, OffsetIndices) and fact.window == params and fact.width == W else None
     for oh, i, h_tests in candidates(h, H, OH, kh, sh, ph, dh):
         for ow, j, w_tests in candidates(w, W, OW, kw, sw, pw, dw):
             at = [*lead, oh, ow]
             if offsets is not None:
                 hit = op("eq", Cast(offsets.load(at), torch.int32), IndexExpr(i * kw + j, torch.int32))
             else:
-                hit = op("eq", indices.load(at), me)
+                hit = op("eq", indices.load(at), IndexExpr(h * W + w, torch.int64))
             cond = _all([*h_tests, *w_tests, hit])
             assert cond is not None
             g: Expr = grad.load(at)
