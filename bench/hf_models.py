@@ -564,8 +564,7 @@ def make_case(name: str, mode: str, device: str, attn: str | None = None, size: 
     attention `attn` or the spec's) and its inputs at `size`, the same on every
     call.  Every dropout module's probability is 0 (the configs say so too)."""
     spec = ALL_MODELS[name]
-    seed_all(0)
-    model = spec.build(size, attn or spec.attn).to(device=device, dtype=dtype)
+    model = _built(name, size, attn or spec.attn).to(device=device, dtype=dtype)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -575,6 +574,31 @@ def make_case(name: str, mode: str, device: str, attn: str | None = None, size: 
               for k, v in spec.inputs(size, gen, mode == "train").items()}
     _settle_problem_type(model, inputs.get("labels"))
     return model, inputs
+
+
+# the last model built (make_case): its key, the model as built, and the random states after its build
+_BUILT: dict[tuple[str, Size, str], tuple[torch.nn.Module, Any, torch.Tensor]] = {}
+
+
+def _built(name: str, size: Size, attn: str) -> torch.nn.Module:
+    """A copy of the model as `seed_all(0)` then its spec's build make it (on the CPU,
+    in float32), with the random states that build leaves.  The last model built is
+    kept and copied: the models suite asks for each model twice in a row (inference,
+    then training), and a large model's build took 5-16 s here (GPT-2 11.7, T5 16.1:
+    its random initialisation, on one CPU thread), where the copy takes about one."""
+    import random
+
+    key = (name, size, attn)
+    if key not in _BUILT:
+        _BUILT.clear()
+        seed_all(0)
+        model = ALL_MODELS[name].build(size, attn)
+        _BUILT[key] = (model, random.getstate(), torch.get_rng_state())
+    model, py_state, torch_state = _BUILT[key]
+    seed_all(0)  # the other generators torch.manual_seed sets, as the build left them
+    random.setstate(py_state)
+    torch.set_rng_state(torch_state)
+    return copy.deepcopy(model)
 
 
 def _settle_problem_type(model: torch.nn.Module, labels: torch.Tensor | None) -> None:

@@ -372,3 +372,31 @@ def test_a_classifier_is_traced_once_for_all_its_training_steps(name: str) -> No
     call()
     assert after_check >= 1 and counters["stats"]["unique_graphs"] == after_check
     torch._dynamo.reset()
+
+
+def test_a_model_built_again_is_a_copy_of_the_same_weights_and_random_state() -> None:
+    """make_case builds each model once and copies it for the next case (the suite
+    asks for every model in inference, then in training): the copy has the weights
+    and leaves the random generators as a fresh build does, and shares no storage."""
+    import random
+
+    import bench.hf_models as hf
+
+    def case(mode: str) -> tuple[torch.nn.Module, torch.Tensor, object]:
+        model, _ = hf.make_case("gpt2", mode, "cpu")
+        return model, torch.get_rng_state(), random.getstate()
+
+    hf._BUILT.clear()
+    fresh, fresh_rng, fresh_py = case("infer")
+    again, again_rng, again_py = case("train")
+    assert len(hf._BUILT) == 1 and again.training and not fresh.training
+    assert torch.equal(fresh_rng, again_rng) and fresh_py == again_py
+    pairs = list(zip(fresh.state_dict().values(), again.state_dict().values(), strict=True))
+    assert pairs and all(torch.equal(a, b) for a, b in pairs)
+    assert not any(a.data_ptr() == b.data_ptr() for a, b in pairs if a.numel())
+    with torch.no_grad():
+        next(again.parameters()).add_(1.0)  # the cached model is not the one handed out
+    hf._BUILT.clear()
+    rebuilt, _, _ = case("infer")
+    assert torch.equal(next(rebuilt.parameters()), next(fresh.parameters()))
+    hf._BUILT.clear()
