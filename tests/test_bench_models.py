@@ -132,6 +132,32 @@ def test_rows_the_budget_cut_short_say_how_many_rounds_they_had(tmp_path: Path) 
         "the time budget ran out)" in md
 
 
+def test_the_summary_takes_both_sizes_together_and_names_every_row_above_one(tmp_path: Path) -> None:
+    """Issue 15 asks of one run at both sizes that every row be at most 1.0 and the
+    geomeans at most 0.9: the summary gives each step's geomean over both sizes, its
+    highest row, the rows above 1.0 and the rows without a ratio."""
+    from bench.models_report import Writer
+
+    info = {"device": "cuda", "device_name": "x", "torch": "t", "triton": "t", "transformers": "t", "python": "p",
+            "coil_target": "triton", "dtype": "bfloat16", "rounds": 1, "started": "a"}
+    w = Writer(tmp_path, "b", info, [], ("default",))
+    rows = (("small", "gpt2", "infer", 0.8), ("large", "gpt2", "infer", 1.004), ("small", "bert", "infer", 0.5),
+            ("large", "bert", "infer", None), ("small", "gpt2", "train", 0.9))
+    for size, model, mode, ratio in rows:
+        for variant, ms in (("eager", 3.0), ("inductor", 2.0), ("coil", 2.0 * (ratio or 1.0))):
+            r = w.new_record(model=model, size=size, mode=mode, variant=variant, batch=8, seq=256, hidden=512,
+                             layers=4, compile_mode="default")
+            failed = ratio is None and variant == "coil"
+            r.update(status="mismatch" if failed else "ref" if variant == "eager" else "ok", ms=ms, kernels=3)
+    w.write()
+    md = (tmp_path / "b.md").read_text()
+    both = (0.8 * 1.004 * 0.5) ** (1 / 3)
+    assert (f"- small and large together, default, infer: coil/Inductor {both:.2f} over 3 rows, the highest 1.00; "
+            "above 1.0: large gpt2 1.004; without a ratio (not measured, or a side failed): large bert") in md
+    assert "- small and large together, default, train: coil/Inductor 0.90 over 1 rows, the highest 0.90; " \
+        "none above 1.0" in md
+
+
 def test_back_to_back_time_is_the_wall_time_of_a_loop() -> None:
     import time
 
