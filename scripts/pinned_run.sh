@@ -62,7 +62,7 @@ case "$dev" in
    tail -15 $OUT/cuda.txt
    timeout 100 python3 bench/probes/conv_accuracy.py resnet 2>&1 | grep -v Warn | tail -10
    timeout 120 python3 bench/probes/first_timing.py distilbert > $OUT/first_timing.txt 2>&1
-   grep -E "^\[|triggered|failure|guard" $OUT/first_timing.txt | head -40
+   grep -E "^\[|__recompiles" $OUT/first_timing.txt | cut -c1-300 | head -40
    left=$((${LIMIT:-555} - SECONDS)); echo "left for the pinned run: $left s"
    [ $left -gt 120 ] && T=$left B=$((left - 80)) bash devsnap/devrun.sh;;
 esac
