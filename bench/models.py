@@ -349,6 +349,36 @@ def _kernels(variant: str, call: Callable[[], Any], cap: Capture, device: torch.
         rec["kernels"], rec["kernel_method"] = sum(ops.values()), "profiler: top-level aten ops"
 
 
+def _compiles() -> list[Any]:
+    """Dynamo's record of each frame it compiled (its recompile reason among them),
+    as far back as it keeps them; [] where this torch has none."""
+    import torch._dynamo.utils
+
+    get = getattr(torch._dynamo.utils, "get_compilation_metrics", None)
+    return list(get()) if get is not None else []
+
+
+def _call_before_timing(call: Callable[[], Any], device: torch.device, rec: dict[str, Any]) -> None:
+    """One synchronised call of a prepared variant after every variant of the case is
+    prepared, before the timed rounds: its seconds (`before_timing_s`) and the frames
+    Dynamo compiled in it, with why (`before_timing_compiles`).  On the GPU the first
+    timing of each default-mode variant took about that variant's first call again
+    (session 47: T5's training step, coil 5.7 s, Inductor 2.3 s; session 48's H200
+    records alike), where eager's and the reduce-overhead variants' did not; this call
+    takes that cost out of the first round and says what it was."""
+    kept = _compiles()  # alive while the call runs, so no new record takes one of their ids
+    before = {id(m) for m in kept}
+    timing.sync(device)
+    t0 = time.perf_counter()
+    call()
+    timing.sync(device)
+    rec["before_timing_s"] = round(time.perf_counter() - t0, 3)
+    new = [m for m in _compiles() if id(m) not in before]
+    rec["before_timing_compiles"] = [
+        " ".join(f"{getattr(m, 'co_name', '?')}: {getattr(m, 'recompile_reason', None) or 'a first compile'}"
+                 .split())[:300] for m in new[:5]]
+
+
 def _late_check(call_check: Callable[[], dict[str, Any]], want: Expected, cfg: Config) -> str | None:
     """The check once more after timing, buffers left out (BatchNorm's running
     statistics moved with every timed step; gradients did not, as no optimizer ran)."""
@@ -408,6 +438,13 @@ def measure_case(case: Case, cfg: Config, device: torch.device, target: str, dea
             keys[key] = (variant, cmode)
             calls[key], checks[key] = prepared.call, prepared.check
         laps.lap("prepare")
+        for key in list(calls):
+            try:
+                _call_before_timing(calls[key], device, recs[keys[key]])
+            except Exception as e:  # noqa: BLE001 - recorded, never fatal
+                _status(recs[keys[key]], "error", f"{key} before timing: {_error(e)}")
+                del calls[key]
+        laps.lap("before_timing")
         while calls:
             try:
                 # a case once started is timed in all its rounds: the budget decides which cases

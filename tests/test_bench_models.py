@@ -37,6 +37,8 @@ def test_models_suite_on_one_tiny_model(tmp_path: Path) -> None:
         assert r["status"] == ("ref" if r["variant"] == "eager" else "ok"), r.get("mismatch") or r.get("error")
         assert 0 < r["ms"] < 10_000 and len(r["ms_rounds"]) == 1
         assert r["kernels"] >= 1 and r["peak_mib"] >= 0
+    for r in records:  # called once before the timed rounds: nothing compiled again on the CPU
+        assert r["before_timing_s"] >= 0 and r["before_timing_compiles"] == [], r["before_timing_compiles"]
     coil_train = next(r for r in records if r["variant"] == "coil" and r["mode"] == "train")
     assert coil_train["coil_graphs"] >= 2 and coil_train["eager_fallbacks"] == 0  # forward and backward
     md = (tmp_path / "cpu-models-tiny-gpt2.md").read_text()
@@ -156,6 +158,26 @@ def test_the_summary_takes_both_sizes_together_and_names_every_row_above_one(tmp
             "above 1.0: large gpt2 1.004; without a ratio (not measured, or a side failed): large bert") in md
     assert "- small and large together, default, train: coil/Inductor 0.90 over 1 rows, the highest 0.90; " \
         "none above 1.0" in md
+
+
+def test_the_call_before_timing_says_what_dynamo_compiled_in_it_and_why() -> None:
+    """A variant whose next call compiles again (here: a new input size) shows it in
+    its record before the timed rounds: the frame and Dynamo's recompile reason."""
+    import torch._dynamo
+
+    from bench.models import _call_before_timing
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x * 2).sum(), backend="eager", dynamic=False)
+    f(torch.ones(3))
+    rec: dict[str, object] = {}
+    _call_before_timing(lambda: f(torch.ones(3)), torch.device("cpu"), rec)
+    assert rec["before_timing_compiles"] == []
+    _call_before_timing(lambda: f(torch.ones(5)), torch.device("cpu"), rec)
+    compiles = rec["before_timing_compiles"]
+    assert isinstance(compiles, list) and len(compiles) == 1 and "size mismatch" in compiles[0], compiles
+    assert isinstance(rec["before_timing_s"], float)
+    torch._dynamo.reset()
 
 
 def test_back_to_back_time_is_the_wall_time_of_a_loop() -> None:
