@@ -355,7 +355,10 @@ def _compiles() -> list[Any]:
     import torch._dynamo.utils
 
     get = getattr(torch._dynamo.utils, "get_compilation_metrics", None)
-    return list(get()) if get is not None else []
+    try:
+        return list(get()) if get is not None else []
+    except Exception:  # noqa: BLE001 - a diagnosis only: never a variant's error
+        return []
 
 
 def _call_before_timing(call: Callable[[], Any], device: torch.device, rec: dict[str, Any]) -> None:
