@@ -42,7 +42,7 @@ import torch
 from coil.ir.expr import (Cast, Check, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, evaluate, indsym, rewrite,
                           substitute_symbols, walk)
 from coil.ir.indexing import FloorDiv, ModularIndexing
-from coil.ir.shapes import EMPTY, ShapeInfo, Size, _to_torch, is_size_symbol, is_unbacked_symbol, norm
+from coil.ir.shapes import EMPTY, ShapeInfo, Size, _to_torch, is_size_symbol, is_unbacked_symbol, norm, quiet_bound_sympy
 
 IntRange = tuple[int, int]
 Range = tuple[Size, Size]  # ints on a static graph; ends may be size expressions
@@ -70,7 +70,7 @@ def _int64_bounds(shapes: ShapeInfo, e: sympy.Expr) -> tuple[int | None, int | N
     """The least and greatest value of a size expression for every size in the
     ranges, each size symbol at most 2**63 - 1 (a size is an int64, whatever its
     range says); None where not bounded or not known (an unknown symbol)."""
-    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+    from torch.utils._sympy.value_ranges import ValueRanges
 
     facts = {f.symbol: f for f in shapes.facts}
     vr: dict[sympy.Symbol, ValueRanges] = {}
@@ -83,7 +83,7 @@ def _int64_bounds(shapes: ShapeInfo, e: sympy.Expr) -> tuple[int | None, int | N
         else:
             return None, None
     try:
-        r = bound_sympy(_to_torch(e), vr)
+        r = quiet_bound_sympy(_to_torch(e), vr)
     except Exception:  # an expression torch's analysis does not know: nothing is known
         return None, None
     lo, hi = r.lower, r.upper

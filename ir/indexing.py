@@ -48,6 +48,11 @@ class FloorDiv(sympy.Function):
             whole = [t for t in terms if _coeff(t) % int(b) == 0]
             if whole and len(whole) == len(terms):
                 return sympy.Add(*[t / b for t in whole])
+            # a factor common to every term and b cancels: (128*s0) // 512 is s0 // 4 (a
+            # reshape's size as Dynamo passes it, against a guard's s0 // 4)
+            g = math.gcd(int(b), *(_coeff(t) for t in terms))
+            if g > 1:
+                return FloorDiv(sympy.Add(*[t / g for t in terms]), sympy.Integer(int(b) // g))
             if isinstance(a, FloorDiv):  # a symbolic inner divisor (static graphs never have one)
                 return FloorDiv(a.args[0], a.args[1] * b)
             return None

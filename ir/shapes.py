@@ -23,8 +23,9 @@ ShapeEnv, and so coil adds no guards:
 from __future__ import annotations
 
 import functools
+import logging
 import math
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 import attrs
 import sympy
@@ -199,8 +200,13 @@ def equal_at_samples(a: Size, b: Size, shapes: "ShapeInfo", count: int = 64) -> 
             span = max(hi - f.lower, 0)
             point[s] = f.lower + (k * (2 * j + 1) * 7919) % (span + 1)
         points.append(point)
-    for point in points:
-        v = diff.xreplace({s: sympy.Integer(x) for s, x in point.items()})
+    for i, point in enumerate(points):
+        try:
+            v = diff.xreplace({s: sympy.Integer(x) for s, x in point.items()})
+        except ZeroDivisionError:  # a size divided by a size that is 0 here: no graph runs here
+            if i == 0:  # but one did at the hints
+                return False
+            continue
         if not (v.is_Integer and int(v) == 0):
             return False
     return True
@@ -350,6 +356,12 @@ class ShapeInfo:
         d = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
         if d == 0 or (self.rules and self.reduce(d, integral=False) == 0):
             return True
+        if self.rules and any(not r.integral for r in self.rules):
+            # a rule for proofs only inside integer functions too: s0//(s0//9) is 9 where
+            # s0//9 = s0/9 (LongT5's blocks of a length that is a multiple of 9)
+            table = tuple((r.atom, r.value, r.integral) for r in self.rules)
+            if _reduce(_reduce(d, table, deep=True), table) == 0:
+                return True
         lo, hi = self.bounds(d)
         return lo == 0 and hi == 0
 
@@ -591,22 +603,28 @@ def _canonical(rules: list[SizeRule]) -> list[SizeRule]:
 
 
 @functools.lru_cache(maxsize=8192)
-def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...]) -> sympy.Expr:
+def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...], deep: bool = False
+            ) -> sympy.Expr:
     """`e` with the terms of `table` (atom, value, integral) replaced: an integral
-    rule's atom inside integer functions too, any rule's as a term of `e`; `e`
-    itself where nothing changes."""
+    rule's atom inside integer functions too (with `deep`, any rule's: for proofs,
+    where a fraction the functions then divide out may stand inside), any rule's as
+    a term of `e`; `e` itself where nothing changes."""
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     funcs = (FloorDiv, ModularIndexing, sympy.Max, sympy.Min)
     if not e.has(*funcs) and all(a.has(*funcs) for a, _, _ in table):  # no product rule (_product_rule)
         return e
-    whole = {a: v for a, v, whole_ in table if whole_ and isinstance(a, funcs)}  # anywhere
+    whole = {a: v for a, v, whole_ in table if (whole_ or deep) and isinstance(a, funcs)}  # anywhere
 
     def walk(x: sympy.Expr) -> sympy.Expr:
         if x.is_Atom or not x.has(*funcs):
             return x
         args = tuple(walk(a) for a in x.args)
         y = x.func(*args) if args != x.args else x
+        if deep and isinstance(y, FloorDiv) and args != x.args:  # s0 // (s0/9): a whole quotient is itself
+            q = sympy.cancel(y.args[0] / y.args[1])
+            if _whole_polynomial(q):
+                return q
         return whole.get(y, y)
 
     out = walk(e)
@@ -618,7 +636,11 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
         for m in list(terms):
             for a, v in factors:
                 q = m / a
-                if sympy.fraction(q)[1] == 1 and q.is_polynomial() and not (q.free_symbols - m.free_symbols):
+                num, den = sympy.fraction(q)
+                # a rule whose atom has a coefficient (9*(s0//9) = s0) takes a term whose own
+                # coefficient it divides (72*(s0//9))
+                whole_ = den == 1 or (den.is_Integer and (terms[m] / den).is_Integer)
+                if whole_ and num.is_polynomial() and not (q.free_symbols - m.free_symbols):
                     c = terms.pop(m)
                     out_terms = _terms(c * q * v)
                     for m2, c2 in out_terms.items():
@@ -629,6 +651,15 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
             break
         out = _from_terms({m: c for m, c in terms.items() if c != 0})
     return e if out == e else sympy.expand(out)
+
+
+def _whole_polynomial(q: sympy.Expr) -> bool:
+    """Whether `q` is a polynomial in its symbols with integer coefficients (an
+    integer wherever its symbols are)."""
+    if q.is_Integer:
+        return True
+    syms = tuple(q.free_symbols)
+    return bool(syms) and q.is_polynomial(*syms) and all(c.is_Integer for c in sympy.Poly(q, *syms).coeffs())
 
 
 def _undivided(e: sympy.Expr, loose: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...]) -> sympy.Expr | None:
@@ -726,12 +757,27 @@ def _with_remainders(e: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.Symbol, int]
     return sympy.expand(out), top
 
 
+def quiet_bound_sympy(e: sympy.Expr, ranges: Mapping[sympy.Symbol, Any]) -> Any:
+    """torch's bound_sympy without its log line for each function it cannot bound
+    (a floor division by a fraction, s0 // (s0/9)): the caller takes "not known"
+    for an answer, and the warning would reach the user's console."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    log = logging.getLogger("torch.utils._sympy.interp")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return bound_sympy(e, dict(ranges))
+    finally:
+        log.setLevel(level)
+
+
 def _interval(info: ShapeInfo, e: sympy.Expr, extra: Mapping[sympy.Symbol, int]) -> tuple[int | None, int | None]:
     """torch's interval analysis of `e` over the facts' ranges and `extra`'s
     symbols (each in [0, its value]); a rational bound rounded inward (the value
     is an integer)."""
     from torch.utils._sympy.numbers import int_oo
-    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+    from torch.utils._sympy.value_ranges import ValueRanges
 
     ranges: dict[sympy.Symbol, ValueRanges] = {}
     for f in info.facts:
@@ -739,7 +785,7 @@ def _interval(info: ShapeInfo, e: sympy.Expr, extra: Mapping[sympy.Symbol, int])
     for r, top in extra.items():
         ranges[r] = ValueRanges(0, top)
     try:
-        r = bound_sympy(_to_torch(e), ranges)
+        r = quiet_bound_sympy(_to_torch(e), ranges)
     except Exception:  # an expression torch's analysis does not know: nothing is known
         return None, None
 

@@ -395,3 +395,67 @@ def test_cross_entropy_of_separately_sized_labels_compiles_forward_and_backward(
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(gw, ew)
     assert counters["coil"]["eager"] == 0 and counters["coil"]["symbolic"] >= 2, dict(counters["coil"])
+
+
+def test_a_common_factor_of_a_floor_division_cancels():
+    """(128*s0) // 512 is s0 // 4, the spelling of a guard's atom: a reshape's size
+    as Dynamo passes it against `8*(s0//4) = 2*s0` (Reformer's chunks)."""
+    assert FloorDiv(128 * s0, 512) == FloorDiv(s0, 4)
+    assert FloorDiv(6 * s0 + 4 * s1, 8) == FloorDiv(3 * s0 + 2 * s1, 4)
+    assert isinstance(FloorDiv(6 * s0 + 3, 8), FloorDiv) and FloorDiv(6 * s0 + 3, 8).args[1] == 8  # gcd 1
+    for n in range(40):  # the fold keeps the value
+        assert FloorDiv(6 * s0 + 4, 8).subs(s0, n) == (6 * n + 4) // 8
+
+
+def test_a_rule_for_proofs_only_is_used_inside_a_floor_division():
+    """LongT5's blocks of a length that is a multiple of 9: with s0//9 = s0/9,
+    s0 // (s0//9) is 9, so its reshape's 1944*(s0//9) elements equal the input's
+    24*(s0//9)*(s0//(s0//9))**2.  The rule goes inside the function for proofs
+    only; a size keeps its spelling."""
+    info = _info((s0, 27, 18, None))
+    blocks = FloorDiv(s0, FloorDiv(s0, 9))
+    rules, _ = guard_rules([FloorDiv(s0, 9) * blocks - s0, ModularIndexing(s0, 1, 9)], info)
+    info = attrs.evolve(info, rules=rules)
+    assert info.known_eq(blocks, 9) and not info.known_eq(blocks, 8)
+    assert info.known_eq(24 * FloorDiv(s0, 9) * blocks ** 2, 1944 * FloorDiv(s0, 9))
+    assert not info.known_eq(24 * FloorDiv(s0, 9) * blocks ** 2, 1944 * FloorDiv(s0, 9) + 1)
+    assert not _info((s0, 27, 18, None)).known_eq(blocks, 9)  # without the guards: no
+    assert info.reduce(blocks + 1) == blocks + 1
+
+
+def _chunked(x):
+    # Reformer's local attention: a length padded to a multiple of 8 where it is not one,
+    # heads split, then chunks of 8 by a reshape with -1 (the branch without the pad
+    # ran eagerly before: `view: shape [2, 2, FloorDiv(128*s0, 512), 8, 16] is invalid`)
+    if x.shape[1] % 8 != 0:
+        x = torch.nn.functional.pad(x, (0, 0, 0, -x.shape[1] % 8))
+    h = x.view(2, -1, 2, 16).transpose(1, 2)
+    return h.reshape(2, 2, -1, 8, 16).sum(3)
+
+
+def _blocks_of_nine(x):
+    # LongT5's local attention at a length that is a multiple of its blocks of 9: the
+    # rows split into s0//9 blocks by a reshape with -1 (a block of s0//(s0//9) rows),
+    # each block's scores against three blocks, viewed with the literal block sizes
+    # (before: the view's check, its own guard `9*(s0//9) = s0` unused on 72*(s0//9),
+    # fell to samples that divided by s0//9 = 0: `ZeroDivisionError`, and it ran eagerly)
+    n = x.shape[1] // 9
+    q = x.reshape(2, n, -1, 4)
+    k = torch.cat([q, q, q], dim=2)
+    return torch.einsum("bnqd,bnkd->bnqk", q, k).view(2, n, 1, 9, 27) * 2
+
+
+@pytest.mark.parametrize("fn", [_chunked, _blocks_of_nine], ids=["chunks", "blocks"])
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_reshapes_equal_under_divisibility_guards_compile(fn, target):
+    from torch._dynamo.utils import counters
+
+    if not target_available(target):
+        pytest.skip(f"{target} not available")
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.compile(fn, backend="coil", options={"target": target, "graph_cache": False, "eager_fallback": False})
+    for s in (32, 20, 24, 27, 36):
+        x = torch.randn(2, s, 64) if fn is _chunked else torch.randn(2, s // 9 * 9, 4)
+        torch.testing.assert_close(g(x), fn(x))
+    assert counters["coil"]["eager"] == 0 and counters["coil"]["compiled"] >= 2, dict(counters["coil"])
