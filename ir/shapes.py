@@ -356,11 +356,12 @@ class ShapeInfo:
         d = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
         if d == 0 or (self.rules and self.reduce(d, integral=False) == 0):
             return True
-        if self.rules and any(not r.integral for r in self.rules):
+        if self.rules:
             # a rule for proofs only inside integer functions too: s0//(s0//9) is 9 where
-            # s0//9 = s0/9 (LongT5's blocks of a length that is a multiple of 9)
+            # s0//9 = s0/9 (LongT5's blocks of a length that is a multiple of 9); a rule
+            # whose atom has a coefficient on a term whose coefficient it divides
             table = tuple((r.atom, r.value, r.integral) for r in self.rules)
-            if _reduce(_reduce(d, table, deep=True), table) == 0:
+            if _reduce(_reduce(d, table, deep=True), table, deep=True) == 0:
                 return True
         lo, hi = self.bounds(d)
         return lo == 0 and hi == 0
@@ -608,7 +609,8 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
     """`e` with the terms of `table` (atom, value, integral) replaced: an integral
     rule's atom inside integer functions too (with `deep`, any rule's: for proofs,
     where a fraction the functions then divide out may stand inside), any rule's as
-    a term of `e`; `e` itself where nothing changes."""
+    a term of `e` (with `deep`, also where the rule's coefficient divides the
+    term's); `e` itself where nothing changes."""
     from coil.ir.indexing import FloorDiv, ModularIndexing
 
     funcs = (FloorDiv, ModularIndexing, sympy.Max, sympy.Min)
@@ -637,9 +639,9 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
             for a, v in factors:
                 q = m / a
                 num, den = sympy.fraction(q)
-                # a rule whose atom has a coefficient (9*(s0//9) = s0) takes a term whose own
-                # coefficient it divides (72*(s0//9))
-                whole_ = den == 1 or (den.is_Integer and (terms[m] / den).is_Integer)
+                # with `deep`, a rule whose atom has a coefficient (9*(s0//9) = s0) takes a term
+                # whose own coefficient it divides (72*(s0//9))
+                whole_ = den == 1 or (deep and den.is_Integer and (terms[m] / den).is_Integer)
                 if whole_ and num.is_polynomial() and not (q.free_symbols - m.free_symbols):
                     c = terms.pop(m)
                     out_terms = _terms(c * q * v)
