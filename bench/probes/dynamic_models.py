@@ -66,7 +66,9 @@ def sweep(name: str, mode: str, target: str, backend: str) -> tuple[list[str], C
     counts, compiled, verdicts = Counts(), None, []
     stepped: torch.nn.Module | None = None  # the eager reference, stepped through the shapes as the compiled copy is
     for i, (seq, batch) in enumerate(SHAPES):
-        size = dataclasses.replace(SIZES["tiny"], seq=seq, batch=batch, image=IMAGES[i] if IMAGES else SIZES["tiny"].image)
+        size = dataclasses.replace(SIZES["tiny"], seq=seq, batch=batch)
+        if IMAGES:
+            size = dataclasses.replace(size, image=IMAGES[i])
         try:
             model, inputs = make_case(name, mode, "cpu", size=size)
             if compiled is None:
