@@ -43,14 +43,13 @@ class FloorDiv(sympy.Function):
         if isinstance(a, FloorDiv) and b.is_Integer and a.args[1].is_Integer:
             return FloorDiv(a.args[0], a.args[1] * b)
         if b.is_Integer:
-            # pull out terms whose coefficient divides b exactly when the rest is 0
+            # a factor common to every term's coefficient and b cancels: (128*s0) // 512 is
+            # s0 // 4 (a reshape's size as Dynamo passes it, against a guard's s0 // 4); where
+            # b divides every coefficient, the quotient is whole
             terms = sympy.Add.make_args(a)
-            whole = [t for t in terms if _coeff(t) % int(b) == 0]
-            if whole and len(whole) == len(terms):
-                return sympy.Add(*[t / b for t in whole])
-            # a factor common to every term and b cancels: (128*s0) // 512 is s0 // 4 (a
-            # reshape's size as Dynamo passes it, against a guard's s0 // 4)
             g = math.gcd(int(b), *(_coeff(t) for t in terms))
+            if g == int(b):
+                return sympy.Add(*[t / b for t in terms])
             if g > 1:
                 return FloorDiv(sympy.Add(*[t / g for t in terms]), sympy.Integer(int(b) // g))
             if isinstance(a, FloorDiv):  # a symbolic inner divisor (static graphs never have one)
