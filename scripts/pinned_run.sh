@@ -5,7 +5,7 @@
 #   then, through the device tool, with carry ["devsnap"]:
 #   T=570 B=440 bash devsnap/devrun.sh     (there: resumes the run that matches the card)
 #   or LIMIT=545 bash devsnap/smart.sh     (there: the pinned run on an H200; on another card
-#                                           the CUDA tests and two probes first, then the pinned run)
+#                                           HEAD's CUDA tests first, then the pinned run)
 #
 # devsnap/ is `git archive` of PINNED, with bench/ (the harness, which the records'
 # coil_source leaves out) from HEAD and the committed results of both runs copied
@@ -50,8 +50,8 @@ timeout ${T:-520} python3 -m bench --suite models --device cuda --size both --co
     --warm-chunk ${C:-7} 2>&1 | grep -v Warning | tail -12
 EOF
     # one call for whichever card comes: an H200 resumes the pinned run for T seconds; any other card
-    # runs HEAD's CUDA tests, the conv accuracy probe and the slow-first-timing probe first, then the
-    # pinned run (on that card's file) in what is left of LIMIT seconds
+    # runs HEAD's CUDA tests first, then the pinned run (on that card's file) in what is left of
+    # LIMIT seconds (the conv accuracy and first-timing probes ran on the H100 in session 49)
     cat > devsnap/smart.sh <<'SMART'
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $dev"
 case "$dev" in
@@ -60,9 +60,6 @@ case "$dev" in
    python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
    timeout 230 python3 -m pytest -m cuda -q -n 12 -p no:cacheprovider -W ignore tests > $OUT/cuda.txt 2>&1; echo "pytest rc $?"
    tail -15 $OUT/cuda.txt
-   timeout 100 python3 bench/probes/conv_accuracy.py resnet 2>&1 | grep -v Warn | tail -10
-   timeout 120 python3 bench/probes/first_timing.py distilbert > $OUT/first_timing.txt 2>&1
-   grep -E "^\[|__recompiles" $OUT/first_timing.txt | cut -c1-300 | head -40
    left=$((${LIMIT:-555} - SECONDS)); echo "left for the pinned run: $left s"
    [ $left -gt 120 ] && T=$left B=$((left - 80)) bash devsnap/devrun.sh;;
 esac
