@@ -52,6 +52,12 @@ class FloorDiv(sympy.Function):
                 return sympy.Add(*[t / b for t in terms])
             if g > 1:
                 return FloorDiv(sympy.Add(*[t / g for t in terms]), sympy.Integer(int(b) // g))
+            # whole multiples of b plus a constant: (4*(s0//8) + 1) // 2 is 2*(s0//8) (Swin's
+            # merged patches, (H + 1) // 2 of an H a guard made a multiple of 4)
+            whole = [t for t in terms if not t.is_Integer]
+            if whole and len(whole) + 1 == len(terms) and _of_sizes(a) and all(
+                    _coeff(t) % int(b) == 0 for t in whole):
+                return sympy.Add(*[t / b for t in whole]) + sympy.Integer(int(a - sympy.Add(*whole)) // int(b))
             if isinstance(a, FloorDiv):  # a symbolic inner divisor (static graphs never have one)
                 return FloorDiv(a.args[0], a.args[1] * b)
             return None
@@ -77,6 +83,11 @@ class ModularIndexing(sympy.Function):
         if a.is_Integer and b.is_Integer and c.is_Integer:
             return sympy.Integer((int(a) // int(b)) % int(c))
         if b.is_Integer and c.is_Integer:
+            # a whole multiple of b*c: (4*(s0//8)) % 4, where a guard made s0//2 = 4*(s0//8)
+            whole = [t for t in sympy.Add.make_args(a) if not t.is_Integer]
+            if _of_sizes(a) and all(_coeff(t) % int(b * c) == 0 for t in whole):
+                # and a constant: (4*(s0//8) + 1) % 4 is 1
+                return sympy.Integer((int(a - sympy.Add(*whole)) // int(b)) % int(c))
             return None
         # a symbolic b or c: a multiple of b*c is 0, a multiple of b is divided out
         terms = sympy.Add.make_args(a)
@@ -87,6 +98,13 @@ class ModularIndexing(sympy.Function):
             if all(q is not None for q in qs):
                 return ModularIndexing(sympy.Add(*qs), 1, c)
         return None
+
+
+def _of_sizes(a: sympy.Expr) -> bool:
+    """Whether `a` is a size (its symbols all size symbols): the folds of a whole
+    multiple plus a constant are for sizes under guards; kernel indices keep their
+    form for simplify_index (static kernels print as they did)."""
+    return all(is_size_symbol(s) for s in a.free_symbols)
 
 
 def _coeff(term: sympy.Expr) -> int:

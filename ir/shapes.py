@@ -193,23 +193,36 @@ def equal_at_samples(a: Size, b: Size, shapes: "ShapeInfo", count: int = 64) -> 
         return False
     points = [{s: facts[s].hint for s in symbols}]
     for k in range(count):
-        point = {}
+        point, multiple = {}, {}
         for j, s in enumerate(symbols):
             f = facts[s]
             hi = min(f.upper if f.upper is not None else 4096, max(f.lower, 4096))
             span = max(hi - f.lower, 0)
             point[s] = f.lower + (k * (2 * j + 1) * 7919) % (span + 1)
+            # multiples of the hint, which keep the divisibility guards the hint passes
+            multiple[s] = f.hint * (1 + (k * (2 * j + 1)) % 16)
         points.append(point)
+        if all(f.upper is None or multiple[s] <= f.upper for s, f in ((s, facts[s]) for s in symbols)):
+            points.append(multiple)
+    # the rules among these symbols (Dynamo's guards): a point that breaks one never runs
+    chosen = set(symbols)
+    guards = [sympy.sympify(r.atom) - sympy.sympify(r.value) for r in shapes.rules
+              if (r.atom.free_symbols | sympy.sympify(r.value).free_symbols) <= chosen]
+    held = 0
     for i, point in enumerate(points):
+        at = {s: sympy.Integer(x) for s, x in point.items()}
         try:
-            v = diff.xreplace({s: sympy.Integer(x) for s, x in point.items()})
+            if i and any(g.xreplace(at) != 0 for g in guards):
+                continue
+            v = diff.xreplace(at)
         except ZeroDivisionError:  # a size divided by a size that is 0 here: no graph runs here
             if i == 0:  # but one did at the hints
                 return False
             continue
         if not (v.is_Integer and int(v) == 0):
             return False
-    return True
+        held += 1
+    return held > min(count, 8)  # the hint and at least 8 more points the guards admit
 
 
 def gt(e: Size, k: int) -> bool:
@@ -299,6 +312,10 @@ class ShapeInfo:
             return e
         table = tuple((r.atom, r.value, r.integral) for r in self.rules if r.integral or not integral)
         out = norm(_reduce(e, table)) if table else e
+        if not isinstance(out, int) and out.has(sympy.Max, sympy.Min):
+            decided = self._decide_extremes(out)
+            if decided != out:  # the rules again, on the max's argument
+                out = decided if isinstance(decided, int) else norm(_reduce(decided, table))
         loose = tuple((r.atom, r.value, r.integral) for r in self.rules if not r.integral)
         if integral and loose and not isinstance(out, int):
             # a rule for proofs only whose fraction cancels (2*((s0 + 1)//2) with the guard
@@ -312,6 +329,24 @@ class ShapeInfo:
             if back is not None:
                 return norm(back)
         return out
+
+    def _decide_extremes(self, e: sympy.Expr) -> Size:
+        """`e` with each max or min one argument of which is the greatest (least)
+        over the ranges replaced by that argument: a rule may bring `Max(1, s1//8)`
+        where s1 is at least 32."""
+
+        def at_least(a: sympy.Expr, b: sympy.Expr) -> bool:
+            lo = _bounds(self, sympy.expand(a - b))[0]
+            return lo is not None and lo >= 0
+
+        def pick(x: sympy.Expr) -> sympy.Expr:
+            big = isinstance(x, sympy.Max)
+            for a in x.args:
+                if all(at_least(a, b) if big else at_least(b, a) for b in x.args if b is not a):
+                    return a
+            return x
+
+        return norm(e.replace(lambda x: isinstance(x, (sympy.Max, sympy.Min)), pick))
 
     def at_least_one(self, symbols: Iterable[sympy.Symbol]) -> "ShapeInfo":
         """These facts, each of `symbols` at least 1: what code inside a loop over
@@ -453,8 +488,8 @@ def guard_rules(equalities: Iterable[sympy.Expr],
 
     rows: list[dict[sympy.Expr, sympy.Rational]] = []
     seen: set[sympy.Expr] = set()
-    for e in equalities:
-        e = sympy.sympify(e)
+    given = [sympy.sympify(e) for e in equalities]
+    for e in [*given, *filter(None, map(_zero_residue, given))]:
         for mod in e.atoms(ModularIndexing):
             a, b, k = mod.args
             if b == 1 and mod not in seen:
@@ -484,6 +519,11 @@ def guard_rules(equalities: Iterable[sympy.Expr],
     leftovers = [_eliminate(row, solved) for row in leftovers]
     products = [_product_rule(row) for row in leftovers]
     rules = _canonical(rules + list(dict.fromkeys(r for r in products if r is not None)))  # a guard met twice: once
+    for _ in range(3):  # a multiple found may show another rule's value a multiple too
+        divisors = _divisor_rules(rules)
+        if not divisors:
+            break
+        rules = _canonical(rules + divisors)
     solutions = symbol_solutions([row for row, r in zip(leftovers, products) if r is None])
     try:
         if any(shapes.hint(r.atom) != shapes.hint(r.value) for r in rules if r.integral) or \
@@ -492,6 +532,72 @@ def guard_rules(equalities: Iterable[sympy.Expr],
     except (KeyError, ValueError, TypeError):
         return (), {}
     return tuple(rules), solutions
+
+
+def _zero_residue(e: sympy.Expr) -> sympy.Expr | None:
+    """An equality `c*(x mod k) = 0` with x reduced modulo k, or None where that
+    changes nothing: multiples of k dropped, the sign turned, `y mod k2` of a k2
+    that k divides taken as y.  `Mod(4 - Mod(s0//2, 4), 4) = 0` (Swin's "the
+    height needs no padding to a multiple of the window") is `Mod(s0//2, 4) = 0`,
+    which the rules then take apart as `s0//2 = 4*(s0//8)`."""
+    from coil.ir.indexing import ModularIndexing
+
+    c, m = sympy.expand(e).as_coeff_Mul()
+    if c == 0 or not isinstance(m, ModularIndexing) or m.args[1] != 1 or not m.args[2].is_Integer:
+        return None
+    x, k = m.args[0], int(m.args[2])
+    for _ in range(4):
+        terms = [t for t in sympy.Add.make_args(sympy.expand(x))
+                 if not (t.as_coeff_Mul()[0].is_Integer and int(t.as_coeff_Mul()[0]) % k == 0)]
+        if not terms:
+            return None
+        x = sympy.Add(*terms)
+        if all(t.as_coeff_Mul()[0] < 0 for t in terms):
+            x = -x
+        if isinstance(x, ModularIndexing) and x.args[1] == 1 and x.args[2].is_Integer and int(x.args[2]) % k == 0:
+            x = x.args[0]
+            continue
+        break
+    if not all(t.as_coeff_Mul()[0] > 0 for t in sympy.Add.make_args(x)):
+        return None  # a residue of a value that may be negative: left as Dynamo wrote it
+    out = ModularIndexing(x, 1, k)
+    return None if out == m else out
+
+
+def _divisor_rules(rules: Sequence[SizeRule]) -> list[SizeRule]:
+    """For rules that a size x is a multiple of k (`s1//8 = s1/8`, from guards that
+    s1 is even and s1//2 a multiple of 4), x is a multiple of their lcm L, and
+    each floor division of x by a divisor d of L is (L/d)*(x//L): `s1//4 =
+    2*(s1//8)`, `s1//2 = 4*(s1//8)`, so that sizes divided by any of them are
+    written over one atom (Swin's merged patches count 64*(s0//4)*(s1//4)
+    elements, its windows 256*(s0//8)*(s1//8)).  Rules the rules already give
+    for sizes are left out."""
+    from coil.ir.indexing import FloorDiv
+
+    integral = {r.atom for r in rules if r.integral}
+    atoms = {r.atom for r in rules}
+    loose = tuple((r.atom, r.value, r.integral) for r in rules if not r.integral)
+    multiples: dict[sympy.Expr, int] = {}
+    for r in rules:
+        c, atom = r.atom.as_coeff_Mul()
+        if not (isinstance(atom, FloorDiv) and atom.args[1].is_Integer and c.is_Integer):
+            continue
+        x, k = atom.args[0], int(atom.args[1])
+        # the value over the other rules' terms: s0//16 = (s0//8)/2 where s0//8 = s0/8
+        if sympy.expand(r.value - c * x / k) == 0 or sympy.expand(_reduce(sympy.sympify(r.value), loose) - c * x / k) == 0:
+            multiples[x] = math.lcm(multiples.get(x, 1), k)
+    out: list[SizeRule] = []
+    for x, lcm in multiples.items():
+        top = FloorDiv(x, lcm)
+        if not isinstance(top, FloorDiv):
+            continue
+        if top not in atoms:
+            out.append(SizeRule(top, x / lcm, False))
+        for d in range(2, lcm):
+            atom = FloorDiv(x, d)
+            if lcm % d == 0 and isinstance(atom, FloorDiv) and atom not in integral:
+                out.append(SizeRule(atom, norm((lcm // d) * top), True))
+    return out
 
 
 def _product_rule(row: Mapping[sympy.Expr, sympy.Rational]) -> SizeRule | None:

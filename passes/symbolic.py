@@ -102,6 +102,56 @@ def size_leaves(v: Any) -> list[Any]:
     return []
 
 
+def _relations(e: sympy.Basic) -> list[sympy.Basic]:
+    """The relations a guard holds, each an `Eq` or written `small <= big` / `small
+    < big`: the parts of an `And`, and a bound on a min or a max as a bound on
+    each argument (`Min(s0//2, s1//2) > 4`: `4 < s0//2` and `4 < s1//2`)."""
+    from torch.utils._sympy import functions as tf
+
+    if isinstance(e, sympy.And):
+        return [r for a in e.args for r in _relations(a)]
+    if isinstance(e, sympy.Eq):
+        return [e]
+    if not isinstance(e, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
+        return []
+    make = sympy.Lt if isinstance(e, (sympy.Lt, sympy.Gt)) else sympy.Le
+    small, big = (e.lhs, e.rhs) if isinstance(e, (sympy.Le, sympy.Lt)) else (e.rhs, e.lhs)
+    if isinstance(big, (sympy.Min, tf.Min)):
+        return [r for a in big.args for r in _relations(make(small, a))]
+    if isinstance(small, (sympy.Max, tf.Max)):
+        return [r for a in small.args for r in _relations(make(a, big))]
+    return [make(small, big, evaluate=False)]
+
+
+# how far `_guarded_least` looks above a symbol's least value for one every guard on it admits
+_LEAST_SCAN = 512
+
+
+def _guarded_least(env: Any, s: sympy.Symbol, lo: int, hint: int) -> int:
+    """The least value of `s`, from `lo`, that every guard over `s` alone admits
+    (`Ne(s//4, 0)`, `Eq(Mod(s, 2), 0)`, `s//2 > 4` from `Min(s//2, t//2) > 4`): a
+    call with a smaller value fails one of Dynamo's guards and never reaches the
+    graph.  The ShapeEnv narrows a range only for guards on the symbol itself;
+    Swin's window padding takes `Max(1, s//8)` to be `s//8` only above 8.  A value
+    is ruled out only where a guard is False at it; the hint passes every guard."""
+    if hint <= lo:
+        return lo
+    own = [r for g in getattr(env, "guards", ()) for r in _relations(env.replace(g.expr)) if r.free_symbols == {s}]
+    if not own:
+        return lo
+    def admits(r: sympy.Basic, v: int) -> bool:
+        try:
+            return r.xreplace({s: sympy.Integer(v)}) is not sympy.false
+        except (ZeroDivisionError, TypeError):  # s0//(s0//9) below 9: not ruled out here
+            return True
+
+    for v in range(lo, min(hint, lo + _LEAST_SCAN) + 1):
+        if all(admits(r, v) for r in own):
+            return v
+    # none up to the hint: a guard misread (the hint passes them all), so nothing is taken
+    return lo if hint <= lo + _LEAST_SCAN else lo + _LEAST_SCAN + 1
+
+
 def _unbacked_hint(lo: int, hi: int | None) -> int:
     """A data-dependent symbol's hint: UNBACKED_HINT clamped to its range (a hint
     steers speed decisions only)."""
@@ -189,6 +239,7 @@ class SizeMap:
                         facts.append(SymbolFacts(coil, _unbacked_hint(lo, hi), lo, hi, backed=False, entry=True))
                         continue
                     lo, hi = _range_of(env, s, sizes=False)
+                    lo = _guarded_least(env, s, lo, hint)
                     if s in solved:
                         lo = hi = int(solved[s])
                     if hi is not None and hi == lo:  # specialized: a constant
@@ -234,15 +285,23 @@ class SizeMap:
         guard taken later (by a decomposition in lower) is only not used."""
         out = []
         for g in getattr(self.env, "guards", ()):
-            expr = self.env.replace(g.expr)
-            if not isinstance(expr, sympy.Eq):
-                continue
-            try:
-                d = self.expr(expr.lhs - expr.rhs)
-            except CoilError:
-                continue
-            if not isinstance(d, int):
-                out.append(d)
+            for rel in _relations(self.env.replace(g.expr)):
+                try:
+                    if isinstance(rel, sympy.Eq):
+                        d = self.expr(rel.lhs - rel.rhs)
+                    else:
+                        # an inequality the ranges make an equality: `Mod(4 - Mod(s0//2, 4), 4) <= 0`
+                        # (Swin's "was the image padded" at a size that was not), where the left
+                        # side is never below 0; `x < 1` of an x never below 0 is `x = 0`
+                        gap = self.expr(rel.rhs - rel.lhs)  # at least 0 (1 if strict) wherever the graph runs
+                        least = 1 if isinstance(rel, sympy.Lt) else 0
+                        if isinstance(gap, int) or self.shapes.upper(gap) != least:
+                            continue
+                        d = norm(gap - least)
+                except CoilError:
+                    continue
+                if not isinstance(d, int):
+                    out.append(d)
         return out
 
     def admit_unbacked(self, val: Any) -> None:
@@ -317,17 +376,24 @@ class SizeMap:
             raise CoilError(f"size {e} uses {type(bad[0]).__name__}, which coil's sizes do not take yet",
                             stage="lower")
         # one spelling for sizes that Dynamo's guards make equal ((s0//8 - 1)//2 and s0//16)
-        return self.shapes.reduce(norm(out))
+        out = self.shapes.reduce(norm(out))
+        if not isinstance(out, int) and out.has(sympy.Max, sympy.Min):
+            # a max the rules made decidable: Max(1, (h + pad)//(((h + pad)//4))) of Swin's
+            # windows is Max(1, s1//8) once a guard made pad 0
+            out = self.simplify(out)
+        return out
 
     def simplify(self, e: Size) -> Size:
         """A size coil computed (Python arithmetic on sizes in the graph) as
         `expr` writes sizes: each max or min one side of which is provably the
         larger replaced by it, then reduced by the guard rules."""
-        if isinstance(e, int):
-            return e
-        if e.has(sympy.Max, sympy.Min):
-            e = norm(e.replace(lambda x: isinstance(x, (sympy.Max, sympy.Min)), self._extreme))
-        return self.shapes.reduce(e)
+        for _ in range(2):  # twice: a rule's value may bring a max that is then decidable
+            if isinstance(e, int):
+                return e
+            if e.has(sympy.Max, sympy.Min):
+                e = norm(e.replace(lambda x: isinstance(x, (sympy.Max, sympy.Min)), self._extreme))
+            e = self.shapes.reduce(e)
+        return e
 
     def _extreme(self, x: sympy.Expr) -> sympy.Expr:
         from torch.utils._sympy import functions as tf

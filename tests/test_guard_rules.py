@@ -12,6 +12,8 @@ refuses fails them."""
 
 from __future__ import annotations
 
+import copy
+
 import attrs
 import pytest
 from hypothesis import given, settings
@@ -111,7 +113,8 @@ def test_rules_print_with_the_facts():
     rules, _ = guard_rules([ModularIndexing(s0, 1, 4)], _info((s0, 8, 2, None)))
     info = attrs.evolve(_info((s0, 8, 2, None)), rules=rules)
     assert info.show() == ["s0 in [2, oo] hint 8", "guard FloorDiv(s0, 4) = s0/4 (proofs only)",
-                           "guard ModularIndexing(s0, 1, 4) = 0"]
+                           "guard ModularIndexing(s0, 1, 4) = 0",
+                           "guard FloorDiv(s0, 2) = 2*FloorDiv(s0, 4)"]  # a multiple of 4 is one of 2
 
 
 def _compile(fn, target, **options):
@@ -459,3 +462,128 @@ def test_reshapes_equal_under_divisibility_guards_compile(fn, target):
         x = torch.randn(2, s, 64) if fn is _chunked else torch.randn(2, s // 9 * 9, 4)
         torch.testing.assert_close(g(x), fn(x))
     assert counters["coil"]["eager"] == 0 and counters["coil"]["compiled"] >= 2, dict(counters["coil"])
+
+
+def _windows(x):
+    # Swin's window attention at a size: padded to a multiple of the window (4) when it is
+    # not one (a Python `if` on sizes: Dynamo guards `Mod(4 - Mod(H, 4), 4) <= 0`, an
+    # inequality that says the padding is 0), windows of 4x4 in a view, then unpadded
+    b, h, w, c = x.shape
+    pad_h, pad_w = (4 - h % 4) % 4, (4 - w % 4) % 4
+    x = torch.nn.functional.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+    hp, wp = x.shape[1], x.shape[2]
+    win = x.view(b, hp // 4, 4, wp // 4, 4, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, 16, c)
+    win = win.softmax(1) * 2
+    out = win.view(b, hp // 4, wp // 4, 4, 4, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
+    if pad_h > 0 or pad_w > 0:
+        out = out[:, :h, :w, :].contiguous()
+    # the merge of 2x2 patches: (h + 1)//2 of an h a guard made a multiple of 4
+    merged = out.view(b, (h + 1) // 2, 2, (w + 1) // 2, 2, c).sum((2, 4))
+    return out.view(b, h * w, c), merged
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_windows_of_a_size_an_inequality_guard_keeps_unpadded(target):
+    """A guard that the padding is at most 0 (a remainder, so exactly 0) is an
+    equality, taken apart to `h//4 = h/4`; the windows' view and the merged
+    patches' then check (before: `view: shape ... is invalid`, run eagerly)."""
+    g = _compile(_windows, target, eager_fallback=False)
+    for h, w in ((8, 8), (12, 16), (16, 8), (24, 20)):
+        x = torch.randn(2, h, w, 3)
+        got, want = g(x), _windows(x)
+        torch.testing.assert_close(got, want)
+
+
+def test_a_zero_remainder_of_a_padding_is_the_sizes_own():
+    """`Mod(4 - Mod(s0//2, 4), 4) = 0` (no padding needed) gives `Mod(s0//2, 4) =
+    0`, and with s0 even the divisions of s0 by 2, 4 and 8 are written over s0//8."""
+    pad = ModularIndexing(4 - ModularIndexing(FloorDiv(s0, 2), 1, 4), 1, 4)
+    rules, _ = guard_rules([ModularIndexing(s0, 1, 2), pad], _info((s0, 48, 32, None)))
+    info = attrs.evolve(_info((s0, 48, 32, None)), rules=rules)
+    assert info.reduce(FloorDiv(s0, 2)) == 4 * FloorDiv(s0, 8)
+    assert info.reduce(FloorDiv(s0, 4)) == 2 * FloorDiv(s0, 8)
+    assert info.reduce(pad) == 0
+    assert info.known_eq(FloorDiv(s0, 8) * 16, 2 * s0) and info.known_eq(FloorDiv(s0, 4) * 4, s0)
+    assert not info.known_eq(FloorDiv(s0, 16) * 16, s0)
+    # without the padding's guard, s0 is only even
+    rules, _ = guard_rules([ModularIndexing(s0, 1, 2)], _info((s0, 48, 32, None)))
+    assert not attrs.evolve(_info((s0, 48, 32, None)), rules=rules).known_eq(FloorDiv(s0, 4) * 4, s0)
+
+
+def test_size_folds_of_whole_multiples_plus_a_constant():
+    assert FloorDiv(4 * FloorDiv(s0, 8) + 1, 2) == 2 * FloorDiv(s0, 8)
+    assert FloorDiv(4 * FloorDiv(s0, 8) + 3, 2) == 2 * FloorDiv(s0, 8) + 1
+    assert ModularIndexing(4 * FloorDiv(s0, 8) + 1, 1, 4) == 1
+    assert ModularIndexing(8 * s0, 2, 4) == 0
+    assert isinstance(FloorDiv(4 * FloorDiv(s0, 8) + s1, 2), FloorDiv)  # a rest that is no constant
+
+
+def test_a_max_the_ranges_decide_is_its_larger_side_after_the_rules():
+    info = attrs.evolve(_info((s0, 48, 32, None)),
+                        rules=(coil.ir.shapes.SizeRule(FloorDiv(s0, 2), 4 * FloorDiv(s0, 8), True),))
+    assert info.reduce(sympy.Max(1, FloorDiv(s0, 2) // 4)) == FloorDiv(s0, 8)
+    assert info.reduce(sympy.Max(1, FloorDiv(s0, 2)) * 2 - 8 * FloorDiv(s0, 8)) == 0
+
+
+def test_samples_skip_points_the_rules_rule_out_and_need_enough_left():
+    from coil.ir.shapes import SizeRule, equal_at_samples
+
+    multiple = (SizeRule(ModularIndexing(s0, 1, 16), sympy.Integer(0), True),)
+    info = _info((s0, 48, 32, None))
+    a, b = 16 * FloorDiv(s0, 16), s0  # equal only where s0 is a multiple of 16
+    assert not equal_at_samples(a, b, info)
+    assert equal_at_samples(a, b, attrs.evolve(info, rules=multiple))
+    assert not equal_at_samples(a, b + 1, attrs.evolve(info, rules=multiple))
+    # a rule that few samples but the hint pass (s0 < 49) proves nothing, though they agree
+    few = attrs.evolve(info, rules=(SizeRule(FloorDiv(s0, 49), sympy.Integer(0), True),))
+    assert not equal_at_samples(sympy.Integer(0), FloorDiv(s0, 49), few)
+
+
+class _Guard:
+    def __init__(self, expr):
+        self.expr = expr
+
+
+class _Env:
+    def __init__(self, *guards):
+        self.guards = [_Guard(g) for g in guards]
+
+    def replace(self, e):
+        return e
+
+
+def test_the_least_size_the_guards_on_one_symbol_admit():
+    from torch.utils._sympy.functions import FloorDiv as TorchFloorDiv, Mod as TorchMod
+
+    from coil.passes.symbolic import _guarded_least
+
+    s = sympy.Symbol("s58", integer=True, positive=True)
+    t = sympy.Symbol("s68", integer=True, positive=True)
+    env = _Env(sympy.Eq(TorchMod(s, 2), 0), sympy.Ne(TorchFloorDiv(s, 4), 1),
+               sympy.Gt(sympy.Min(TorchFloorDiv(s, 2), TorchFloorDiv(t, 2)), 4))
+    assert _guarded_least(env, s, 2, 48) == 10  # even, s//4 != 1, s//2 > 4
+    assert _guarded_least(env, s, 2, 6) == 2  # a hint that fails a guard: a guard misread, nothing taken
+    assert _guarded_least(_Env(), s, 2, 48) == 2
+
+
+def test_swin_trains_at_a_second_image_size():
+    """Swin at 32 then 48 pixels (windows of 4, two stages): the second call's
+    forward and backward compile with symbolic sizes (before: its windows' view
+    was refused and they ran eagerly), and the step's gradients match eager's.
+    (_windows above is the same in inference, cheaper.)"""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.SwinConfig(image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                  window_size=4, num_labels=3, drop_path_rate=0.0)
+    torch.manual_seed(0)
+    model = transformers.SwinForImageClassification(cfg).train()
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(model), backend="coil",
+                             options={"target": "cpp", "eager_fallback": False})
+    for size in (32, 48):
+        x, labels = torch.randn(2, 3, size, size), torch.tensor([0, 2])
+        model.zero_grad()
+        compiled.zero_grad()
+        model(pixel_values=x, labels=labels).loss.backward()
+        compiled(pixel_values=x, labels=labels).loss.backward()
+        for (name, p), q in zip(model.named_parameters(), compiled.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, atol=1e-4, rtol=1e-3, msg=name)
