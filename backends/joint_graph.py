@@ -37,8 +37,10 @@ _TO_COPY_PLAIN = frozenset({"dtype", "device", "layout", "memory_format"})
 
 
 def _val(node: Any) -> torch.Tensor | None:
+    """A node's strided tensor value; None for anything else (a sparse gradient of
+    `nn.Embedding(sparse=True)` has no storage to compare)."""
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
+    return val if isinstance(val, torch.Tensor) and val.layout == torch.strided else None
 
 
 def _storage(node: Any) -> Any:

@@ -149,6 +149,7 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
     guard_device = getattr(backend, "guard_device", None)
     cuda_guard = guard_device(program) if guard_device is not None else None
     static_offset: dict[str, int] = {}  # storage offsets of coil's own views, known now
+    borrowed: set[str] = set()  # buffers in storage coil does not own (an input reused in place)
     # an extern's result whose sizes bind data-dependent symbols (u0 = buf1.size()[0]) is held to its
     # layout after the last of those binds, which its layout reads (a SymInt input's `u` binds as a value)
     ensure_after = {ln.source: ln.symbol for ln in program.lines
@@ -176,6 +177,8 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 else:
                     out.append(f"    {ln.name} = empty_strided({layout_args(ln.layout)}, dtype={ln.layout.dtype}, device={ln.layout.device!r})")
             case Reuse():
+                if not owns_storage(program, ln.old) or ln.old in borrowed:
+                    borrowed.add(ln.new)  # an input's storage (written in place) is never poisoned
                 old = program.layout(ln.old)
                 # in place, the kernel after this line still reads old: its name stays until then
                 drop, why = ("", "in place") if ln.inplace else (f"; del {ln.old}", "reuse")
@@ -214,7 +217,8 @@ def _call_body(program: WrapperProgram, backend: KernelBackend, options: Options
                 if ln.name not in ensure_after:
                     out += _ensure_layout(program, ln.name, indexed)
             case Free():
-                if ln.kind is FreeKind.BUFFER and options.sanitize and owns_storage(program, ln.name):
+                if ln.kind is FreeKind.BUFFER and options.sanitize and owns_storage(program, ln.name) \
+                        and ln.name not in borrowed:
                     out.append(f"    poison({ln.name}); del {ln.name}")
                 else:
                     out.append(f"    del {ln.name}")

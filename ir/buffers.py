@@ -34,6 +34,7 @@ layout turns a logical index into a storage offset.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, Union
 
 import attrs
@@ -275,6 +276,31 @@ def collectives(g: BufferGraph) -> tuple[ExternBuffer, ...]:
     """The graph's collective issues, in buffer order."""
     return tuple(b for b in g.buffers if isinstance(b, ExternBuffer) and b.collective is not None
                  and b.collective.role is CollectiveRole.ISSUE)
+
+
+def draws_random(b: Any) -> bool:
+    """Whether `b` is an extern that draws from torch's random generator (an op
+    tagged nondeterministic_seeded: native_dropout, rand_like, randperm, ...).
+    Such externs must run in the graph's order: each draw moves the generator,
+    so two swapped give each other's numbers (eager's, for the same seed)."""
+    if not isinstance(b, ExternBuffer):
+        return False
+    return _seeded(b.kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _seeded(kernel: str) -> bool:
+    import torch
+
+    if kernel.startswith("higher_order.") and "rng_state" in kernel:
+        return True  # checkpoint's run_and_save_rng_state / run_with_rng_state around a dropout
+    op: Any = torch.ops
+    try:
+        for part in kernel.split("."):
+            op = getattr(op, part)
+    except (AttributeError, RuntimeError):
+        return False
+    return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
 
 
 COPY_KERNEL = "aten.copy_.default"

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 import sympy
 
 from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer,
-                             collectives, copy_operands, freed_nbytes, storage_nbytes)
+                             collectives, copy_operands, draws_random, freed_nbytes, storage_nbytes)
 from coil.ir.expr import IndirectLoad, Load, read_names, walk
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, Step
@@ -463,9 +463,11 @@ def _release_holds_at_peak(planned: list[_Planned], bg: BufferGraph, reused: set
 
 
 def _step_graph(steps: Sequence[Step], g: ScheduleGraph) -> tuple[dict[int, set[int]], dict[int, int]]:
-    """Data edges, and a chain through the collectives in their given order: every
+    """Data edges, a chain through the collectives in their given order (every
     rank must issue the same collectives in the same order, and the costs that pick
-    an order may differ between ranks (uneven shards have other sizes)."""
+    an order may differ between ranks: uneven shards have other sizes), and a chain
+    through the externs that draw random numbers, in the graph's order (each draw
+    moves the generator: a dropout moved before another takes the other's mask)."""
     owner = {n: i for i, s in enumerate(steps) for n in s.nodes}
     succ: dict[int, set[int]] = {i: set() for i in range(len(steps))}
     indeg = {i: 0 for i in range(len(steps))}
@@ -473,6 +475,8 @@ def _step_graph(steps: Sequence[Step], g: ScheduleGraph) -> tuple[dict[int, set[
              if d.name in owner]
     issues = [owner[c.name] for c in collectives(g.graph)]
     edges += list(zip(issues, issues[1:]))
+    draws = [owner[b.name] for b in g.graph.buffers if draws_random(b) and b.name in owner]
+    edges += list(zip(draws, draws[1:]))
     for j, i in edges:
         if j != i and i not in succ[j]:
             succ[j].add(i)
