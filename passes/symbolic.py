@@ -217,6 +217,10 @@ class SizeMap:
         # the symbols SymInt inputs are, whichever input shows them first (x of size k + 2, then k)
         given = {e for x in inputs if isinstance(x, torch.SymInt)
                  and isinstance(e := env.replace(x.node.expr), sympy.Symbol)}
+        # the symbols of tensors' sizes (a backward's SymInt inputs are its images' sizes)
+        sized = {f for x in inputs if isinstance(x, torch.Tensor) for v in x.shape
+                 if isinstance(v, torch.SymInt) and not is_nested_int(v)
+                 for f in env.replace(v.node.expr).free_symbols}
         for x in inputs:
             if is_nested_int(x):  # not a size of this graph (lower passes it on untouched)
                 continue
@@ -239,7 +243,8 @@ class SizeMap:
                         facts.append(SymbolFacts(coil, _unbacked_hint(lo, hi), lo, hi, backed=False, entry=True))
                         continue
                     lo, hi = _range_of(env, s, sizes=False)
-                    lo = _guarded_least(env, s, lo, hint)
+                    if s not in given or s in sized:  # an int's guards need not hold at a call (topk's k = 0)
+                        lo = _guarded_least(env, s, lo, hint)
                     if s in solved:
                         lo = hi = int(solved[s])
                     if hi is not None and hi == lo:  # specialized: a constant
