@@ -139,6 +139,7 @@ def _guarded_least(env: Any, s: sympy.Symbol, lo: int, hint: int) -> int:
     own = [r for g in getattr(env, "guards", ()) for r in _relations(env.replace(g.expr)) if r.free_symbols == {s}]
     if not own:
         return lo
+
     def admits(r: sympy.Basic, v: int) -> bool:
         try:
             return r.xreplace({s: sympy.Integer(v)}) is not sympy.false
@@ -294,6 +295,9 @@ class SizeMap:
                 try:
                     if isinstance(rel, sympy.Eq):
                         d = self.expr(rel.lhs - rel.rhs)
+                    elif any(isinstance(v := self.names.get(f), sympy.Symbol) and is_unbacked_symbol(v)
+                             for f in rel.free_symbols):
+                        continue  # an int input's or a data-dependent size's: Dynamo may not check it
                     else:
                         # an inequality the ranges make an equality: `Mod(4 - Mod(s0//2, 4), 4) <= 0`
                         # (Swin's "was the image padded" at a size that was not), where the left
