@@ -313,7 +313,7 @@ class ShapeInfo:
         table = tuple((r.atom, r.value, r.integral) for r in self.rules if r.integral or not integral)
         out = norm(_reduce(e, table)) if table else e
         if not isinstance(out, int) and out.has(sympy.Max, sympy.Min):
-            decided = self._decide_extremes(out)
+            decided = norm(self.decide_extremes(out))
             if decided != out:  # the rules again, on the max's argument
                 out = decided if isinstance(decided, int) else norm(_reduce(decided, table))
         loose = tuple((r.atom, r.value, r.integral) for r in self.rules if not r.integral)
@@ -330,23 +330,28 @@ class ShapeInfo:
                 return norm(back)
         return out
 
-    def _decide_extremes(self, e: sympy.Expr) -> Size:
+    def decide_extremes(self, e: sympy.Expr, by_rules: bool = False) -> sympy.Expr:
         """`e` with each max or min one argument of which is the greatest (least)
-        over the ranges replaced by that argument: a rule may bring `Max(1, s1//8)`
-        where s1 is at least 32."""
+        over the ranges replaced by that argument (not normalised): a rule may
+        bring `Max(1, s1//8)` where s1 is at least 32.  `by_rules`: the arguments
+        compared through the rules as well (`bounds`); `reduce`, which `bounds`
+        calls, compares over the bare ranges.  torch's own Max and Min are taken
+        as sympy's."""
+        from torch.utils._sympy import functions as tf
 
         def at_least(a: sympy.Expr, b: sympy.Expr) -> bool:
-            lo = _bounds(self, sympy.expand(a - b))[0]
+            d = sympy.expand(a - b)
+            lo = (self.bounds(d) if by_rules else _bounds(self, d))[0]
             return lo is not None and lo >= 0
 
         def pick(x: sympy.Expr) -> sympy.Expr:
-            big = isinstance(x, sympy.Max)
+            big = isinstance(x, (sympy.Max, tf.Max))
             for a in x.args:
                 if all(at_least(a, b) if big else at_least(b, a) for b in x.args if b is not a):
                     return a
             return x
 
-        return norm(e.replace(lambda x: isinstance(x, (sympy.Max, sympy.Min)), pick))
+        return e.replace(lambda x: isinstance(x, (sympy.Max, sympy.Min, tf.Max, tf.Min)), pick)
 
     def at_least_one(self, symbols: Iterable[sympy.Symbol]) -> "ShapeInfo":
         """These facts, each of `symbols` at least 1: what code inside a loop over

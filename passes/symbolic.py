@@ -103,14 +103,14 @@ def size_leaves(v: Any) -> list[Any]:
 
 
 def _relations(e: sympy.Basic) -> list[sympy.Basic]:
-    """The relations a guard holds, each an `Eq` or written `small <= big` / `small
-    < big`: the parts of an `And`, and a bound on a min or a max as a bound on
+    """The relations a guard holds, each an `Eq`, an `Ne` or written `small <= big`
+    / `small < big`: the parts of an `And`, and a bound on a min or a max as a bound on
     each argument (`Min(s0//2, s1//2) > 4`: `4 < s0//2` and `4 < s1//2`)."""
     from torch.utils._sympy import functions as tf
 
     if isinstance(e, sympy.And):
         return [r for a in e.args for r in _relations(a)]
-    if isinstance(e, sympy.Eq):
+    if isinstance(e, (sympy.Eq, sympy.Ne)):
         return [e]
     if not isinstance(e, (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt)):
         return []
@@ -127,16 +127,17 @@ def _relations(e: sympy.Basic) -> list[sympy.Basic]:
 _LEAST_SCAN = 512
 
 
-def _guarded_least(env: Any, s: sympy.Symbol, lo: int, hint: int) -> int:
+def _guarded_least(relations: Sequence[sympy.Basic], s: sympy.Symbol, lo: int, hint: int) -> int:
     """The least value of `s`, from `lo`, that every guard over `s` alone admits
     (`Ne(s//4, 0)`, `Eq(Mod(s, 2), 0)`, `s//2 > 4` from `Min(s//2, t//2) > 4`): a
     call with a smaller value fails one of Dynamo's guards and never reaches the
     graph.  The ShapeEnv narrows a range only for guards on the symbol itself;
     Swin's window padding takes `Max(1, s//8)` to be `s//8` only above 8.  A value
-    is ruled out only where a guard is False at it; the hint passes every guard."""
+    is ruled out only where a guard is False at it; the hint passes every guard.
+    `relations`: the guards' relations (`_relations`), read once per graph."""
     if hint <= lo:
         return lo
-    own = [r for g in getattr(env, "guards", ()) for r in _relations(env.replace(g.expr)) if r.free_symbols == {s}]
+    own = [r for r in relations if r.free_symbols == {s}]
     if not own:
         return lo
 
@@ -215,6 +216,7 @@ class SizeMap:
         names: dict[sympy.Symbol, sympy.Expr] = {}
         facts: list[SymbolFacts] = []
         fixed: dict[sympy.Symbol, int] = {}
+        relations: list[sympy.Basic] | None = None  # the guards' relations, read at the first symbol that needs them
         # the symbols SymInt inputs are, whichever input shows them first (x of size k + 2, then k)
         given = {e for x in inputs if isinstance(x, torch.SymInt)
                  and isinstance(e := env.replace(x.node.expr), sympy.Symbol)}
@@ -245,7 +247,9 @@ class SizeMap:
                         continue
                     lo, hi = _range_of(env, s, sizes=False)
                     if s not in given or s in sized:  # an int's guards need not hold at a call (topk's k = 0)
-                        lo = _guarded_least(env, s, lo, hint)
+                        if relations is None:
+                            relations = [r for g in getattr(env, "guards", ()) for r in _relations(env.replace(g.expr))]
+                        lo = _guarded_least(relations, s, lo, hint)
                     if s in solved:
                         lo = hi = int(solved[s])
                     if hi is not None and hi == lo:  # specialized: a constant
@@ -292,6 +296,8 @@ class SizeMap:
         out = []
         for g in getattr(self.env, "guards", ()):
             for rel in _relations(self.env.replace(g.expr)):
+                if isinstance(rel, sympy.Ne):
+                    continue
                 try:
                     if isinstance(rel, sympy.Eq):
                         d = self.expr(rel.lhs - rel.rhs)
@@ -378,7 +384,7 @@ class SizeMap:
             out = out.replace(fn, lambda a, name=name: _rounded_size(name, _sympy_rational(a, e)))
         # max/min of sizes where one side is provably the larger for every size (a
         # contiguous stride max(1, n) of an n never 0): that side
-        out = out.replace(lambda x: isinstance(x, (tf.Max, tf.Min, sympy.Max, sympy.Min)), self._extreme)
+        out = self.shapes.decide_extremes(out, by_rules=True)
         out = out.replace(tf.Max, lambda *a: sympy.Max(*a)).replace(tf.Min, lambda *a: sympy.Min(*a))
         bad = [f for f in out.atoms(sympy.Function) if not isinstance(f, (FloorDiv, ModularIndexing))]
         if bad:
@@ -400,19 +406,9 @@ class SizeMap:
             if isinstance(e, int):
                 return e
             if e.has(sympy.Max, sympy.Min):
-                e = norm(e.replace(lambda x: isinstance(x, (sympy.Max, sympy.Min)), self._extreme))
+                e = norm(self.shapes.decide_extremes(e, by_rules=True))
             e = self.shapes.reduce(e)
         return e
-
-    def _extreme(self, x: sympy.Expr) -> sympy.Expr:
-        from torch.utils._sympy import functions as tf
-
-        big = isinstance(x, (tf.Max, sympy.Max))
-        args = list(x.args)
-        for a in args:
-            if all((self.shapes.known_ge(a, b) if big else self.shapes.known_le(a, b)) for b in args if b is not a):
-                return a
-        return x
 
     def layout_parts(self, t: torch.Tensor) -> tuple[tuple[Size, ...], tuple[Size, ...], Size]:
         return self.sizes(t.shape), self.sizes(t.stride()), self.size(t.storage_offset())

@@ -190,7 +190,8 @@ def test_the_rules_print_and_the_lowered_graph_spells_each_size_one_way():
 
     gm, ins = capture_aot(_halves, (torch.randn(8, 3),))
     lowered = coil.default_pipeline().run(gm, ins, until="lower", options=coil.Options(target="cpp"))
-    assert lowered.sizes.shapes.show() == ["s0 in [2, oo] hint 8", "s1 in [2, oo] hint 3",
+    # s0 at least 4: Dynamo guards the halves' length Ne(s0//2, 1) (it specializes sizes 1)
+    assert lowered.sizes.shapes.show() == ["s0 in [4, oo] hint 8", "s1 in [2, oo] hint 3",
                                            "guard FloorDiv(s0 + 1, 2) = FloorDiv(s0, 2)"]
     text = show(lowered)
     # the even rows' slice is `(s0 + 1)//2` long; an identity view spells it s0//2
@@ -539,31 +540,22 @@ def test_samples_skip_points_the_rules_rule_out_and_need_enough_left():
     assert not equal_at_samples(sympy.Integer(0), FloorDiv(s0, 49), few)
 
 
-class _Guard:
-    def __init__(self, expr):
-        self.expr = expr
-
-
-class _Env:
-    def __init__(self, *guards):
-        self.guards = [_Guard(g) for g in guards]
-
-    def replace(self, e):
-        return e
-
-
 def test_the_least_size_the_guards_on_one_symbol_admit():
     from torch.utils._sympy.functions import FloorDiv as TorchFloorDiv, Mod as TorchMod
 
-    from coil.passes.symbolic import _guarded_least
+    from coil.passes.symbolic import _guarded_least, _relations
 
     s = sympy.Symbol("s58", integer=True, positive=True)
     t = sympy.Symbol("s68", integer=True, positive=True)
-    env = _Env(sympy.Eq(TorchMod(s, 2), 0), sympy.Ne(TorchFloorDiv(s, 4), 1),
-               sympy.Gt(sympy.Min(TorchFloorDiv(s, 2), TorchFloorDiv(t, 2)), 4))
-    assert _guarded_least(env, s, 2, 48) == 10  # even, s//4 != 1, s//2 > 4
-    assert _guarded_least(env, s, 2, 6) == 2  # a hint that fails a guard: a guard misread, nothing taken
-    assert _guarded_least(_Env(), s, 2, 48) == 2
+    guards = (sympy.Eq(TorchMod(s, 2), 0), sympy.Ne(TorchFloorDiv(s, 4), 1),
+              sympy.Gt(sympy.Min(TorchFloorDiv(s, 2), TorchFloorDiv(t, 2)), 4))
+    rels = [r for g in guards for r in _relations(g)]
+    assert _guarded_least(rels, s, 2, 48) == 10  # even, s//4 != 1, s//2 > 4
+    assert _guarded_least(rels, s, 2, 6) == 2  # a hint that fails a guard: a guard misread, nothing taken
+    assert _guarded_least([], s, 2, 48) == 2
+    # the Ne alone: 4..7 have s//4 = 1
+    ne = [r for r in _relations(sympy.Ne(TorchFloorDiv(s, 4), 1))]
+    assert _guarded_least(ne, s, 4, 48) == 8
 
 
 def test_swin_trains_at_a_second_image_size():
