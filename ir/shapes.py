@@ -468,6 +468,7 @@ def _pivotable(m: sympy.Expr) -> bool:
     return m != 1 and m.has(FloorDiv, ModularIndexing, sympy.Max, sympy.Min)
 
 
+@functools.lru_cache(maxsize=4096)
 def _pivot_key(m: sympy.Expr) -> tuple[int, int, int, str]:
     """The order terms are solved for: the most complex first, a floor division
     before a modulo of the same weight (so a modulo's identity alone, `a mod k =
@@ -697,18 +698,32 @@ def _canonical(rules: list[SizeRule]) -> list[SizeRule]:
     """The rules with each atom and value written as `reduce` writes sizes: the
     integral rules applied inside every atom and value (`(s0 + (256 - s0 mod 256)
     mod 256) // 256` where another rule rewrites `s0 mod 256`), so that a size
-    reduced from the inside out still meets its rule."""
+    reduced from the inside out still meets its rule.  A rule whose atom and value
+    the others make equal says nothing they do not, and is left out (one at a
+    time, so that of two copies one stays): Swin's guards at a second image size
+    repeat its padding test inside a hundred larger sizes, `(2*(s0//8) + (4 -
+    2*(s0//8) mod 4) mod 4)//4`, each a rule that `(4 - 2*(s0//8) mod 4) mod 4 =
+    0` already gives, and every size reduced walked them all."""
     for _ in range(4):
         changed = False
-        for i, r in enumerate(rules):
+        i = 0
+        while i < len(rules):
+            r = rules[i]
             others = tuple((o.atom, o.value, True) for j, o in enumerate(rules) if j != i and o.integral)
             if not others:
+                i += 1
                 continue
             atom = _reduce(r.atom, others)
             value = _reduce(r.value, others) if isinstance(r.value, sympy.Expr) else r.value
-            if (atom, value) != (r.atom, r.value) and _pivotable(atom) and atom != value:
-                rules[i] = SizeRule(atom, norm(value) if r.integral else value, r.integral)
-                changed = True
+            if (atom, value) != (r.atom, r.value):
+                if sympy.expand(atom - value) == 0:
+                    del rules[i]
+                    changed = True
+                    continue
+                if _pivotable(atom):
+                    rules[i] = SizeRule(atom, norm(value) if r.integral else value, r.integral)
+                    changed = True
+            i += 1
         if not changed:
             break
     return rules

@@ -13,8 +13,10 @@ A static graph's SizeMap is empty, and its `size` is the identity on ints.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import weakref
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -123,6 +125,10 @@ def _relations(e: sympy.Basic) -> list[sympy.Basic]:
     return [make(small, big, evaluate=False)]
 
 
+# each ShapeEnv's guard relations as equalities of coil's sizes, by the names and facts they
+# were read under (SizeMap._guarded_equalities); dropped with the ShapeEnv
+_EQUALITIES: "weakref.WeakKeyDictionary[Any, dict[Any, sympy.Expr | None]]" = weakref.WeakKeyDictionary()
+
 # how far `_guarded_least` looks above a symbol's least value for one every guard on it admits
 _LEAST_SCAN = 512
 
@@ -152,6 +158,13 @@ def _guarded_least(relations: Sequence[sympy.Basic], s: sympy.Symbol, lo: int, h
             return v
     # none up to the hint: a guard misread (the hint passes them all), so nothing is taken
     return lo if hint <= lo + _LEAST_SCAN else lo + _LEAST_SCAN + 1
+
+
+@functools.lru_cache(maxsize=64)
+def _rules_of(equalities: tuple[sympy.Expr, ...], shapes: ShapeInfo) -> tuple[tuple[Any, ...], dict[sympy.Symbol, Any]]:
+    """guard_rules, remembered: the same guards are read again for the graph
+    cache's keys and by lower.  The solutions are shared: read them only."""
+    return guard_rules(equalities, shapes)
 
 
 def _unbacked_hint(lo: int, hi: int | None) -> int:
@@ -199,7 +212,7 @@ class SizeMap:
             out = cls._of(inputs, solved)
             if out.env is None:
                 return out
-            rules, solutions = guard_rules(out._guarded_equalities(), out.shapes)
+            rules, solutions = _rules_of(tuple(out._guarded_equalities()), out.shapes)
             back = {v: k for k, v in out.names.items() if isinstance(v, sympy.Symbol)}
             new = {back[s]: (v if isinstance(v, int) else v.xreplace(back)) for s, v in solutions.items()
                    if s in back and back[s] not in solved}
@@ -292,32 +305,48 @@ class SizeMap:
         each `Eq(l, r)` over coil's symbols (a guard over a symbol no input binds,
         or a function coil's sizes do not take, is left out).  Every call of the
         compiled graph satisfies them: Dynamo checks its guards first, and a
-        guard taken later (by a decomposition in lower) is only not used."""
+        guard taken later (by a decomposition in lower) is only not used.  Each
+        relation's equality is remembered for the ShapeEnv under these names and
+        facts (`_EQUALITIES`): a graph's sizes are mapped three times (the graph
+        cache's two keys and lower), over the same growing list of guards."""
+        memo = _EQUALITIES.setdefault(self.env, {})
+        names = (tuple(sorted(self.names.items(), key=str)), tuple(sorted(self.fixed.items(), key=str)),
+                 self.shapes.facts)
         out = []
         for g in getattr(self.env, "guards", ()):
             for rel in _relations(self.env.replace(g.expr)):
-                if isinstance(rel, sympy.Ne):
-                    continue
-                try:
-                    if isinstance(rel, sympy.Eq):
-                        d = self.expr(rel.lhs - rel.rhs)
-                    elif any(isinstance(v := self.names.get(f), sympy.Symbol) and is_unbacked_symbol(v)
-                             for f in rel.free_symbols):
-                        continue  # an int input's or a data-dependent size's: Dynamo may not check it
-                    else:
-                        # an inequality the ranges make an equality: `Mod(4 - Mod(s0//2, 4), 4) <= 0`
-                        # (Swin's "was the image padded" at a size that was not), where the left
-                        # side is never below 0; `x < 1` of an x never below 0 is `x = 0`
-                        gap = self.expr(rel.rhs - rel.lhs)  # at least 0 (1 if strict) wherever the graph runs
-                        least = 1 if isinstance(rel, sympy.Lt) else 0
-                        if isinstance(gap, int) or self.shapes.upper(gap) != least:
-                            continue
-                        d = norm(gap - least)
-                except CoilError:
-                    continue
-                if not isinstance(d, int):
+                key = (names, rel)
+                if key not in memo:
+                    memo[key] = self._equality(rel)
+                d = memo[key]
+                if d is not None:
                     out.append(d)
         return out
+
+    def _equality(self, rel: sympy.Basic) -> sympy.Expr | None:
+        """The size that one of the guards' relations makes 0 (`_guarded_equalities`),
+        or None: an `Ne`, an inequality the ranges do not make an equality, a
+        relation over a size coil's sizes do not take."""
+        if isinstance(rel, sympy.Ne):
+            return None
+        try:
+            if isinstance(rel, sympy.Eq):
+                d = self.expr(rel.lhs - rel.rhs)
+            elif any(isinstance(v := self.names.get(f), sympy.Symbol) and is_unbacked_symbol(v)
+                     for f in rel.free_symbols):
+                return None  # an int input's or a data-dependent size's: Dynamo may not check it
+            else:
+                # an inequality the ranges make an equality: `Mod(4 - Mod(s0//2, 4), 4) <= 0`
+                # (Swin's "was the image padded" at a size that was not), where the left
+                # side is never below 0; `x < 1` of an x never below 0 is `x = 0`
+                gap = self.expr(rel.rhs - rel.lhs)  # at least 0 (1 if strict) wherever the graph runs
+                least = 1 if isinstance(rel, sympy.Lt) else 0
+                if isinstance(gap, int) or self._above_at_hints(gap, least) or self.shapes.upper(gap) != least:
+                    return None
+                d = norm(gap - least)
+        except CoilError:
+            return None
+        return None if isinstance(d, int) else d
 
     def admit_unbacked(self, val: Any) -> None:
         """Name the data-dependent symbols in an Extern's fake result (`(u0, 2)` of
@@ -397,6 +426,15 @@ class SizeMap:
             # windows is Max(1, s1//8) once a guard made pad 0
             out = self.simplify(out)
         return out
+
+    def _above_at_hints(self, gap: sympy.Expr, least: int) -> bool:
+        """Whether `gap` exceeds `least` at the hints: then its greatest value over
+        the ranges does too, and the guard is no equality (found without bounding
+        it, which takes a tenth of a second for one of Swin's paddings)."""
+        try:
+            return self.shapes.hint(gap) > least
+        except (KeyError, ValueError, TypeError):
+            return False
 
     def simplify(self, e: Size) -> Size:
         """A size coil computed (Python arithmetic on sizes in the graph) as

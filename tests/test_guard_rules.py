@@ -101,6 +101,29 @@ def test_rules_are_written_as_sizes_are_reduced():
     assert info.reduce(FloorDiv(FloorDiv(s0, 2) + 4, 4)) == 4
 
 
+def test_a_rule_the_others_imply_is_left_out_once():
+    """Swin's padding test comes back inside larger sizes (`(2*(s0//8) + pad)//4`
+    with `pad = (4 - 2*(s0//8) mod 4) mod 4`, guarded 0): a rule for such a size
+    says nothing the padding's rule does not, and every reduction walked it.  Of
+    two copies of one rule, one stays."""
+    info = _info((s0, 48, 2, None))
+    half = FloorDiv(s0, 2)
+    pad = ModularIndexing(4 - ModularIndexing(half, 1, 4), 1, 4)
+    big = FloorDiv(half + pad, 4)
+    rules, _ = guard_rules([pad, big - FloorDiv(half, 4), pad], info)
+    # the rest (the padding 0, the test's own 4 - (s0//2) mod 4 over 4 = 1, the larger
+    # size) follow from the multiple of 4, which the divisor rules write over s0//8; the
+    # code before kept five rules, the larger size's and the padding's among them
+    assert [r.show() for r in rules] == ["guard FloorDiv(s0, 2) = 4*FloorDiv(s0, 8)"]
+    from coil.ir.shapes import SizeRule, _canonical
+
+    twice = [SizeRule(FloorDiv(s0, 2), 4 * FloorDiv(s0, 8), True)] * 2
+    assert _canonical(list(twice)) == twice[:1]
+    info = attrs.evolve(info, rules=rules)
+    assert info.reduce(big) == info.reduce(FloorDiv(half, 4))  # still one spelling
+    assert info.reduce(pad) == 0
+
+
 def test_rules_false_at_the_hints_are_dropped_whole():
     """Each rule must hold at the call being compiled; one that does not means
     the equalities were misread, and none is kept."""
@@ -556,6 +579,28 @@ def test_the_least_size_the_guards_on_one_symbol_admit():
     # the Ne alone: 4..7 have s//4 = 1
     ne = [r for r in _relations(sympy.Ne(TorchFloorDiv(s, 4), 1))]
     assert _guarded_least(ne, s, 4, 48) == 8
+
+
+def test_the_guards_read_once_for_a_shape_env_give_the_same_map():
+    """SizeMap.of remembers each guard's equality for its ShapeEnv (the graph
+    cache's keys and lower map a graph's sizes three times); a second map, and
+    one made with the memory cleared, are the first's."""
+    from coil.passes import symbolic
+    from tests_helpers import capture_aot
+
+    _, ins = capture_aot(_halves, (torch.randn(8, 3),))
+    env = symbolic.shape_env(ins)
+    symbolic._EQUALITIES.pop(env, None)
+    symbolic._rules_of.cache_clear()
+    first = symbolic.SizeMap.of(ins)
+    assert symbolic._EQUALITIES.get(env)  # remembered
+    again = symbolic.SizeMap.of(ins)
+    symbolic._EQUALITIES.pop(env, None)
+    symbolic._rules_of.cache_clear()
+    fresh = symbolic.SizeMap.of(ins)
+    assert first.shapes.show() == again.shapes.show() == fresh.shapes.show()
+    assert "guard FloorDiv(s0 + 1, 2) = FloorDiv(s0, 2)" in first.shapes.show()
+    assert first.names == again.names == fresh.names
 
 
 def test_swin_trains_at_a_second_image_size():
