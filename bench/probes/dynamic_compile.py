@@ -20,7 +20,7 @@ Session 51 (this VM, one thread, each run its own process, back to back):
 Swin's second call 54.9 s at 21b0536 and 36.7 s after e76dd95 (a rule the others
 imply left out, each guard's equality read once per ShapeEnv); Inductor 84.8 s
 (its first call 16.6 s against coil's 3.4; 28.4 s for the second with its caches
-kept from an earlier run).  GPT-2's second call 1.8-2.2 s either way.  With OF=1,
+kept from an earlier run).  GPT-2's second call 1.93-1.97 s either way.  With OF=1,
 SizeMap.of on Swin's 48-pixel graph: 8.1 s cold and 1.5 s again before, 3.4 s and
 0.0 s after.
 """
