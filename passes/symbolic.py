@@ -140,7 +140,7 @@ def _guarded_least(relations: Sequence[sympy.Basic], s: sympy.Symbol, lo: int, h
     graph.  The ShapeEnv narrows a range only for guards on the symbol itself;
     Swin's window padding takes `Max(1, s//8)` to be `s//8` only above 8.  A value
     is ruled out only where a guard is False at it; the hint passes every guard.
-    `relations`: the guards' relations (`_relations`), read once per graph."""
+    `relations`: the guards' relations (`_relations`), read once by `SizeMap.of`."""
     if hint <= lo:
         return lo
     own = [r for r in relations if r.free_symbols == {s}]
@@ -207,12 +207,15 @@ class SizeMap:
         (`s93 + s15 + s5 + 18 = 64`, split sizes a guard sums to the rows: the
         third is 46 - u0 - u1), so that sizes made of them meet.  Dynamo's guards
         admit no other value."""
+        env = shape_env(inputs)
+        if env is None:
+            return cls()
+        # the guards' relations, read once: each round's names and least values, and its equalities
+        relations = [r for g in getattr(env, "guards", ()) for r in _relations(env.replace(g.expr))]
         solved: dict[sympy.Symbol, int | sympy.Expr] = {}  # ShapeEnv symbol -> value over ShapeEnv symbols
         while True:
-            out = cls._of(inputs, solved)
-            if out.env is None:
-                return out
-            rules, solutions = _rules_of(tuple(out._guarded_equalities()), out.shapes)
+            out = cls._of(inputs, env, relations, solved)
+            rules, solutions = _rules_of(tuple(out._guarded_equalities(relations)), out.shapes)
             back = {v: k for k, v in out.names.items() if isinstance(v, sympy.Symbol)}
             new = {back[s]: (v if isinstance(v, int) else v.xreplace(back)) for s, v in solutions.items()
                    if s in back and back[s] not in solved}
@@ -222,14 +225,11 @@ class SizeMap:
             solved = {k: (v if isinstance(v, int) else v.xreplace(new)) for k, v in solved.items()} | new
 
     @classmethod
-    def _of(cls, inputs: Sequence[Any], solved: Mapping[sympy.Symbol, int | sympy.Expr]) -> "SizeMap":
-        env = shape_env(inputs)
-        if env is None:
-            return cls()
+    def _of(cls, inputs: Sequence[Any], env: Any, relations: Sequence[sympy.Basic],
+            solved: Mapping[sympy.Symbol, int | sympy.Expr]) -> "SizeMap":
         names: dict[sympy.Symbol, sympy.Expr] = {}
         facts: list[SymbolFacts] = []
         fixed: dict[sympy.Symbol, int] = {}
-        relations: list[sympy.Basic] | None = None  # the guards' relations, read at the first symbol that needs them
         # the symbols SymInt inputs are, whichever input shows them first (x of size k + 2, then k)
         given = {e for x in inputs if isinstance(x, torch.SymInt)
                  and isinstance(e := env.replace(x.node.expr), sympy.Symbol)}
@@ -260,8 +260,6 @@ class SizeMap:
                         continue
                     lo, hi = _range_of(env, s, sizes=False)
                     if s not in given or s in sized:  # an int's guards need not hold at a call (topk's k = 0)
-                        if relations is None:
-                            relations = [r for g in getattr(env, "guards", ()) for r in _relations(env.replace(g.expr))]
                         lo = _guarded_least(relations, s, lo, hint)
                     if s in solved:
                         lo = hi = int(solved[s])
@@ -300,7 +298,7 @@ class SizeMap:
         facts.sort(key=lambda f: symbol_key(f.symbol))  # ShapeInfo's order: `s*`, then `u*`
         return cls(env, names, ShapeInfo(tuple(facts)), fixed)
 
-    def _guarded_equalities(self) -> list[sympy.Expr]:
+    def _guarded_equalities(self, relations: Sequence[sympy.Basic]) -> list[sympy.Expr]:
         """The equalities among sizes that Dynamo's guards hold so far, `l - r` for
         each `Eq(l, r)` over coil's symbols (a guard over a symbol no input binds,
         or a function coil's sizes do not take, is left out).  Every call of the
@@ -308,19 +306,19 @@ class SizeMap:
         guard taken later (by a decomposition in lower) is only not used.  Each
         relation's equality is remembered for the ShapeEnv under these names and
         facts (`_EQUALITIES`): a graph's sizes are mapped three times (the graph
-        cache's two keys and lower), over the same growing list of guards."""
+        cache's two keys and lower), over the same growing list of guards.
+        `relations`: the guards' relations (`_relations`), read once by `of`."""
         memo = _EQUALITIES.setdefault(self.env, {})
         names = (tuple(sorted(self.names.items(), key=str)), tuple(sorted(self.fixed.items(), key=str)),
                  self.shapes.facts)
         out = []
-        for g in getattr(self.env, "guards", ()):
-            for rel in _relations(self.env.replace(g.expr)):
-                key = (names, rel)
-                if key not in memo:
-                    memo[key] = self._equality(rel)
-                d = memo[key]
-                if d is not None:
-                    out.append(d)
+        for rel in relations:
+            key = (names, rel)
+            if key not in memo:
+                memo[key] = self._equality(rel)
+            d = memo[key]
+            if d is not None:
+                out.append(d)
         return out
 
     def _equality(self, rel: sympy.Basic) -> sympy.Expr | None:
