@@ -19,8 +19,9 @@
 # offsets and at least 8 calls a timing (46).
 # After each call, before the next: `bash scripts/pinned_run.sh collect FILES_AT`
 # copies what came back (FILES_AT/r/*) to bench/results/ and devsnap/bench/results/
-# (a call made before that resumes from the older file and measures again what the
-# last one did); it refuses a file with fewer measured cases than the one it would
+# (a call made before that, on the same warm machine, resumes from the last call's copy
+# in that machine's /var/tmp/coil-pinned; on a fresh machine it would measure again what the
+# last call did: session 52 lost two calls so); it refuses a file with fewer measured cases than the one it would
 # replace.  Then commit.  T: the run's time limit (s), B: the bench's budget
 # (s) for starting cases, C: cases warmed per chunk.  The call's timeout_s must
 # exceed T by about 40 s (the install and the copies); with less, the call is
@@ -44,11 +45,20 @@ echo "device: $dev"
 case "$dev" in *H200*) N=h200-$RUN;; *H100*) N=h100-$RUN;; *) echo "neither card: stop"; exit 3;; esac
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 mkdir -p $OUT/r
+# a warm machine keeps /var/tmp between calls: resume from the last call's file there when it
+# holds more measured cases than the carried one (a call made before `collect` ran here)
+keep=/var/tmp/coil-pinned; mkdir -p $keep
+count() { python3 -c "import json,sys,os; p=sys.argv[1]; print(sum(r.get('status') in ('ok','ref','mismatch','error') for r in json.load(open(p))) if os.path.exists(p) else 0)" "$1"; }
+if [ "$(count $keep/$N.json)" -gt "$(count bench/results/$N.json)" ]; then
+    echo "resuming from this machine's last call ($(count $keep/$N.json) measured, carried $(count bench/results/$N.json))"
+    cp $keep/$N.* bench/results/
+fi
 cp bench/results/$N.* $OUT/r/ 2>/dev/null; echo "resuming $N"
 python3 -c "from coil.graph_cache import coil_source_hash; print('source', coil_source_hash()[:12])"
 timeout ${T:-520} python3 -m bench --suite models --device cuda --size both --compile-mode default \
     --compile-mode reduce-overhead --resume --name $N --out $OUT/r --budget-s ${B:-430} --warm-jobs 14 \
     --warm-chunk ${C:-7} 2>&1 | grep -v Warning | tail -12
+cp $OUT/r/$N.* $keep/ 2>/dev/null || true
 EOF
     # one call for whichever card comes: an H200 resumes the pinned run for T seconds; any other card
     # runs HEAD's CUDA tests first, then the pinned run (on that card's file) in what is left of
