@@ -113,6 +113,41 @@ def _symbol_ranges(example_inputs: Sequence[Any]) -> list[str]:
             + [f"fixed {k}: {v}" for k, v in sorted(sm.fixed.items(), key=str)])
 
 
+def _guard_keys(example_inputs: Sequence[Any]) -> list[str]:
+    """What a Dynamo graph's link keys of its symbolic sizes (none for a static
+    graph): Dynamo's guards as the ShapeEnv holds them, the range of each symbol
+    they or the inputs use, each input symbol's replacement, and the value of a
+    SymInt input negative at the first call (compiled for that value).  Those are
+    all that `SizeMap.of` reads besides the hints (which `_symbol_ranges` leaves
+    out too), so two graphs keyed alike map their sizes alike.  Read raw rather
+    than as the rules lower solves them into (`_symbol_ranges`): the compile reads
+    the AOT graph's guards into rules anyway, and reading the Dynamo graph's first
+    cost Swin's recompile at a second image size 4.8 s (SizeMap.of, twice, 8.8 s
+    before and 6.3 s after; this key 0.3 s, its guards printed).  Graphs whose
+    guards differ in spelling alone get two links to two entries, never one link."""
+    from coil.passes.symbolic import _hint_of, _range_of, shape_env, size_leaves
+
+    env = shape_env(example_inputs)
+    if env is None:
+        return []
+    guards = [env.replace(g.expr) for g in getattr(env, "guards", ())]
+    used: set[sympy.Symbol] = set()
+    out = [f"guard {g}" for g in guards]
+    for g in guards:
+        used |= g.free_symbols
+    for x in example_inputs:
+        for leaf in size_leaves(x):
+            if isinstance(leaf, torch.SymInt):
+                replaced = env.replace(leaf.node.expr)
+                used |= replaced.free_symbols
+                out.append(f"size {leaf.node.expr} = {replaced}")
+                hint = _hint_of(env, replaced) if isinstance(replaced, sympy.Symbol) else None
+                if isinstance(x, torch.SymInt) and hint is not None and hint < 0:
+                    out.append(f"negative {replaced} = {hint}")
+    out += [f"range {s} {_range_of(env, s, sizes=False)}" for s in sorted(used, key=str)]
+    return out
+
+
 def _interpreter() -> str:
     # Triton's interpreter mode changes the source made for CUDA tensors (no libdevice, no bound launches)
     return f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
@@ -269,7 +304,7 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
     parts = ["dynamo", coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(), state, gm.code,
              *_dynamo_input_keys(gm, example_inputs), repr(sorted(opts.items()))]
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
-        parts += _symbol_ranges(example_inputs)
+        parts += _guard_keys(example_inputs)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 

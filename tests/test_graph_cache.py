@@ -357,6 +357,67 @@ def test_the_link_key_follows_global_state() -> None:
     assert graph_cache.dynamo_key(gms[0], [x, y], coil.Options(target="cpp", graph_cache=False)) is None
 
 
+def _dynamo_graphs(fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[tuple[torch.fx.GraphModule, list[Any]]]:
+    """The graphs (and example inputs) Dynamo hands a backend over these calls."""
+    got: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def grab(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        got.append((gm, list(inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=grab)
+    with torch.no_grad():
+        for args in calls:
+            compiled(*args)
+    return got
+
+
+def _doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def _even_doubled(x: torch.Tensor) -> torch.Tensor:
+    torch._check(x.shape[0] % 2 == 0)  # a guard on the size: s0 even
+    return x * 2
+
+
+def _shifted(x: torch.Tensor, k: int) -> torch.Tensor:
+    return x + k
+
+
+def test_a_symbolic_link_is_keyed_by_the_guards_without_reading_them_into_rules(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Dynamo graph of symbolic sizes is linked under its guards, ranges and sizes
+    as the ShapeEnv holds them: the same graph and guards again give the same key;
+    a guard more (s0 even), a bounded range or a SymInt negative at the first call
+    (compiled for that value) another; and the key reads no size rules (SizeMap.of,
+    seconds for Swin's guards)."""
+    from coil.passes.symbolic import SizeMap
+
+    opts = coil.Options(target="cpp")
+
+    def key(fn: Callable[..., Any], *calls: tuple[Any, ...]) -> str | None:
+        gm, inputs = _dynamo_graphs(fn, list(calls))[-1]
+        assert any(isinstance(v, torch.SymInt) for v in inputs)
+        return graph_cache.dynamo_key(gm, inputs, opts)
+
+    def refuse(*_: Any) -> Any:
+        raise AssertionError("the link's key read the guards into rules")
+
+    monkeypatch.setattr(SizeMap, "of", classmethod(refuse))
+    plain = key(_doubled, (torch.randn(8, 4),), (torch.randn(10, 4),))
+    assert plain is not None and plain == key(_doubled, (torch.randn(8, 4),), (torch.randn(12, 4),))
+    assert key(_even_doubled, (torch.randn(8, 4),), (torch.randn(10, 4),)) not in (plain, None)
+    bounded = torch.randn(10, 4)
+    torch._dynamo.mark_dynamic(bounded, 0, min=2, max=64)
+    assert key(_doubled, (torch.randn(8, 4),), (bounded,)) not in (plain, None)
+    x = torch.randn(4)
+    positive = key(_shifted, (x, 3), (x, 5))
+    assert positive is not None and positive == key(_shifted, (x, 4), (x, 6))
+    assert key(_shifted, (x, -3), (x, -5)) not in (positive, None)
+
+
 def test_a_damaged_or_dangling_link_compiles_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     x, y = torch.randn(8, 12), torch.randn(12, 8)
     _through_dynamo(two_outputs, [x, y], tmp_path)
