@@ -468,13 +468,39 @@ def _pivotable(m: sympy.Expr) -> bool:
     return m != 1 and m.has(FloorDiv, ModularIndexing, sympy.Max, sympy.Min)
 
 
-@functools.lru_cache(maxsize=4096)
-def _pivot_key(m: sympy.Expr) -> tuple[int, int, int, str]:
+@functools.total_ordering
+class _PivotKey:
     """The order terms are solved for: the most complex first, a floor division
     before a modulo of the same weight (so a modulo's identity alone, `a mod k =
     a - k*(a//k)`, gives only a rule for proofs, `a//k = (a - a mod k)/k`, and
-    sizes keep their modulos)."""
-    return (0 if _pivotable(m) else 1, -sympy.count_ops(m), 1 if "ModularIndexing" in str(m) else 0, str(m))
+    sizes keep their modulos), then by the printed term.  The term is printed
+    only where the rest ties (printing one of Swin's nested paddings takes a
+    millisecond)."""
+
+    __slots__ = ("head", "term", "_text")
+
+    def __init__(self, term: sympy.Expr) -> None:
+        from coil.ir.indexing import ModularIndexing
+
+        self.head = (0 if _pivotable(term) else 1, -sympy.count_ops(term), 1 if term.has(ModularIndexing) else 0)
+        self.term = term
+        self._text: str | None = None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = str(self.term)
+        return self._text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _PivotKey) and self.head == other.head and self.text() == other.text()
+
+    def __lt__(self, other: "_PivotKey") -> bool:
+        return self.head < other.head or (self.head == other.head and self.text() < other.text())
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_pivot_key = functools.lru_cache(maxsize=4096)(_PivotKey)
 
 
 def guard_rules(equalities: Iterable[sympy.Expr],
@@ -758,11 +784,17 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
     out = walk(e)
     # then as factors of `e`'s terms: a product's rule (s2*(s0//s2) = s0) and a rule for
     # proofs only (s0//2 = s0/2), not inside functions, where a fraction is no size
-    factors = [(a, v) for a, v, _ in table if a not in whole]
+    factors = [(a, v, _bases(a)) for a, v, _ in table if a not in whole]
     for _ in range(8):
         terms, changed = _terms(out), False
         for m in list(terms):
-            for a, v in factors:
+            have = None
+            for a, v, need in factors:
+                # a factor of the atom that the term lacks stays in the quotient's denominator:
+                # no division needed to see it fail (most pairs; each division costs ~0.1 ms)
+                have = have if have is not None else _bases(m)
+                if not need <= have:
+                    continue
                 q = m / a
                 num, den = sympy.fraction(q)
                 # with `deep`, a rule whose atom has a coefficient (9*(s0//9) = s0) takes a term
@@ -779,6 +811,12 @@ def _reduce(e: sympy.Expr, table: tuple[tuple[sympy.Expr, sympy.Expr, bool], ...
             break
         out = _from_terms({m: c for m, c in terms.items() if c != 0})
     return e if out == e else sympy.expand(out)
+
+
+def _bases(m: sympy.Expr) -> frozenset[sympy.Expr]:
+    """The bases a monomial holds with a positive power (`s2*(s0//s2)**2`: s2 and
+    s0//s2), numbers left out."""
+    return frozenset(b for b, e in m.as_powers_dict().items() if not b.is_number and e.is_positive)
 
 
 def _whole_polynomial(q: sympy.Expr) -> bool:
