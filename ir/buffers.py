@@ -278,6 +278,16 @@ def collectives(g: BufferGraph) -> tuple[ExternBuffer, ...]:
                  and b.collective.role is CollectiveRole.ISSUE)
 
 
+def ordered_externs(g: BufferGraph) -> tuple[tuple[str, ...], ...]:
+    """Chains of externs that must run in the graph's order whatever they read:
+    the collective issues (every rank must issue the same collectives in the same
+    order) and the externs that draw random numbers (each draw moves the
+    generator: a dropout moved before another takes the other's mask).  fuse and
+    plan_memory add an edge between neighbours of a chain to the data edges: a
+    kernel that needs one draw's result and feeds an earlier draw cannot exist."""
+    return (tuple(c.name for c in collectives(g)), tuple(b.name for b in g.buffers if draws_random(b)))
+
+
 def draws_random(b: Any) -> bool:
     """Whether `b` is an extern that draws from torch's random generator (an op
     tagged nondeterministic_seeded: native_dropout, rand_like, randperm, ...).

@@ -23,7 +23,7 @@ from typing import Iterable
 
 import attrs
 
-from coil.ir.buffers import ComputedBuffer, Rule, collectives
+from coil.ir.buffers import ComputedBuffer, Rule, collectives, ordered_externs
 from coil.ir.fused import (
     Direction,
     ExternStep,
@@ -110,6 +110,14 @@ class _Fuser:
                 if d.name in self.consumers and d.name != n.name:
                     self.consumers[d.name].add(n.name)
                     self.producers[n.name].add(d.name)
+        # and between externs that keep the graph's order (random draws, collectives): a
+        # kernel fused across two of them (PhiMoE's router: its second exponential noise
+        # feeding a kernel that feeds the first rand_like) would have no place in the order
+        for chain in ordered_externs(g.graph):
+            at = [n for n in chain if n in self.consumers]
+            for before, after in zip(at, at[1:]):
+                self.consumers[before].add(after)
+                self.producers[after].add(before)
         self.readers_of: dict[str, list[str]] = {}
         for n in g.nodes:
             for d in n.read_writes.sorted_reads():

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 import sympy
 
 from coil.ir.buffers import (AliasBuffer, BufferGraph, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutputBuffer,
-                             collectives, copy_operands, draws_random, freed_nbytes, storage_nbytes)
+                             collectives, copy_operands, freed_nbytes, ordered_externs, storage_nbytes)
 from coil.ir.expr import IndirectLoad, Load, read_names, walk
 from coil.ir.layout import Layout
 from coil.ir.fused import ExternStep, FusedKernel, FusedSchedule, Step
@@ -473,10 +473,9 @@ def _step_graph(steps: Sequence[Step], g: ScheduleGraph) -> tuple[dict[int, set[
     indeg = {i: 0 for i in range(len(steps))}
     edges = [(owner[d.name], i) for i, s in enumerate(steps) for n in s.nodes for d in g.node(n).read_writes.reads
              if d.name in owner]
-    issues = [owner[c.name] for c in collectives(g.graph)]
-    edges += list(zip(issues, issues[1:]))
-    draws = [owner[b.name] for b in g.graph.buffers if draws_random(b) and b.name in owner]
-    edges += list(zip(draws, draws[1:]))
+    for chain in ordered_externs(g.graph):
+        at = [owner[n] for n in chain if n in owner]
+        edges += list(zip(at, at[1:]))
     for j, i in edges:
         if j != i and i not in succ[j]:
             succ[j].add(i)
@@ -494,7 +493,17 @@ def _kahn(steps: Sequence[Step], g: ScheduleGraph, pick: Order) -> list[Step]:
         i = ready.popleft() if pick is Order.BFS else ready.pop()
         order.append(i)
         ready.extend(sorted(j for j in succ[i] if _dec(indeg, j)))
-    return [steps[i] for i in order]
+    return _whole([steps[i] for i in order], steps)
+
+
+def _whole(order: list[Step], steps: Sequence[Step]) -> list[Step]:
+    """`order`, checked to hold every step: a step left out (on a cycle of the
+    step graph, which fuse's order rules out) would be a plan of a smaller peak,
+    and chosen, with the rest of the program missing."""
+    if len(order) != len(steps):
+        left = [s.nodes[0] for s in steps if s not in set(order)]
+        raise RuntimeError(f"plan_memory: the steps of {left[:4]} lie on a cycle of data and order edges")
+    return order
 
 
 def _dec(indeg: dict[int, int], j: int) -> bool:
@@ -547,7 +556,7 @@ def _kahn_with_update(steps: Sequence[Step], g: ScheduleGraph, cost: Callable[[i
             indeg[j] -= 1
             if indeg[j] == 0:
                 heapq.heappush(heap, (cost(j), j))
-    return [steps[i] for i in order]
+    return _whole([steps[i] for i in order], steps)
 
 
 def plan_memory(s: FusedSchedule, options: Options) -> MemoryPlan:

@@ -683,6 +683,57 @@ def test_random_draws_keep_the_programs_order(target):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def _router_noise(scores):
+    """PhiMoE's sparse mixer, shortened: two exponential draws and a rand_like
+    between them that reads what the first draw fed."""
+    g1 = torch.empty_like(scores).exponential_().log()
+    top = (scores - g1).amax(-1, keepdim=True)
+    r = torch.rand_like(top)  # the second draw: after the first row max
+    g2 = torch.empty_like(scores).exponential_().log()  # the third
+    second = (scores * 2 - g2).amax(-1, keepdim=True)  # same rows as `top`: a fusion candidate
+    return top + r, second
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_kernel_is_never_fused_across_the_order_of_random_draws(target):
+    """Two row maxes of one input are fused horizontally unless a draw lies between
+    them: the second reads the third draw, the first feeds the second, and one
+    kernel would have to run both before and after the second draw.  Before, fuse
+    made that kernel, plan_memory's reorderings lost every step after it (a cycle
+    of data and draw-order edges) and chose the shorter plan for its smaller peak:
+    the wrapper failed its check and the graph ran eagerly (PhiMoE's training)."""
+    from coil.ir.fused import FusedKernel
+    from coil.ir.printer import show
+
+    scores = torch.randn(32, 4)
+    gm = make_fx(_router_noise)(scores)
+    opts = coil.Options(target=target, eager_fallback=False)
+    fused = coil.default_pipeline().run(gm, [scores], until="fuse", options=opts)
+    origins = [{o for n in s.nodes for o in fused.buffer_graph.get(n).origins}
+               for s in fused.steps if isinstance(s, FusedKernel)]
+    assert not any({"amax", "amax_1"} <= o for o in origins), show(fused)
+    assert any(d.verdict.value == "refused" and d.reason == "cycle" and d.direction.value == "horizontal"
+               for d in fused.fusion_log), show(fused)
+    torch.manual_seed(0)
+    want = _router_noise(scores)
+    compiled = coil.compile_graph(gm, [scores], opts)
+    torch.manual_seed(0)
+    got = compiled(scores)
+    torch.testing.assert_close(list(got), list(want))
+
+
+def test_a_reordering_that_leaves_out_steps_is_refused():
+    """plan_memory's reorderings are topological orders; one that misses a step (a
+    cycle among the steps) is an error, never a plan of a smaller peak."""
+    from coil.ir.fused import ExternStep
+    from coil.passes.plan_memory import _whole
+
+    steps = [ExternStep("buf0"), ExternStep("buf1"), ExternStep("buf2")]
+    assert _whole(steps[::-1], steps) == steps[::-1]
+    with pytest.raises(RuntimeError, match=r"\['buf1'\] lie on a cycle"):
+        _whole([steps[0], steps[2]], steps)
+
+
 def test_checkpointed_dropout_trains_with_eagers_masks():
     """A dropout inside a non-reentrant checkpoint (run_and_save_rng_state) and one
     outside it draw in the program's order, in the forward and the recompute."""
