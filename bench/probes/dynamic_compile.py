@@ -23,6 +23,13 @@ imply left out, each guard's equality read once per ShapeEnv); Inductor 84.8 s
 kept from an earlier run).  GPT-2's second call 1.93-1.97 s either way.  With OF=1,
 SizeMap.of on Swin's 48-pixel graph: 8.1 s cold and 1.5 s again before, 3.4 s and
 0.0 s after.
+
+Session 52 (the same VM, the census running on the other core): SizeMap.of summed
+over Swin's recompile (the link's key, the AOT graph's key, lower) 4.93 + 4.19 + 0.08
+s at 7c18ec6, 4.99 + 0.08 s at 5d6159f (the link keyed by the guards as Dynamo holds
+them, 5322b7d; guard_rules 1.96-2.27 -> 1.36-1.59 s on its equalities, 5d6159f).
+The whole second call took 38-50 s on either side in eight runs: this VM's noise is
+larger than the 4 s saved.
 """
 from __future__ import annotations
 
