@@ -501,7 +501,8 @@ def _whole(order: list[Step], steps: Sequence[Step]) -> list[Step]:
     step graph, which fuse's order rules out) would be a plan of a smaller peak,
     and chosen, with the rest of the program missing."""
     if len(order) != len(steps):
-        left = [s.nodes[0] for s in steps if s not in set(order)]
+        present = set(order)
+        left = [s.nodes[0] for s in steps if s not in present]
         raise RuntimeError(f"plan_memory: the steps of {left[:4]} lie on a cycle of data and order edges")
     return order
 
