@@ -121,7 +121,17 @@ function, which torch's key refuses, for Inductor too), and every verdict and
 figure was the first pass's: 52 ok, BigBird and Switch Transformers as before.
 
 Session 47, coil at e2ecaea (static lengths, the 54, inference and training): 106 of
-108 ok; BigBird's and Switch Transformers' training mismatch as before."""
+108 ok; BigBird's and Switch Transformers' training mismatch as before.
+
+Session 52, both lists at 7c18ec6 (SEQS=16,24): the 54, 104 of 108 ok, none eager (the
+4 mismatches of session 31, each as Inductor); MORE=1, 132 of 140 ok: JetMoE and
+Pegasus-X no longer run eagerly, DeepSeek-V2/V3 fail in Dynamo, NLLB-MoE and HGNet-V2
+training mismatch as before, RecurrentGemma's training fails eagerly, and PhiMoE's
+training forward ran eagerly: fuse had made a kernel that had to run both before and
+after its router's rand_like, and plan_memory's reorderings (which keep random draws
+in order since 36b3ab4) lost every step after it.  Fixed in e64fa58 (fuse's cycle
+check and step order take the draws' order as edges): PhiMoE's training compiles, and
+mismatches as before (no float64 reference; Inductor too)."""
 from __future__ import annotations
 
 import copy
