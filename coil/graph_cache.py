@@ -124,15 +124,19 @@ def _guard_keys(example_inputs: Sequence[Any]) -> list[str]:
     the AOT graph's guards into rules anyway, and reading the Dynamo graph's first
     cost Swin's recompile at a second image size 4.8 s (SizeMap.of, twice, 8.8 s
     before and 6.3 s after; this key 0.3 s, its guards printed).  Graphs whose
-    guards differ in spelling alone get two links to two entries, never one link."""
+    guards differ in spelling alone get two links to two entries, never one link;
+    the guards' order and repeats do not count."""
     from coil.passes.symbolic import _hint_of, _range_of, shape_env, size_leaves
 
     env = shape_env(example_inputs)
     if env is None:
         return []
-    guards = [env.replace(g.expr) for g in getattr(env, "guards", ())]
+    guards = {env.replace(g.expr) for g in getattr(env, "guards", ())}
     used: set[sympy.Symbol] = set()
-    out = [f"guard {g}" for g in guards]
+    # as a set, sorted: Dynamo's list of guards for one program differs between processes in
+    # order and repeats (Swin's: 259, 262, 264 guards, 231 distinct each time), and a link
+    # keyed by the list would miss in every new process
+    out = sorted(f"guard {g}" for g in guards)
     for g in guards:
         used |= g.free_symbols
     for x in example_inputs:

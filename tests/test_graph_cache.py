@@ -382,6 +382,12 @@ def _even_doubled(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
+def _even_sides_doubled(x: torch.Tensor) -> torch.Tensor:
+    torch._check(x.shape[0] % 2 == 0)
+    torch._check(x.shape[1] % 2 == 0)
+    return x * 2
+
+
 def _shifted(x: torch.Tensor, k: int) -> torch.Tensor:
     return x + k
 
@@ -412,6 +418,13 @@ def test_a_symbolic_link_is_keyed_by_the_guards_without_reading_them_into_rules(
     bounded = torch.randn(10, 4)
     torch._dynamo.mark_dynamic(bounded, 0, min=2, max=64)
     assert key(_doubled, (torch.randn(8, 4),), (bounded,)) not in (plain, None)
+    # Dynamo's list of guards for one program differs between processes in order and repeats
+    gm, inputs = _dynamo_graphs(_even_sides_doubled, [(torch.randn(8, 4),), (torch.randn(10, 6),)])[-1]
+    env = next(v for v in inputs if isinstance(v, torch.SymInt)).node.shape_env
+    first = graph_cache.dynamo_key(gm, inputs, opts)
+    assert len(env.guards) > 1
+    env.guards[:] = [*reversed(env.guards), env.guards[0]]
+    assert graph_cache.dynamo_key(gm, inputs, opts) == first
     x = torch.randn(4)
     positive = key(_shifted, (x, 3), (x, 5))
     assert positive is not None and positive == key(_shifted, (x, 4), (x, 6))
