@@ -47,6 +47,7 @@ from bench.hf_models import (ALL_MODELS, CHECK_STEPS, MODES, RMSE_MULTIPLIER, RM
                              Expected, Size, counting as coil_counting, expected, judge, make_case)
 from bench.hf_models import _loss as model_loss
 from bench.models_report import Writer, record_key
+from bench.measured import measured
 from bench.variants import Capture, first_call, make_callable
 
 COMPILE_MODES = ("default", "reduce-overhead")
@@ -655,8 +656,7 @@ def run(cfg: Config) -> Writer:
         }
         writer = Writer(cfg.out, file_name, run_info, notes, compile_modes, merge=cfg.merge)
         # --resume skips what this coil measured already: a record of another source is measured again
-        done = {record_key(r) for r in writer.kept if r.get("status") not in ("pending", "skipped")
-                and r.get("coil_source") == run_info["coil_source"]}
+        done = {record_key(r) for r in writer.kept if measured(r) and r.get("coil_source") == run_info["coil_source"]}
         cases: list[Case] = []
         for size_name in cfg.sizes:
             size = SIZES[size_name]

@@ -48,7 +48,7 @@ mkdir -p $OUT/r
 # a warm machine keeps /var/tmp between calls: resume from the last call's file there when it
 # holds more measured cases than the carried one (a call made before `collect` ran here)
 keep=/var/tmp/coil-pinned; mkdir -p $keep
-count() { python3 -c "import json,sys,os; p=sys.argv[1]; print(sum(r.get('status') in ('ok','ref','mismatch','error') for r in json.load(open(p))) if os.path.exists(p) else 0)" "$1"; }
+count() { python3 bench/measured.py "$1"; }
 if [ "$(count $keep/$N.json)" -gt "$(count bench/results/$N.json)" ]; then
     echo "resuming from this machine's last call ($(count $keep/$N.json) measured, carried $(count bench/results/$N.json))"
     cp $keep/$N.* bench/results/
@@ -84,17 +84,12 @@ collect)
     for json in "$src"/r/h200-$RUN.json "$src"/r/h100-$RUN.json; do
         [ -f "$json" ] || continue
         name=$(basename "$json" .json)
-        python3 - "$json" "bench/results/$name.json" <<'PY'
-import json, os, sys
-def done(path):
-    if not os.path.exists(path):
-        return 0
-    return sum(1 for r in json.load(open(path)) if r.get("status") in ("ok", "ref", "mismatch", "error"))
-new, old = done(sys.argv[1]), done(sys.argv[2])
-print(f"{os.path.basename(sys.argv[1])}: {new} records measured (the committed file: {old})")
-if new < old:
-    sys.exit(f"refused: {sys.argv[1]} has fewer measured records than {sys.argv[2]}")
-PY
+        new=$(python3 bench/measured.py "$json"); old=$(python3 bench/measured.py "bench/results/$name.json")
+        echo "$name.json: $new records measured (the committed file: $old)"
+        if [ "$new" -lt "$old" ]; then
+            echo "refused: $json has fewer measured records than bench/results/$name.json" >&2
+            exit 1
+        fi
         for dest in bench/results devsnap/bench/results; do
             [ -d "$dest" ] || continue
             chmod u+w "$dest/$name".* 2>/dev/null || true
