@@ -270,9 +270,11 @@ class Rows:
 @attrs.frozen
 class Split:
     xnumel: int
-    rnumel: int
+    rnumel: Any  # Size: an int, or an expression of the size symbols
     parts: int  # programs of the first stage per row (per block of columns)
-    chunk: int  # elements each reduces
+    # elements each reduces: an int, or (a symbolic row) RBLOCK * FloorDiv(r + parts*RBLOCK - 1,
+    # parts*RBLOCK), judged at the hint (passes/schedule/split.py)
+    chunk: Any
     xblock: int  # rows a program: 1, or a block of columns in memory
     columns: bool
     workspaces: tuple[tuple[str, torch.dtype], ...]  # (reduction node, dtype) of each partial result stored

@@ -128,6 +128,19 @@ def _even_chunk(s: Split, rsizes: tuple[Size, ...], shapes: ShapeInfo) -> bool:
     return s.parts <= shapes.hint(outer) and same_size(s.chunk, FloorDiv(outer + s.parts - 1, s.parts) * inner)
 
 
+def _chunks_cover(s: Split, r: Size, shapes: ShapeInfo, k: KernelSpec) -> bool:
+    """A split's parts cover its row, none of them empty; a symbolic row's chunk is
+    whole steps of the first launch's RBLOCK, `c * FloorDiv(r + parts*c - 1, parts*c)`
+    (the parts cover every length, the last ones empty below the hint: split.py)."""
+    if isinstance(r, int):
+        return isinstance(s.chunk, int) and s.parts * s.chunk >= r > (s.parts - 1) * s.chunk
+    c, rest = sympy.sympify(s.chunk).as_coeff_Mul()
+    if not (c.is_Integer and _power_of_2(int(c)) and s.parts <= max(shapes.hint(r), 1)):
+        return False
+    steps = not k.launches or int(c) % k.launches[0].config.rblock == 0
+    return steps and same_size(rest, FloorDiv(r + s.parts * int(c) - 1, s.parts * int(c)))
+
+
 def _power_of_2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -282,7 +295,7 @@ def _verify_space(p: KernelProgram, stage: str, k: KernelSpec) -> None:
             # an even split's rows are long, whatever the kind (a raised persistent threshold)
             ok = ((k.kind is KernelKind.REDUCTION or (s.even and k.kind is KernelKind.PERSISTENT)) and (s.xnumel, s.rnumel) == (n, r)
                   and s.parts > 0 and _power_of_2(s.xblock)
-                  and (s.even or s.parts * s.chunk >= r > (s.parts - 1) * s.chunk))  # an even one's chunk: K9
+                  and (s.even or _chunks_cover(s, r, p.shapes, k)))  # an even one's chunk: K9
     if not ok:
         fail(p, stage, k.name, f"K7 a {k.kind} kernel of group {k.group} cannot run on that space")
     for st in k.stages:

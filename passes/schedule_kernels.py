@@ -175,8 +175,8 @@ def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tu
                     shapes: ShapeInfo = EMPTY) -> KernelSpec:
     """One kernel's spec (drop_round_trips: its bodies keep float32 between ops).
     Symbolic sizes: configs from the hints, tiles where they hold for every size
-    (tiling.py), and no splits (a flat space or a row a program is right for
-    every size)."""
+    (tiling.py), and splits of a symbolic row judged at its hint, its parts a
+    number and their chunks an expression (split.py)."""
     n, r = k.group
     static = is_static(k.group)
     stored = {p.name for p in params if p.role is not ParamRole.IN}
@@ -197,11 +197,19 @@ def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tu
                and reads_down_columns(bufs, layouts, k.group, traits.columns))
     space = Rows(n, r, True, columns)
     splits = traits.splits
-    if splits is not None and static and n > 0 and (columns or splits_rows(k.group, splits)):
-        plan = split.plan_split(nodes, stages, k.group, columns, splits)
+    # a symbolic row is judged at its hint (split.py); a symbolic count of rows never splits
+    at_hint = (n, r if isinstance(r, int) else shapes.hint(r))
+    if (splits is not None and isinstance(n, int) and n > 0 and (static or _backed(r))
+            and (columns or splits_rows(at_hint, splits))):
+        plan = split.plan_split(nodes, stages, k.group, columns, splits, shapes)
         if plan is not None:
-            return _launched(k, plan.space, params, nodes, stages, layouts, traits, plan.rblock)
+            return _launched(k, plan.space, params, nodes, stages, layouts, traits, plan.rblock, shapes=shapes)
     return _launched(k, space, params, nodes, stages, layouts, traits, shapes=shapes)
+
+
+def _backed(r: Size) -> bool:
+    """A size whose hint is the inputs' (not a data-dependent size's guess)."""
+    return isinstance(r, int) or not any(is_unbacked_symbol(s) for s in r.free_symbols)
 
 
 def _launched(k: FusedKernel, space: Space, params: tuple[Param, ...], nodes: tuple[KernelNode, ...],

@@ -34,6 +34,7 @@ from coil.backends.triton.kernel import (
 from coil.ir.expr import Expr
 from coil.ir.kernel import KernelSpec, Loop, Outer, Role, Split
 from coil.ir.module import KernelSource
+from coil.ir.shapes import py_size
 from coil.passes.schedule.launch import combine_name
 from coil.passes.schedule.split import result_dtype
 
@@ -65,7 +66,9 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     memo: dict[Expr, str] = {}
     out.emit("rbase = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.spec.wide_index else ""))
     pid = "tl.program_id(0).to(tl.int64)" if ctx.spec.wide_index else "tl.program_id(0)"
-    out.emit(f"rstart = {pid} * {split.chunk}")
+    # a symbolic row's chunk (split.py: whole steps of RBLOCK) is computed from the sizes
+    chunk = split.chunk if isinstance(split.chunk, int) else f"({py_size(split.chunk)})"
+    out.emit(f"rstart = {pid} * {chunk}")
     emit_outer(ctx, out, split.prelude, registers, memo, store=False)  # stored once, by the combine
     loop = _loop(ctx)
     roots = sorted(loop_roots(ctx, loop), key=lambda n: n.role is not Role.REDUCTION)  # reductions first
@@ -73,7 +76,7 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     accs = {a.node: reductions.looped_init(out, a.reduction_type, ctx.spec.node(a.node).body.dtype, index_dt)
             for a in loop.accumulators}
     out.emit(f"# this program's {split.chunk} elements of the row: {', '.join(n.name for n in roots)}")
-    out.emit(f"for rstep in range(0, {split.chunk}, RBLOCK):")
+    out.emit(f"for rstep in range(0, {chunk}, RBLOCK):")
     out.indent += 1
     out.emit("roffset = rstart + rstep")
     out.indent -= 1

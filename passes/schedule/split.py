@@ -18,17 +18,32 @@ Only single-loop kernels split: no online softmax, no row-wide value after a
 reduction (those need the reduced value back in every program), no max/min of
 bools.  The order of the additions is fixed, so results do not vary from run to
 run.
+
+With a symbolic row length (a loss's mean over `s0` tokens, `x.sum()` of a
+dynamic batch) the split is judged at the hint, as a static one: how many parts
+(`parts`, a number, so the grid and the workspaces stay static).  Each part's
+chunk is then the row's length over the parts, rounded up to whole steps of
+RBLOCK: `RBLOCK * FloorDiv(r + parts*RBLOCK - 1, parts*RBLOCK)`, an expression of
+the sizes the kernel computes.  The parts cover every length; a call with a row
+shorter than the hint leaves the last parts empty, and their partial results are
+the reduction's identity, which the combine merges as it merges masked lanes.
+Not for argmax/argmin (an empty part's index would stand beside real ones) nor
+rows whose count is symbolic.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import attrs
 import torch
 
+import sympy
+
+from coil.ir.indexing import FloorDiv
 from coil.ir.kernel import Loop, Outer, Role, Split, Stage
 from coil.ir.kernel import KernelNode
+from coil.ir.shapes import EMPTY, ShapeInfo
 from coil.options import SplitTraits
 from coil.passes.schedule.launch import cdiv, next_power_of_2
 from coil.passes.schedule.loops import has_bool_extreme
@@ -67,17 +82,38 @@ class SplitPlan:
     rblock: int
 
 
-def plan_split(nodes: Sequence[KernelNode], stages: Sequence[Stage], group: tuple[int, int], columns: bool,
-               traits: SplitTraits) -> SplitPlan | None:
+# the reductions a symbolic split may leave parts of empty: their identity merges as nothing
+EMPTY_PARTS_MERGE = frozenset({"sum", "prod", "max", "min", "welford_m2"})
+
+
+def symbolic_chunk(rnumel: sympy.Expr, parts: int, rblock: int) -> sympy.Expr:
+    """Each of `parts` programs' share of a symbolic row: whole steps of rblock."""
+    return rblock * FloorDiv(rnumel + parts * rblock - 1, parts * rblock)
+
+
+def plan_split(nodes: Sequence[KernelNode], stages: Sequence[Stage], group: tuple[Any, Any], columns: bool,
+               traits: SplitTraits, shapes: ShapeInfo = EMPTY) -> SplitPlan | None:
     """The split of a looped reduction kernel whose rows are few and long (or whose
-    columns are long: `columns`), or None when it runs one program a row."""
+    columns are long: `columns`), or None when it runs one program a row.  A
+    symbolic row is judged at its hint (the module's docstring)."""
     loops = [s for s in stages if isinstance(s, Loop)]
     reds = [n for n in nodes if n.role is Role.REDUCTION]
     if not reds or len(loops) != 1 or loops[0].level != 0 or has_bool_extreme(reds):
         return None
     if any(a.partner is not None or a.second_pass for a in loops[0].accumulators):  # online, or two passes
         return None
-    rows, rnumel = group
+    rows, r = group
+    if not isinstance(rows, int):
+        return None
+    if not isinstance(r, int):
+        if any(n.reduction_type not in EMPTY_PARTS_MERGE for n in reds):
+            return None
+        plan = plan_split(nodes, stages, (rows, shapes.hint(r)), columns, traits)
+        if plan is None:
+            return None
+        parts, rblock = plan.space.parts, plan.rblock
+        return SplitPlan(attrs.evolve(plan.space, rnumel=r, chunk=symbolic_chunk(r, parts, rblock)), rblock)
+    rnumel = r
     # the first launch computes every node of outer stage 0 before its loop
     prelude = next((st.nodes for st in stages if isinstance(st, Outer) and st.level == 0), ())
     workspaces = tuple((n.name, dt) for n in reds for dt in partial_dtypes(n.reduction_type or "", n.body.dtype))
