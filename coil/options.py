@@ -386,7 +386,8 @@ class Options:
     # applies that rule on the CPU only (should_realize_on_cpu) and recomputes such a
     # node in every reader on a GPU: with it off, ResNet's BatchNorm backward is 2
     # kernels, not 3 (bench/probes/README.md).  Off for Triton is not measured on a
-    # GPU yet; "off" tries it
+    # GPU yet; "off" tries it.  "off" turns off the broadcast rule too (a transcendental
+    # over few elements, a rotary table's sin, read over many: realize.py)
     realize_reuse: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
     # realize's lifetime rule: a pointwise node whose readers run far later (more than
     # realize.LIFETIME_SPAN nodes) and whose inputs die at it, holding at least twice

@@ -64,6 +64,7 @@ class Rule(enum.StrEnum):
     READS_THRESHOLD = "reads_threshold"  # too many distinct reads to inline into several readers
     REUSE = "reuse"  # read whole by several readers while itself reading several tensors
     ACC_READS_THRESHOLD = "acc_reads_threshold"  # reads too many buffers to be inlined
+    BROADCAST = "broadcast"  # costly ops over few elements that a reader repeats over many (a rotary table's sin)
     MUTATION = "mutation"  # reads a buffer that is mutated before its last reader runs
     LIFETIME = "lifetime"  # its readers run far later; realized, the larger inputs dying at it are freed
     OUTPUT_STRIDE = "output_stride"  # a copy that holds an output to the strides FX promised

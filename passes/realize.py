@@ -22,6 +22,16 @@ realized a buffer is stored on it:
     reads_threshold   several readers and more reads than realize_reads_threshold
     opcount_threshold several readers and more ops than realize_opcount_threshold
     acc_reads_threshold  the inlined body reads more buffers than realize_acc_reads_threshold
+    broadcast         its body holds a transcendental (an op of streams.OP_COST at least
+                      BROADCAST_COST: a sin, an exp; not a square root or a division)
+                      and a pointwise reader runs over at least BROADCAST_READ times
+                      its elements: inlined, the reader would compute it again for
+                      every element it reads it at (a rotary table's sin and cos, read
+                      by every head and batch row: ModernBERT's backward computed six
+                      of them for each element of its query-key-value gradient, 83 µs
+                      a layer on the H100 against Inductor's 39).  Not a row's
+                      statistic (it reads a reduction, whose kernel computes it once a
+                      row); unless Options.realize_reuse is off
     mutation          a later op mutates something it reads while a reader still needs it
     lifetime          its readers run more than LIFETIME_SPAN nodes later, and the
                       buffers that die at it (it is the last to read them) hold at
@@ -102,12 +112,17 @@ from coil.ir.lowered import (
 from coil.ir.shapes import EMPTY, ShapeInfo, Size, free_size_symbols, is_size_symbol, is_static, is_unbacked_symbol, norm
 from coil.options import Options
 from coil.passes.collectives import pair_collectives
+from coil.passes.schedule.streams import OP_COST
 
 log = logging.getLogger("coil.trace")
 
 # realize's reuse rule counts a read as nontrivial only when what it reads has more
 # than 1/BROADCAST_READ of the node's elements
 BROADCAST_READ = 16
+# the broadcast rule: a node whose body holds an op costing at least this (streams.OP_COST: a
+# transcendental, not a square root or a division), read by a pointwise node over
+# BROADCAST_READ times its elements, is realized
+BROADCAST_COST = 8
 # the lifetime rule: a node whose readers come more than LIFETIME_SPAN nodes later
 # (in the lowered graph's order) and whose dying inputs hold at least twice its bytes,
 # and at least 1/LIFETIME_SHARE of the graph's input bytes, is realized where it stands
@@ -116,7 +131,8 @@ LIFETIME_SHARE = 16
 # the rules that realize a node only to spare its readers recomputing it: such a
 # node whose value is a lossless widening of a narrower float (bfloat16 -> float32)
 # is stored narrow, and its readers widen what they load
-HEURISTIC_RULES = frozenset({Rule.REUSE, Rule.READS_THRESHOLD, Rule.OPCOUNT_THRESHOLD, Rule.ACC_READS_THRESHOLD})
+HEURISTIC_RULES = frozenset({Rule.REUSE, Rule.READS_THRESHOLD, Rule.OPCOUNT_THRESHOLD, Rule.ACC_READS_THRESHOLD,
+                             Rule.BROADCAST})
 _WIDER = {torch.bfloat16: (torch.float32, torch.float64), torch.float16: (torch.float32, torch.float64),
           torch.float32: (torch.float64,)}
 
@@ -297,6 +313,7 @@ class _Realizer:
         self.env: dict[str, _Entry] = {}
         self.inputs: list[InputBuffer] = []
         self.buffers: list[Buffer] = []
+        self.buffer_named: dict[str, Buffer] = {}
         self.layouts: dict[str, Layout] = {}
         self.rows: dict[str, RealizeRow] = {}
         self.inlined_into: dict[str, list[str]] = defaultdict(list)
@@ -365,6 +382,7 @@ class _Realizer:
         name = f"buf{len(self.buffers)}"
         buf = make(name)
         self.buffers.append(buf)
+        self.buffer_named[name] = buf
         if buf.layout is not None:
             self.layouts[name] = buf.layout
         self.env[lnode_name] = _Realized(name)
@@ -414,6 +432,24 @@ class _Realizer:
             return Rule.REUSE
         return None
 
+    def broadcast_rule(self, node: Pointwise, body: Expr) -> Rule | None:
+        """Rule.BROADCAST when the body is costly and a reader repeats it over at least
+        BROADCAST_READ times its elements (the module docstring)."""
+        if not self.o.realizes_reused() or not any(isinstance(e, Op) and OP_COST.get(e.name, 1) >= BROADCAST_COST
+                                                   for e in walk(body)):
+            return None
+        # a row's statistic (a log of a sum, a reciprocal of a norm) is computed once a row
+        # where its reduction's kernel takes it in: no repeat to spare
+        if any(isinstance(b := self.buffer_named.get(n), ComputedBuffer) and b.reduction_type is not None
+               for n in read_names(body)):
+            return None
+        own = self.shapes.hint(numel(node.ranges))
+        for r in self.readers.get(node.name, []):
+            reader = self.g.node(r)
+            if isinstance(reader, Pointwise) and self.shapes.hint(numel(reader.ranges)) >= BROADCAST_READ * max(own, 1):
+                return Rule.BROADCAST
+        return None
+
     def mutation_rule(self, node: LNode, body: Expr) -> Rule | None:
         here = self.pos[node.name]
         reads = set(read_names(body))
@@ -438,7 +474,8 @@ class _Realizer:
             return Rule.FREE_OUTPUT_BASE
         if not readers:
             return None
-        rule = self.multi_reader_rule(node.name, body) if not isinstance(node, View) else None
+        rule = (self.multi_reader_rule(node.name, body) or self.broadcast_rule(node, body)
+                if not isinstance(node, View) else None)
         if rule:
             return rule
         if len(read_names(body)) > self.o.realize_acc_reads_threshold:

@@ -406,3 +406,46 @@ def test_no_lifetime_realization_where_the_reader_is_near_or_nothing_dies():
     a, x, y = torch.randn(64, 32).bfloat16(), torch.randn(64, 8), torch.randn(8, 32)
     assert not _row(run_until(near, [a, x, y], "realize"), "add").realized
     assert not _row(run_until(keeps, [a, x, y, torch.randn(4)], "realize"), "add").realized
+
+
+def _rotary(x, pos):
+    """A rotary table's cos and sin over (sequence, dim), read by every head and row."""
+    freqs = pos[:, None] * torch.arange(1, 5, dtype=torch.float32)[None, :]
+    return x * freqs.cos() + x.flip(-1) * freqs.sin()
+
+
+def test_a_costly_table_read_over_many_more_elements_is_realized():
+    """The broadcast rule: a table's cos and sin (16 x 4) read by a node over
+    (4, 8, 16, 4), 32 times their elements, are computed once into buffers; inlined,
+    the reader would compute them again for each of its elements.  A cheap table
+    (a product) and a costly one read over fewer than BROADCAST_READ times its
+    elements stay inlined."""
+    from coil.passes.realize import BROADCAST_READ
+
+    x, pos = torch.randn(4, 8, 16, 4), torch.arange(16, dtype=torch.float32)
+    bg = run_until(_rotary, [x, pos], "realize")
+    for fx in ("cos", "sin"):
+        row = _row(bg, fx)
+        assert row.realized and row.rule == "broadcast", row
+        assert bg.get(row.buffer).layout.size == (16, 4)
+    (out,) = [b for b in bg.buffers if isinstance(b, ComputedBuffer) and b.rule == "output"]
+    assert not any(isinstance(e, coil.ir.expr.Op) and e.name in ("cos", "sin") for e in coil.ir.expr.walk(out.body))
+    torch.testing.assert_close(run_buffer_graph(bg, [x, pos])[0], _rotary(x, pos))
+    # fewer rows and heads: 2 x 4 = 8 < BROADCAST_READ reads of each table element
+    assert 2 * 4 < BROADCAST_READ
+    few = run_until(_rotary, [torch.randn(2, 4, 16, 4), pos], "realize")
+    assert not _row(few, "cos").realized and not _row(few, "sin").realized
+    # a cheap table: inlined, whatever the ratio
+    cheap = run_until(lambda x, pos: x * (pos[:, None] * 2.0), [x, pos], "realize")
+    assert not _row(cheap, "mul").realized
+    # with the reuse rules off (Options.realize_reuse), inlined as before
+    off = run_until(_rotary, [x, pos], "realize", realize_reuse="off")
+    assert not _row(off, "cos").realized
+
+
+def test_a_realized_rotary_table_compiles_and_matches_eager():
+    """End to end, on the reference and C++ targets: the same values as eager."""
+    x, pos = torch.randn(4, 8, 16, 4), torch.arange(16, dtype=torch.float32)
+    for target in ("reference", "cpp"):
+        f = torch.compile(_rotary, backend="coil", options={"target": target, "graph_cache": False})
+        torch.testing.assert_close(f(x, pos), _rotary(x, pos))
