@@ -719,9 +719,9 @@ def judge(got: dict[str, Any], want: Expected, multiplier: float = RMSE_MULTIPLI
 
 
 def run_case(name: str, mode: str, device: str = "cpu", target: str = "cpp",
-             options: dict[str, Any] | None = None, attn: str | None = None) -> CaseResult:
+             options: dict[str, Any] | None = None, attn: str | None = None, size: Size = TINY) -> CaseResult:
     """Build, run eagerly, compile with coil and run, compare.  `attn` overrides
-    the model's attention implementation ("sdpa", "eager").  An exception while
+    the model's attention implementation ("sdpa", "eager"); `size` the tests' size.  An exception while
     compiling or running coil's model propagates as the CoilError behind it when
     there is one."""
     import torch._dynamo
@@ -729,7 +729,7 @@ def run_case(name: str, mode: str, device: str = "cpu", target: str = "cpp",
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     start = time.perf_counter()
-    model, inputs = make_case(name, mode, device, attn)
+    model, inputs = make_case(name, mode, device, attn, size)
     step = CHECK_STEPS[mode]
     want = expected(model, inputs, mode)
 
