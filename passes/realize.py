@@ -29,7 +29,9 @@ realized a buffer is stored on it:
                       every element it reads it at (a rotary table's sin and cos, read
                       by every head and batch row: ModernBERT's backward computed six
                       of them for each element of its query-key-value gradient, 83 µs
-                      a layer on the H100 against Inductor's 39).  Not a row's
+                      a layer on the H100 against Inductor's 39).  Not a node of
+                      fewer than BROADCAST_MIN elements (AdamW's bias corrections,
+                      one number a parameter: a kernel each would cost more), nor a row's
                       statistic (it reads a reduction, whose kernel computes it once a
                       row); unless Options.realize_reuse is off
     mutation          a later op mutates something it reads while a reader still needs it
@@ -123,6 +125,9 @@ BROADCAST_READ = 16
 # transcendental, not a square root or a division), read by a pointwise node over
 # BROADCAST_READ times its elements, is realized
 BROADCAST_COST = 8
+# ... and holds at least this many elements: a few numbers (AdamW's bias corrections,
+# `1 - beta ** step`, one per parameter) cost a kernel of their own more than their ops
+BROADCAST_MIN = 256
 # the lifetime rule: a node whose readers come more than LIFETIME_SPAN nodes later
 # (in the lowered graph's order) and whose dying inputs hold at least twice its bytes,
 # and at least 1/LIFETIME_SHARE of the graph's input bytes, is realized where it stands
@@ -444,6 +449,8 @@ class _Realizer:
                for n in read_names(body)):
             return None
         own = self.shapes.hint(numel(node.ranges))
+        if own < BROADCAST_MIN:
+            return None
         for r in self.readers.get(node.name, []):
             reader = self.g.node(r)
             if isinstance(reader, Pointwise) and self.shapes.hint(numel(reader.ranges)) >= BROADCAST_READ * max(own, 1):

@@ -96,16 +96,17 @@ def test_model(name: str, mode: str, attn: str | None, device: str, monkeypatch:
 @pytest.mark.parametrize("mode", MODES)
 def test_rotary_tables_are_computed_once_with_many_heads(name: str, mode: str, caplog: pytest.LogCaptureFixture
                                                          ) -> None:
-    """With 16 heads a rotary table's cos and sin are read by 16 times their
-    elements and more: realize's broadcast rule makes them buffers (at the tests' 4
-    heads, and the suite's small size, they stay inlined).  The model still matches
+    """With 16 heads a rotary table's cos and sin (128 positions) are read by 16
+    times their elements and more: realize's broadcast rule makes them buffers (at
+    the tests' 4 heads, and the small size's 8, they stay inlined but ModernBERT's,
+    whose table has no batch dim).  The model still matches
     eager, and no graph runs eagerly."""
     from dataclasses import replace
 
     from bench.hf_models import TINY
 
     with caplog.at_level(logging.DEBUG, logger="coil.trace"):
-        result = run_case(name, mode, "cpu", "cpp", size=replace(TINY, heads=16))
+        result = run_case(name, mode, "cpu", "cpp", size=replace(TINY, heads=16, seq=128))
     print(result.line())
     assert not result.counts.eager_fallbacks and result.verdict.passed, result.verdict.reason
     realized = [m for m in caplog.messages if m.startswith("realize ") and m.endswith("rule broadcast")]

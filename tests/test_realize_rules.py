@@ -410,31 +410,35 @@ def test_no_lifetime_realization_where_the_reader_is_near_or_nothing_dies():
 
 def _rotary(x, pos):
     """A rotary table's cos and sin over (sequence, dim), read by every head and row."""
-    freqs = pos[:, None] * torch.arange(1, 5, dtype=torch.float32)[None, :]
+    freqs = pos[:, None] * torch.arange(1, 9, dtype=torch.float32)[None, :]
     return x * freqs.cos() + x.flip(-1) * freqs.sin()
 
 
 def test_a_costly_table_read_over_many_more_elements_is_realized():
-    """The broadcast rule: a table's cos and sin (16 x 4) read by a node over
-    (4, 8, 16, 4), 32 times their elements, are computed once into buffers; inlined,
+    """The broadcast rule: a table's cos and sin (32 x 8) read by a node over
+    (4, 8, 32, 8), 32 times their elements, are computed once into buffers; inlined,
     the reader would compute them again for each of its elements.  A cheap table
-    (a product) and a costly one read over fewer than BROADCAST_READ times its
-    elements stay inlined."""
-    from coil.passes.realize import BROADCAST_READ
+    (a product), a costly one read over fewer than BROADCAST_READ times its
+    elements, and a costly one of fewer than BROADCAST_MIN elements stay inlined."""
+    from coil.passes.realize import BROADCAST_MIN, BROADCAST_READ
 
-    x, pos = torch.randn(4, 8, 16, 4), torch.arange(16, dtype=torch.float32)
+    x, pos = torch.randn(4, 8, 32, 8), torch.arange(32, dtype=torch.float32)
     bg = run_until(_rotary, [x, pos], "realize")
     for fx in ("cos", "sin"):
         row = _row(bg, fx)
         assert row.realized and row.rule == "broadcast", row
-        assert bg.get(row.buffer).layout.size == (16, 4)
+        assert bg.get(row.buffer).layout.size == (32, 8)
     (out,) = [b for b in bg.buffers if isinstance(b, ComputedBuffer) and b.rule == "output"]
     assert not any(isinstance(e, coil.ir.expr.Op) and e.name in ("cos", "sin") for e in coil.ir.expr.walk(out.body))
     torch.testing.assert_close(run_buffer_graph(bg, [x, pos])[0], _rotary(x, pos))
     # fewer rows and heads: 2 x 4 = 8 < BROADCAST_READ reads of each table element
     assert 2 * 4 < BROADCAST_READ
-    few = run_until(_rotary, [torch.randn(2, 4, 16, 4), pos], "realize")
+    few = run_until(_rotary, [torch.randn(2, 4, 32, 8), pos], "realize")
     assert not _row(few, "cos").realized and not _row(few, "sin").realized
+    # a small table: 16 x 8 < BROADCAST_MIN elements, read 32 times each
+    assert 16 * 8 < BROADCAST_MIN
+    small = run_until(_rotary, [torch.randn(4, 8, 16, 8), pos[:16]], "realize")
+    assert not _row(small, "cos").realized
     # a cheap table: inlined, whatever the ratio
     cheap = run_until(lambda x, pos: x * (pos[:, None] * 2.0), [x, pos], "realize")
     assert not _row(cheap, "mul").realized
@@ -445,7 +449,7 @@ def test_a_costly_table_read_over_many_more_elements_is_realized():
 
 def test_a_realized_rotary_table_compiles_and_matches_eager():
     """End to end, on the reference and C++ targets: the same values as eager."""
-    x, pos = torch.randn(4, 8, 16, 4), torch.arange(16, dtype=torch.float32)
+    x, pos = torch.randn(4, 8, 32, 8), torch.arange(32, dtype=torch.float32)
     for target in ("reference", "cpp"):
         f = torch.compile(_rotary, backend="coil", options={"target": target, "graph_cache": False})
         torch.testing.assert_close(f(x, pos), _rotary(x, pos))
