@@ -176,9 +176,9 @@ class _Fuser:
         model is Triton's; a target whose column rule counts stores (the C++
         target's loop nests) decides in its nests."""
         columns = self.o.traits().columns
-        if columns.stores_count or not gt(grp[1], 1) or not is_static(grp):
+        if columns.stores_count or not self.reduces(grp):
             return None
-        alone = [g for g in (a, b) if gt(g.group[1], 1) and self.down_columns(g.nodes, g.group)]
+        alone = [g for g in (a, b) if self.reduces(g.group) and self.down_columns(g.nodes, g.group)]
         # a node walked in a reduction's order (ComputedBuffer.inner_order) walks its
         # columns: in a kernel that runs rows, one a program, its reads and its store
         # would stride (ConvNeXt's LayerNorm gradient beside its weight's, whose
@@ -192,13 +192,17 @@ class _Fuser:
                     f"would not (one column a program)")
         return f"columns: {ordered[0]} walks the reduction's columns, and the kernel would not read down them"
 
+    def reduces(self, grp: tuple[Size, Size]) -> bool:
+        """Whether the group's rows hold more than one element (a symbolic row: at its hint)."""
+        return gt(grp[1], 1) if is_static(grp) else self.g.shapes.hint(grp[1]) > 1
+
     def down_columns(self, nodes: tuple[str, ...], grp: tuple[Size, Size]) -> bool:
         """reads_down_columns of these nodes in this group, remembered."""
         key = (nodes, grp)
         hit = self._columns.get(key)
         if hit is None:
             hit = self._columns[key] = reads_down_columns([self.bufs[n] for n in nodes], self.layouts, grp,
-                                                          self.o.traits().columns)
+                                                          self.o.traits().columns, self.g.shapes)
         return hit
 
     def in_registers(self, consumer: str, producer: str, grp: tuple[int, int]) -> bool:

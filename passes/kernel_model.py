@@ -179,16 +179,19 @@ def down_columns(reads: Steps, stores: Steps, run: int, traits: ColumnTraits) ->
 
 
 def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout],
-                       group: tuple[int, int], traits: ColumnTraits) -> bool:
+                       group: tuple[Size, Size], traits: ColumnTraits, shapes: ShapeInfo = EMPTY) -> bool:
     """down_columns of a reduction kernel's flat xindex / rindex, Triton's: the
     steps of every read from outside the kernel by its reduction and inner nodes,
     and xindex as one run of numel (a block of columns a program loads along it,
     whatever runs the layout cuts it in); no stores (Triton's traits count none).
     Such a kernel reads coalesced only with a block of neighbouring columns a
     program; one column a program reads one element of every 32-byte sector it
-    fetches."""
-    if not gt(group[1], 1) or not is_static(group):
-        return False  # no reduction; or symbolic sizes: the usual row a program, right for every size
+    fetches.  With symbolic sizes the steps are expressions of the size symbols (a
+    stride s1), and the run and the row's length are judged at the hints: a block of
+    columns a program is right for every size, as a row a program is."""
+    static = is_static(group)
+    if not (gt(group[1], 1) if static else shapes.hint(group[1]) > 1):
+        return False  # no reduction
     inside = {b.name for b in nodes}
     steps: list[tuple[sympy.Expr, sympy.Expr]] = []
     for b in nodes:
@@ -201,7 +204,7 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
             off = load_position(ld, layouts[ld.name], m, group)
             steps.append((offset_step(off, XINDEX), offset_step(off, RINDEX)))
     assert not traits.stores_count, "reads_down_columns gathers no stores"
-    return down_columns(steps, (), group[0], traits)
+    return down_columns(steps, (), group[0] if static else shapes.hint(group[0]), traits)
 
 
 def kernel_layouts(g: ScheduleGraph) -> dict[str, Layout]:

@@ -194,7 +194,7 @@ def schedule_kernel(k: FusedKernel, bufs: tuple[ComputedBuffer, ...], params: tu
     if k.kind is KernelKind.POINTWISE:  # reductions over at most one element, looped all the same
         return _launched(k, flat, params, nodes, stages, layouts, traits, shapes=shapes)
     columns = (traits.column_loop_min is not None
-               and reads_down_columns(bufs, layouts, k.group, traits.columns))
+               and reads_down_columns(bufs, layouts, k.group, traits.columns, shapes))
     space = Rows(n, r, True, columns)
     splits = traits.splits
     # a symbolic row is judged at its hint (split.py); a symbolic count of rows never splits

@@ -816,8 +816,8 @@ def test_a_long_symbolic_sum_is_split_among_threads() -> None:
 def test_a_long_symbolic_row_splits_on_triton_at_its_hint(case: str) -> None:
     """A reduction of few rows whose length is symbolic (a loss's mean over the
     tokens, x.sum() of a dynamic batch, x.sum(0) of 64 columns down a dynamic count
-    of rows, each column a row of the kernel) is split as a static one of its hint's
-    length is: a number of parts, so the grid
+    of rows, a block of neighbouring columns a program) is split as a static one of
+    its hint's length is: a number of parts, so the grid
     and workspaces are static, each reducing RBLOCK * FloorDiv(r + parts*RBLOCK - 1,
     parts*RBLOCK) elements.  Calls longer and shorter than the hint (parts left
     empty) match eager.  Before, such a kernel ran one program a row: dynamic
@@ -849,8 +849,8 @@ def test_a_long_symbolic_row_splits_on_triton_at_its_hint(case: str) -> None:
     r, rblock = k.group[1], k.launches[0].config.rblock
     assert sympy.simplify(k.space.chunk - rblock * FloorDiv(r + k.space.parts * rblock - 1,
                                                             k.space.parts * rblock)) == 0, k.space
-    if case == "column_sum":  # symbolic sizes read no block of columns (kernel_model.reads_down_columns)
-        assert not k.space.columns and k.space.xblock == 1, k.space
+    if case == "column_sum":  # a block of neighbouring columns a program (kernel_model.reads_down_columns)
+        assert k.space.columns and k.space.xblock > 1, k.space
     if case == "sum":  # the verifier refuses chunks that may leave the row's end out, or cross a step
         from coil.ir.verify_kernel import verify_kernel_program
 
@@ -868,6 +868,58 @@ def test_a_long_symbolic_row_splits_on_triton_at_its_hint(case: str) -> None:
         torch.testing.assert_close(f(*args), fn(*args), atol=1e-4, rtol=1e-4)
     assert counters["stats"]["unique_graphs"] == 1
     assert counters["coil"]["compiled"] == 1 and counters["coil"]["eager"] == 0
+
+
+def test_a_symbolic_column_sum_reads_blocks_of_columns_on_triton() -> None:
+    """x.sum(0) of a row-major x, both sizes symbolic, and a LayerNorm's weight
+    gradient under dynamic=True: on Triton each program reduces a block of
+    neighbouring columns, every step a coalesced tile, as a static kernel does
+    (kernel_model.reads_down_columns judges the steps, the stride s1, and the run at
+    the hints).  Before, a symbolic one ran one column a program, one element of
+    every sector it fetched.  Sizes other than the hints, and a single column, match
+    eager."""
+    from coil.ir.kernel import Rows
+    from tests_helpers import capture_aot
+
+    gm, example = capture_aot(lambda x: x.sum(0), (torch.randn(300, 96),))
+    kp = coil.default_pipeline().run(gm, example, until="schedule_kernels", options=Options(target="triton"))
+    (k,) = kp.specs
+    assert isinstance(k.space, Rows) and k.space.columns, k.space
+    (ln,) = k.launches
+    assert ln.config.xblock > 1 and "columns" in ln.why, ln
+    f = _compiled(lambda x: x.sum(0), "triton", dynamic=True)
+    for shape in ((300, 96), (517, 130), (2, 3), (1000, 1)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(f(x), x.sum(0), atol=1e-4, rtol=1e-4)
+
+    # the LayerNorm's backward graph, as dynamic=True hands it over: its weight's
+    # gradient sums 48 columns down s0 rows
+    from torch._dynamo import reset
+    from torch._dynamo.backends.common import aot_autograd
+
+    got: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def keep(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        got.append((gm, list(example)))
+        return gm.forward
+
+    reset()
+    norm = torch.nn.LayerNorm(48)
+    torch.compile(norm, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), dynamic=True)(
+        torch.randn(64, 48, requires_grad=True)).square().sum().backward()
+    reset()
+    backward = coil.default_pipeline().run(*got[-1], until="schedule_kernels", options=Options(target="triton"))
+    assert any(isinstance(k.space, Rows) and k.space.columns and str(k.group[1]) == "s0" for k in backward.specs), \
+        [(k.group, k.space) for k in backward.specs]
+    f = _compiled(norm, "triton", dynamic=True)
+    for rows in (64, 130, 7):
+        x = torch.randn(rows, 48)
+        norm.zero_grad()
+        f(x).square().sum().backward()
+        mine = norm.weight.grad.clone()
+        norm.zero_grad()
+        norm(x).square().sum().backward()
+        torch.testing.assert_close(mine, norm.weight.grad, atol=1e-3, rtol=1e-3)
 
 
 def test_a_symbolic_column_sum_runs_in_lanes() -> None:
