@@ -36,9 +36,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import attrs
-import torch
-
 import sympy
+import torch
 
 from coil.ir.indexing import FloorDiv
 from coil.ir.kernel import Loop, Outer, Role, Split, Stage
