@@ -43,6 +43,7 @@ from coil.passes.kernel_model import (
     kernel_layouts,
     node_role,
     reads_down_columns,
+    reduces,
     reads_in_registers,
     splits_rows,
 )
@@ -176,9 +177,9 @@ class _Fuser:
         model is Triton's; a target whose column rule counts stores (the C++
         target's loop nests) decides in its nests."""
         columns = self.o.traits().columns
-        if columns.stores_count or not self.reduces(grp):
+        if columns.stores_count or not reduces(grp, self.g.shapes):
             return None
-        alone = [g for g in (a, b) if self.reduces(g.group) and self.down_columns(g.nodes, g.group)]
+        alone = [g for g in (a, b) if reduces(g.group, self.g.shapes) and self.down_columns(g.nodes, g.group)]
         # a node walked in a reduction's order (ComputedBuffer.inner_order) walks its
         # columns: in a kernel that runs rows, one a program, its reads and its store
         # would stride (ConvNeXt's LayerNorm gradient beside its weight's, whose
@@ -191,10 +192,6 @@ class _Fuser:
             return (f"columns: {alone[0].name} reads down columns, and fused with {other.name} the kernel "
                     f"would not (one column a program)")
         return f"columns: {ordered[0]} walks the reduction's columns, and the kernel would not read down them"
-
-    def reduces(self, grp: tuple[Size, Size]) -> bool:
-        """Whether the group's rows hold more than one element (a symbolic row: at its hint)."""
-        return gt(grp[1], 1) if is_static(grp) else self.g.shapes.hint(grp[1]) > 1
 
     def down_columns(self, nodes: tuple[str, ...], grp: tuple[Size, Size]) -> bool:
         """reads_down_columns of these nodes in this group, remembered."""

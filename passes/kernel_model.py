@@ -178,6 +178,11 @@ def down_columns(reads: Steps, stores: Steps, run: int, traits: ColumnTraits) ->
     return any(dx == 1 and dr != 0 for dx, dr in reads)
 
 
+def reduces(group: tuple[Size, Size], shapes: ShapeInfo = EMPTY) -> bool:
+    """Whether a group's rows hold more than one element (a symbolic row: at its hint)."""
+    return gt(group[1], 1) if is_static(group) else shapes.hint(group[1]) > 1
+
+
 def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout],
                        group: tuple[Size, Size], traits: ColumnTraits, shapes: ShapeInfo = EMPTY) -> bool:
     """down_columns of a reduction kernel's flat xindex / rindex, Triton's: the
@@ -189,9 +194,8 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
     fetches.  With symbolic sizes the steps are expressions of the size symbols (a
     stride s1), and the run and the row's length are judged at the hints: a block of
     columns a program is right for every size, as a row a program is."""
-    static = is_static(group)
-    if not (gt(group[1], 1) if static else shapes.hint(group[1]) > 1):
-        return False  # no reduction
+    if not reduces(group, shapes):
+        return False
     inside = {b.name for b in nodes}
     steps: list[tuple[sympy.Expr, sympy.Expr]] = []
     for b in nodes:
@@ -204,7 +208,7 @@ def reads_down_columns(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, La
             off = load_position(ld, layouts[ld.name], m, group)
             steps.append((offset_step(off, XINDEX), offset_step(off, RINDEX)))
     assert not traits.stores_count, "reads_down_columns gathers no stores"
-    return down_columns(steps, (), group[0] if static else shapes.hint(group[0]), traits)
+    return down_columns(steps, (), group[0] if isinstance(group[0], int) else shapes.hint(group[0]), traits)
 
 
 def kernel_layouts(g: ScheduleGraph) -> dict[str, Layout]:

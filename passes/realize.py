@@ -453,7 +453,7 @@ class _Realizer:
             return None
         for r in self.readers.get(node.name, []):
             reader = self.g.node(r)
-            if isinstance(reader, Pointwise) and self.shapes.hint(numel(reader.ranges)) >= BROADCAST_READ * max(own, 1):
+            if isinstance(reader, Pointwise) and self.shapes.hint(numel(reader.ranges)) >= BROADCAST_READ * own:
                 return Rule.BROADCAST
         return None
 

@@ -135,7 +135,7 @@ def _may_hold_rows(k: FusedKernel, spec: KernelSpec, limit: int, shapes: ShapeIn
     r = k.group[1]
     if isinstance(r, int) or not spec.launches or not isinstance(spec.space, Rows):
         return False
-    if not spec.space.looped or spec.space.columns or any(is_unbacked_symbol(s) for s in r.free_symbols):
+    if not spec.space.looped or spec.space.columns or not _backed(r):
         return False
     return shapes.hint(r) <= limit and not shapes.known_le(r, limit)
 

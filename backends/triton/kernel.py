@@ -33,7 +33,7 @@ for the nodes after it; it is stored where the spec gives it a store position.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import attrs
 import sympy
@@ -84,6 +84,12 @@ class KernelContext:
 
 
 # ---- pieces every kind shares ----------------------------------------------------------------
+
+
+def size_operand(v: Any) -> Any:
+    """A size as an operand of the kernel's Python: a number or a symbol as it is, an
+    expression whole, in parentheses (`- r % RBLOCK` binds tighter than its `+`)."""
+    return v if isinstance(v, int) or v.is_Symbol else f"({py_size(v)})"
 
 
 def signature(spec: KernelSpec, name: str = "", workspaces: int = 0, part: bool = False) -> str:
@@ -267,7 +273,7 @@ def _emit_loop(ctx: KernelContext, out: Emitter, loop: Loop, registers: dict[str
     # literal bounds: Triton 3.6's interpreter cannot range() to a kernel argument; a symbolic
     # one (u0 + 1) whole, in parentheses: `- r % RBLOCK` binds tighter than its `+`
     rnumel = ctx.spec.group[1]
-    r = rnumel if isinstance(rnumel, int) or rnumel.is_Symbol else f"({py_size(rnumel)})"
+    r = size_operand(rnumel)
     if not ctx.tails.inner:
         out.emit(f"for roffset in range(0, {r}, RBLOCK):")
         step.emit(registers, memo, masked=False)

@@ -30,11 +30,11 @@ from coil.backends.triton.kernel import (
     mask,
     reduction_type,
     signature,
+    size_operand,
 )
 from coil.ir.expr import Expr
 from coil.ir.kernel import KernelSpec, Loop, Outer, Role, Split
 from coil.ir.module import KernelSource
-from coil.ir.shapes import py_size
 from coil.passes.schedule.launch import combine_name
 from coil.passes.schedule.split import result_dtype
 
@@ -67,7 +67,7 @@ def _partials(ctx: KernelContext, split: Split) -> list[str]:
     out.emit("rbase = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if ctx.spec.wide_index else ""))
     pid = "tl.program_id(0).to(tl.int64)" if ctx.spec.wide_index else "tl.program_id(0)"
     # a symbolic row's chunk (split.py: whole steps of RBLOCK) is computed from the sizes
-    chunk = split.chunk if isinstance(split.chunk, int) else f"({py_size(split.chunk)})"
+    chunk = size_operand(split.chunk)
     out.emit(f"rstart = {pid} * {chunk}")
     emit_outer(ctx, out, split.prelude, registers, memo, store=False)  # stored once, by the combine
     loop = _loop(ctx)
