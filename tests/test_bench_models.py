@@ -160,6 +160,37 @@ def test_the_summary_takes_both_sizes_together_and_names_every_row_above_one(tmp
         "none above 1.0" in md
 
 
+def test_a_row_both_compilers_fail_alike_is_timed_and_one_coil_alone_fails_is_not(tmp_path: Path) -> None:
+    """ResNet's large bfloat16 inference on the GPU fails the accuracy check for
+    Inductor and coil with the same RMSE against float64 (3.074x eager's, the same
+    numbers from both): its times compare.  Where the RMSEs differ, or coil alone
+    fails, the row has no ratio."""
+    from bench.models_report import Writer
+
+    info = {"device": "cuda", "device_name": "x", "torch": "t", "triton": "t", "transformers": "t", "python": "p",
+            "coil_target": "triton", "dtype": "bfloat16", "rounds": 2, "started": "a"}
+    w = Writer(tmp_path, "a", info, [], ("default",))
+    cases = {("resnet", "large"): (3.074, 3.074), ("convnext", "large"): (3.074, 3.5),
+             ("vit", "large"): (None, 3.2), ("gpt2", "small"): (None, None)}
+    for (model, size), (ind_rmse, coil_rmse) in cases.items():
+        for variant, ms, rmse in (("eager", 4.0, None), ("inductor", 2.0, ind_rmse), ("coil", 1.5, coil_rmse)):
+            r = w.new_record(model=model, size=size, mode="infer", variant=variant, batch=8, seq=256, hidden=512,
+                             layers=4, compile_mode="default")
+            status = "ref" if variant == "eager" else "ok" if rmse is None else "mismatch"
+            r.update(status=status, ms=ms, kernels=3, ms_rounds=[ms, ms], rmse_ratio=rmse,
+                     mismatch=None if rmse is None else f"RMSE ratio {rmse}")
+    w.write()
+    md = (tmp_path / "a.md").read_text()
+    row = {line.split("|")[1].strip(" *"): line for line in md.splitlines() if line.startswith("| **")}
+    assert "| 0.75 | 0.75 (0.75-0.75) |" in row["resnet"]
+    assert row["resnet"].endswith("(alike: the same RMSE, so timed) |")
+    for model in ("convnext", "vit"):
+        assert "| - | - |" in row[model] and "alike" not in row[model]
+    assert ("- small and large together, default, infer: coil/Inductor 0.75 over 2 rows, the highest 0.75; none "
+            "above 1.0; without a ratio (not measured, or a side failed): large vit, large convnext; both compilers "
+            "fail the accuracy check alike (timed, counted): large resnet") in md
+
+
 def test_the_call_before_timing_says_what_dynamo_compiled_in_it_and_why() -> None:
     """A variant whose next call compiles again (here: a new input size) shows it in
     its record before the timed rounds: the frame and Dynamo's recompile reason."""
