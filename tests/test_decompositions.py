@@ -535,3 +535,146 @@ def test_a_convolution_bias_gradient_is_a_kernel_of_coil_on_cuda() -> None:
     backward = cap.coil_graphs[-1].source
     assert "[True, True, False]" in backward or "[False, True, False]" in backward
     assert ", True])" not in backward.split("def call")[1]
+
+
+# ---- long grouped conv1d by taps (conv_taps.py) -----------------------------------------------
+
+
+@pytest.mark.parametrize("b, c, o, t, k, groups, pad", [
+    (2, 32, 32, 40, 32, 4, 16),  # Wav2Vec2's shape in small: padding k/2, one frame more out
+    (3, 16, 24, 50, 33, 8, 0),  # odd taps, no padding, more outputs than inputs a group
+    (2, 16, 16, 37, 40, 2, 39),  # the most padding (k - 1)
+])
+def test_a_long_grouped_conv1d_by_taps_matches_aten_forward_and_backward(
+        b: int, c: int, o: int, t: int, k: int, groups: int, pad: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """conv_taps' forward and its three gradients, with chunks of 5 taps (so the
+    last chunk is short), are aten's convolution and convolution_backward in
+    float64; a chunk's columns fit CHUNK_BYTES."""
+    from coil.passes.lowerings import conv_taps
+
+    torch.manual_seed(0)
+    x = torch.randn(b, c, t, dtype=torch.float64)
+    w = torch.randn(o, c // groups, k, dtype=torch.float64)
+    bias = torch.randn(o, dtype=torch.float64)
+    args = ([1], [pad], [1], False, [0], groups)
+    want = aten.convolution.default(x, w, bias, *args)
+    tout = want.shape[-1]
+    monkeypatch.setattr(conv_taps, "CHUNK_BYTES", b * c * tout * 8 * 5)
+    assert conv_taps.taps_a_chunk(b, c, tout, k, 8) == 5
+    torch.testing.assert_close(conv_taps.by_taps(x, w, bias, *args), want)
+    dy = torch.randn_like(want)
+    for mask in ([True, True, True], [False, True, False], [True, False, False]):
+        theirs = aten.convolution_backward.default(dy, x, w, [o], *args, mask)
+        mine = conv_taps.backward_by_taps(dy, x, w, [o], *args, mask)
+        for m, e, on in zip(mine, theirs, mask):
+            assert (m is None) == (not on)
+            if on:
+                torch.testing.assert_close(m, e)
+
+
+@pytest.mark.parametrize("case", ["few taps", "one group", "strided", "dilated", "2-d", "transposed"])
+def test_convolutions_by_taps_does_not_take_stay_whole(case: str) -> None:
+    """Short kernels (cuDNN is fast there), ungrouped ones (already one GEMM),
+    strides, dilations, 2-D and transposed convolutions stay aten's."""
+    from coil.passes.lowerings import conv_taps
+
+    x, w = torch.randn(2, 32, 40), torch.randn(32, 8, 32)
+    stride, dilation, transposed, groups = [1], [1], False, 4
+    if case == "few taps":
+        w = torch.randn(32, 8, conv_taps.LONG_TAPS - 1)
+    elif case == "one group":
+        w, groups = torch.randn(32, 32, 32), 1
+    elif case == "strided":
+        stride = [2]
+    elif case == "dilated":
+        dilation = [2]
+    elif case == "2-d":
+        x, w = torch.randn(2, 32, 40, 40), torch.randn(32, 8, 32, 32)
+    else:
+        transposed = True
+    assert conv_taps.by_taps(x, w, None, stride, [0], dilation, transposed, [0], groups) is NotImplemented
+
+
+def test_the_joint_graph_takes_a_long_grouped_conv1d_by_taps_off_the_cpu() -> None:
+    """Traced with the backend's table, a training step of Wav2Vec2's positional
+    convolution (grouped, 128 taps) has no convolution left off the CPU (meta
+    tensors here), only bmm; on the CPU both convolutions stay aten's."""
+    from coil.backends.dynamo import aot_decompositions
+
+    def step(x, w, b):
+        y = torch.nn.functional.conv1d(x, w, b, padding=64, groups=16)
+        return torch.autograd.grad(torch.nn.functional.gelu(y).square().sum(), (x, w, b))
+
+    for device in ("cpu", "meta"):
+        args = [torch.randn(2, 64, 48, device=device, requires_grad=True),
+                torch.randn(64, 4, 128, device=device, requires_grad=True),
+                torch.randn(64, device=device, requires_grad=True)]
+        gm = make_fx(step, decomposition_table=aot_decompositions())(*args)
+        targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+        convs = [t for t in targets if t in (aten.convolution.default, aten.convolution_backward.default)]
+        assert len(convs) == (2 if device == "cpu" else 0)
+        assert (aten.bmm.default in targets) == (device == "meta")
+
+
+@pytest.mark.parametrize("target", ["reference", "cpp"])
+def test_a_training_step_by_taps_compiles_and_matches_eager(target: str) -> None:
+    """The joint graph by taps (conv_taps' functions in the table, so on the CPU),
+    compiled by coil: its kernels (the pad and columns, the chunks' sum) and the
+    bmm Externs give eager's output and gradients."""
+    from coil import compile_graph
+    from coil.backends.dynamo import aot_decompositions
+    from coil.options import Options
+    from coil.passes.lowerings import conv_taps
+
+    table = aot_decompositions() | {aten.convolution.default: conv_taps.by_taps,
+                                    aten.convolution_backward.default: conv_taps.backward_by_taps}
+
+    def step(x, w, b):
+        y = torch.nn.functional.conv1d(x, w, b, padding=32, groups=8)
+        return (y,) + torch.autograd.grad(torch.nn.functional.gelu(y).square().sum(), (x, w, b))
+
+    torch.manual_seed(0)
+    args = [torch.randn(2, 32, 24, requires_grad=True), torch.randn(32, 4, 64, requires_grad=True) * 0.1,
+            torch.randn(32, requires_grad=True)]
+    gm = make_fx(step, decomposition_table=table)(*args)
+    assert not any(n.target is aten.convolution.default for n in gm.graph.nodes)
+    plain = [a.detach() for a in args]
+    got = compile_graph(gm, plain, Options(target=target, graph_cache=False))(*plain)
+    torch.testing.assert_close(list(got), list(step(*args)), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_normed_positional_conv_runs_by_taps_on_cuda(dtype: torch.dtype) -> None:
+    """Wav2Vec2's positional convolution (weight norm, 16 groups, 128 taps, padding
+    64, GELU) trained through the backend on CUDA: neither compiled graph calls a
+    convolution, and the output and gradients are eager's (bfloat16: within 2% of
+    each tensor's largest element; eager rounds differently)."""
+    from bench.variants import Capture, record_coil_graphs
+
+    torch.manual_seed(0)
+    conv = torch.nn.utils.parametrizations.weight_norm(
+        torch.nn.Conv1d(256, 256, 128, padding=64, groups=16), name="weight", dim=2).to("cuda", dtype)
+
+    def step(x):
+        y = torch.nn.functional.gelu(conv(x)[..., :-1])
+        return y, y.float().square().sum()
+
+    x = torch.randn(4, 256, 96, device="cuda", dtype=dtype, requires_grad=True)
+    y, loss = step(x)
+    loss.backward()
+    want = [y.detach(), x.grad.clone()] + [p.grad.clone() for p in conv.parameters()]
+    x.grad = None
+    conv.zero_grad()
+    cap = Capture()
+    with record_coil_graphs(cap):
+        y, loss = torch.compile(step, backend="coil", options={"target": "triton", "graph_cache": False})(x)
+        loss.backward()
+    got = [y.detach(), x.grad] + [p.grad for p in conv.parameters()]
+    for g, e in zip(got, want):  # bfloat16: within 2% of the tensor's largest element
+        scale = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(g, e, atol=scale * e.abs().max().item(), rtol=0)
+    sources = [g.source for g in cap.coil_graphs]
+    assert len(sources) == 2 and all("convolution" not in s for s in sources)
+    assert all("bmm" in s for s in sources)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from coil.passes.lowerings import conv_taps
 from coil.passes.lowerings.foreach import FOREACH_DECOMPOSITIONS, ONE_DEVICE
 
 aten = torch.ops.aten
@@ -238,6 +239,16 @@ def convolution_backward_bias_apart(grad_output: torch.Tensor, *args: Any) -> An
     return bias_gradient_apart(grad_output, *args)
 
 
+def convolution_backward_on_gpu(grad_output: torch.Tensor, *args: Any) -> Any:
+    """convolution_backward as coil's GPU graphs take it: a long grouped conv1d's by
+    taps (conv_taps.py, as its forward), any other's with the bias gradient apart."""
+    if grad_output.device.type != "cpu":
+        got = conv_taps.backward_by_taps(grad_output, *args)
+        if got is not NotImplemented:
+            return got
+    return convolution_backward_bias_apart(grad_output, *args)
+
+
 def bias_gradient_apart(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
                         stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
                         output_mask: Any) -> Any:
@@ -286,7 +297,8 @@ AOT_ONLY_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.ones_like.default: like_as_full(1),
     aten.full_like.default: like_as_full(None),
     aten.detach.default: detach_as_alias,
-    aten.convolution_backward.default: convolution_backward_bias_apart,
+    aten.convolution_backward.default: convolution_backward_on_gpu,
+    aten.convolution.default: conv_taps.convolution,
     # torch's decomposition, as Inductor's joint graph has it: a gather the
     # partitioner counts as fusible.  With nll_loss_forward whole it counts the
     # float32 log-softmax as materialized (read by an op it cannot recompute), so it

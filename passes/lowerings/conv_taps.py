@@ -1,0 +1,158 @@
+"""Grouped 1-D convolutions of many taps, as matrix products over chunks of taps.
+
+Wav2Vec2's positional convolution is a conv1d of 16 groups and 128 taps.  On a
+GPU aten's convolution (cuDNN) runs it slowly: PROBE_NOTE.  Written as matrix
+products it is a few GEMMs.  With xp the input padded by `pad` on both ends,
+og = o / g output and cg = c / g input channels a group,
+
+    out[b, g*og + p, s] = sum over q < cg, j < k of w[g*og + p, q, j] * xp[b, g*cg + q, s + j]
+
+and for a chunk of taps j in [j0, j0 + kk) the sum is one bmm over the groups:
+w's chunk (g, og, cg*kk) times the chunk's columns (g, cg*kk, b*tout), the
+columns an unfold of xp copied once (the copy is the chunk's memory: tap
+chunks of at most CHUNK_BYTES keep it small).  Each chunk's product is rounded
+to the input's dtype once; the chunks are summed (in float32 for half types: one fused kernel)
+and the sum rounded once.  The backward of such a convolution is two more such
+sums: the input's gradient is the same convolution of grad_output with the
+weight's groups transposed and its taps flipped (padding k - 1 - pad), and the
+weight's gradient is, chunk by chunk, grad_output's groups times the columns'
+transpose.
+
+Only on a GPU (the CPU's mkldnn convolution has no such cliff), for a 1-D
+convolution that is not transposed, of stride and dilation 1, at least two groups
+and LONG_TAPS taps, padding at most k - 1, and static sizes; everything else stays
+aten's convolution (NotImplemented).  Inductor keeps this convolution whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+aten = torch.ops.aten
+
+# the fewest taps a grouped conv1d needs to be written as products
+LONG_TAPS = 32
+# the most bytes of one chunk's columns
+CHUNK_BYTES = 64 << 20
+
+
+def _ints(xs: Sequence[Any]) -> bool:
+    return all(isinstance(n, int) for n in xs)
+
+
+def long_grouped(x: torch.Tensor, w: torch.Tensor, stride: Sequence[Any], padding: Sequence[Any],
+                 dilation: Sequence[Any], transposed: bool, output_padding: Sequence[Any], groups: int) -> bool:
+    """Whether this convolution is one that conv_by_taps computes (the module's rule)."""
+    if x.dim() != 3 or w.dim() != 3 or transposed or not isinstance(groups, int) or groups < 2:
+        return False
+    if not (_ints(x.shape) and _ints(w.shape) and _ints(stride) and _ints(padding) and _ints(dilation)):
+        return False
+    k = w.shape[-1]
+    return (list(stride) == [1] and list(dilation) == [1] and len(padding) == 1 and 0 <= padding[0] <= k - 1
+            and k >= LONG_TAPS and x.dtype.is_floating_point and x.dtype == w.dtype)
+
+
+def taps_a_chunk(batch: int, channels: int, frames: int, taps: int, itemsize: int) -> int:
+    """How many taps one chunk takes: its columns (batch x channels x frames a tap)
+    within CHUNK_BYTES, at least one tap."""
+    return max(1, min(taps, CHUNK_BYTES // max(1, batch * channels * frames * itemsize)))
+
+
+def _columns(xp: torch.Tensor, groups: int, j0: int, kk: int, tout: int) -> torch.Tensor:
+    """xp's columns for taps [j0, j0 + kk): (g, cg*kk, b*tout), element [g, q*kk + j,
+    b*tout + s] = xp[b, g*cg + q, s + j0 + j]."""
+    b, c, _ = xp.shape
+    win = aten.slice.Tensor(xp, 2, j0, j0 + tout + kk - 1)
+    cols = aten.unfold.default(win, 2, kk, 1)  # (b, c, tout, kk)
+    cols = aten.view.default(cols, [b, groups, c // groups, tout, kk])
+    cols = aten.permute.default(cols, [1, 2, 4, 0, 3])
+    return aten.reshape.default(cols, [groups, (c // groups) * kk, b * tout])
+
+
+def conv_by_taps(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int) -> torch.Tensor:
+    """conv1d(x, w, padding=pad, groups=groups), no bias, as bmm over tap chunks."""
+    b, c, t = x.shape
+    o, cg, k = w.shape
+    g, og = groups, o // groups
+    tout = t + 2 * pad - k + 1
+    xp = aten.constant_pad_nd.default(x, [pad, pad], 0.0) if pad else x
+    wg = aten.view.default(w, [g, og, cg, k])
+    kk = taps_a_chunk(b, c, tout, k, x.element_size())
+    total = None
+    for j0 in range(0, k, kk):
+        n = min(kk, k - j0)
+        wk = aten.reshape.default(aten.slice.Tensor(wg, 3, j0, j0 + n), [g, og, cg * n])
+        part = aten.bmm.default(wk, _columns(xp, g, j0, n, tout))  # (g, og, b*tout)
+        if part.dtype in (torch.float16, torch.bfloat16):
+            part = aten._to_copy.default(part, dtype=torch.float32)
+        total = part if total is None else aten.add.Tensor(total, part)
+    assert total is not None
+    if total.dtype != x.dtype:
+        total = aten._to_copy.default(total, dtype=x.dtype)
+    out = aten.permute.default(aten.view.default(total, [g, og, b, tout]), [2, 0, 1, 3])
+    return aten.clone.default(aten.reshape.default(out, [b, o, tout]), memory_format=torch.contiguous_format)
+
+
+def weight_grad_by_taps(grad_out: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], pad: int,
+                        groups: int) -> torch.Tensor:
+    """The weight's gradient of conv1d(x, w, padding=pad, groups=groups) for grad_out:
+    chunk by chunk, grad_out's groups (g, og, b*tout) times the columns' transpose."""
+    b, c, _ = x.shape
+    o, cg, k = w_shape
+    g, og = groups, o // groups
+    tout = grad_out.shape[-1]
+    xp = aten.constant_pad_nd.default(x, [pad, pad], 0.0) if pad else x
+    go = aten.reshape.default(aten.permute.default(aten.view.default(grad_out, [b, g, og, tout]), [1, 2, 0, 3]),
+                              [g, og, b * tout])
+    kk = taps_a_chunk(b, c, tout, k, x.element_size())
+    parts = []
+    for j0 in range(0, k, kk):
+        n = min(kk, k - j0)
+        cols = _columns(xp, g, j0, n, tout)
+        part = aten.bmm.default(go, aten.permute.default(cols, [0, 2, 1]))  # (g, og, cg*n)
+        parts.append(aten.view.default(part, [g, og, cg, n]))
+    grad_w = parts[0] if len(parts) == 1 else aten.cat.default(parts, 3)
+    return aten.reshape.default(grad_w, [o, cg, k])
+
+
+def flipped_groups(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """The weight whose convolution is the input's gradient: (g*cg, og, k), element
+    [g*cg + q, p, j] = w[g*og + p, q, k - 1 - j]."""
+    o, cg, k = w.shape
+    og = o // groups
+    wt = aten.permute.default(aten.view.default(w, [groups, og, cg, k]), [0, 2, 1, 3])
+    return aten.reshape.default(aten.flip.default(wt, [3]), [groups * cg, og, k])
+
+
+def by_taps(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
+            dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
+    """aten.convolution by taps where long_grouped holds (on any device: the tests
+    run it on the CPU), else whole (NotImplemented)."""
+    if not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups):
+        return NotImplemented
+    out = conv_by_taps(x, w, padding[0], groups)
+    if bias is not None:
+        out = aten.add.Tensor(out, aten.view.default(bias, [1, -1, 1]))
+    return out
+
+
+def backward_by_taps(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: Any,
+                     padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                     output_mask: Sequence[bool]) -> Any:
+    """aten.convolution_backward of a convolution by_taps takes: each gradient asked
+    for by taps (the bias's a sum over batch and frames); else NotImplemented."""
+    if not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups):
+        return NotImplemented
+    pad = padding[0]
+    k = w.shape[-1]
+    grad_x = (conv_by_taps(grad_out, flipped_groups(w, groups), k - 1 - pad, groups) if output_mask[0] else None)
+    grad_w = weight_grad_by_taps(grad_out, x, list(w.shape), pad, groups) if output_mask[1] else None
+    grad_b = aten.sum.dim_IntList(grad_out, [0, 2]) if output_mask[2] else None
+    return grad_x, grad_w, grad_b
+
+
+def convolution(x: torch.Tensor, *args: Any) -> Any:
+    """The joint graph's aten.convolution: by taps on a GPU, else whole."""
+    return NotImplemented if x.device.type == "cpu" else by_taps(x, *args)
