@@ -51,7 +51,8 @@ class Direction(enum.StrEnum):
 
 class Verdict(enum.StrEnum):
     """What fuse decided for a pair: fused; illegal (a legality rule failed); refused
-    (legal alone, but it would make a cycle)."""
+    (legal alone, but it would make a cycle, or hold a large buffer across Extern
+    steps)."""
 
     FUSED = "fused"
     ILLEGAL = "illegal"

@@ -51,6 +51,8 @@ from coil.passes.kernel_model import (
 log = logging.getLogger("coil.trace")
 
 TINY_NUMEL = 64  # a pointwise group this small is worth a kernel of its own only for its launch
+# the fewest bytes a horizontal fusion may hold across Extern steps before it is refused (_Fuser.hoists)
+HOIST_BYTES = 8 << 20
 
 
 @attrs.frozen
@@ -224,6 +226,33 @@ class _Fuser:
         hint = self.g.shapes.hint  # symbolic sizes: a score at the hints (it only ranks candidates)
         return sum(hint(self.g.graph.layout(n).nbytes) for n in common if self.g.graph.get(n).layout is not None)
 
+    def hoists(self, a: Group, b: Group, saved: int) -> str | None:
+        """Why a horizontal pair is refused for memory, else None.  Fused, the later
+        group's kernel runs where the earlier one's does, once its own inputs are
+        ready: what it writes is then allocated before the Extern steps between the
+        two and held across them.  Refused where that moves it past an Extern and it
+        writes at least HOIST_BYTES, more than the fusion saves (the bytes both
+        read).  A long grouped conv1d by taps (lowerings/conv_taps.py) is such a
+        graph: each chunk's columns (64 MiB) are read by that chunk's bmm alone, and
+        fused into one kernel the 16 chunks' columns of Wav2Vec2's large positional
+        convolution were all held at once (peak 1101 MiB against Inductor's 386, on
+        an H100).  Inductor asks the same question of a horizontal fusion
+        (`can_fusion_increase_peak_memory`), with its own estimate."""
+        first, second = (a, b) if a.first <= b.first else (b, a)
+        members = set(a.nodes) | set(b.nodes)
+        ready = max((self.pos[p] for n in second.nodes for p in self.producers[n] if p not in members), default=-1)
+        passed = [n.name for n in self.g.nodes[max(first.last, ready) + 1:second.first] if n.kind is NodeKind.EXTERN]
+        if not passed:
+            return None
+        outputs = set(self.g.graph.outputs)
+        hint = self.g.shapes.hint
+        held = sum(hint(self.bufs[n].layout.nbytes) for n in second.nodes
+                   if n in outputs or any(c not in members for c in self.consumers[n]))
+        if held < HOIST_BYTES or held <= saved:
+            return None
+        return (f"memory: fused, {second.name}'s {held} bytes would be written before {len(passed)} Extern "
+                f"step(s) ({passed[0]}...) and held across them, for {saved} bytes saved")
+
     def will_fusion_create_cycle(self, a: Group, b: Group, prune: bool = True) -> bool:
         """True when a path leaves one group through an outside group and comes back
         into the other: merging would make that path a cycle.  The walk moves group
@@ -330,6 +359,10 @@ class _Fuser:
                 continue
             if self.will_fusion_create_cycle(ga, gb, prune):
                 self.log.append(FusionDecision(rnd, a, b, direction, Verdict.REFUSED, "cycle", -neg))
+                continue
+            held = self.hoists(ga, gb, -neg) if direction is Direction.HORIZONTAL else None
+            if held is not None:
+                self.log.append(FusionDecision(rnd, a, b, direction, Verdict.REFUSED, held, -neg))
                 continue
             self.merge(ga, gb)
             touched |= {a, b}

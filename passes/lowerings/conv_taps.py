@@ -1,8 +1,15 @@
 """Grouped 1-D convolutions of many taps, as matrix products over chunks of taps.
 
 Wav2Vec2's positional convolution is a conv1d of 16 groups and 128 taps.  On a
-GPU aten's convolution (cuDNN) runs it slowly: PROBE_NOTE.  Written as matrix
-products it is a few GEMMs.  With xp the input padded by `pad` on both ends,
+GPU aten's convolution (cuDNN) can run it very slowly: at the models suite's large
+size (2048 channels, 8 x 256 frames, bfloat16, H100) cuDNN picks implicit-GEMM
+kernels without tensor cores, 34.8 ms forward and 132 ms forward and backward,
+where these products take 2.9 and 8.2 ms run eagerly, unfused
+(`bench/probes/grouped_conv.py`), and Wav2Vec2's large inference took 40.7 ms
+with Inductor, 9.9 with coil.  cuDNN's choice is erratic: at 512 channels it
+takes 0.45 ms with tensor cores for 128 taps and 0.05 ms for 64, where the eager
+products take 0.57 and 0.63 ms; the small Wav2Vec2 still gained in coil's
+compiled form (GPU kernels 2.95 ms against 3.11 before, inference).  With xp the input padded by `pad` on both ends,
 og = o / g output and cg = c / g input channels a group,
 
     out[b, g*og + p, s] = sum over q < cg, j < k of w[g*og + p, q, j] * xp[b, g*cg + q, s + j]
@@ -15,8 +22,8 @@ to the input's dtype once; the chunks are summed (in float32 for half types: one
 and the sum rounded once.  The backward of such a convolution is two more such
 sums: the input's gradient is the same convolution of grad_output with the
 weight's groups transposed and its taps flipped (padding k - 1 - pad), and the
-weight's gradient is, chunk by chunk, grad_output's groups times the columns'
-transpose.
+weight's gradient is, chunk by chunk, grad_output's columns times the input's
+groups (weight_grad_by_taps).
 
 Only on a GPU (the CPU's mkldnn convolution has no such cliff), for a 1-D
 convolution that is not transposed, of stride and dilation 1, at least two groups
@@ -97,23 +104,33 @@ def conv_by_taps(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int) -> tor
 
 def weight_grad_by_taps(grad_out: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], pad: int,
                         groups: int) -> torch.Tensor:
-    """The weight's gradient of conv1d(x, w, padding=pad, groups=groups) for grad_out:
-    chunk by chunk, grad_out's groups (g, og, b*tout) times the columns' transpose."""
-    b, c, _ = x.shape
+    """The weight's gradient of conv1d(x, w, padding=pad, groups=groups) for grad_out,
+    with the columns taken of grad_out, not of x:
+
+        dw[g*og + p, q, j] = sum over b, u of gp[b, g*og + p, u + k - 1 - j] * xp[b, g*cg + q, u]
+
+    (gp: grad_out padded by k - 1 on both ends, u over xp's length).  Chunk by chunk
+    of the flipped taps i = k - 1 - j, grad_out's columns (g, og*n, b*L) times xp's
+    groups (g, b*L, cg).  Columns of x would be the forward's columns again, and
+    AOTAutograd's joint graph would merge the two and save them for the backward
+    (its partitioner saves what a backward's matrix product reads: Wav2Vec2's small
+    training step held 4 x 62 MiB more); grad_out's exist in the backward only."""
+    b, c, t = x.shape
     o, cg, k = w_shape
     g, og = groups, o // groups
-    tout = grad_out.shape[-1]
     xp = aten.constant_pad_nd.default(x, [pad, pad], 0.0) if pad else x
-    go = aten.reshape.default(aten.permute.default(aten.view.default(grad_out, [b, g, og, tout]), [1, 2, 0, 3]),
-                              [g, og, b * tout])
-    kk = taps_a_chunk(b, c, tout, k, x.element_size())
+    length = t + 2 * pad
+    xg = aten.reshape.default(aten.permute.default(aten.view.default(xp, [b, g, cg, length]), [1, 0, 3, 2]),
+                              [g, b * length, cg])
+    gp = aten.constant_pad_nd.default(grad_out, [k - 1, k - 1], 0.0)
+    kk = taps_a_chunk(b, o, length, k, x.element_size())
     parts = []
-    for j0 in range(0, k, kk):
-        n = min(kk, k - j0)
-        cols = _columns(xp, g, j0, n, tout)
-        part = aten.bmm.default(go, aten.permute.default(cols, [0, 2, 1]))  # (g, og, cg*n)
-        parts.append(aten.view.default(part, [g, og, cg, n]))
-    grad_w = parts[0] if len(parts) == 1 else aten.cat.default(parts, 3)
+    for i0 in range(0, k, kk):
+        n = min(kk, k - i0)
+        part = aten.bmm.default(_columns(gp, g, i0, n, length), xg)  # (g, og*n, cg): taps i0 .. i0+n-1
+        parts.append(aten.view.default(part, [g, og, n, cg]))
+    flipped = parts[0] if len(parts) == 1 else aten.cat.default(parts, 2)  # (g, og, k, cg), by i
+    grad_w = aten.flip.default(aten.permute.default(flipped, [0, 1, 3, 2]), [3])
     return aten.reshape.default(grad_w, [o, cg, k])
 
 
