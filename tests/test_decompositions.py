@@ -10,6 +10,7 @@ Extern; gather is an indirect read inside a kernel."""
 from __future__ import annotations
 
 import functools
+import re
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -596,25 +597,55 @@ def test_convolutions_by_taps_does_not_take_stay_whole(case: str) -> None:
     assert conv_taps.by_taps(x, w, None, stride, [0], dilation, transposed, [0], groups) is NotImplemented
 
 
-def test_the_joint_graph_takes_a_long_grouped_conv1d_by_taps_off_the_cpu() -> None:
+@pytest.mark.parametrize("faster", ["taps", "aten", "taps forward only"])
+def test_the_joint_graph_takes_a_long_grouped_conv1d_by_taps_where_it_measures_faster(
+        faster: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Traced with the backend's table, a training step of Wav2Vec2's positional
-    convolution (grouped, 128 taps) has no convolution left off the CPU (meta
-    tensors here), only bmm; on the CPU both convolutions stay aten's."""
+    convolution (grouped, 128 taps) on a timed device (here the meta device, with a
+    timer that answers as told) has each of its two convolutions by taps (bmm)
+    where the timer says taps are faster, aten's where not; each choice is logged
+    with both times, and asked once a shape.  On the CPU both stay aten's, untimed."""
     from coil.backends.dynamo import aot_decompositions
+    from coil.passes.lowerings import conv_taps
+
+    asked: list[int] = []
+
+    def timer(whole: Callable[[], Any], taps: Callable[[], Any]) -> tuple[float, float]:
+        asked.append(1)
+        forward = len(asked) == 1
+        wins = faster == "taps" or (faster == "taps forward only" and forward)
+        return (2.0, 1.0) if wins else (1.0, 2.0)
+
+    monkeypatch.setattr(conv_taps, "TIMED_DEVICES", ("cuda", "meta"))
+    monkeypatch.setattr(conv_taps, "TIMER", timer)
+    monkeypatch.setattr(conv_taps, "_CHOICES", {})
 
     def step(x, w, b):
         y = torch.nn.functional.conv1d(x, w, b, padding=64, groups=16)
         return torch.autograd.grad(torch.nn.functional.gelu(y).square().sum(), (x, w, b))
 
-    for device in ("cpu", "meta"):
+    for device in ("cpu", "meta", "meta"):
         args = [torch.randn(2, 64, 48, device=device, requires_grad=True),
                 torch.randn(64, 4, 128, device=device, requires_grad=True),
                 torch.randn(64, device=device, requires_grad=True)]
-        gm = make_fx(step, decomposition_table=aot_decompositions())(*args)
+        with caplog.at_level("INFO", logger="coil"):
+            gm = make_fx(step, decomposition_table=aot_decompositions())(*args)
         targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-        convs = [t for t in targets if t in (aten.convolution.default, aten.convolution_backward.default)]
-        assert len(convs) == (2 if device == "cpu" else 0)
-        assert (aten.bmm.default in targets) == (device == "meta")
+        whole = {t for t in targets if t in (aten.convolution.default, aten.convolution_backward.default)}
+        if device == "cpu" or faster == "aten":
+            assert whole == {aten.convolution.default, aten.convolution_backward.default}
+        elif faster == "taps":
+            assert not whole and aten.bmm.default in targets
+        else:
+            assert whole == {aten.convolution_backward.default} and aten.bmm.default in targets
+    assert len(asked) == 2  # the forward and the backward, once each: the second trace asked none
+    logged = [r.getMessage() for r in caplog.records if "grouped conv1d" in r.getMessage()]
+    forward_said = "aten's 1.000 ms, by taps 2.000 ms: aten's" if faster == "aten" else \
+        "aten's 2.000 ms, by taps 1.000 ms: by taps"
+    backward_said = "aten's 2.000 ms, by taps 1.000 ms: by taps" if faster == "taps" else \
+        "aten's 1.000 ms, by taps 2.000 ms: aten's"
+    assert len(logged) == 2 and forward_said in logged[0] and "backward" not in logged[0]
+    assert "backward" in logged[1] and backward_said in logged[1]
 
 
 @pytest.mark.parametrize("target", ["reference", "cpp"])
@@ -647,15 +678,20 @@ def test_a_training_step_by_taps_compiles_and_matches_eager(target: str) -> None
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_weight_normed_positional_conv_runs_by_taps_on_cuda(dtype: torch.dtype) -> None:
+def test_a_weight_normed_positional_conv_runs_by_taps_on_cuda(dtype: torch.dtype,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Wav2Vec2's positional convolution (weight norm, 16 groups, 128 taps, padding
-    64, GELU) trained through the backend on CUDA: neither compiled graph calls a
+    64, GELU) trained through the backend on CUDA, with the timer answering "by
+    taps" (at this size cuDNN may well be faster): neither compiled graph calls a
     convolution, and the output and gradients are as close to float64's as eager's
     are, within 2x by RMSE (eager's cuDNN convolution takes TF32 in float32)."""
     import copy
 
     from bench.variants import Capture, record_coil_graphs
+    from coil.passes.lowerings import conv_taps
 
+    monkeypatch.setattr(conv_taps, "TIMER", lambda whole, taps: (2.0, 1.0))
+    monkeypatch.setattr(conv_taps, "_CHOICES", {})
     torch.manual_seed(0)
     conv = torch.nn.utils.parametrizations.weight_norm(
         torch.nn.Conv1d(256, 256, 128, padding=64, groups=16), name="weight", dim=2).to("cuda", dtype)
@@ -758,3 +794,25 @@ def test_a_training_step_by_taps_saves_no_columns_for_the_backward(monkeypatch: 
     assert saved and max(math.prod(s) for s in saved) <= 2 * x.numel()
     torch.testing.assert_close(w.grad, torch.autograd.grad(F.gelu(F.conv1d(x, w, padding=16, groups=4)).sum(), w)[0],
                                atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_choice_by_taps_is_timed_on_the_gpu_once_a_shape(caplog: pytest.LogCaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """measured_choice on CUDA times both forms of the forward and of the backward
+    (positive times, logged), and a second ask of the same shape is answered from
+    what it kept, untimed.  Which form wins is the GPU's business: not asserted."""
+    from coil.passes.lowerings import conv_taps
+
+    monkeypatch.setattr(conv_taps, "_CHOICES", {})
+    x = torch.empty(4, 256, 96, device="cuda", dtype=torch.bfloat16)
+    w = torch.empty(256, 16, 128, device="cuda", dtype=torch.bfloat16)
+    with caplog.at_level("INFO", logger="coil"):
+        for backward in (False, True, False, True):
+            assert isinstance(conv_taps.measured_choice(x, w, 64, 16, backward), bool)
+    logged = [r.getMessage() for r in caplog.records if "grouped conv1d" in r.getMessage()]
+    assert len(logged) == 2 and len(conv_taps._CHOICES) == 2
+    for line in logged:
+        whole, taps = (float(m) for m in re.findall(r"(\d+\.\d+) ms", line))
+        assert whole > 0 and taps > 0

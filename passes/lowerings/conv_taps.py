@@ -1,48 +1,60 @@
 """Grouped 1-D convolutions of many taps, as matrix products over chunks of taps.
 
 Wav2Vec2's positional convolution is a conv1d of 16 groups and 128 taps.  On a
-GPU aten's convolution (cuDNN) can run it very slowly: at the models suite's large
-size (2048 channels, 8 x 256 frames, bfloat16, H100) cuDNN picks implicit-GEMM
-kernels without tensor cores, 34.8 ms forward and 132 ms forward and backward,
-where these products take 2.9 and 8.2 ms run eagerly, unfused
-(`bench/probes/grouped_conv.py`), and Wav2Vec2's large inference took 40.7 ms
-with Inductor, 9.9 with coil.  cuDNN's choice is erratic: at 512 channels it
-takes 0.45 ms with tensor cores for 128 taps and 0.05 ms for 64, where the eager
-products take 0.57 and 0.63 ms; the small Wav2Vec2 still gained in coil's
-compiled form (GPU kernels 2.95 ms against 3.11 before, inference).  With xp the input padded by `pad` on both ends,
-og = o / g output and cg = c / g input channels a group,
+GPU, aten's convolution (cuDNN) can run it very slowly.  At the models suite's
+large size (2048 channels, 8 x 256 frames, bfloat16, H100) cuDNN picks
+implicit-GEMM kernels without tensor cores: 34.8 ms forward, 132 ms forward and
+backward.  The products below take 2.9 and 8.2 ms, run eagerly and unfused
+(`bench/probes/grouped_conv.py`); Wav2Vec2's large inference took 40.7 ms with
+Inductor and 9.9 with coil.  cuDNN's choice is erratic, though: at 512 channels
+it takes 0.45 ms for 128 taps and 0.05 ms for 64, where the eager products take
+0.57 and 0.63 ms.  So the choice is measured (measured_choice): once a shape, on
+the device, each form timed on random tensors, and the faster one taken and
+logged.
+
+With xp the input padded by `pad` on both ends, og = o / g output and cg = c / g
+input channels a group,
 
     out[b, g*og + p, s] = sum over q < cg, j < k of w[g*og + p, q, j] * xp[b, g*cg + q, s + j]
 
 and for a chunk of taps j in [j0, j0 + kk) the sum is one bmm over the groups:
-w's chunk (g, og, cg*kk) times the chunk's columns (g, cg*kk, b*tout), the
-columns an unfold of xp copied once (the copy is the chunk's memory: tap
-chunks of at most CHUNK_BYTES keep it small).  Each chunk's product is rounded
-to the input's dtype once; the chunks are summed (in float32 for half types: one fused kernel)
-and the sum rounded once.  The backward of such a convolution is two more such
-sums: the input's gradient is the same convolution of grad_output with the
-weight's groups transposed and its taps flipped (padding k - 1 - pad), and the
-weight's gradient is, chunk by chunk, grad_output's columns times the input's
-groups (weight_grad_by_taps).
+w's chunk (g, og, cg*kk) times the chunk's columns (g, cg*kk, b*tout), an
+unfold of xp copied once.  The columns are the chunk's memory: chunks of at
+most CHUNK_BYTES, and fuse keeps their copies apart (fuse.py, `hoists`), so one
+chunk's columns are held at a time.  Each chunk's product is rounded to the
+input's dtype once; the chunks are summed (in float32 for half types, in one
+fused kernel) and the sum rounded once.
 
-Only on a GPU (the CPU's mkldnn convolution has no such cliff), for a 1-D
-convolution that is not transposed, of stride and dilation 1, at least two groups
-and LONG_TAPS taps, padding at most k - 1, and static sizes; everything else stays
-aten's convolution (NotImplemented).  Inductor keeps this convolution whole.
+The backward is two more such sums.  The input's gradient is the same
+convolution of grad_output, with the weight's groups transposed and its taps
+flipped (padding k - 1 - pad).  The weight's gradient is, chunk by chunk,
+grad_output's columns times the input's groups (weight_grad_by_taps).
+
+Taken only on a CUDA device (TIMED_DEVICES; the CPU's mkldnn convolution has no
+such cliff), for a 1-D convolution that is not transposed, has stride and
+dilation 1, at least two groups and LONG_TAPS taps, padding at most k - 1, and
+static sizes.  Everything else stays aten's convolution (NotImplemented).
+Inductor keeps this convolution whole.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import logging
+from typing import Any, Callable, Sequence
 
 import torch
 
 aten = torch.ops.aten
+log = logging.getLogger("coil")
 
 # the fewest taps a grouped conv1d needs to be written as products
 LONG_TAPS = 32
 # the most bytes of one chunk's columns
 CHUNK_BYTES = 64 << 20
+# calls timed of each form by measured_choice (after a warm-up call)
+TIMED_CALLS = 3
+# measured_choice's answers: (x's and w's sizes, padding, groups, dtype, device, backward) -> by taps
+_CHOICES: dict[tuple[Any, ...], bool] = {}
 
 
 def _ints(xs: Sequence[Any]) -> bool:
@@ -170,6 +182,85 @@ def backward_by_taps(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b
     return grad_x, grad_w, grad_b
 
 
-def convolution(x: torch.Tensor, *args: Any) -> Any:
-    """The joint graph's aten.convolution: by taps on a GPU, else whole."""
-    return NotImplemented if x.device.type == "cpu" else by_taps(x, *args)
+Timer = Callable[[Callable[[], Any], Callable[[], Any]], tuple[float, float]]
+
+
+def time_on_device(whole: Callable[[], Any], taps: Callable[[], Any]) -> tuple[float, float]:
+    """Milliseconds of each callable on the current CUDA device: the median of
+    TIMED_CALLS after one warm-up call each, with CUDA events."""
+    times = []
+    for fn in (whole, taps):
+        fn()
+        runs = []
+        for _ in range(TIMED_CALLS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            runs.append(start.elapsed_time(end))
+        times.append(sorted(runs)[len(runs) // 2])
+    return times[0], times[1]
+
+
+def measured_choice(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward: bool,
+                    timer: Timer | None = None) -> bool:
+    """Whether the convolution (or, with `backward`, its input's and weight's
+    gradients) by taps is faster on x's device than aten's, timed once a shape on
+    random tensors of x's and w's sizes, outside the trace (cuDNN's choice of
+    kernel is erratic: the module's docstring).  The taps are timed run eagerly,
+    unfused, which coil's kernels only improve on.  The answer is kept by shape,
+    and logged with both times."""
+    key = (tuple(x.shape), tuple(w.shape), pad, groups, x.dtype, str(x.device), backward)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():  # real tensors on the device, not the trace's fake ones
+        xr = torch.randn(tuple(x.shape), dtype=x.dtype, device=x.device)
+        wr = torch.randn(tuple(w.shape), dtype=w.dtype, device=w.device) * w.shape[1] ** -0.5
+        args = ([1], [pad], [1], False, [0], groups)
+        if backward:
+            go = torch.randn_like(aten.convolution.default(xr, wr, None, *args))
+            mask = [True, True, False]
+            whole_ms, taps_ms = (timer or TIMER)(
+                lambda: aten.convolution_backward.default(go, xr, wr, None, *args, mask),
+                lambda: backward_by_taps(go, xr, wr, None, *args, mask))
+        else:
+            whole_ms, taps_ms = (timer or TIMER)(lambda: aten.convolution.default(xr, wr, None, *args),
+                                                          lambda: conv_by_taps(xr, wr, pad, groups))
+    took = taps_ms < whole_ms
+    _CHOICES[key] = took
+    log.info("coil: grouped conv1d %s x %s (groups %d)%s: aten's %.3f ms, by taps %.3f ms: %s", tuple(x.shape),
+             tuple(w.shape), groups, " backward" if backward else "", whole_ms, taps_ms,
+             "by taps" if took else "aten's")
+    return took
+
+
+# the devices measured_choice times on (the CPU's mkldnn convolution has no such cliff), and its timer
+TIMED_DEVICES = ("cuda",)
+TIMER: Timer = time_on_device
+
+
+def convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
+                dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
+    """The joint graph's aten.convolution: by taps on a CUDA device where
+    measured_choice finds it faster, else whole."""
+    if (x.device.type not in TIMED_DEVICES
+            or not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
+            or not measured_choice(x, w, padding[0], groups, backward=False)):
+        return NotImplemented
+    return by_taps(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def convolution_backward(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: Any,
+                         padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                         output_mask: Sequence[bool]) -> Any:
+    """The joint graph's aten.convolution_backward: by taps on a CUDA device where
+    measured_choice finds it faster, else NotImplemented (the caller's other rules)."""
+    if (grad_out.device.type not in TIMED_DEVICES
+            or not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
+            or not measured_choice(x, w, padding[0], groups, backward=True)):
+        return NotImplemented
+    return backward_by_taps(grad_out, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                            groups, output_mask)

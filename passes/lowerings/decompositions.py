@@ -242,11 +242,8 @@ def convolution_backward_bias_apart(grad_output: torch.Tensor, *args: Any) -> An
 def convolution_backward_on_gpu(grad_output: torch.Tensor, *args: Any) -> Any:
     """convolution_backward as coil's GPU graphs take it: a long grouped conv1d's by
     taps (conv_taps.py, as its forward), any other's with the bias gradient apart."""
-    if grad_output.device.type != "cpu":
-        got = conv_taps.backward_by_taps(grad_output, *args)
-        if got is not NotImplemented:
-            return got
-    return convolution_backward_bias_apart(grad_output, *args)
+    got = conv_taps.convolution_backward(grad_output, *args)
+    return got if got is not NotImplemented else convolution_backward_bias_apart(grad_output, *args)
 
 
 def bias_gradient_apart(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
