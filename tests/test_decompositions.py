@@ -816,3 +816,53 @@ def test_the_choice_by_taps_is_timed_on_the_gpu_once_a_shape(caplog: pytest.LogC
     for line in logged:
         whole, taps = (float(m) for m in re.findall(r"(\d+\.\d+) ms", line))
         assert whole > 0 and taps > 0
+
+
+@pytest.mark.parametrize("taps_faster", [True, False])
+def test_the_choice_runs_both_forms_outside_the_trace_and_the_step_matches_eager(
+        taps_faster: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Through torch.compile on the CPU (made a timed device here, the cpp target):
+    AOTAutograd traces with fake tensors, and measured_choice runs both forms of
+    the forward and of the backward for real on random tensors (its timer calls
+    them and checks they agree); the step then matches eager whichever form the
+    timer names.  A timer that raises keeps aten's convolution, with a warning."""
+    from coil.passes.lowerings import conv_taps
+
+    called: list[str] = []
+
+    def timer(whole: Callable[[], Any], taps: Callable[[], Any]) -> tuple[float, float]:
+        a, b = whole(), taps()
+        mine = [t for t in (b if isinstance(b, tuple) else (b,)) if t is not None]
+        theirs = [t for t in (a if isinstance(a, tuple) else (a,)) if t is not None]
+        torch.testing.assert_close(mine, theirs, atol=1e-3, rtol=1e-3)
+        called.append(type(mine[0]).__name__)
+        return (2.0, 1.0) if taps_faster else (1.0, 2.0)
+
+    monkeypatch.setattr(conv_taps, "TIMED_DEVICES", ("cpu",))
+    monkeypatch.setattr(conv_taps, "TIMER", timer)
+    monkeypatch.setattr(conv_taps, "_CHOICES", {})
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(64, 64, 48, padding=24, groups=8)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(conv(x)).square().sum()
+
+    x = torch.randn(2, 64, 40, requires_grad=True)
+    step(x).backward()
+    want = [x.grad.clone(), conv.weight.grad.clone(), conv.bias.grad.clone()]
+    x.grad = None
+    conv.zero_grad()
+    torch._dynamo.reset()
+    with caplog.at_level("INFO", logger="coil"):
+        torch.compile(step, backend="coil", options={"target": "cpp", "graph_cache": False})(x).backward()
+    torch.testing.assert_close([x.grad, conv.weight.grad, conv.bias.grad], want, atol=1e-3, rtol=1e-3)
+    assert called == ["Tensor", "Tensor"]  # forward, then backward: real tensors, not fake ones
+    logged = [r.getMessage() for r in caplog.records if "grouped conv1d" in r.getMessage()]
+    assert len(logged) == 2 and all(("by taps" if taps_faster else "aten's") in m.split(": ")[-1] for m in logged)
+
+    def broken(whole: Callable[[], Any], taps: Callable[[], Any]) -> tuple[float, float]:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(conv_taps, "TIMER", broken)
+    assert conv_taps.measured_choice(torch.empty(2, 64, 41), conv.weight, 24, 8, backward=False) is False
+    assert "timing it by taps failed (RuntimeError: out of memory)" in caplog.text

@@ -214,6 +214,25 @@ def measured_choice(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, bac
     key = (tuple(x.shape), tuple(w.shape), pad, groups, x.dtype, str(x.device), backward)
     if key in _CHOICES:
         return _CHOICES[key]
+    try:
+        whole_ms, taps_ms = _time_both(x, w, pad, groups, backward, timer or TIMER)
+    except Exception as e:  # noqa: BLE001 - a timing that fails (out of memory...) keeps aten's convolution
+        log.warning("coil: grouped conv1d %s x %s: timing it by taps failed (%s: %s); aten's convolution kept",
+                    tuple(x.shape), tuple(w.shape), type(e).__name__, e)
+        _CHOICES[key] = False
+        return False
+    took = taps_ms < whole_ms
+    _CHOICES[key] = took
+    log.info("coil: grouped conv1d %s x %s (groups %d)%s: aten's %.3f ms, by taps %.3f ms: %s", tuple(x.shape),
+             tuple(w.shape), groups, " backward" if backward else "", whole_ms, taps_ms,
+             "by taps" if took else "aten's")
+    return took
+
+
+def _time_both(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward: bool,
+               timer: Timer) -> tuple[float, float]:
+    """(aten's ms, by taps' ms) from `timer`, on random tensors of x's and w's sizes
+    made outside the trace."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():  # real tensors on the device, not the trace's fake ones
@@ -223,18 +242,9 @@ def measured_choice(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, bac
         if backward:
             go = torch.randn_like(aten.convolution.default(xr, wr, None, *args))
             mask = [True, True, False]
-            whole_ms, taps_ms = (timer or TIMER)(
-                lambda: aten.convolution_backward.default(go, xr, wr, None, *args, mask),
-                lambda: backward_by_taps(go, xr, wr, None, *args, mask))
-        else:
-            whole_ms, taps_ms = (timer or TIMER)(lambda: aten.convolution.default(xr, wr, None, *args),
-                                                          lambda: conv_by_taps(xr, wr, pad, groups))
-    took = taps_ms < whole_ms
-    _CHOICES[key] = took
-    log.info("coil: grouped conv1d %s x %s (groups %d)%s: aten's %.3f ms, by taps %.3f ms: %s", tuple(x.shape),
-             tuple(w.shape), groups, " backward" if backward else "", whole_ms, taps_ms,
-             "by taps" if took else "aten's")
-    return took
+            return timer(lambda: aten.convolution_backward.default(go, xr, wr, None, *args, mask),
+                         lambda: backward_by_taps(go, xr, wr, None, *args, mask))
+        return timer(lambda: aten.convolution.default(xr, wr, None, *args), lambda: conv_by_taps(xr, wr, pad, groups))
 
 
 # the devices measured_choice times on (the CPU's mkldnn convolution has no such cliff), and its timer
