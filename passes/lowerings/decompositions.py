@@ -5,7 +5,9 @@ their own arrive as pointwise ops and reductions instead of Extern calls.
 decomposition on meta tensors and lowers the result node by node, recursively.
 Some decompositions are written with torch._refs and so emit `prims.*` ops; those
 have lowerings in prims.py.  Matrix products and convolutions are deliberately
-absent: they stay Extern calls to the vendor kernels.
+absent: they stay Extern calls to the vendor kernels (but for a long grouped
+conv1d on a GPU, which the joint graph's table writes as matrix products where
+that measures faster: conv_taps.py).
 """
 
 from __future__ import annotations
