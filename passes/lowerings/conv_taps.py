@@ -39,6 +39,7 @@ Inductor keeps this convolution whole.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Sequence
 
@@ -232,10 +233,11 @@ def measured_choice(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, bac
 def _time_both(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward: bool,
                timer: Timer) -> tuple[float, float]:
     """(aten's ms, by taps' ms) from `timer`, on random tensors of x's and w's sizes
-    made outside the trace."""
+    made outside the trace, with x's device the current one."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes():  # real tensors on the device, not the trace's fake ones
+    on_device = torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
+    with _disable_current_modes(), on_device:  # real tensors on x's device (its events too), not fake ones
         xr = torch.randn(tuple(x.shape), dtype=x.dtype, device=x.device)
         wr = torch.randn(tuple(w.shape), dtype=w.dtype, device=w.device) * w.shape[1] ** -0.5
         args = ([1], [pad], [1], False, [0], groups)
