@@ -99,6 +99,7 @@ class _Fuser:
         self.o = options
         self.pos = {n.name: i for i, n in enumerate(g.nodes)}
         self.bufs = {b.name: b for b in g.graph.buffers if isinstance(b, ComputedBuffer)}
+        self.outputs = frozenset(n for n in g.graph.outputs if n is not None)
         self.groups: dict[str, Group] = {}
         self.group_of: dict[str, str] = {}
         self.log: list[FusionDecision] = []
@@ -247,10 +248,9 @@ class _Fuser:
         passed = [n.name for n in self.g.nodes[max(first.last, ready) + 1:second.first] if n.kind is NodeKind.EXTERN]
         if not passed:
             return None
-        outputs = set(self.g.graph.outputs)
         hint = self.g.shapes.hint
         held = sum(hint(self.bufs[n].layout.nbytes) for n in second.nodes
-                   if n in outputs or any(c not in members for c in self.consumers[n]))
+                   if n in self.outputs or any(c not in members for c in self.consumers[n]))
         if held < HOIST_BYTES or held <= saved:
             return None
         return (f"memory: fused, {second.name}'s {held} bytes would be written before {len(passed)} Extern "

@@ -45,6 +45,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from coil.ir.shapes import is_static
+
 aten = torch.ops.aten
 log = logging.getLogger("coil")
 
@@ -58,16 +60,12 @@ TIMED_CALLS = 3
 _CHOICES: dict[tuple[Any, ...], bool] = {}
 
 
-def _ints(xs: Sequence[Any]) -> bool:
-    return all(isinstance(n, int) for n in xs)
-
-
 def long_grouped(x: torch.Tensor, w: torch.Tensor, stride: Sequence[Any], padding: Sequence[Any],
                  dilation: Sequence[Any], transposed: bool, output_padding: Sequence[Any], groups: int) -> bool:
     """Whether this convolution is one that conv_by_taps computes (the module's rule)."""
     if x.dim() != 3 or w.dim() != 3 or transposed or not isinstance(groups, int) or groups < 2:
         return False
-    if not (_ints(x.shape) and _ints(w.shape) and _ints(stride) and _ints(padding) and _ints(dilation)):
+    if not is_static((*x.shape, *w.shape, *stride, *padding, *dilation)):
         return False
     k = w.shape[-1]
     return (list(stride) == [1] and list(dilation) == [1] and len(padding) == 1 and 0 <= padding[0] <= k - 1
