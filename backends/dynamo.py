@@ -18,7 +18,7 @@ import contextlib
 import copy
 import functools
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import attrs
 import torch
@@ -26,18 +26,33 @@ import torch
 from coil.errors import CoilError
 from coil.options import Options
 
+if TYPE_CHECKING:
+    from coil.passes.lowerings.conv_taps import TapsChoice
+
 log = logging.getLogger("coil")
 
 
 @functools.lru_cache(maxsize=1)
-def aot_decompositions() -> dict[Any, Callable[..., Any]]:
+def default_taps() -> TapsChoice:
+    """The process's TapsChoice where the caller passes none: timed on CUDA devices,
+    its answers kept for every graph the backend compiles."""
+    from coil.passes.lowerings.conv_taps import TapsChoice
+
+    return TapsChoice()
+
+
+@functools.lru_cache(maxsize=4)
+def aot_decompositions(taps: TapsChoice | None = None) -> dict[Any, Callable[..., Any]]:
     """Core ATen decompositions plus the fusion-friendly ones, minus the ops coil
     lowers itself (those arrive whole and fuse better that way), plus the `*_like`
-    creations as `full` (AOT_ONLY_DECOMPOSITIONS says why)."""
+    creations as `full` (AOT_ONLY_DECOMPOSITIONS says why) and the convolutions'
+    rules, bound to `taps` (default_taps() where None: which long grouped conv1d
+    goes by taps, conv_taps.py)."""
     from coil.passes.lowerings import DECOMPOSITIONS, LOWERINGS
-    from coil.passes.lowerings.decompositions import AOT_ONLY_DECOMPOSITIONS
+    from coil.passes.lowerings.decompositions import aot_only_decompositions
 
-    return {op: fn for op, fn in DECOMPOSITIONS.items() if op not in LOWERINGS} | AOT_ONLY_DECOMPOSITIONS
+    return ({op: fn for op, fn in DECOMPOSITIONS.items() if op not in LOWERINGS}
+            | aot_only_decompositions(taps if taps is not None else default_taps()))
 
 
 def _static(inputs: Sequence[Any]) -> bool:
@@ -498,9 +513,11 @@ def coil_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None,
-                 mode: str | None = None, **_: Any) -> Callable[..., Any]:
+                 mode: str | None = None, taps: TapsChoice | None = None, **_: Any) -> Callable[..., Any]:
     """The Dynamo backend (entry point `coil`); `options` are coil's Options by name,
-    `mode` is torch.compile's (options_for_mode)."""
+    `mode` is torch.compile's (options_for_mode); `taps` decides which long grouped
+    conv1d the joint graph takes by taps (default_taps() where None; bind another
+    with functools.partial(coil_backend, taps=...))."""
     from torch._dynamo.backends.common import aot_autograd
 
     from coil import graph_cache
@@ -529,7 +546,7 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],
         inference_compiler=compilers["inference"],
-        decompositions=aot_decompositions(),
+        decompositions=aot_decompositions(taps),
         partition_fn=_partition_fn(opts),
         # writes into the graph's inputs (BatchNorm's buffers) stay in the graph, as Inductor asks:
         # coil runs them, inside a CUDA graph's recording too

@@ -599,7 +599,7 @@ def test_convolutions_by_taps_does_not_take_stay_whole(case: str) -> None:
 
 @pytest.mark.parametrize("faster", ["taps", "aten", "taps forward only"])
 def test_the_joint_graph_takes_a_long_grouped_conv1d_by_taps_where_it_measures_faster(
-        faster: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        faster: str, caplog: pytest.LogCaptureFixture) -> None:
     """Traced with the backend's table, a training step of Wav2Vec2's positional
     convolution (grouped, 128 taps) on a timed device (here the meta device, with a
     timer that answers as told) has each of its two convolutions by taps (bmm)
@@ -616,9 +616,7 @@ def test_the_joint_graph_takes_a_long_grouped_conv1d_by_taps_where_it_measures_f
         wins = faster == "taps" or (faster == "taps forward only" and forward)
         return (2.0, 1.0) if wins else (1.0, 2.0)
 
-    monkeypatch.setattr(conv_taps, "TIMED_DEVICES", ("cuda", "meta"))
-    monkeypatch.setattr(conv_taps, "TIMER", timer)
-    monkeypatch.setattr(conv_taps, "_CHOICES", {})
+    taps = conv_taps.TapsChoice(timer, ("cuda", "meta"))
 
     def step(x, w, b):
         y = torch.nn.functional.conv1d(x, w, b, padding=64, groups=16)
@@ -629,7 +627,7 @@ def test_the_joint_graph_takes_a_long_grouped_conv1d_by_taps_where_it_measures_f
                 torch.randn(64, 4, 128, device=device, requires_grad=True),
                 torch.randn(64, device=device, requires_grad=True)]
         with caplog.at_level("INFO", logger="coil"):
-            gm = make_fx(step, decomposition_table=aot_decompositions())(*args)
+            gm = make_fx(step, decomposition_table=aot_decompositions(taps))(*args)
         targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
         whole = {t for t in targets if t in (aten.convolution.default, aten.convolution_backward.default)}
         if device == "cpu" or faster == "aten":
@@ -639,6 +637,7 @@ def test_the_joint_graph_takes_a_long_grouped_conv1d_by_taps_where_it_measures_f
         else:
             assert whole == {aten.convolution_backward.default} and aten.bmm.default in targets
     assert len(asked) == 2  # the forward and the backward, once each: the second trace asked none
+    assert len(taps.answers) == 2 and conv_taps.TapsChoice().answers == {}  # kept by this handler only
     logged = [r.getMessage() for r in caplog.records if "grouped conv1d" in r.getMessage()]
     forward_said = "aten's 1.000 ms, by taps 2.000 ms: aten's" if faster == "aten" else \
         "aten's 2.000 ms, by taps 1.000 ms: by taps"
@@ -678,20 +677,20 @@ def test_a_training_step_by_taps_compiles_and_matches_eager(target: str) -> None
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_weight_normed_positional_conv_runs_by_taps_on_cuda(dtype: torch.dtype,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_weight_normed_positional_conv_runs_by_taps_on_cuda(dtype: torch.dtype) -> None:
     """Wav2Vec2's positional convolution (weight norm, 16 groups, 128 taps, padding
     64, GELU) trained through the backend on CUDA, with the timer answering "by
     taps" (at this size cuDNN may well be faster): neither compiled graph calls a
     convolution, and the output and gradients are as close to float64's as eager's
     are, within 2x by RMSE (eager's cuDNN convolution takes TF32 in float32)."""
     import copy
+    import functools
 
     from bench.variants import Capture, record_coil_graphs
+    from coil.backends.dynamo import coil_backend
     from coil.passes.lowerings import conv_taps
 
-    monkeypatch.setattr(conv_taps, "TIMER", lambda whole, taps: (2.0, 1.0))
-    monkeypatch.setattr(conv_taps, "_CHOICES", {})
+    backend = functools.partial(coil_backend, taps=conv_taps.TapsChoice(lambda whole, taps: (2.0, 1.0)))
     torch.manual_seed(0)
     conv = torch.nn.utils.parametrizations.weight_norm(
         torch.nn.Conv1d(256, 256, 128, padding=64, groups=16), name="weight", dim=2).to("cuda", dtype)
@@ -705,7 +704,7 @@ def test_a_weight_normed_positional_conv_runs_by_taps_on_cuda(dtype: torch.dtype
             y = torch.nn.functional.gelu(module(x)[..., :-1])
             return y, y.double().square().sum()
 
-        fn = torch.compile(step, backend="coil", options={"target": "triton", "graph_cache": False}) if compiled \
+        fn = torch.compile(step, backend=backend, options={"target": "triton", "graph_cache": False}) if compiled \
             else step
         y, loss = fn(x)
         loss.backward()
@@ -798,21 +797,20 @@ def test_a_training_step_by_taps_saves_no_columns_for_the_backward(monkeypatch: 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_choice_by_taps_is_timed_on_the_gpu_once_a_shape(caplog: pytest.LogCaptureFixture,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """measured_choice on CUDA times both forms of the forward and of the backward
+def test_the_choice_by_taps_is_timed_on_the_gpu_once_a_shape(caplog: pytest.LogCaptureFixture) -> None:
+    """A TapsChoice on CUDA times both forms of the forward and of the backward
     (positive times, logged), and a second ask of the same shape is answered from
     what it kept, untimed.  Which form wins is the GPU's business: not asserted."""
     from coil.passes.lowerings import conv_taps
 
-    monkeypatch.setattr(conv_taps, "_CHOICES", {})
+    taps = conv_taps.TapsChoice()
     x = torch.empty(4, 256, 96, device="cuda", dtype=torch.bfloat16)
     w = torch.empty(256, 16, 128, device="cuda", dtype=torch.bfloat16)
     with caplog.at_level("INFO", logger="coil"):
         for backward in (False, True, False, True):
-            assert isinstance(conv_taps.measured_choice(x, w, 64, 16, backward), bool)
+            assert isinstance(taps.taken(x, w, 64, 16, backward), bool)
     logged = [r.getMessage() for r in caplog.records if "grouped conv1d" in r.getMessage()]
-    assert len(logged) == 2 and len(conv_taps._CHOICES) == 2
+    assert len(logged) == 2 and len(taps.answers) == 2
     for line in logged:
         whole, taps = (float(m) for m in re.findall(r"(\d+\.\d+) ms", line))
         assert whole > 0 and taps > 0
@@ -820,12 +818,17 @@ def test_the_choice_by_taps_is_timed_on_the_gpu_once_a_shape(caplog: pytest.LogC
 
 @pytest.mark.parametrize("taps_faster", [True, False])
 def test_the_choice_runs_both_forms_outside_the_trace_and_the_step_matches_eager(
-        taps_faster: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Through torch.compile on the CPU (made a timed device here, the cpp target):
-    AOTAutograd traces with fake tensors, and measured_choice runs both forms of
-    the forward and of the backward for real on random tensors (its timer calls
-    them and checks they agree); the step then matches eager whichever form the
-    timer names.  A timer that raises keeps aten's convolution, with a warning."""
+        taps_faster: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Through torch.compile on the CPU (a timed device of the TapsChoice bound to
+    the backend here, the cpp target): AOTAutograd traces with fake tensors, and
+    the choice runs both forms of the forward and of the backward for real on
+    random tensors (its timer calls them and checks they agree); the step then
+    matches eager whichever form the timer names.  A timer that raises keeps
+    aten's convolution, with a warning; a TapsChoice that does not time the CPU
+    keeps it untimed."""
+    import functools
+
+    from coil.backends.dynamo import coil_backend
     from coil.passes.lowerings import conv_taps
 
     called: list[str] = []
@@ -838,9 +841,7 @@ def test_the_choice_runs_both_forms_outside_the_trace_and_the_step_matches_eager
         called.append(type(mine[0]).__name__)
         return (2.0, 1.0) if taps_faster else (1.0, 2.0)
 
-    monkeypatch.setattr(conv_taps, "TIMED_DEVICES", ("cpu",))
-    monkeypatch.setattr(conv_taps, "TIMER", timer)
-    monkeypatch.setattr(conv_taps, "_CHOICES", {})
+    backend = functools.partial(coil_backend, taps=conv_taps.TapsChoice(timer, ("cpu",)))
     torch.manual_seed(0)
     conv = torch.nn.Conv1d(64, 64, 48, padding=24, groups=8)
 
@@ -854,7 +855,7 @@ def test_the_choice_runs_both_forms_outside_the_trace_and_the_step_matches_eager
     conv.zero_grad()
     torch._dynamo.reset()
     with caplog.at_level("INFO", logger="coil"):
-        torch.compile(step, backend="coil", options={"target": "cpp", "graph_cache": False})(x).backward()
+        torch.compile(step, backend=backend, options={"target": "cpp", "graph_cache": False})(x).backward()
     torch.testing.assert_close([x.grad, conv.weight.grad, conv.bias.grad], want, atol=1e-3, rtol=1e-3)
     assert called == ["Tensor", "Tensor"]  # forward, then backward: real tensors, not fake ones
     logged = [r.getMessage() for r in caplog.records if "grouped conv1d" in r.getMessage()]
@@ -863,6 +864,8 @@ def test_the_choice_runs_both_forms_outside_the_trace_and_the_step_matches_eager
     def broken(whole: Callable[[], Any], taps: Callable[[], Any]) -> tuple[float, float]:
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(conv_taps, "TIMER", broken)
-    assert conv_taps.measured_choice(torch.empty(2, 64, 41), conv.weight, 24, 8, backward=False) is False
+    kept = conv_taps.TapsChoice(broken, ("cpu",))
+    assert kept.taken(torch.empty(2, 64, 41), conv.weight, 24, 8, backward=False) is False
     assert "timing it by taps failed (RuntimeError: out of memory)" in caplog.text
+    assert conv_taps.TapsChoice(timer).taken(torch.empty(2, 64, 41), conv.weight, 24, 8, False) is False  # CPU: untimed
+    assert len(called) == 2

@@ -8,9 +8,11 @@ backward.  The products below take 2.9 and 8.2 ms, run eagerly and unfused
 (`bench/probes/grouped_conv.py`); Wav2Vec2's large inference took 40.7 ms with
 Inductor and 9.9 with coil.  cuDNN's choice is erratic, though: at 512 channels
 it takes 0.45 ms for 128 taps and 0.05 ms for 64, where the eager products take
-0.57 and 0.63 ms.  So the choice is measured (measured_choice): once a shape, on
-the device, each form timed on random tensors, and the faster one taken and
-logged.
+0.57 and 0.63 ms.  So the choice is measured (TapsChoice.taken): once a shape,
+on the device, each form timed on random tensors, and the faster one taken and
+logged.  The choice is a handler: the backend binds its TapsChoice into the
+joint graph's decompositions (decompositions.aot_only_decompositions), and a
+caller passes its own (another timer, other devices) to the backend.
 
 With xp the input padded by `pad` on both ends, og = o / g output and cg = c / g
 input channels a group,
@@ -30,8 +32,8 @@ convolution of grad_output, with the weight's groups transposed and its taps
 flipped (padding k - 1 - pad).  The weight's gradient is, chunk by chunk,
 grad_output's columns times the input's groups (weight_grad_by_taps).
 
-Taken only on a CUDA device (TIMED_DEVICES; the CPU's mkldnn convolution has no
-such cliff), for a 1-D convolution that is not transposed, has stride and
+Taken only on a device the TapsChoice times on (a CUDA device by default; the
+CPU's mkldnn convolution has no such cliff), for a 1-D convolution that is not transposed, has stride and
 dilation 1, at least two groups and LONG_TAPS taps, padding at most k - 1, and
 static sizes.  Everything else stays aten's convolution (NotImplemented).
 Inductor keeps this convolution whole.
@@ -43,6 +45,7 @@ import contextlib
 import logging
 from typing import Any, Callable, Sequence
 
+import attrs
 import torch
 
 from coil.ir.shapes import is_static
@@ -54,10 +57,8 @@ log = logging.getLogger("coil")
 LONG_TAPS = 32
 # the most bytes of one chunk's columns
 CHUNK_BYTES = 64 << 20
-# calls timed of each form by measured_choice (after a warm-up call)
+# calls timed of each form by time_on_device (after a warm-up call)
 TIMED_CALLS = 3
-# measured_choice's answers: (x's and w's sizes, padding, groups, dtype, device, backward) -> by taps
-_CHOICES: dict[tuple[Any, ...], bool] = {}
 
 
 def long_grouped(x: torch.Tensor, w: torch.Tensor, stride: Sequence[Any], padding: Sequence[Any],
@@ -202,32 +203,6 @@ def time_on_device(whole: Callable[[], Any], taps: Callable[[], Any]) -> tuple[f
     return times[0], times[1]
 
 
-def measured_choice(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward: bool,
-                    timer: Timer | None = None) -> bool:
-    """Whether the convolution (or, with `backward`, its input's and weight's
-    gradients) by taps is faster on x's device than aten's, timed once a shape on
-    random tensors of x's and w's sizes, outside the trace (cuDNN's choice of
-    kernel is erratic: the module's docstring).  The taps are timed run eagerly,
-    unfused, which coil's kernels only improve on.  The answer is kept by shape,
-    and logged with both times."""
-    key = (tuple(x.shape), tuple(w.shape), pad, groups, x.dtype, str(x.device), backward)
-    if key in _CHOICES:
-        return _CHOICES[key]
-    try:
-        whole_ms, taps_ms = _time_both(x, w, pad, groups, backward, timer or TIMER)
-    except Exception as e:  # noqa: BLE001 - a timing that fails (out of memory...) keeps aten's convolution
-        log.warning("coil: grouped conv1d %s x %s: timing it by taps failed (%s: %s); aten's convolution kept",
-                    tuple(x.shape), tuple(w.shape), type(e).__name__, e)
-        _CHOICES[key] = False
-        return False
-    took = taps_ms < whole_ms
-    _CHOICES[key] = took
-    log.info("coil: grouped conv1d %s x %s (groups %d)%s: aten's %.3f ms, by taps %.3f ms: %s", tuple(x.shape),
-             tuple(w.shape), groups, " backward" if backward else "", whole_ms, taps_ms,
-             "by taps" if took else "aten's")
-    return took
-
-
 def _time_both(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward: bool,
                timer: Timer) -> tuple[float, float]:
     """(aten's ms, by taps' ms) from `timer`, on random tensors of x's and w's sizes
@@ -247,30 +222,62 @@ def _time_both(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward
         return timer(lambda: aten.convolution.default(xr, wr, None, *args), lambda: conv_by_taps(xr, wr, pad, groups))
 
 
-# the devices measured_choice times on (the CPU's mkldnn convolution has no such cliff), and its timer
-TIMED_DEVICES = ("cuda",)
-TIMER: Timer = time_on_device
+@attrs.define(eq=False)
+class TapsChoice:
+    """Which form a long grouped conv1d takes, aten's or by taps: the handler the
+    joint graph's convolution decompositions are bound to.  It times both forms
+    with `timer` on a device whose type is in `devices` (elsewhere aten's is
+    kept, untimed), once a shape, and keeps each answer in `answers`: (x's and
+    w's sizes, padding, groups, dtype, device, backward) -> by taps."""
+
+    timer: Timer = time_on_device
+    devices: tuple[str, ...] = ("cuda",)
+    answers: dict[tuple[Any, ...], bool] = attrs.field(factory=dict)
+
+    def taken(self, x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward: bool) -> bool:
+        """Whether the convolution (or, with `backward`, its input's and weight's
+        gradients) by taps is faster on x's device than aten's, timed on random
+        tensors of x's and w's sizes, outside the trace (cuDNN's choice of kernel
+        is erratic: the module's docstring).  The taps are timed run eagerly,
+        unfused, which coil's kernels only improve on.  Logged with both times; a
+        timing that fails (out of memory...) keeps aten's, with a warning."""
+        if x.device.type not in self.devices:
+            return False
+        key = (tuple(x.shape), tuple(w.shape), pad, groups, x.dtype, str(x.device), backward)
+        if key in self.answers:
+            return self.answers[key]
+        try:
+            whole_ms, taps_ms = _time_both(x, w, pad, groups, backward, self.timer)
+        except Exception as e:  # noqa: BLE001 - the convolution stays aten's
+            log.warning("coil: grouped conv1d %s x %s: timing it by taps failed (%s: %s); aten's convolution kept",
+                        tuple(x.shape), tuple(w.shape), type(e).__name__, e)
+            self.answers[key] = False
+            return False
+        took = taps_ms < whole_ms
+        self.answers[key] = took
+        log.info("coil: grouped conv1d %s x %s (groups %d)%s: aten's %.3f ms, by taps %.3f ms: %s", tuple(x.shape),
+                 tuple(w.shape), groups, " backward" if backward else "", whole_ms, taps_ms,
+                 "by taps" if took else "aten's")
+        return took
+
+    def convolution(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
+                    dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
+        """The joint graph's aten.convolution: by taps where it is a long grouped
+        conv1d that measures faster, else whole (NotImplemented)."""
+        if (not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
+                or not self.taken(x, w, padding[0], groups, backward=False)):
+            return NotImplemented
+        return by_taps(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+    def convolution_backward(self, grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any,
+                             stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
+                             groups: int, output_mask: Sequence[bool]) -> Any:
+        """The joint graph's aten.convolution_backward: by taps where it measures
+        faster, else NotImplemented (the caller's other rules)."""
+        if (not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
+                or not self.taken(x, w, padding[0], groups, backward=True)):
+            return NotImplemented
+        return backward_by_taps(grad_out, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                                groups, output_mask)
 
 
-def convolution(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
-                dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
-    """The joint graph's aten.convolution: by taps on a CUDA device where
-    measured_choice finds it faster, else whole."""
-    if (x.device.type not in TIMED_DEVICES
-            or not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
-            or not measured_choice(x, w, padding[0], groups, backward=False)):
-        return NotImplemented
-    return by_taps(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
-
-
-def convolution_backward(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any, stride: Any,
-                         padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
-                         output_mask: Sequence[bool]) -> Any:
-    """The joint graph's aten.convolution_backward: by taps on a CUDA device where
-    measured_choice finds it faster, else NotImplemented (the caller's other rules)."""
-    if (grad_out.device.type not in TIMED_DEVICES
-            or not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
-            or not measured_choice(x, w, padding[0], groups, backward=True)):
-        return NotImplemented
-    return backward_by_taps(grad_out, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
-                            groups, output_mask)

@@ -12,6 +12,8 @@ that measures faster: conv_taps.py).
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Callable
 
 import torch
@@ -241,10 +243,11 @@ def convolution_backward_bias_apart(grad_output: torch.Tensor, *args: Any) -> An
     return bias_gradient_apart(grad_output, *args)
 
 
-def convolution_backward_on_gpu(grad_output: torch.Tensor, *args: Any) -> Any:
+def convolution_backward_on_gpu(taps: conv_taps.TapsChoice, grad_output: torch.Tensor, *args: Any) -> Any:
     """convolution_backward as coil's GPU graphs take it: a long grouped conv1d's by
-    taps (conv_taps.py, as its forward), any other's with the bias gradient apart."""
-    got = conv_taps.convolution_backward(grad_output, *args)
+    taps where `taps` takes it (conv_taps.py, as its forward), any other's with the
+    bias gradient apart."""
+    got = taps.convolution_backward(grad_output, *args)
     return got if got is not NotImplemented else convolution_backward_bias_apart(grad_output, *args)
 
 
@@ -296,8 +299,6 @@ AOT_ONLY_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.ones_like.default: like_as_full(1),
     aten.full_like.default: like_as_full(None),
     aten.detach.default: detach_as_alias,
-    aten.convolution_backward.default: convolution_backward_on_gpu,
-    aten.convolution.default: conv_taps.convolution,
     # torch's decomposition, as Inductor's joint graph has it: a gather the
     # partitioner counts as fusible.  With nll_loss_forward whole it counts the
     # float32 log-softmax as materialized (read by an op it cannot recompute), so it
@@ -308,6 +309,15 @@ AOT_ONLY_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.nll_loss_forward.default: get_decompositions([aten.nll_loss_forward.default])[aten.nll_loss_forward.default],
     aten.max_pool2d_with_indices.default: low_memory_max_pool,
 }
+
+
+def aot_only_decompositions(taps: conv_taps.TapsChoice) -> dict[Any, Callable[..., Any]]:
+    """AOT_ONLY_DECOMPOSITIONS and the convolutions' two, bound to `taps`, the
+    handler that decides which long grouped conv1d goes by taps (conv_taps.py)."""
+    return AOT_ONLY_DECOMPOSITIONS | {
+        aten.convolution.default: taps.convolution,
+        aten.convolution_backward.default: functools.partial(convolution_backward_on_gpu, taps),
+    }
 
 
 def _core() -> dict[Any, Callable[..., Any]]:
