@@ -16,7 +16,8 @@
 # models-full was the run pinned at 0feee52 (sessions 32-45), models-pin46 the one
 # pinned in session 46, after the conv nets' backward kernels (session 43), the
 # joint graph's no-op copies and the memory plan's held inputs (45), int8 max-pool
-# offsets and at least 8 calls a timing (46).
+# offsets and at least 8 calls a timing (46), models-pin55 the one pinned in session 55,
+# after Wav2Vec2's positional convolution by taps (54) and realize's broadcast rule (53).
 # After each call, before the next: `bash scripts/pinned_run.sh collect FILES_AT`
 # copies what came back (FILES_AT/r/*) to bench/results/ and devsnap/bench/results/
 # (a call made before that, on the same warm machine, resumes from the last call's copy
@@ -28,8 +29,8 @@
 # killed and only the cases finished so far come back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PINNED=${PINNED:-5aacce0}  # coil_source 2d9c48c300c5
-RUN=${RUN:-models-pin46}
+PINNED=${PINNED:-1fbad64}  # coil_source ef18c471737e
+RUN=${RUN:-models-pin55}
 case "${1:-}" in
 prepare)
     rm -rf devsnap && mkdir devsnap
