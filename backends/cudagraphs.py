@@ -48,6 +48,7 @@ import logging
 import operator
 from typing import Any, Callable, Sequence
 
+import attrs
 import torch
 
 from coil.passes.higher_order import HOST_DECIDES, hop_name
@@ -500,14 +501,39 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> tuple[frozenset[int], fr
     return static, frozenset(mutated), syncs
 
 
-def wrap(run: Callable[[list[Any]], tuple[Any, ...]], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-         kind: str, pools: PoolSet, written: Sequence[int] = ()) -> CudaGraphed:
-    """The boxed call `run` of a compiled graph, replayed from CUDA graphs where
-    the graph may be recorded (capture_verdict).  `written`: the inputs the
-    compiled graph may write over (donated: Options.donated_inputs)."""
+@attrs.frozen
+class GraphPlan:
+    """What CudaGraphed needs of a compiled graph beyond its call, decided once
+    from the FX graph and its example inputs (`plan`): the inputs read in place
+    (`static`), why the graph may not be recorded (`verdict`, None: it may), and
+    the inputs it may write over (`written`).  Small and picklable, so a graph
+    loaded through AOTAutograd's cache (backends/aot_cache.py), whose FX graph is
+    not at hand, replays CUDA graphs as the compiled one did."""
+
+    kind: str
+    static: frozenset[int]
+    verdict: str | None
+    written: frozenset[int] = frozenset()
+
+    def graphed(self, run: Callable[[list[Any]], tuple[Any, ...]], pools: PoolSet) -> CudaGraphed:
+        """`run` replayed from CUDA graphs recorded in `pools`, by this plan."""
+        return CudaGraphed(run, self.kind, self.static, pools, self.verdict, self.written)
+
+
+def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str, written: Sequence[int] = ()
+         ) -> GraphPlan:
+    """The GraphPlan of a compiled graph: its static inputs (graph_facts', and
+    parameters) among the tensors, and capture_verdict over the rest.  `written`:
+    the inputs the compiled graph may write over (donated: Options.donated_inputs)."""
     static, mutated, syncs = graph_facts(gm, kind)
     static = frozenset(i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)
                        and (i in static or isinstance(x, torch.nn.Parameter)))
     copied = frozenset(i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)) - static
-    verdict = capture_verdict(example_inputs, copied, mutated, syncs)
-    return CudaGraphed(run, kind, static, pools, verdict, frozenset(written))
+    return GraphPlan(kind, static, capture_verdict(example_inputs, copied, mutated, syncs), frozenset(written))
+
+
+def wrap(run: Callable[[list[Any]], tuple[Any, ...]], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+         kind: str, pools: PoolSet, written: Sequence[int] = ()) -> CudaGraphed:
+    """The boxed call `run` of a compiled graph, replayed from CUDA graphs where
+    the graph may be recorded (capture_verdict): `plan(...).graphed(run, pools)`."""
+    return plan(gm, example_inputs, kind, written).graphed(run, pools)

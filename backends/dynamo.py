@@ -164,17 +164,19 @@ def _graph_compiler(options: Options, kind: str, link: str | None = None, n_inpu
         if kind == "forward":
             _report_output_strides(compiled)
         call = _eager_outside_assumed(compiled, graph_call(compiled, kind), gm, kind)
+        graph_plan = None
         if options.cuda_graphs:
             from coil.backends import cudagraphs
 
-            call = cudagraphs.wrap(call, gm, example_inputs, kind, pools if pools is not None else cudagraphs.PoolSet(),
-                                   opts.donated_inputs)
+            graph_plan = cudagraphs.plan(gm, example_inputs, kind, opts.donated_inputs)
+            call = graph_plan.graphed(call, pools if pools is not None else cudagraphs.PoolSet())
         if n_inputs is not None and through is not None and _passed_through(n_inputs, example_inputs):
             through.append((compiled, call))
             if link and compiled.cache_key:
                 graph_cache.store_link(link, compiled.cache_key, options.cache_dir)
         run = _boxed(compiled, call)
         run.options = opts  # type: ignore[attr-defined]  # what compiled it, for AOTAutograd's cache (aot_cache.py)
+        run.graph_plan = graph_plan  # type: ignore[attr-defined]  # its CUDA graphs', for the same
         return run
 
     return compile_one
@@ -541,7 +543,7 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
     scope: Any = contextlib.nullcontext()
     if aot_cache.usable(opts, gm, example_inputs):  # a warm start loads AOTAutograd's result instead of tracing again
         compilers = {kind: aot_cache.serializable(c, kind) for kind, c in compilers.items()}
-        scope = aot_cache.scope(opts)
+        scope = aot_cache.scope(opts, pools)
     backend = aot_autograd(
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],
