@@ -51,7 +51,7 @@ import hashlib
 import logging
 import os
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 from torch._dynamo.utils import counters
@@ -60,6 +60,9 @@ from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompil
 from torch._inductor.output_code import OutputCode
 
 from coil.options import Options
+
+if TYPE_CHECKING:
+    from coil.backends.cudagraphs import GraphPlan, PoolSet
 
 log = logging.getLogger("coil")
 
@@ -94,11 +97,11 @@ def usable(options: Options, gm: torch.fx.GraphModule, example_inputs: Sequence[
 
 # the PoolSet of the backend call in progress (`scope`): AOTAutograd calls post_compile with
 # no argument of coil's, so a loaded graph finds its CUDA graphs' pools here
-_POOLS: contextvars.ContextVar[Any] = contextvars.ContextVar("coil_aot_cache_pools", default=None)
+_POOLS: contextvars.ContextVar[PoolSet | None] = contextvars.ContextVar("coil_aot_cache_pools", default=None)
 
 
 @contextlib.contextmanager
-def scope(options: Options, pools: Any = None) -> Iterator[None]:
+def scope(options: Options, pools: PoolSet | None = None) -> Iterator[None]:
     """The backend call's settings: coil's key tag after the user's own, bundled
     entries (see the module's docstring), torch's key without Inductor's codegen
     (`key_without_inductor_codegen`), and `pools`, the PoolSet the call's graphs
@@ -191,7 +194,7 @@ class CoilOutputCode(OutputCode):  # type: ignore[misc]
     (OutputCode is): its fields are coil's."""
 
     def __init__(self, kind: str, key: str | None, options: Options | None, call: Callable[[list[Any]], Any],
-                 compiled: Any, refused: str | None, graph_plan: Any = None) -> None:
+                 compiled: Any, refused: str | None, graph_plan: GraphPlan | None = None) -> None:
         self.kind = kind
         self.key = key
         self.options = options
