@@ -13,7 +13,6 @@ that measures faster: conv_taps.py).
 from __future__ import annotations
 
 import functools
-
 from typing import Any, Callable
 
 import torch
