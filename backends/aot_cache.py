@@ -219,6 +219,7 @@ class CoilOutputCode(OutputCode):  # type: ignore[misc]
             def call(args: list[Any]) -> Any:
                 return run(*args)
 
+        graph_plan = getattr(run, "graph_plan", None)
         refused: str | None = None
         if compiled is None:
             refused = "it runs eagerly"
@@ -228,10 +229,9 @@ class CoilOutputCode(OutputCode):  # type: ignore[misc]
             refused = "compiled without the graph cache"
         elif getattr(compiled, "assumed_ranges", ()):
             refused = "its SymInt ranges are assumed"
-        elif options.cuda_graphs and getattr(run, "graph_plan", None) is None:
+        elif options.cuda_graphs and graph_plan is None:
             refused = "it replays CUDA graphs without a plan"
-        return cls(kind, getattr(compiled, "cache_key", None), options, call, compiled, refused,
-                   getattr(run, "graph_plan", None))
+        return cls(kind, getattr(compiled, "cache_key", None), options, call, compiled, refused, graph_plan)
 
     # AOTAutograd writes an Inductor entry (a FxGraphCache key) for a callable with
     # this attribute; torch 2.11 asks with hasattr, so it must be absent
