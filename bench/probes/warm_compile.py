@@ -11,7 +11,8 @@ load or the passes) and load_module (the kernels' loading: Triton's JITFunction
 path for every kernel, through precompile).  With PROFILE=1 the warm process
 prints a cProfile of the first call by cumulative time; with PROFILE_OUT=DIR too it
 writes the whole profile to DIR/{model}-{mode}-{variant}.prof instead.  VARIANTS=coil (or
-inductor) runs one compiler only.  Run from the repository root."""
+inductor) runs one compiler only; COMPILE_MODE=reduce-overhead compiles in that mode
+(the default: default).  Run from the repository root."""
 import os
 import subprocess
 import sys
@@ -72,7 +73,7 @@ if variant == "coil":
                 spent["inside"] += took
     coil.compile_graph = compile_graph
 target = "triton" if device == "cuda" else "cpp"
-f = compile_model(variant, "default", model, target, None)
+f = compile_model(variant, os.environ.get("COMPILE_MODE", "default"), model, target, None)
 prof = cProfile.Profile() if os.environ.get("PROFILE") and label == "warm" else None
 if device == "cuda":
     torch.cuda.synchronize()
