@@ -91,10 +91,13 @@ class StreamTraits:
 
     min_bytes: int  # outputs of at least this many bytes ...
     max_cost: int  # ... of kernels that compute at most this much per element (OP_COST units)
-    min_run_bytes: int  # the innermost loop writes at least this many contiguous bytes (a cache line)
+    min_run_bytes: int  # the innermost loop writes at least this many contiguous bytes a run (each run is fenced)
     # bytes a chunk of the innermost loop computes into a local buffer before it is
     # streamed out: short bursts, a long one fills the core's write-combining buffers
     chunk_bytes: int
+    # bytes written between two fences (a run of the innermost loop; a tiled nest's tile):
+    # each costs a fence that waits for the streamed lines
+    min_fenced_bytes: int = 0
 
 
 @attrs.frozen
@@ -196,6 +199,10 @@ class TargetTraits:
     # their order inside their kernel (realize.inner_orders), so it fuses there:
     # Triton's flat kernel index; the C++ target's nests keep each node's own order
     inner_orders: bool = False
+    # a pointwise buffer laid out in an order other than its logical one walks its
+    # memory order in a pointwise kernel (realize.walk_orders): Triton's flat index
+    # and the C++ target's nests alike
+    walk_orders: bool = False
     # reductions of few long rows split over many programs, and fuse keeps a second
     # pass over such rows out of the reduction before it (Options.split_second_pass)
     splits: SplitTraits | None = None
@@ -297,7 +304,14 @@ CPP_COLUMNS = ColumnTraits(run_min=8, stores_count=True)
 # the C++ target's: outputs of 4 MiB or more (they would not stay in L2 for a reader),
 # kernels of at most 7 per element (one exp is more), in chunks of 256 bytes; scratch
 # arrays of at most 64 KiB a kernel, for values of at least one transcendental's cost
-CPP_STREAMS = StreamTraits(min_bytes=4 << 20, max_cost=7, min_run_bytes=64, chunk_bytes=256)
+# min_fenced_bytes: the renderer fences each run of the innermost loop (a tiled nest: each
+# tile) with coil_sfence, about 100 ns; relu(x * 2 + b) over 32 MiB of float32 rows, one
+# thread, took 45.6 ms streamed in runs of 256 bytes, 24.2 in runs of 1 KiB, 19.1 in runs of
+# 4 KiB, 18.3-18.5 from 16 KiB (session 56, 8M / C rows of C for C = 64 ... 16384): a
+# channels-last row of 64 channels, which realize's walk order makes the innermost loop, is
+# such a short run
+CPP_STREAMS = StreamTraits(min_bytes=4 << 20, max_cost=7, min_run_bytes=64, chunk_bytes=256,
+                           min_fenced_bytes=4 << 10)
 CPP_SCRATCH = ScratchTraits(max_bytes=64 * 1024, min_cost=8)
 # a division or a square root a channel (MobileNetV2's BatchNorm + hardtanh + pad at
 # the CPU models size, 2 x 33 x 33 x 48 float32, one thread, AVX2: sqrt and divide
@@ -335,11 +349,11 @@ TARGET_TRAITS: dict[str, TargetTraits] = {
                            online_softmax=True, keeps_float32_between_ops=True, row_tiles=True,
                            device_asserts=True, loads_first=True, symbolic_sizes=True, multi_kernel=True,
                            conv_bias_in_kernels=True, pointer_arguments=True, combos=TRITON_COMBOS,
-                           reuse_broadcasts_trivial=True, inner_orders=True),
+                           reuse_broadcasts_trivial=True, inner_orders=True, walk_orders=True),
     "cpp": TargetTraits(("cpp", "cpp", "cpp"), 1024, 64, column_loop_min=None, channels_last=True,
                         columns=CPP_COLUMNS, two_pass_welford=True, nests=CPP_NESTS, streams=CPP_STREAMS,
                         scratch=CPP_SCRATCH, lane_tables=CPP_LANE_TABLES, hoists_row_invariants=True, row_reciprocals=True, symbolic_sizes=True,
-                        pointer_arguments=True),
+                        pointer_arguments=True, walk_orders=True),
     "reference": TargetTraits(("ref_poi", "ref_red", "ref_per"), 1024, 64, column_loop_min=None,
                               channels_last=False, symbolic_sizes=True),
 }
@@ -404,6 +418,10 @@ class Options:
     # permuted walks them in their order inside their kernel; "auto": by target (the
     # inner_orders trait: Triton), "on", "off" (an A/B of BatchNorm's backward)
     inner_orders: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
+    # realize.walk_orders: a pointwise buffer laid out channels-last (any order but its
+    # logical one) is walked in memory order by its pointwise kernel; "auto": by target
+    # (the walk_orders trait: Triton and C++), "on", "off" (an A/B)
+    walk_orders: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
     # overlap (passes/overlap.py): the most bytes of collectives' buffers in flight at
     # once when it moves issues earlier and waits later; 0: no overlap stage
     overlap_bytes_limit: int = 1 << 30
@@ -497,6 +515,12 @@ class Options:
         if self.inner_orders != "auto":
             return self.inner_orders == "on"
         return self.traits().inner_orders
+
+    def walks_memory_order(self) -> bool:
+        """realize's walk orders: the option, else the target's trait."""
+        if self.walk_orders != "auto":
+            return self.walk_orders == "on"
+        return self.traits().walk_orders
 
     def realizes_reused(self) -> bool:
         """realize's reuse rule: the option, else the target's trait."""

@@ -11,7 +11,8 @@ Grammar::
     InputBuffer ::= (name, layout, value | None, token, donated)
                                      donated: a kernel may write over it once dead
     Buffer ::= ComputedBuffer(name, layout, ranges, reduction_ranges,
-                              reduction_type | None, body, rule, origins)
+                              reduction_type | None, body, rule, origins,
+                              inner_order, walk_order)
              | ExternBuffer(name, kernel, args, kwargs, layout, rule, origins, mutated,
                               collective: Collective | None)
              | MultiOutputBuffer(name, extern, index, layout, rule, origins)
@@ -102,6 +103,12 @@ class ComputedBuffer:
     # order.  realize sets it where a reduction reads the buffer with its dims
     # permuted (BatchNorm's backward reads a channels-last gradient down its channels)
     inner_order: tuple[int, ...] = ()
+    # a pointwise buffer's dims in the order a pointwise kernel walks them (the outer
+    # role in a group of one-element rows): its layout's memory order, where that
+    # is not its logical order (a channels-last output), so that its store and the
+    # loads of inputs laid out as it is step along memory; () is their own order.
+    # realize sets it (walk_orders); nodes of a reduction kernel keep their rows' order
+    walk_order: tuple[int, ...] = ()
 
     @property
     def is_reduction(self) -> bool:

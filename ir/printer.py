@@ -96,6 +96,7 @@ def show_buffers(g: BufferGraph) -> str:
             case ComputedBuffer():
                 red = f", {b.reduction_type} over {fmt_size(b.reduction_ranges)}" if b.is_reduction else ""
                 order = f"  inner order {list(b.inner_order)}" if b.inner_order else ""
+                order += f"  walk order {list(b.walk_order)}" if b.walk_order else ""
                 out.append(f"  {b.name}: ComputedBuffer {b.layout.show()}{red}  rule={b.rule}{order}  origins=[{origins}]")
                 out += body_lines(b.body)
             case ExternBuffer():

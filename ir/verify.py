@@ -11,7 +11,8 @@ LoweredGraph
 BufferGraph
   B1 buffers are named buf0, buf1, ... in order; inputs keep their names
   B2 bodies load only inputs and earlier buffers, one index per dim
-  B3 every buffer has a rule; a ComputedBuffer's layout size equals its ranges
+  B3 every buffer has a rule; a ComputedBuffer's layout size equals its ranges, and
+     its inner and walk orders, if any, are permutations of a pointwise buffer's dims
   B4 bodies use only their own loop symbols (and an IndirectLoad its own ind*)
   B5 a reduction's type is one of REDUCTION_TYPES
   B6 a load's mask, if any, is a bool expression
@@ -163,6 +164,9 @@ def verify_buffers(g: BufferGraph, stage: str) -> None:
                 fail(g, stage, b.name, f"B5 unknown reduction type {b.reduction_type!r}")
             if b.inner_order and (b.is_reduction or sorted(b.inner_order) != list(range(len(b.ranges)))):
                 fail(g, stage, b.name, f"B3 inner order {list(b.inner_order)} is no permutation of a pointwise "
+                                       f"buffer's {len(b.ranges)} dims")
+            if b.walk_order and (b.is_reduction or sorted(b.walk_order) != list(range(len(b.ranges)))):
+                fail(g, stage, b.name, f"B3 walk order {list(b.walk_order)} is no permutation of a pointwise "
                                        f"buffer's {len(b.ranges)} dims")
         rank[b.name] = len(b.layout.size) if b.layout is not None else -1
     for o in g.outputs:

@@ -8,7 +8,9 @@ A kernel iterates `xindex` over `numel` and, for reduction kernels, `rindex` ove
     reduction  group (numel, rnumel): x* = unflatten(xindex, ranges),
                r* = unflatten(rindex, reduction_ranges)
     outer      a pointwise node with numel elements: x* = unflatten(xindex, ranges);
-               runs once per xindex (after the reductions it reads)
+               runs once per xindex (after the reductions it reads); in a pointwise
+               kernel (rnumel 1) with a walk_order, its dims are unflattened in that
+               order (its memory order: `walk_dims`)
     inner      a pointwise node with numel * rnumel elements:
                x* = unflatten(xindex * rnumel + rindex, ranges); runs per (xindex, rindex);
                with an inner_order, its dims are unflattened in that order
@@ -66,9 +68,29 @@ def node_role(b: ComputedBuffer, group: tuple[int, int]) -> Role | None:
     return None
 
 
+def walk_dims(b: ComputedBuffer, group: tuple[Size, Size]) -> tuple[int, ...]:
+    """The order in which a pointwise kernel's flat xindex walks b's dims (outermost
+    first): its walk_order where b is a pointwise node of a pointwise kernel (the
+    outer role, rows of one element), else its own order."""
+    if b.walk_order and not b.is_reduction and group[1] == 1:
+        return b.walk_order
+    return tuple(range(len(b.ranges)))
+
+
+def walked_ranges(b: ComputedBuffer, group: tuple[Size, Size]) -> tuple[Size, ...]:
+    """b's ranges in the order the kernel walks them (walk_dims)."""
+    return tuple(b.ranges[d] for d in walk_dims(b, group))
+
+
 def var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sympy.Expr]:
     """The node's loop symbols as expressions of xindex / rindex."""
-    return dict(_var_map(node_role(b, group), b.ranges, b.reduction_ranges, group, b.inner_order))
+    return dict(_var_map(node_role(b, group), b.ranges, b.reduction_ranges, group, b.inner_order,
+                         _outer_order(b, group)))
+
+
+def _outer_order(b: ComputedBuffer, group: tuple[int, int]) -> tuple[int, ...]:
+    """b's walk_order where it applies in this group (walk_dims), else ()."""
+    return b.walk_order if b.walk_order and group[1] == 1 else ()
 
 
 # var_map and store_position are pure functions of a node's ranges (and layout) and
@@ -76,9 +98,14 @@ def var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sym
 # (MobileNetV2's training graphs: 3977 var_maps, 1.5 s of sympy, before they were kept)
 @functools.lru_cache(maxsize=8192)
 def _var_map(role: Role | None, ranges: tuple[Size, ...], reduction_ranges: tuple[Size, ...],
-             group: tuple[int, int], inner_order: tuple[int, ...] = ()) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
+             group: tuple[int, int], inner_order: tuple[int, ...] = (), walk_order: tuple[int, ...] = ()
+             ) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
     rng = kernel_ranges(group)
     xs = xsyms(len(ranges))
+    if role is Role.OUTER and walk_order:  # a pointwise kernel walks it in memory order
+        walked = unflatten(XINDEX, tuple(ranges[d] for d in walk_order))
+        at = dict(zip(walk_order, walked))
+        return tuple((s, simplify_index(at[d], rng)) for d, s in enumerate(xs))
     if role is Role.INNER:
         flat: sympy.Expr = XINDEX * group[1] + RINDEX
     else:
@@ -95,13 +122,15 @@ def _var_map(role: Role | None, ranges: tuple[Size, ...], reduction_ranges: tupl
 
 
 def store_position(b: ComputedBuffer, group: tuple[int, int]) -> sympy.Expr:
-    return _store_position(node_role(b, group), b.layout, b.ranges, b.reduction_ranges, group, b.inner_order)
+    return _store_position(node_role(b, group), b.layout, b.ranges, b.reduction_ranges, group, b.inner_order,
+                           _outer_order(b, group))
 
 
 @functools.lru_cache(maxsize=8192)
 def _store_position(role: Role | None, layout: Layout, ranges: tuple[Size, ...], reduction_ranges: tuple[Size, ...],
-                    group: tuple[int, int], inner_order: tuple[int, ...] = ()) -> sympy.Expr:
-    m = dict(_var_map(role, ranges, reduction_ranges, group, inner_order))
+                    group: tuple[int, int], inner_order: tuple[int, ...] = (), walk_order: tuple[int, ...] = ()
+                    ) -> sympy.Expr:
+    m = dict(_var_map(role, ranges, reduction_ranges, group, inner_order, walk_order))
     return simplify_index(layout.offset_of(xsyms(len(ranges))).xreplace(m), kernel_ranges(group))
 
 

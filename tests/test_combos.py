@@ -201,8 +201,13 @@ def test_only_static_flat_pointwise_kernels_are_members() -> None:
     w = _wrap(lambda a, b: (a.sum(1), b * 3), [x, x.clone()], COMBOS.replace(combo_launches=False))
     kinds = {s.name: combinable(s) for s in w.specs}
     assert sorted(kinds.values()) == [False, True], kinds
-    transposed = _wrap(lambda a, b: (a.t() + b.t(), b * 2), [x, x.clone()], COMBOS.replace(combo_launches=False))
+    # a.t() + b: a column-major output (walked in memory order) and b read across it: tiled
+    transposed = _wrap(lambda a, b: (a.t() + b, b * 2), [x, torch.randn(48, 32, generator=g)],
+                       COMBOS.replace(combo_launches=False))
     assert [combinable(s) for s in transposed.specs].count(False) >= 1  # the transposed add runs tiled
+    # a.t() + b.t(): both reads and the (column-major) store run along memory: flat, a member
+    same = _wrap(lambda a, b: (a.t() + b.t(), b * 2), [x, x.clone()], COMBOS.replace(combo_launches=False))
+    assert all(combinable(s) for s in same.specs)
 
 
 def test_explain_lists_the_combo_and_each_members_programs() -> None:

@@ -793,3 +793,31 @@ def test_sanitize_never_poisons_an_input_written_in_place(target):
     idx = torch.tensor([0, 2, 2, 4])
     assert float(g(v, idx)) == float(f(want, idx)) == 8.0
     torch.testing.assert_close(v, want)
+
+
+class _ChannelsLastBlock(torch.nn.Module):
+    """A convolution, BatchNorm and ReLU, a depthwise convolution gating a residual,
+    then pooling and a linear layer.  Run channels-last (module and input), its
+    pointwise buffers between the convolutions are laid out channels-last, which
+    their kernels walk in memory order (realize's walk orders)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)))
+        y = y + torch.sigmoid(self.dw(y)) * y
+        return self.fc(y.mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("target", TARGETS + ["triton"])
+def test_training_a_channels_last_conv_block(target):
+    if not target_available(target):
+        pytest.skip(f"no {target} target here")
+    grads_match(lambda: _ChannelsLastBlock().to(memory_format=torch.channels_last),
+                lambda: [torch.randn(2, 3, 9, 7).to(memory_format=torch.channels_last).requires_grad_()],
+                target, atol=1e-4, rtol=1e-4)

@@ -392,17 +392,19 @@ def tile_load_axes(compiled: Any) -> list[str | None]:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shapes", [[(48, 64), (64, 48)], [(37, 53), (53, 37)]])  # the second with tails
 def test_a_column_major_output_lays_its_tile_transposed(device: str, shapes: list[tuple[int, int]]) -> None:
-    """y.t() + x: eager's output is column-major.  The tile's xindex runs down its
-    columns, so the store (and the programs' order) goes along the output in memory;
-    the strides match eager's."""
+    """y.t() + x: eager's output is column-major, and its kernel walks it in memory
+    order (realize's walk order), so the split's rows are the output's columns and
+    the tile's xindex runs down them: the store (and the programs' order) goes
+    along the output in memory, and x is the read the tile turns; the strides
+    match eager's.  (Walked in its logical order, the same tile lay transposed.)"""
     fn = lambda a, b: a.t() + b  # noqa: E731
     inputs = [torch.randn(s, device=device) for s in shapes]
     compiled = check(fn, inputs)
     assert compiled(*inputs)[0].stride() == fn(*inputs).stride() == (1, shapes[0][1])
     rows, cols = shapes[1]
-    # ynumel is the split's column count, xnumel its row count; the store steps 1 along xindex
+    # ynumel is the output's column count, xnumel its row count; the store steps 1 along xindex
     (k,) = specs(compiled)
-    assert k.space == Tiled(rows, cols, transposed=True) and (k.space.ynumel, k.space.xnumel) == (cols, rows)
+    assert k.space == Tiled(cols, rows) and (k.space.ynumel, k.space.xnumel) == (cols, rows)
     (out,) = k.nodes
     assert out.store == XINDEX + rows * YINDEX, out.store
 
@@ -438,16 +440,18 @@ def _tile(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> tuple[int, int,
 
 
 def test_a_tile_too_wide_for_grid_axis_1_stays_plain() -> None:
-    """Transposed, the split's columns go on grid axis 1 (at most 65535 blocks of at
-    least 16): an output 2**21 columns wide keeps the plain tile, programs along its
-    rows.  Compiled on meta tensors: nothing runs."""
+    """A column-major output 16 x 2**21 is walked in memory order (realize's walk
+    order): a split of 2**21 rows of 16, whose row blocks (at most 65535 of at
+    least 16 on grid axis 1) would overflow axis 1, so the tile lies transposed,
+    its rows on axis 0; a narrow one lies plain.  Either way xindex runs along the
+    output in memory.  Compiled on meta tensors: nothing runs."""
     wide = 1 << 21
     assert wide > TRITON_TILES.max_grid_y * TRITON_TILES.min_side
     fn = lambda a, b: a.t() + b  # noqa: E731
     inputs = [torch.empty(wide, 16, device="meta"), torch.empty(16, wide, device="meta")]
-    assert _tile(fn, inputs) == (16, wide, False)
+    assert _tile(fn, inputs) == (16, wide, True)
     narrow = [torch.empty(64, 16, device="meta"), torch.empty(16, 64, device="meta")]
-    assert _tile(fn, narrow) == (64, 16, True)
+    assert _tile(fn, narrow) == (64, 16, False)
 
 
 def test_a_tile_too_tall_for_grid_axis_1_lays_transposed() -> None:

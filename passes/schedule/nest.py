@@ -32,7 +32,7 @@ from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, rsyms, substitute_
 from coil.ir.indexing import FloorDiv, ModularIndexing, contiguous_strides, simplify_index, unflatten
 from coil.ir.layout import Layout
 from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_size_symbol, is_static, le, norm, same_size
-from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map
+from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map, walk_dims, walked_ranges
 
 
 def loop_symbol(prefix: str, i: int) -> sympy.Symbol:
@@ -143,7 +143,7 @@ def initial_nest(bufs: Sequence[ComputedBuffer], group: tuple[Size, Size], shape
                 elif _quotient(r, p) is not None:
                     rcuts.add(p)
         else:
-            xcuts.update(_suffix_products(b.ranges))
+            xcuts.update(_suffix_products(walked_ranges(b, group)))
             if role == "reduction":
                 rcuts.update(_suffix_products(b.reduction_ranges))
     has_r = not le(r, 1) or any(b.is_reduction for b in bufs)
@@ -187,7 +187,9 @@ def _empty_var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symb
     xs = xsyms(len(b.ranges))
     if group[0] == 0:
         return m | {s: sympy.Integer(0) for s in xs}
-    return m | dict(zip(xs, unflatten(XINDEX, b.ranges)))
+    order = walk_dims(b, group)
+    at = dict(zip(order, unflatten(XINDEX, tuple(b.ranges[d] for d in order))))
+    return m | {s: at[d] for d, s in enumerate(xs)}
 
 
 def node_indexing(b: ComputedBuffer, group: tuple[int, int], nest: Nest) -> NodeIndexing:

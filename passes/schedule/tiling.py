@@ -26,14 +26,15 @@ from coil.ir.kernel import XINDEX, YINDEX, KernelNode, Tiled
 from coil.ir.layout import Layout
 from coil.ir.shapes import EMPTY, ShapeInfo, Size, norm
 from coil.options import TileTraits
-from coil.passes.kernel_model import moving_step, offset_step, unit_step
+from coil.passes.kernel_model import moving_step, offset_step, unit_step, walk_dims, walked_ranges
 
 
 def tiled_map(b: ComputedBuffer, tile: Tiled, shapes: ShapeInfo = EMPTY) -> dict[sympy.Symbol, sympy.Expr]:
     """b's loop symbols as expressions of (yindex, xindex)."""
     rng = tile.ranges
-    return {s: simplify_index(e, rng, shapes)
-            for s, e in zip(xsyms(len(b.ranges)), unflatten(tile.flat(), b.ranges))}
+    order = walk_dims(b, (tile.rows * tile.cols, 1))
+    at = dict(zip(order, unflatten(tile.flat(), tuple(b.ranges[d] for d in order))))
+    return {s: simplify_index(at[d], rng, shapes) for d, s in enumerate(xsyms(len(b.ranges)))}
 
 
 def store_offset(b: ComputedBuffer, tile: Tiled, m: Mapping[sympy.Symbol, sympy.Expr] | None = None,
@@ -108,7 +109,8 @@ def tiling(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout], store
     access steps 1 along the rows but not along the columns (it reads
     transposed) while another steps 1 along the columns: a 1-D block would read
     one of them with a stride.  Candidate splits are the suffix products of the
-    first node's ranges (its dimension boundaries).  The tile is transposed
+    first node's ranges in the order the kernel walks them (its dimension
+    boundaries; kernel_model.walk_dims).  The tile is transposed
     (xindex along the rows) when the kernel's first store is contiguous down the
     columns and the columns' blocks fit on grid axis 1, and when the rows' blocks
     do not fit there (axis 0 has no such limit); a split whose rows and columns
@@ -125,7 +127,7 @@ def tiling(nodes: Sequence[ComputedBuffer], layouts: Mapping[str, Layout], store
     most = traits.max_grid_y * traits.min_side
     cands: list[Size] = []
     acc: Size = 1
-    for size in reversed(nodes[0].ranges[1:]):
+    for size in reversed(walked_ranges(nodes[0], (numel, 1))[1:]):
         acc = acc * int(size) if isinstance(acc, int) and isinstance(size, int) else norm(acc * size)
         cands.append(acc)
     for cols in cands:
