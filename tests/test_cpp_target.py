@@ -567,6 +567,13 @@ def test_the_launcher_takes_tensors_and_reads_their_pointers_in_c(tmp_path: Any)
         k(out, 3, 6, 10)
     with pytest.raises(TypeError, match="takes 4 arguments, 3 given"):
         k(out, a, 6)
+    # a tensor whose data torch refuses (as a tracer's FakeTensors: "Cannot access data
+    # pointer"): its data_ptr throws in C++, which reaches the caller as an error where it
+    # ended the process (std::terminate)
+    refused = torch.zeros(6)
+    torch._C._set_throw_on_mutable_data_ptr(refused)
+    with pytest.raises(RuntimeError, match="argument 0 has no data to run on: Cannot access data pointer"):
+        k(refused, a, 6, 10)
 
 
 def test_without_the_c_launcher_kernels_go_through_ctypes(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,6 +49,7 @@ def _source() -> str:
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <cstdint>
+#include <exception>
 
 namespace {{
 struct Kernel {{
@@ -79,7 +80,17 @@ PyObject* launch(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {{
             PyErr_Format(PyExc_TypeError, "coil kernel argument %d is not a tensor", i);
             return nullptr;
         }}
-        a[i] = reinterpret_cast<int64_t>(k->data_ptr(args[i]));
+        // torch's data_ptr throws for a tensor without storage (a FakeTensor, a meta
+        // tensor): an error for the caller, never std::terminate past this frame
+        try {{
+            a[i] = reinterpret_cast<int64_t>(k->data_ptr(args[i]));
+        }} catch (const std::exception& e) {{
+            PyErr_Format(PyExc_RuntimeError, "coil kernel argument %d has no data to run on: %s", i, e.what());
+            return nullptr;
+        }} catch (...) {{
+            PyErr_Format(PyExc_RuntimeError, "coil kernel argument %d has no data to run on", i);
+            return nullptr;
+        }}
     }}
     for (int i = k->pointers; i < n; ++i) {{
         long long v = PyLong_AsLongLong(args[i]);
