@@ -72,9 +72,7 @@ def walk_dims(b: ComputedBuffer, group: tuple[Size, Size]) -> tuple[int, ...]:
     """The order in which a pointwise kernel's flat xindex walks b's dims (outermost
     first): its walk_order where b is a pointwise node of a pointwise kernel (the
     outer role, rows of one element), else its own order."""
-    if b.walk_order and not b.is_reduction and group[1] == 1:
-        return b.walk_order
-    return tuple(range(len(b.ranges)))
+    return _outer_order(b, group) or tuple(range(len(b.ranges)))
 
 
 def walked_ranges(b: ComputedBuffer, group: tuple[Size, Size]) -> tuple[Size, ...]:
@@ -88,9 +86,10 @@ def var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symbol, sym
                          _outer_order(b, group)))
 
 
-def _outer_order(b: ComputedBuffer, group: tuple[int, int]) -> tuple[int, ...]:
-    """b's walk_order where it applies in this group (walk_dims), else ()."""
-    return b.walk_order if b.walk_order and group[1] == 1 else ()
+def _outer_order(b: ComputedBuffer, group: tuple[Size, Size]) -> tuple[int, ...]:
+    """b's walk_order where it applies in this group (a pointwise kernel: rows of one
+    element), else ()."""
+    return b.walk_order if b.walk_order and not b.is_reduction and group[1] == 1 else ()
 
 
 # var_map and store_position are pure functions of a node's ranges (and layout) and
