@@ -75,6 +75,13 @@ def walk_dims(b: ComputedBuffer, group: tuple[Size, Size]) -> tuple[int, ...]:
     return _outer_order(b, group) or tuple(range(len(b.ranges)))
 
 
+def unflatten_walked(flat: sympy.Expr, ranges: Sequence[Size], order: Sequence[int]) -> tuple[sympy.Expr, ...]:
+    """Each dim's index (in the dims' own order) where `flat` walks `ranges` with
+    dim order[0] outermost and order[-1] innermost."""
+    at = dict(zip(order, unflatten(flat, tuple(ranges[d] for d in order))))
+    return tuple(at[d] for d in range(len(ranges)))
+
+
 def walked_ranges(b: ComputedBuffer, group: tuple[Size, Size]) -> tuple[Size, ...]:
     """b's ranges in the order the kernel walks them (walk_dims)."""
     return tuple(b.ranges[d] for d in walk_dims(b, group))
@@ -102,17 +109,13 @@ def _var_map(role: Role | None, ranges: tuple[Size, ...], reduction_ranges: tupl
     rng = kernel_ranges(group)
     xs = xsyms(len(ranges))
     if role is Role.OUTER and walk_order:  # a pointwise kernel walks it in memory order
-        walked = unflatten(XINDEX, tuple(ranges[d] for d in walk_order))
-        at = dict(zip(walk_order, walked))
-        return tuple((s, simplify_index(at[d], rng)) for d, s in enumerate(xs))
+        return tuple((s, simplify_index(e, rng)) for s, e in zip(xs, unflatten_walked(XINDEX, ranges, walk_order)))
     if role is Role.INNER:
         flat: sympy.Expr = XINDEX * group[1] + RINDEX
     else:
         flat = XINDEX
     if role is Role.INNER and inner_order:  # its dims walked in that order
-        walked = unflatten(flat, tuple(ranges[d] for d in inner_order))
-        at = dict(zip(inner_order, walked))
-        return tuple((s, simplify_index(at[d], rng)) for d, s in enumerate(xs))
+        return tuple((s, simplify_index(e, rng)) for s, e in zip(xs, unflatten_walked(flat, ranges, inner_order)))
     m = {s: simplify_index(e, rng) for s, e in zip(xs, unflatten(flat, ranges))}
     if role is Role.REDUCTION:
         rs = rsyms(len(reduction_ranges))

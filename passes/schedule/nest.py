@@ -29,10 +29,10 @@ import sympy
 
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Expr, IndexExpr, IndirectLoad, Load, rsyms, substitute_symbols, walk, xsyms
-from coil.ir.indexing import FloorDiv, ModularIndexing, contiguous_strides, simplify_index, unflatten
+from coil.ir.indexing import FloorDiv, ModularIndexing, contiguous_strides, simplify_index
 from coil.ir.layout import Layout
 from coil.ir.shapes import EMPTY, ShapeInfo, Size, gt, is_size_symbol, is_static, le, norm, same_size
-from coil.passes.kernel_model import RINDEX, XINDEX, node_role, var_map, walk_dims, walked_ranges
+from coil.passes.kernel_model import RINDEX, XINDEX, node_role, unflatten_walked, var_map, walk_dims, walked_ranges
 
 
 def loop_symbol(prefix: str, i: int) -> sympy.Symbol:
@@ -187,9 +187,7 @@ def _empty_var_map(b: ComputedBuffer, group: tuple[int, int]) -> dict[sympy.Symb
     xs = xsyms(len(b.ranges))
     if group[0] == 0:
         return m | {s: sympy.Integer(0) for s in xs}
-    order = walk_dims(b, group)
-    at = dict(zip(order, unflatten(XINDEX, tuple(b.ranges[d] for d in order))))
-    return m | {s: at[d] for d, s in enumerate(xs)}
+    return m | dict(zip(xs, unflatten_walked(XINDEX, b.ranges, walk_dims(b, group))))
 
 
 def node_indexing(b: ComputedBuffer, group: tuple[int, int], nest: Nest) -> NodeIndexing:

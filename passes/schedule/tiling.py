@@ -21,20 +21,19 @@ import sympy
 
 from coil.ir.buffers import ComputedBuffer
 from coil.ir.expr import Load, indirect_loads, loads, xsyms
-from coil.ir.indexing import simplify_index, unflatten
+from coil.ir.indexing import simplify_index
 from coil.ir.kernel import XINDEX, YINDEX, KernelNode, Tiled
 from coil.ir.layout import Layout
 from coil.ir.shapes import EMPTY, ShapeInfo, Size, norm
 from coil.options import TileTraits
-from coil.passes.kernel_model import moving_step, offset_step, unit_step, walk_dims, walked_ranges
+from coil.passes.kernel_model import moving_step, offset_step, unflatten_walked, unit_step, walk_dims, walked_ranges
 
 
 def tiled_map(b: ComputedBuffer, tile: Tiled, shapes: ShapeInfo = EMPTY) -> dict[sympy.Symbol, sympy.Expr]:
     """b's loop symbols as expressions of (yindex, xindex)."""
     rng = tile.ranges
-    order = walk_dims(b, (tile.rows * tile.cols, 1))
-    at = dict(zip(order, unflatten(tile.flat(), tuple(b.ranges[d] for d in order))))
-    return {s: simplify_index(at[d], rng, shapes) for d, s in enumerate(xsyms(len(b.ranges)))}
+    walked = unflatten_walked(tile.flat(), b.ranges, walk_dims(b, (tile.rows * tile.cols, 1)))
+    return {s: simplify_index(e, rng, shapes) for s, e in zip(xsyms(len(b.ranges)), walked)}
 
 
 def store_offset(b: ComputedBuffer, tile: Tiled, m: Mapping[sympy.Symbol, sympy.Expr] | None = None,
