@@ -801,12 +801,12 @@ class _ChannelsLastBlock(torch.nn.Module):
     pointwise buffers between the convolutions are laid out channels-last, which
     their kernels walk in memory order (realize's walk orders)."""
 
-    def __init__(self) -> None:
+    def __init__(self, channels: int = 16, classes: int = 4) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(16)
-        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
-        self.fc = torch.nn.Linear(16, 4)
+        self.conv = torch.nn.Conv2d(3, channels, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(channels)
+        self.dw = torch.nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+        self.fc = torch.nn.Linear(channels, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn(self.conv(x)))

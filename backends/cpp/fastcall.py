@@ -80,8 +80,8 @@ PyObject* launch(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {{
             PyErr_Format(PyExc_TypeError, "coil kernel argument %d is not a tensor", i);
             return nullptr;
         }}
-        // torch's data_ptr throws for a tensor without storage (a FakeTensor, a meta
-        // tensor): an error for the caller, never std::terminate past this frame
+        // torch's data_ptr throws for a tensor whose data it refuses (a tracer's
+        // FakeTensor): an error for the caller, never std::terminate past this frame
         try {{
             a[i] = reinterpret_cast<int64_t>(k->data_ptr(args[i]));
         }} catch (const std::exception& e) {{

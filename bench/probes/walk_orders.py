@@ -3,8 +3,9 @@ are laid out channels-last or transposed (the layouts a walk order changes), and
 channels-last conv block's inference and training step, each compiled by Inductor
 and by coil with `walk_orders` on ("auto") and off, timed in interleaved rounds
 (do_bench, the median of $ROUNDS, default 5), in $DTYPE (default bfloat16); the
-pointwise graphs are checked against eager first (the block's numerics are
-tests/test_real_programs.py's).  Run from the repository root on a CUDA machine:
+pointwise graphs (tests/test_walk_order.py's) are checked against eager first
+(the block, tests/test_real_programs.py's at 64 channels, has its numerics tested
+there).  Run from the repository root on a CUDA machine:
 `python3 bench/probes/walk_orders.py`; `DEVICE=cpu DTYPE=float32` compiles (cpp) and
 checks every case here without timing it."""
 import os
@@ -13,11 +14,16 @@ import sys
 sys.path.insert(0, os.getcwd())
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 import coil  # noqa: E402
 from bench.probes.common import timed_rounds  # noqa: E402
+
+# the graphs and the block of the tests, at the sizes below (tests/ ahead of the root,
+# whose conftest.py is not the tests')
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+from test_real_programs import _ChannelsLastBlock  # noqa: E402
+from test_walk_order import _bias_relu, _taps, _transposed  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 DTYPE = getattr(torch, os.environ.get("DTYPE", "bfloat16"))
@@ -34,32 +40,14 @@ def timed(name, fns):
     print(f"== {name}: checked, not timed ({', '.join(fns)})", flush=True)
 
 
-def bias_relu(x, b):
-    return torch.relu(x * 2 + b.view(1, -1, 1, 1))
-
-
-def taps(x, w):
-    xp = F.pad(x, (1, 1, 1, 1))
-    h, v = x.shape[-2:]
-    out = torch.zeros_like(x)
-    for i in range(3):
-        for j in range(3):
-            out = out + xp[:, :, i:i + h, j:j + v] * w[:, 0, i, j].view(1, -1, 1, 1)
-    return out
-
-
-def transposed(a, c):
-    return a.t() * 3 + c
-
-
 def cl(*shape):
     return torch.randn(*shape, device=dev, dtype=DTYPE).to(memory_format=torch.channels_last)
 
 
 CASES = {
-    "bias_relu 32x128x56x56": (bias_relu, lambda: [cl(32, 128, 56, 56), torch.randn(128, device=dev, dtype=DTYPE)]),
-    "taps 32x64x56x56": (taps, lambda: [cl(32, 64, 56, 56), torch.randn(64, 1, 3, 3, device=dev, dtype=DTYPE)]),
-    "transposed 8192x4096": (transposed, lambda: [torch.randn(8192, 4096, device=dev, dtype=DTYPE),
+    "bias_relu 32x128x56x56": (_bias_relu, lambda: [cl(32, 128, 56, 56), torch.randn(128, device=dev, dtype=DTYPE)]),
+    "taps 32x64x56x56": (_taps, lambda: [cl(32, 64, 56, 56), torch.randn(64, 1, 3, 3, device=dev, dtype=DTYPE)]),
+    "transposed 8192x4096": (_transposed, lambda: [torch.randn(8192, 4096, device=dev, dtype=DTYPE),
                                                    torch.randn(4096, 1, device=dev, dtype=DTYPE)]),
 }
 
@@ -77,23 +65,9 @@ def graphs() -> None:
         timed(name, fns)
 
 
-class Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 64, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(64)
-        self.dw = torch.nn.Conv2d(64, 64, 3, padding=1, groups=64)
-        self.fc = torch.nn.Linear(64, 10)
-
-    def forward(self, x):
-        y = torch.relu(self.bn(self.conv(x)))
-        y = y + torch.sigmoid(self.dw(y)) * y
-        return self.fc(y.mean(dim=(2, 3)))
-
-
 def block() -> None:
     torch.manual_seed(0)
-    model = Block().to(dev, DTYPE).to(memory_format=torch.channels_last)
+    model = _ChannelsLastBlock(channels=64, classes=10).to(dev, DTYPE).to(memory_format=torch.channels_last)
     x = cl(32, 3, 112, 112)
     torch._dynamo.reset()
     compiled = {"inductor": torch.compile(model)}
