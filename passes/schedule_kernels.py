@@ -42,7 +42,8 @@ import sympy
 import torch
 
 from coil.ir.buffers import ComputedBuffer
-from coil.ir.expr import Cast, Expr, read_names, rewrite, substitute_symbols
+from coil.ir.bounds import COMPARISONS, value_among
+from coil.ir.expr import Cast, Expr, Op, read_names, rewrite, rsyms, substitute_symbols, walk, xsyms
 from coil.ir.fused import FusedKernel, KernelKind
 from coil.ir.kernel import (
     RINDEX,
@@ -326,13 +327,26 @@ def _node(k: FusedKernel, b: ComputedBuffer, tile: Tiled | None, stored: bool, d
         if k.kind is KernelKind.POINTWISE:  # reductions over <= 1 element: r* = 0
             m = {s: e.xreplace({RINDEX: sympy.Integer(0)}) for s, e in m.items()}
         store = store_position(b, k.group) if stored else None
-    body = substitute_symbols(b.body, m)
+    body = substitute_symbols(decided_comparisons_folded(b), m)
     if drop:
         body = drop_round_trips(body)
     inside = set(k.nodes)
     deps = tuple(dict.fromkeys(d for d in read_names(b.body) if d in inside and d != b.name))
     return KernelNode(b.name, role, body, b.layout.dtype, b.reduction_type,
                       None if store is None else sympy.expand(store - b.layout.offset), b.origins, deps)
+
+
+def decided_comparisons_folded(b: ComputedBuffer) -> Expr:
+    """b's body with each comparison that is one value over all of b's static
+    ranges that constant, and the masks and selects it decides folded: a pad's or a
+    stencil's window test `ix1 + 2 >= 1`, `ix1 < 57` for ix1 in [0, 56), which a
+    kernel would otherwise compute for every element (Inductor's value ranges drop
+    them too).  Proved by interval arithmetic (ir/bounds.py: value_among)."""
+    ranges = (*b.ranges, *b.reduction_ranges)
+    if not is_static(ranges) or not any(isinstance(e, Op) and e.name in COMPARISONS for e in walk(b.body)):
+        return b.body
+    spans = {s: (0, int(n)) for s, n in zip((*xsyms(len(b.ranges)), *rsyms(len(b.reduction_ranges))), ranges)}
+    return pieces.fold_decided(b.body, lambda c: value_among(c, spans))
 
 
 def drop_round_trips(body: Expr) -> Expr:

@@ -907,3 +907,28 @@ def test_asserts_that_do_not_fit() -> None:
     kp = _softmax()
     (k,) = kp.specs
     _reject(_with(kp, attrs.evolve(k, asserts=("index",))), rf"{k.name}: K11 asserts \['index'\] on cpu, its bodies check \[\]")
+
+
+@pytest.mark.parametrize("target", ["triton", "cpp"])
+def test_comparisons_the_ranges_decide_are_folded(target: str) -> None:
+    """A depthwise 3x3 stencil over a zero-padded 6x5 image: of each tap's window
+    tests (row and column at least 1, below 7 and 6 in the padded image) only those
+    that can fail over the output's ranges stay, so the kernel computes 4 distinct
+    comparisons, not 16, and the centre tap loads unmasked; the output is eager's."""
+    def taps(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xp = F.pad(x, (1, 1, 1, 1))
+        out = torch.zeros_like(x)
+        for i in range(3):
+            for j in range(3):
+                out = out + xp[:, :, i:i + 6, j:j + 5] * w[:, 0, i, j].view(1, -1, 1, 1)
+        return out
+
+    x, w = torch.randn(2, 3, 6, 5), torch.randn(3, 1, 3, 3)
+    kp = program(taps, [x, w], target=target)
+    (node,) = [n for k in kp.specs for n in k.nodes]
+    compares = {e for e in walk(node.body) if isinstance(e, Op) and e.name in ("lt", "le", "gt", "ge")}
+    assert len(compares) == 4, compares
+    masks = [ld.mask for ld in loads(node.body)]
+    assert len(masks) == 18 and sum(m is None for m in masks) == 1 + 9  # the centre tap's load of x, the weights
+    got = coil.compile_graph(make_fx(taps)(x, w), [x, w], coil.Options(target=target, graph_cache=False))(x, w)
+    torch.testing.assert_close(got[0], taps(x, w))
