@@ -48,8 +48,11 @@ saved weight is handed out as the channels-last copy its forward convolution
 read (`_saved_copies`), so the backward reads the weight as the forward did.
 
 Whether the rewrite runs is the target's trait, `Options.prefers_channels_last()`
-(on for the C++ target, whose convolutions are mkldnn's; off elsewhere until
-measured), never a branch on the target's name here.
+(on for the C++ target, whose convolutions are mkldnn's, and for Triton's, whose
+cuDNN convolutions convert NCHW tensors to NHWC and back around each call), never a
+branch on the target's name here.  A 1-d convolution comes here as the 2-d
+convolution of one row it is where the joint graph's decompositions make it so
+(conv_taps.TapsChoice.rows_2d).
 """
 
 from __future__ import annotations

@@ -870,3 +870,88 @@ def test_the_choice_runs_both_forms_outside_the_trace_and_the_step_matches_eager
     assert "timing it by taps failed (RuntimeError: out of memory)" in caplog.text
     assert conv_taps.TapsChoice(timer).taken(torch.empty(2, 64, 41), conv.weight, 24, 8, False) is False  # CPU: untimed
     assert len(called) == 2
+
+
+# ---- 1-d convolutions as 2-d convolutions of one row (conv_taps.conv1d_as_2d) -------------------
+
+
+@pytest.mark.parametrize("stride, padding, dilation, groups, bias", [
+    (5, 0, 1, 1, False),  # Wav2Vec2's first feature layer
+    (2, 1, 1, 1, True),  # Whisper's second convolution
+    (1, 3, 2, 4, True),  # dilated, grouped
+])
+def test_a_1d_convolution_as_a_2d_one_of_one_row_is_atens(stride: int, padding: int, dilation: int, groups: int,
+                                                         bias: bool) -> None:
+    """conv1d_as_2d is aten's 1-d convolution (float64), strided, padded, dilated and
+    grouped, with and without a bias; its result has the 1-d result's size."""
+    from coil.passes.lowerings import conv_taps
+
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 8, 40, dtype=torch.float64), torch.randn(12, 8 // groups, 3, dtype=torch.float64)
+    b = torch.randn(12, dtype=torch.float64) if bias else None
+    want = aten.convolution.default(x, w, b, [stride], [padding], [dilation], False, [0], groups)
+    got = conv_taps.conv1d_as_2d(x, w, b, [stride], [padding], [dilation], [0], groups)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("rows_2d", [("cpu",), ()])
+def test_the_joint_graph_traces_a_1d_convolution_as_a_2d_one_on_the_rows_2d_devices(
+        rows_2d: tuple[str, ...]) -> None:
+    """Traced with the backend's table, a training step's conv1d is a 2-d
+    convolution of unsqueezed input and weight on a device in rows_2d (its backward
+    stays the 1-d convolution_backward, which the layout pass leaves as it is), and
+    the 1-d convolution elsewhere; a transposed one stays 1-d.  A long grouped conv1d
+    that the timer says runs faster by taps still goes by taps."""
+    from coil.backends.dynamo import aot_decompositions
+    from coil.passes.lowerings import conv_taps
+
+    def step(x, w, wt, wp):
+        y = F.conv_transpose1d(F.gelu(F.conv1d(x, w, stride=2)), wt)
+        z = F.conv1d(y, wp, padding=16, groups=4)
+        return torch.autograd.grad(z.square().sum(), (w, wt, wp))
+
+    args = [torch.randn(2, 8, 40), torch.randn(8, 8, 3, requires_grad=True), torch.randn(8, 8, 3, requires_grad=True),
+            torch.randn(8, 2, conv_taps.LONG_TAPS, requires_grad=True)]
+    taps = conv_taps.TapsChoice(lambda whole, by_taps: (2.0, 1.0), ("cpu",), rows_2d=rows_2d)
+    gm = make_fx(step, decomposition_table=aot_decompositions(taps))(*args)
+    convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    ranks = sorted((len(n.args[0].meta["val"].shape), n.args[6]) for n in convs)  # (rank, transposed)
+    assert ranks == ([(3, True), (4, False)] if rows_2d else [(3, False), (3, True)])
+    assert aten.bmm.default in [n.target for n in gm.graph.nodes]  # the long grouped one, by taps
+    assert all(len(n.args[0].meta["val"].shape) == 3 for n in gm.graph.nodes
+               if n.target is aten.convolution_backward.default)
+
+
+def test_a_1d_convolution_stack_runs_channels_last_on_the_cpp_target() -> None:
+    """Wav2Vec2's feature encoder in small (conv1d, GroupNorm, GELU, two strided
+    conv1d with GELU) through the backend on the CPU: in inference its convolutions
+    after the first (whose one input channel is either layout) are 2-d ones that
+    give channels-last results (the layout pass; the C++ target's training keeps
+    eager's layouts, channels_last_training), and inference and a training step
+    give eager's output and gradients."""
+    from bench.variants import Capture, record_coil_graphs
+    from coil.ir.buffers import ExternBuffer
+
+    torch.manual_seed(0)
+    enc = torch.nn.Sequential(torch.nn.Conv1d(1, 16, 10, stride=5, bias=False), torch.nn.GroupNorm(16, 16),
+                              torch.nn.GELU(), torch.nn.Conv1d(16, 16, 3, stride=2, bias=False), torch.nn.GELU(),
+                              torch.nn.Conv1d(16, 16, 2, stride=2, bias=False), torch.nn.GELU())
+    x = torch.randn(2, 1, 400)
+    want = enc(x)
+    want.square().sum().backward()
+    grads = [p.grad.clone() for p in enc.parameters()]
+    enc.zero_grad()
+    torch._dynamo.reset()
+    compiled = torch.compile(enc, backend="coil", options={"target": "cpp", "graph_cache": False})
+    cap = Capture()
+    with record_coil_graphs(cap), torch.no_grad():
+        torch.testing.assert_close(compiled(x), want, atol=1e-5, rtol=1e-5)
+    bg = cap.coil_graphs[0].module.buffer_graph
+    convs = [b.layout for b in bg.buffers if isinstance(b, ExternBuffer) and b.kernel == "aten.convolution.default"]
+    assert [c.size[2] for c in convs] == [1, 1, 1]
+    assert [c.stride for c in convs[1:]] == [(39 * 16, 1, 39 * 16, 16), (19 * 16, 1, 19 * 16, 16)]
+    got = compiled(x)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close([p.grad for p in enc.parameters()], grads, atol=1e-4, rtol=1e-4)

@@ -37,6 +37,11 @@ CPU's mkldnn convolution has no such cliff), for a 1-D convolution that is not t
 dilation 1, at least two groups and LONG_TAPS taps, padding at most k - 1, and
 static sizes.  Everything else stays aten's convolution (NotImplemented).
 Inductor keeps this convolution whole.
+
+Every other 1-d convolution, on the devices in TapsChoice.rows_2d, is traced as
+the 2-d convolution of one row it is (conv1d_as_2d): passes/layout.py then runs it
+channels-last like any 2-d one, with its neighbours' kernels writing the layout it
+reads.
 """
 
 from __future__ import annotations
@@ -182,6 +187,17 @@ def backward_by_taps(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b
     return grad_x, grad_w, grad_b
 
 
+def conv1d_as_2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[Any],
+                 padding: Sequence[Any], dilation: Sequence[Any], output_padding: Sequence[Any],
+                 groups: int) -> torch.Tensor:
+    """A 1-d convolution as the 2-d convolution of one row it is: x (N, C, L) as
+    (N, C, 1, L), w (O, C/g, K) as (O, C/g, 1, K), the result's row dim dropped."""
+    out = aten.convolution.default(aten.unsqueeze.default(x, 2), aten.unsqueeze.default(w, 2), bias,
+                                   [1, stride[0]], [0, padding[0]], [1, dilation[0]], False,
+                                   [0, output_padding[0]], groups)
+    return aten.squeeze.dim(out, 2)
+
+
 Timer = Callable[[Callable[[], Any], Callable[[], Any]], tuple[float, float]]
 
 
@@ -233,6 +249,15 @@ class TapsChoice:
     timer: Timer = time_on_device
     devices: tuple[str, ...] = ("cuda",)
     answers: dict[tuple[Any, ...], bool] = attrs.field(factory=dict)
+    # on these devices every other 1-d convolution (not transposed) is traced as the
+    # 2-d convolution of one row it is (conv1d_as_2d), so that passes/layout.py runs
+    # it channels-last like any 2-d one.  The CPU: Wav2Vec2's inference at the CPU
+    # size, one thread, 3.53 -> 2.97 ms and 4.56 -> 3.69 ms in two runs (its training
+    # step and Whisper's encoder unchanged).  Not yet on CUDA, where PyTorch's conv1d
+    # makes its input contiguous and cuDNN converts it to NHWC and back around each
+    # call (Wav2Vec2's feature encoder at the small size on an H100: 631 of 1610 µs,
+    # bench/probes/conv1d_layouts.py), until a device run measures this form there
+    rows_2d: tuple[str, ...] = ("cpu",)
 
     def taken(self, x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward: bool) -> bool:
         """Whether the convolution (or, with `backward`, its input's and weight's
@@ -264,10 +289,12 @@ class TapsChoice:
                     dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
         """The joint graph's aten.convolution: by taps where it is a long grouped
         conv1d that measures faster, else whole (NotImplemented)."""
-        if (not long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
-                or not self.taken(x, w, padding[0], groups, backward=False)):
-            return NotImplemented
-        return by_taps(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+        if (long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
+                and self.taken(x, w, padding[0], groups, backward=False)):
+            return by_taps(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+        if x.dim() == 3 and w.dim() == 3 and not transposed and x.device.type in self.rows_2d:
+            return conv1d_as_2d(x, w, bias, stride, padding, dilation, output_padding, groups)
+        return NotImplemented
 
     def convolution_backward(self, grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias_sizes: Any,
                              stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
