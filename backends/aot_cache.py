@@ -67,15 +67,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("coil")
 
 
-def key_tag(options: Options) -> str:
+def key_tag(options: Options, handlers: str = "") -> str:
     """coil's part of AOTAutograd's cache key: what decides coil's compile of a
-    graph beyond what torch keys (torch's version, the graph, its inputs)."""
+    graph beyond what torch keys (torch's version, the graph, its inputs), the
+    backend's handlers (`handlers`: TapsChoice.cache_key, whose decompositions shape
+    the joint graph) among it."""
     from coil.backends.runtime import configured_dir
     from coil.graph_cache import coil_source_hash
 
     parts = [coil_source_hash(), repr(options.replace(aot_cache_nodes=0)),
              os.path.realpath(configured_dir(options.cache_dir)),
-             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"]
+             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}", handlers]
     return "coil-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
@@ -101,16 +103,16 @@ _POOLS: contextvars.ContextVar[PoolSet | None] = contextvars.ContextVar("coil_ao
 
 
 @contextlib.contextmanager
-def scope(options: Options, pools: PoolSet | None = None) -> Iterator[None]:
+def scope(options: Options, pools: PoolSet | None = None, handlers: str = "") -> Iterator[None]:
     """The backend call's settings: coil's key tag after the user's own, bundled
     entries (see the module's docstring), torch's key without Inductor's codegen
     (`key_without_inductor_codegen`), and `pools`, the PoolSet the call's graphs
     record their CUDA graphs in (with Options.cuda_graphs), for graphs loaded
-    through the cache."""
+    through the cache; `handlers` goes into the key tag (key_tag)."""
     tag = torch.compiler.config.cache_key_tag
     token = _POOLS.set(pools)
     try:
-        with torch.compiler.config.patch(cache_key_tag=f"{tag}{key_tag(options)}"), \
+        with torch.compiler.config.patch(cache_key_tag=f"{tag}{key_tag(options, handlers)}"), \
                 torch._functorch.config.patch(bundled_autograd_cache=True), key_without_inductor_codegen():
             yield
     finally:

@@ -294,10 +294,11 @@ def may_skip_aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> boo
 
 
 def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
-               skippable: bool | None = None) -> str | None:
+               skippable: bool | None = None, handlers: str = "") -> str | None:
     """The key of a Dynamo graph's link (see the module's docstring), or None when
     this graph may not skip AOTAutograd or this compile does not use the cache
-    (`skippable`: may_skip_aot's answer, where the caller has it)."""
+    (`skippable`: may_skip_aot's answer, where the caller has it).  `handlers`: what
+    of the backend's handlers decides the graph (TapsChoice.cache_key)."""
     if not options.graph_cache or options.debug_dir or options.trace:
         return None
     if not (may_skip_aot(gm, example_inputs) if skippable is None else skippable):
@@ -306,7 +307,7 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
     state = (f"grad={torch.is_grad_enabled()} inference={torch.is_inference_mode_enabled()} "
              f"dtype={torch.get_default_dtype()} deterministic={torch.are_deterministic_algorithms_enabled()}")
     parts = ["dynamo", coil_source_hash(), torch.__version__, f"{sys.version_info[:2]}", _interpreter(), state, gm.code,
-             *_dynamo_input_keys(gm, example_inputs), repr(sorted(opts.items()))]
+             *_dynamo_input_keys(gm, example_inputs), repr(sorted(opts.items())), handlers]
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
         parts += _guard_keys(example_inputs)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]

@@ -601,3 +601,39 @@ def test_graph_text_tells_overloads_apart() -> None:
     tensor = make_fx(lambda x: (torch.ops.aten.add.Tensor(x, x),))(x)
     scalar = make_fx(lambda x: (torch.ops.aten.add.Scalar(x, 2),))(x)
     assert "aten.add.Tensor" in graph_cache.graph_text(tensor) and "aten.add.Scalar" in graph_cache.graph_text(scalar)
+
+
+def test_a_backend_bound_to_another_taps_choice_never_loads_the_others_graph(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The joint graph's decompositions are the backend's TapsChoice's: bound with
+    rows_2d off, a conv1d stays 1-d; with it on (the CPU's default), it is a 2-d
+    convolution of one row.  Both compiles of one inference graph, cache on, each
+    get their own graph (the handler's cache_key is in the link's key and in
+    AOTAutograd's tag), and a third compile with the first handler's settings loads
+    the first's."""
+    import functools
+
+    from bench.variants import Capture, record_coil_graphs
+    from coil.backends import aot_cache
+    from coil.backends.dynamo import coil_backend
+    from coil.passes.lowerings.conv_taps import TapsChoice
+
+    monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path))
+    conv = torch.nn.Conv1d(4, 6, 3, stride=2)
+    x = torch.randn(2, 4, 20)
+    want = conv(x)
+    sources = []
+    for rows in ((), ("cpu",), ()):
+        torch._dynamo.reset()
+        backend = functools.partial(coil_backend, options={"target": "cpp"}, taps=TapsChoice(rows_2d=rows))
+        cap = Capture()
+        with record_coil_graphs(cap), torch.no_grad():
+            torch.testing.assert_close(torch.compile(conv, backend=backend)(x), want)
+        (compiled,) = cap.coil_graphs
+        sources.append(compiled.source)
+        call = compiled.source.split("def call")[1]
+        assert (", [1, 2], [0, 0], [1, 1], False" in call) == bool(rows), call
+    assert sources[0] == sources[2] and sources[0] != sources[1]
+    assert TapsChoice(rows_2d=()).cache_key() != TapsChoice().cache_key()
+    assert aot_cache.key_tag(coil.Options(), TapsChoice(rows_2d=()).cache_key()) != \
+        aot_cache.key_tag(coil.Options(), TapsChoice().cache_key())

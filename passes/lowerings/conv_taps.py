@@ -259,6 +259,15 @@ class TapsChoice:
     # bench/probes/conv1d_layouts.py), until a device run measures this form there
     rows_2d: tuple[str, ...] = ("cpu",)
 
+    def cache_key(self) -> str:
+        """What of this handler decides the graphs it traces, for the caches that keep
+        them (graph_cache.dynamo_key, aot_cache.key_tag): its devices, rows_2d and
+        timer, so that a handler bound otherwise never loads another's graphs.  Its
+        timed answers are not in it: a cached graph keeps the choice measured when it
+        was compiled, as an autotuner's cache keeps its configs."""
+        timer = f"{getattr(self.timer, '__module__', '?')}.{getattr(self.timer, '__qualname__', repr(self.timer))}"
+        return f"taps devices={self.devices} rows_2d={self.rows_2d} timer={timer}"
+
     def taken(self, x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward: bool) -> bool:
         """Whether the convolution (or, with `backward`, its input's and weight's
         gradients) by taps is faster on x's device than aten's, timed on random
