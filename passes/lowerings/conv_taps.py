@@ -252,8 +252,9 @@ class TapsChoice:
     # on these devices every other 1-d convolution (not transposed) is traced as the
     # 2-d convolution of one row it is (conv1d_as_2d), so that passes/layout.py runs
     # it channels-last like any 2-d one.  The CPU: Wav2Vec2's inference at the CPU
-    # size, one thread, 3.53 -> 2.97 ms and 4.56 -> 3.69 ms in two runs (its training
-    # step and Whisper's encoder unchanged).  Not yet on CUDA, where PyTorch's conv1d
+    # size, one thread, 3.39 -> 2.99 ms (Inductor 3.35; the models suite's ratio 0.95
+    # -> 0.89, bench/results/cpu-models-s57-conv1d.md), its training step and
+    # Whisper's encoder unchanged.  Not yet on CUDA, where PyTorch's conv1d
     # makes its input contiguous and cuDNN converts it to NHWC and back around each
     # call (Wav2Vec2's feature encoder at the small size on an H100: 631 of 1610 µs,
     # bench/probes/conv1d_layouts.py), until a device run measures this form there
@@ -297,7 +298,8 @@ class TapsChoice:
     def convolution(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
                     dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
         """The joint graph's aten.convolution: by taps where it is a long grouped
-        conv1d that measures faster, else whole (NotImplemented)."""
+        conv1d that measures faster; another 1-d one (not transposed) on a device
+        in `rows_2d` as a 2-d convolution of one row; else whole (NotImplemented)."""
         if (long_grouped(x, w, stride, padding, dilation, transposed, output_padding, groups)
                 and self.taken(x, w, padding[0], groups, backward=False)):
             return by_taps(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
