@@ -47,7 +47,7 @@ def aot_decompositions(taps: TapsChoice | None = None) -> dict[Any, Callable[...
     lowers itself (those arrive whole and fuse better that way), plus the `*_like`
     creations as `full` (AOT_ONLY_DECOMPOSITIONS says why) and the convolutions'
     rules, bound to `taps` (default_taps() where None: which long grouped conv1d
-    goes by taps, conv_taps.py)."""
+    goes by taps, and where a 1-d convolution goes as a 2-d one, conv_taps.py)."""
     from coil.passes.lowerings import DECOMPOSITIONS, LOWERINGS
     from coil.passes.lowerings.decompositions import aot_only_decompositions
 
@@ -518,8 +518,9 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
                  mode: str | None = None, taps: TapsChoice | None = None, **_: Any) -> Callable[..., Any]:
     """The Dynamo backend (entry point `coil`); `options` are coil's Options by name,
     `mode` is torch.compile's (options_for_mode); `taps` decides which long grouped
-    conv1d the joint graph takes by taps (default_taps() where None; bind another
-    with functools.partial(coil_backend, taps=...))."""
+    conv1d the joint graph takes by taps, and where a 1-d convolution goes as a 2-d
+    one (default_taps() where None; bind another with
+    functools.partial(coil_backend, taps=...)); its cache_key is in the caches' keys."""
     from torch._dynamo.backends.common import aot_autograd
 
     from coil import graph_cache

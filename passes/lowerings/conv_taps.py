@@ -240,11 +240,13 @@ def _time_both(x: torch.Tensor, w: torch.Tensor, pad: int, groups: int, backward
 
 @attrs.define(eq=False)
 class TapsChoice:
-    """Which form a long grouped conv1d takes, aten's or by taps: the handler the
-    joint graph's convolution decompositions are bound to.  It times both forms
-    with `timer` on a device whose type is in `devices` (elsewhere aten's is
-    kept, untimed), once a shape, and keeps each answer in `answers`: (x's and
-    w's sizes, padding, groups, dtype, device, backward) -> by taps."""
+    """Which form a 1-d convolution takes: the handler the joint graph's
+    convolution decompositions are bound to.  A long grouped conv1d goes aten's
+    way or by taps: it times both forms with `timer` on a device whose type is in
+    `devices` (elsewhere aten's is kept, untimed), once a shape, and keeps each
+    answer in `answers`: (x's and w's sizes, padding, groups, dtype, device,
+    backward) -> by taps.  Another one, on a device in `rows_2d`, goes as a 2-d
+    convolution of one row (conv1d_as_2d)."""
 
     timer: Timer = time_on_device
     devices: tuple[str, ...] = ("cuda",)
