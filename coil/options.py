@@ -374,6 +374,10 @@ class Options:
     realize_reads_threshold: int = 4
     realize_opcount_threshold: int = 30
     realize_acc_reads_threshold: int = 8
+    # a view whose index over the node it views, inlined, has more sympy ops than
+    # this (in one read's index) realizes that node first (a reshape of a padded
+    # reshape over symbolic sizes: Wav2Vec2-Conformer's relative shift; passes/realize.py)
+    realize_index_ops_threshold: int = 1000
     # fuse: most nodes in one kernel; 0: by target (triton 128: a long chain runs
     # faster than at 64 and compiles in the same time, bench/probes/README.md; else
     # 64, where a C++ kernel's compile time grows with its size)

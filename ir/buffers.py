@@ -65,6 +65,7 @@ class Rule(enum.StrEnum):
     READS_THRESHOLD = "reads_threshold"  # too many distinct reads to inline into several readers
     REUSE = "reuse"  # read whole by several readers while itself reading several tensors
     ACC_READS_THRESHOLD = "acc_reads_threshold"  # reads too many buffers to be inlined
+    INDEX_OPS_THRESHOLD = "index_ops_threshold"  # a view would read it inlined at an index of too many ops
     BROADCAST = "broadcast"  # costly ops over few elements that a reader repeats over many (a rotary table's sin)
     MUTATION = "mutation"  # reads a buffer that is mutated before its last reader runs
     LIFETIME = "lifetime"  # its readers run far later; realized, the larger inputs dying at it are freed

@@ -22,6 +22,12 @@ realized a buffer is stored on it:
     reads_threshold   several readers and more reads than realize_reads_threshold
     opcount_threshold several readers and more ops than realize_opcount_threshold
     acc_reads_threshold  the inlined body reads more buffers than realize_acc_reads_threshold
+    index_ops_threshold  a view reading it inlined would read at an index of more sympy ops
+                      than realize_index_ops_threshold: a reshape of a padded reshape over
+                      symbolic sizes, where `(T + i*(2T - 1) + j) // 2T` over nested floor
+                      divisions does not simplify and each reshape nests it again
+                      (Wav2Vec2-Conformer's relative shift: a C++ line of 2.7 MB an element);
+                      realized, the view reads a buffer and its index stays affine
     broadcast         its body holds a transcendental (an op of streams.OP_COST at least
                       BROADCAST_COST: a sin, an exp; not a square root or a division)
                       and a pointwise reader runs over at least BROADCAST_READ times
@@ -201,6 +207,12 @@ def _effective_readers(g: LoweredGraph) -> dict[str, list[str]]:
         return memo[name]
 
     return {n.name: eff(n.name) for n in g.nodes}
+
+
+def index_ops(body: Expr) -> int:
+    """The most sympy ops in one read's index in `body` (the index_ops_threshold rule)."""
+    return max((sum(sympy.count_ops(i) for i in e.index) for e in walk(body) if isinstance(e, (Load, IndirectLoad))),
+               default=0)
 
 
 def view_layout(index: tuple[sympy.Expr, ...], size: tuple[Size, ...], base: Layout,
@@ -579,6 +591,10 @@ class _Realizer:
                     self.rows[n.name] = RealizeRow(n.origin, "View", False, None, Rule.DEAD)
                     return
                 body, origins, ops = self.resolve(Load(n.base, n.index, n.dtype), n.name, n.ranges)
+                if isinstance(self.env.get(n.base), _Inline) and index_ops(body) > self.o.realize_index_ops_threshold:
+                    # its base realized, the view reads a buffer at its own index
+                    self.materialize(n.base, Rule.INDEX_OPS_THRESHOLD)
+                    body, origins, ops = self.resolve(Load(n.base, n.index, n.dtype), n.name, n.ranges)
                 self.env[n.name] = _Inline(body, n.ranges, origins | {n.origin}, (*ops, n.op))
                 self.rows[n.name] = RealizeRow(n.origin, "View", False, None, Rule.INDEX_REMAP)
             case Extern():

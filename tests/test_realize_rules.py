@@ -453,3 +453,69 @@ def test_a_realized_rotary_table_compiles_and_matches_eager():
     for target in ("reference", "cpp"):
         f = torch.compile(_rotary, backend="coil", options={"target": target, "graph_cache": False})
         torch.testing.assert_close(f(x, pos), _rotary(x, pos))
+
+
+def _relative_shift(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Wav2Vec2-Conformer's relative shift (pad one column, view as one more row,
+    drop the first row, view back) over a length made by strided convolutions, so
+    that the sizes are nested floor divisions of the input's length."""
+    import torch.nn.functional as F
+
+    h = x
+    for k, s in ((80, 80), (4, 2), (3, 2)):
+        h = F.conv1d(h, w[..., :k], stride=s)
+    b = torch.cat([h, h[..., 1:]], -1)
+    scores = h.unsqueeze(-1) * b.unsqueeze(-2)  # (2, 4, T, 2T - 1)
+    n, heads, t, p = scores.shape
+    shifted = torch.nn.functional.pad(scores, (1, 0)).view(n, heads, p + 1, t)
+    return shifted[:, :, 1:].view(n, heads, t, p)[..., :t] * 0.5
+
+
+def _captured_with_a_symbolic_length(fn, inputs):
+    """The inference graph and example inputs Dynamo hands a backend with the first
+    input's last dim marked dynamic (the other sizes static)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    got = []
+
+    def keep(gm, example_inputs):
+        got.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch._dynamo.mark_dynamic(inputs[0], 2)
+    with torch.no_grad():
+        torch.compile(fn, backend=aot_autograd(fw_compiler=keep, inference_compiler=keep))(*inputs)
+    torch._dynamo.reset()
+    return got[0]
+
+
+def test_a_view_whose_index_grows_past_the_threshold_realizes_its_base():
+    """A reshape of a padded reshape over nested floor divisions: inlined, each view
+    nests the other's index again (Wav2Vec2-Conformer's inference at a symbolic
+    length read a buffer at an index of 33 477 sympy ops, a C++ line of 2.7 MB, and
+    took 70 s of passes); past realize_index_ops_threshold the view's base is
+    realized (rule index_ops_threshold) and the reads stay small.  The results
+    match eager at two lengths through one compiled graph."""
+    from coil.passes.realize import index_ops
+
+    x, w = torch.randn(2, 4, 80 * 40), torch.randn(4, 4, 80)
+    gm, example = _captured_with_a_symbolic_length(_relative_shift, [x, w])
+
+    def realized(threshold):
+        opts = coil.Options(target="cpp", realize_index_ops_threshold=threshold)
+        bg = coil.default_pipeline().run(gm, example, until="realize", options=opts)
+        rows = [r for r in bg.realize_table if r.rule == "index_ops_threshold"]
+        return rows, max(index_ops(b.body) for b in bg.buffers if isinstance(b, ComputedBuffer))
+
+    rows, ops = realized(1000)
+    assert len(rows) == 1 and rows[0].realized and ops < 200, (rows, ops)
+    rows, ops = realized(10**9)  # the rule off: the nested index
+    assert not rows and ops > 1000, ops
+    torch._dynamo.reset()
+    f = torch.compile(_relative_shift, backend="coil", options={"target": "cpp", "graph_cache": False})
+    for n in (80 * 40, 80 * 56):
+        xn = torch.randn(2, 4, n)
+        torch._dynamo.mark_dynamic(xn, 2)
+        torch.testing.assert_close(f(xn, w), _relative_shift(xn, w))
+    torch._dynamo.reset()

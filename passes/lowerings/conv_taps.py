@@ -256,11 +256,14 @@ class TapsChoice:
     # it channels-last like any 2-d one.  The CPU: Wav2Vec2's inference at the CPU
     # size, one thread, 3.39 -> 2.99 ms (Inductor 3.35; the models suite's ratio 0.95
     # -> 0.89, bench/results/cpu-models-s57-conv1d.md), its training step and
-    # Whisper's encoder unchanged.  Not yet on CUDA, where PyTorch's conv1d
-    # makes its input contiguous and cuDNN converts it to NHWC and back around each
-    # call (Wav2Vec2's feature encoder at the small size on an H100: 631 of 1610 µs,
-    # bench/probes/conv1d_layouts.py), until a device run measures this form there
-    rows_2d: tuple[str, ...] = ("cpu",)
+    # Whisper's encoder unchanged.  CUDA: PyTorch's conv1d makes its input contiguous
+    # and cuDNN converts it to NHWC and back around each call (Wav2Vec2's feature
+    # encoder at the small size on an H100: 631 of 1610 µs); as 2-d channels-last
+    # convolutions, Wav2Vec2's small inference took 2580 µs of GPU time a call
+    # against 3148 (Inductor 3142), its training step 6436 against 6675, Whisper's
+    # encoder's inference 288 against 324 (H100, bfloat16, session 58:
+    # bench/probes/conv1d_layouts.py)
+    rows_2d: tuple[str, ...] = ("cpu", "cuda")
 
     def cache_key(self) -> str:
         """What of this handler decides the graphs it traces, for the caches that keep
