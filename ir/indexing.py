@@ -158,15 +158,22 @@ def _lt(m: Size, b: Size, shapes: ShapeInfo) -> bool:
     return shapes.known_lt(m, b)
 
 
-def _size_divisor(b: sympy.Expr, shapes: ShapeInfo) -> Size | None:
+def _size_divisor(b: sympy.Expr, shapes: ShapeInfo, loops: frozenset[sympy.Expr] = frozenset()) -> Size | None:
     """`b` as a divisor the rewrites may use: a positive int, or an expression over
-    size symbols only that is positive for every size; None otherwise."""
+    size symbols only that is positive for every size, or a positive int times one
+    of `loops` (the index's symbolic loop sizes: the index is read only inside those
+    loops, where each runs at least once, as an unbacked loop's u0 is at least 1
+    there; `FloorDiv(s0, 5) - 1`, a length a conv stack makes); None otherwise."""
     if b.is_Integer:
         return int(b) if int(b) > 0 else None
     if not b.free_symbols or not all(is_size_symbol(s) for s in b.free_symbols):
         return None
     if b.is_positive or shapes.known_gt(b, 0):
         return b
+    if loops:
+        k, m = sympy.factor_terms(b).as_coeff_Mul()
+        if k.is_Integer and int(k) > 0 and norm(m) in loops:
+            return b
     return None
 
 
@@ -297,7 +304,61 @@ def _split_floordiv(a: sympy.Expr, b: Size, ranges: Mapping[sympy.Symbol, Size],
     rest_max = _max_value(sympy.Add(*rest), ranges) if rest else 0
     if rest_max is not None and _lt(rest_max, b, shapes) and _nonnegative(rest, ranges):
         return sympy.expand(sympy.Add(*[q for _, q in qs if q is not None]))
+    divided = _poly_divide(a, b)
+    if divided is not None:
+        q, r = divided
+        r_max = _max_value(r, ranges) if r != 0 else 0
+        if r_max is not None and _lt(r_max, b, shapes) and _nonnegative([r], ranges):
+            return q
     return None
+
+
+def _int_times_sum(b: Size) -> tuple[int, sympy.Expr] | None:
+    """(k, m) where the divisor b is k*m for an integer k > 1 and a sum m of size
+    terms (`512*FloorDiv(s0, 5) - 512`: 512 and `FloorDiv(s0, 5) - 1`), else None."""
+    if isinstance(b, int):
+        return None
+    k, m = sympy.factor_terms(b).as_coeff_Mul()
+    if not k.is_Integer or int(k) <= 1 or not isinstance(m, sympy.Add):
+        return None
+    return int(k), m
+
+
+def _poly_divide(a: sympy.Expr, b: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """(q, r) with a == q*b + r, for a divisor b that is a sum in one size atom (a
+    length `FloorDiv(s0, 5) - 1` that a conv stack makes): a's terms polynomial in
+    that atom divided as polynomials, q with integer coefficients, the terms that
+    hold the atom otherwise (inside a ModularIndexing) left in r.  A row index
+    `(64*i + j)*L + k` expanded over L = `FloorDiv(s0, 5) - 1` has no term that is a
+    syntactic multiple of L; divided so, it is `64*i + j` and `k`.  None where b is no
+    such sum or nothing divides."""
+    if not isinstance(b, sympy.Add):
+        return None
+    try:
+        gens = sympy.Poly(b).gens
+    except sympy.PolynomialError:
+        return None
+    if len(gens) != 1:
+        return None
+    g = gens[0]
+    poly, other = [], []
+    for t in sympy.Add.make_args(sympy.expand(a)):
+        rest = t.as_independent(g, as_Add=False)[1]
+        if rest == 1 or rest == g or (isinstance(rest, sympy.Pow) and rest.base == g and rest.exp.is_Integer
+                                      and int(rest.exp) > 0):
+            poly.append(t)
+        else:
+            other.append(t)
+    if not poly:
+        return None
+    try:
+        q, r = sympy.div(sympy.Add(*poly), b, g)
+    except sympy.PolynomialError:
+        return None
+    q = sympy.expand(q)
+    if q == 0 or not all(c.is_Integer for c in q.as_coefficients_dict().values()):
+        return None
+    return q, sympy.expand(r + sympy.Add(*other))
 
 
 def _nonnegative(terms: Sequence[sympy.Expr], ranges: Mapping[sympy.Symbol, Size]) -> bool:
@@ -321,7 +382,16 @@ def _split_terms(a: sympy.Expr, k: Size) -> tuple[sympy.Expr, sympy.Expr]:
     terms = sympy.Add.make_args(sympy.expand(a))
     whole = [t for t in terms if _quotient(t, k) is not None]
     rest = [t for t in terms if t not in whole]
+    if not whole and (divided := _poly_divide(a, k)) is not None:  # a sum k: polynomial division
+        return sympy.expand(divided[0] * k), divided[1]
     return sympy.Add(*whole), sympy.Add(*rest)
+
+
+def _whole_quotient(whole: sympy.Expr, b: Size) -> sympy.Expr:
+    """whole / b for `whole` that _split_terms found a multiple of b."""
+    if isinstance(b, sympy.Add) and (divided := _poly_divide(whole, b)) is not None and divided[1] == 0:
+        return divided[0]
+    return sympy.expand(whole / b)
 
 
 def _gcd_monomial(b: sympy.Expr, t: sympy.Expr) -> sympy.Expr | None:
@@ -390,6 +460,7 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
     ranges = dict(ranges_items)
     if not e.has(FloorDiv, ModularIndexing):
         return sympy.expand(e)
+    loop_sizes = frozenset(v for v in ranges.values() if not isinstance(v, int) and not v.is_Integer)
 
     def visit(node: sympy.Expr) -> sympy.Expr:
         if not node.args or not node.has(FloorDiv, ModularIndexing):
@@ -397,7 +468,7 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
         args = [visit(a) for a in node.args]
         if isinstance(node, FloorDiv):
             a, b = args
-            bv = _size_divisor(b, shapes)
+            bv = _size_divisor(b, shapes, loop_sizes)
             if bv is not None:
                 s = _split_floordiv(a, bv, ranges, shapes)
                 if s is not None:
@@ -406,17 +477,23 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
                 # (k*b*i + rest) // b == k*i + rest // b; rest at least 0, or C's and Triton's
                 # division, which truncates, would read it differently from the floor
                 if whole != 0 and _nonnegative([rest], ranges):
-                    return sympy.expand(whole / b) + visit(FloorDiv(rest, b))
+                    return _whole_quotient(whole, bv) + visit(FloorDiv(rest, b))
                 m = _max_value(a, ranges)
                 if m is not None and _lt(m, bv, shapes) and _nonnegative([a], ranges):
                     return sympy.Integer(0)
                 scaled = _scale_down(a, bv, ranges, shapes)
                 if scaled is not None:
                     return visit(FloorDiv(scaled[0], scaled[1]))
+                split = _int_times_sum(bv)
+                if split is not None:
+                    # a // (k*m) == (a // m) // k for positive k and m: the sum divides first
+                    inner = visit(FloorDiv(a, split[1]))
+                    if not isinstance(inner, FloorDiv):
+                        return visit(FloorDiv(inner, split[0]))
             return FloorDiv(sympy.expand(a), b)
         if isinstance(node, ModularIndexing):
             a, b, c = args
-            bv, cv = _size_divisor(b, shapes), _size_divisor(c, shapes)
+            bv, cv = _size_divisor(b, shapes, loop_sizes), _size_divisor(c, shapes, loop_sizes)
             if bv is not None and cv is not None:
                 bc = bv * cv if isinstance(bv, int) and isinstance(cv, int) else norm(bv * cv)
                 whole, rest = _split_terms(a, bc)
@@ -437,6 +514,11 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
                 scaled = _scale_down(a, bv, ranges, shapes)
                 if scaled is not None:
                     return visit(ModularIndexing(scaled[0], scaled[1], c))
+                split = _int_times_sum(bv)
+                if split is not None:  # (a // (k*m)) % c == ((a // m) // k) % c
+                    inner = visit(FloorDiv(a, split[1]))
+                    if not isinstance(inner, FloorDiv):
+                        return visit(ModularIndexing(inner, split[0], c))
             return ModularIndexing(sympy.expand(a), b, c)
         if isinstance(node, sympy.Add):
             return _merge_digits(sympy.Add(*args))

@@ -115,6 +115,33 @@ def test_scale_down_by_a_symbolic_common_factor() -> None:
     assert isinstance(simplify_index(FloorDiv(64 * s1 * x0 + r0, 128 * s1), wide, INFO), FloorDiv)
 
 
+def test_a_row_index_over_a_length_that_is_a_sum_comes_apart() -> None:
+    """A row of length L = FloorDiv(s0, 5) - 1 (a conv stack's output length) read
+    through its flat index `(512*x0 + x1)*L + r0`, expanded: no term is a syntactic
+    multiple of L, so before session 58 nothing split, and Wav2Vec2-Conformer's
+    GroupNorm at a symbolic length divided by L four times an element (52 ms a call
+    on one thread, 1.6 after).  Polynomial division in FloorDiv(s0, 5) splits it;
+    512*L divides as (a // L) // 512.  With no facts about s0, L counts as positive
+    because r0 loops over L elements (an index is read only inside its loops)."""
+    length = FloorDiv(s0, 5) - 1
+    flat = sympy.expand((512 * x0 + x1) * length + r0)
+    rng = {x0: 2, x1: 512, r0: length}
+    assert simplify_index(FloorDiv(flat, length), rng) == 512 * x0 + x1
+    assert simplify_index(ModularIndexing(flat, 1, length), rng) == r0
+    assert simplify_index(ModularIndexing(flat, length, 512), rng) == x1
+    assert simplify_index(ModularIndexing(flat, 512 * length, 2), rng) == x0
+    # the remainder may reach L (r0 over L + 1 elements): kept
+    assert isinstance(simplify_index(FloorDiv(flat, length), {**rng, r0: length + 1}), FloorDiv)
+    # nor is L known positive where no loop runs over it
+    assert isinstance(simplify_index(FloorDiv(flat, length), {x0: 2, x1: 512, r0: 7}), FloorDiv)
+    # and the split agrees with the division at concrete sizes
+    for n, i, j, k in ((10, 1, 3, 0), (57, 0, 511, 9), (3200, 1, 100, 638)):
+        at = {s0: n, x0: i, x1: j, r0: k}
+        ln = n // 5 - 1
+        assert (512 * i + j) * ln + k == flat.subs(at)
+        assert simplify_index(FloorDiv(flat, length), rng).subs(at) == ((512 * i + j) * ln + k) // ln
+
+
 def test_symbolic_coefficients_with_int_divisors() -> None:
     rng = {x0: s0, x1: s1, x2: 4}
     assert simplify_index(ModularIndexing(4 * s1 * x0 + 4 * x1 + x2, 1, 4), rng, INFO) == x2
