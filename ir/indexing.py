@@ -172,7 +172,7 @@ def _size_divisor(b: sympy.Expr, shapes: ShapeInfo, loops: frozenset[sympy.Expr]
         return b
     if loops:
         k, m = sympy.factor_terms(b).as_coeff_Mul()
-        if k.is_Integer and int(k) > 0 and norm(m) in loops:
+        if norm(b) in loops or (k.is_Integer and int(k) > 0 and norm(m) in loops):
             return b
     return None
 
@@ -521,7 +521,10 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
                         return visit(ModularIndexing(inner, split[0], c))
             return ModularIndexing(sympy.expand(a), b, c)
         if isinstance(node, sympy.Add):
-            return _merge_digits(sympy.Add(*args))
+            summed = sympy.Add(*args)
+            merged = _merge_digits(summed)
+            # merged digits may fold by range (x % (its loop's range) is x)
+            return visit(merged) if merged != summed and merged.has(FloorDiv, ModularIndexing) else merged
         return node.func(*args)
 
     visited = sympy.expand(visit(e))
@@ -546,7 +549,7 @@ def _digit(term: sympy.Expr) -> tuple[Size, sympy.Expr, Size, Size | None] | Non
         return None
     # symbolic: one FloorDiv / ModularIndexing factor, the others sizes
     factors = sympy.Mul.make_args(rest)
-    digits = [f for f in factors if isinstance(f, (FloorDiv, ModularIndexing))]
+    digits = [f for f in factors if isinstance(f, (FloorDiv, ModularIndexing)) and not _sizes_only(f)]
     if len(digits) != 1:
         return None
     d = digits[0]
@@ -559,9 +562,9 @@ def _digit(term: sympy.Expr) -> tuple[Size, sympy.Expr, Size, Size | None] | Non
 
 
 def _sizes_only(e: sympy.Expr) -> bool:
-    """An int or an expression over size symbols, nothing else."""
-    return e.is_Integer or (not e.has(FloorDiv, ModularIndexing)
-                            and all(is_size_symbol(s) for s in e.free_symbols))
+    """An int or an expression over size symbols, nothing else (a floor division of
+    sizes among them: `FloorDiv(s0, 10) - 1`, a length a conv stack makes)."""
+    return e.is_Integer or (bool(e.free_symbols) and all(is_size_symbol(s) for s in e.free_symbols))
 
 
 def _merge_digits(e: sympy.Expr) -> sympy.Expr:

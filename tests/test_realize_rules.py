@@ -494,8 +494,9 @@ def test_a_view_whose_index_grows_past_the_threshold_realizes_its_base():
     """A reshape of a padded reshape over nested floor divisions: inlined, each view
     nests the other's index again (Wav2Vec2-Conformer's inference at a symbolic
     length read a buffer at an index of 33 477 sympy ops, a C++ line of 2.7 MB, and
-    took 70 s of passes); past realize_index_ops_threshold the view's base is
-    realized (rule index_ops_threshold) and the reads stay small.  The results
+    took 70 s of passes; 9484 ops and 31 s with session 58's index simplification
+    alone); past realize_index_ops_threshold the view's base is realized (rule
+    index_ops_threshold) and the reads stay small.  The results
     match eager at two lengths through one compiled graph."""
     from coil.passes.realize import index_ops
 
@@ -510,8 +511,8 @@ def test_a_view_whose_index_grows_past_the_threshold_realizes_its_base():
 
     rows, ops = realized(1000)
     assert len(rows) == 1 and rows[0].realized and ops < 200, (rows, ops)
-    rows, ops = realized(10**9)  # the rule off: the nested index
-    assert not rows and ops > 1000, ops
+    rows, off = realized(10**9)  # the rule off: the nested index (its view read at over 1000 ops,
+    assert not rows and off > 3 * ops, (off, ops)  # the buffer's body at 497 once simplified, against 137)
     torch._dynamo.reset()
     f = torch.compile(_relative_shift, backend="coil", options={"target": "cpp", "graph_cache": False})
     for n in (80 * 40, 80 * 56):
