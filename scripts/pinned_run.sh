@@ -17,7 +17,11 @@
 # pinned in session 46, after the conv nets' backward kernels (session 43), the
 # joint graph's no-op copies and the memory plan's held inputs (45), int8 max-pool
 # offsets and at least 8 calls a timing (46), models-pin55 the one pinned in session 55,
-# after Wav2Vec2's positional convolution by taps (54) and realize's broadcast rule (53).
+# after Wav2Vec2's positional convolution by taps (54) and realize's broadcast rule (53),
+# models-pin58 the one pinned in session 58 (5ac2b75: its CUDA tests passed on an H100),
+# after 1-d convolutions as 2-d channels-last ones on CUDA (Wav2Vec2's small inference
+# 1.00 of Inductor's time at the last pin, 0.82 at this one, h100-models-s58-conv1d),
+# with h200-models-pin55 still at 0 of 68 and h100-models-pin55 at 46.
 # After each call, before the next: `bash scripts/pinned_run.sh collect FILES_AT`
 # copies what came back (FILES_AT/r/*) to bench/results/ and devsnap/bench/results/
 # (a call made before that, on the same warm machine, resumes from the last call's copy
@@ -29,8 +33,8 @@
 # killed and only the cases finished so far come back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PINNED=${PINNED:-1fbad64}  # coil_source ef18c471737e
-RUN=${RUN:-models-pin55}
+PINNED=${PINNED:-5ac2b75}  # coil_source 50e2e364b115
+RUN=${RUN:-models-pin58}
 case "${1:-}" in
 prepare)
     rm -rf devsnap && mkdir devsnap
