@@ -461,6 +461,7 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
     if not e.has(FloorDiv, ModularIndexing):
         return sympy.expand(e)
     loop_sizes = frozenset(v for v in ranges.values() if not isinstance(v, int) and not v.is_Integer)
+    depth = [0]  # merged sums being visited again (the Add case)
 
     def visit(node: sympy.Expr) -> sympy.Expr:
         if not node.args or not node.has(FloorDiv, ModularIndexing):
@@ -523,8 +524,15 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
         if isinstance(node, sympy.Add):
             summed = sympy.Add(*args)
             merged = _merge_digits(summed)
-            # merged digits may fold by range (x % (its loop's range) is x)
-            return visit(merged) if merged != summed and merged.has(FloorDiv, ModularIndexing) else merged
+            # merged digits may fold by range (x % (its loop's range) is x): visited again,
+            # at most twice down one path (a fold that splits into digits ends there)
+            if merged == summed or not merged.has(FloorDiv, ModularIndexing) or depth[0] >= 2:
+                return merged
+            depth[0] += 1
+            try:
+                return visit(merged)
+            finally:
+                depth[0] -= 1
         return node.func(*args)
 
     visited = sympy.expand(visit(e))
