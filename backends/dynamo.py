@@ -528,8 +528,9 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
 
     opts = options_for_mode(mode, Options.from_mapping(coil_options(options)))
     taps = taps if taps is not None else default_taps()
+    handlers = taps.cache_key()
     skippable = graph_cache.may_skip_aot(gm, example_inputs)
-    link = graph_cache.dynamo_key(gm, example_inputs, opts, skippable, taps.cache_key())
+    link = graph_cache.dynamo_key(gm, example_inputs, opts, skippable, handlers)
     if link is not None and (hit := _linked(link, opts, gm, example_inputs)) is not None:
         return hit
     through: list[Any] = []
@@ -545,7 +546,7 @@ def coil_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], option
     scope: Any = contextlib.nullcontext()
     if aot_cache.usable(opts, gm, example_inputs):  # a warm start loads AOTAutograd's result instead of tracing again
         compilers = {kind: aot_cache.serializable(c, kind) for kind, c in compilers.items()}
-        scope = aot_cache.scope(opts, pools, taps.cache_key())
+        scope = aot_cache.scope(opts, pools, handlers)
     backend = aot_autograd(
         fw_compiler=compilers["forward"],
         bw_compiler=compilers["backward"],

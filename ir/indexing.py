@@ -370,28 +370,23 @@ def _nonnegative(terms: Sequence[sympy.Expr], ranges: Mapping[sympy.Symbol, Size
 
 
 def _split_terms(a: sympy.Expr, k: Size) -> tuple[sympy.Expr, sympy.Expr]:
-    """(terms that are multiples of k, the other terms): k an int, its divisibility
-    of their integer coefficients; a size expression, syntactic multiples."""
+    """(q, rest) with a == q*k + rest: the terms that are multiples of k, divided by
+    it, and the others (k an int: its divisibility of their integer coefficients; a
+    size expression: syntactic multiples, or, for a sum, polynomial division).
+    q is 0 where nothing divides."""
     if isinstance(k, int):
         if k == 0:  # a zero-size loop: nothing divides by it
             return sympy.Integer(0), a
         terms = sympy.Add.make_args(sympy.expand(a))
         whole = [t for t in terms if _coeff(t) % k == 0 and not t.is_Integer or (t.is_Integer and int(t) % k == 0)]
         rest = [t for t in terms if t not in whole]
-        return sympy.Add(*whole), sympy.Add(*rest)
+        return sympy.expand(sympy.Add(*whole) / k), sympy.Add(*rest)
     terms = sympy.Add.make_args(sympy.expand(a))
-    whole = [t for t in terms if _quotient(t, k) is not None]
-    rest = [t for t in terms if t not in whole]
-    if not whole and (divided := _poly_divide(a, k)) is not None:  # a sum k: polynomial division
-        return sympy.expand(divided[0] * k), divided[1]
-    return sympy.Add(*whole), sympy.Add(*rest)
-
-
-def _whole_quotient(whole: sympy.Expr, b: Size) -> sympy.Expr:
-    """whole / b for `whole` that _split_terms found a multiple of b."""
-    if isinstance(b, sympy.Add) and (divided := _poly_divide(whole, b)) is not None and divided[1] == 0:
-        return divided[0]
-    return sympy.expand(whole / b)
+    qs = [(t, _quotient(t, k)) for t in terms]
+    if all(q is None for _, q in qs) and (divided := _poly_divide(a, k)) is not None:
+        return divided
+    return (sympy.expand(sympy.Add(*[q for _, q in qs if q is not None])),
+            sympy.Add(*[t for t, q in qs if q is None]))
 
 
 def _gcd_monomial(b: sympy.Expr, t: sympy.Expr) -> sympy.Expr | None:
@@ -474,11 +469,11 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
                 s = _split_floordiv(a, bv, ranges, shapes)
                 if s is not None:
                     return s
-                whole, rest = _split_terms(a, bv)
+                q, rest = _split_terms(a, bv)
                 # (k*b*i + rest) // b == k*i + rest // b; rest at least 0, or C's and Triton's
                 # division, which truncates, would read it differently from the floor
-                if whole != 0 and _nonnegative([rest], ranges):
-                    return _whole_quotient(whole, bv) + visit(FloorDiv(rest, b))
+                if q != 0 and _nonnegative([rest], ranges):
+                    return q + visit(FloorDiv(rest, b))
                 m = _max_value(a, ranges)
                 if m is not None and _lt(m, bv, shapes) and _nonnegative([a], ranges):
                     return sympy.Integer(0)
@@ -497,8 +492,8 @@ def _simplify_index(e: sympy.Expr, ranges_items: frozenset[tuple[sympy.Symbol, S
             bv, cv = _size_divisor(b, shapes, loop_sizes), _size_divisor(c, shapes, loop_sizes)
             if bv is not None and cv is not None:
                 bc = bv * cv if isinstance(bv, int) and isinstance(cv, int) else norm(bv * cv)
-                whole, rest = _split_terms(a, bc)
-                if whole != 0 and _nonnegative([rest], ranges):  # multiples of b*c do not change (a // b) % c
+                q, rest = _split_terms(a, bc)
+                if q != 0 and _nonnegative([rest], ranges):  # multiples of b*c do not change (a // b) % c
                     return visit(ModularIndexing(rest, b, c))
                 m = _max_value(a, ranges)
                 if m is not None and _lt(m, bc, shapes) and _nonnegative([a], ranges):
